@@ -1,0 +1,52 @@
+"""contrastive_jax.losses: contrastive and metric-learning losses over the global batch.
+
+Arrays are positional, hyperparameters keyword-only; every kernel is a pure ``jnp``
+function that jits. Losses that compare examples with each other take ``axis_name``:
+inside ``jax.shard_map`` or ``jax.pmap`` over that axis they span the global batch.
+"""
+
+from contrastive_jax.losses.classification import (
+    binary_cross_entropy,
+    focal_loss,
+    softmax_cross_entropy,
+)
+from contrastive_jax.losses.contrastive import (
+    clip_loss,
+    contrastive_metrics,
+    infonce_loss,
+    infonce_loss_floor,
+    npairs_loss,
+    ntxent_loss,
+    siglip_loss,
+    supcon_loss,
+)
+from contrastive_jax.losses.metric import (
+    TRIPLET_MINING,
+    contrastive_loss,
+    multi_similarity_loss,
+    pairwise_cross_entropy_loss,
+    triplet_loss,
+)
+from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
+
+__all__ = [
+    "TRIPLET_MINING",
+    "arcface_loss",
+    "binary_cross_entropy",
+    "clip_loss",
+    "contrastive_loss",
+    "contrastive_metrics",
+    "cosface_loss",
+    "focal_loss",
+    "infonce_loss",
+    "infonce_loss_floor",
+    "multi_similarity_loss",
+    "npairs_loss",
+    "ntxent_loss",
+    "pairwise_cross_entropy_loss",
+    "proxy_nca_loss",
+    "siglip_loss",
+    "softmax_cross_entropy",
+    "supcon_loss",
+    "triplet_loss",
+]

@@ -1,0 +1,178 @@
+"""Shared pieces of the loss kernels: argument checks and global-batch collectives.
+
+Shape legend used across the package: ``B`` local batch (rows this device owns),
+``N`` global batch (all devices), ``D`` embedding dimension, ``C`` classes.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+# Masked logits use a large finite negative rather than -inf, so that a row whose every
+# candidate is masked still has a finite logsumexp and finite gradients.
+MASK_VALUE = -1e9
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_temperature(temperature, name: str = "temperature") -> None:
+    """Rejects a missing or non-positive temperature given as a Python number.
+
+    Traced temperatures (learnable, inside ``jit``) cannot be checked without a host
+    round trip; the model keeps those positive by construction (log-space, clamped).
+    """
+    if temperature is None:
+        raise ValueError(
+            f"{name} is required: cosine similarities lie in [-1, 1], so without a "
+            f"temperature the softmax cannot become peaked and training stalls. Pass "
+            f"e.g. {name}=0.07, or a learnable one (see contrastive_jax.models)."
+        )
+    check_positive(
+        temperature,
+        name,
+        hint=f"logits are similarity / {name}; typical values are 0.05-0.2 for softmax "
+        "losses, 0.1 for SigLIP.",
+    )
+
+
+def check_positive(value, name: str, hint: str = "") -> None:
+    """Rejects a non-positive hyperparameter given as a Python number."""
+    if isinstance(value, numbers.Real) and not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}. {hint}".strip())
+
+
+def check_embeddings(x, name: str) -> None:
+    """Requires a rank-2 ``[B, D]`` embedding array."""
+    if jnp.ndim(x) != 2:
+        raise ValueError(f"{name} must have shape [B, D], got shape {jnp.shape(x)}.")
+
+
+def check_pair(a, b, name_a: str, name_b: str) -> None:
+    """Requires two ``[B, D]`` arrays of the same shape (row i of one pairs with row i)."""
+    check_embeddings(a, name_a)
+    check_embeddings(b, name_b)
+    if jnp.shape(a) != jnp.shape(b):
+        raise ValueError(
+            f"{name_a} and {name_b} must have the same shape [B, D] (row i of {name_a} "
+            f"is paired with row i of {name_b}), got {jnp.shape(a)} and {jnp.shape(b)}."
+        )
+
+
+def check_labels(labels, batch_size: int, name: str = "labels") -> None:
+    """Requires integer class labels of shape ``[batch_size]``."""
+    if jnp.shape(labels) != (batch_size,):
+        raise ValueError(
+            f"{name} must have shape [{batch_size}] (one integer class per row), got "
+            f"shape {jnp.shape(labels)}."
+        )
+    if not jnp.issubdtype(jnp.result_type(labels), jnp.integer):
+        raise ValueError(f"{name} must be integers, got dtype {jnp.result_type(labels)}.")
+
+
+def check_axis_bound(axis_name) -> None:
+    """Raises a ValueError naming ``axis_name`` when it is not bound by shard_map/pmap."""
+    if axis_name is None:
+        return
+    try:
+        jax.lax.axis_index(axis_name)
+    except NameError as e:
+        raise ValueError(
+            f"axis_name={axis_name!r} is not bound: call the loss inside jax.shard_map "
+            f"(see contrastive_jax.sharding.shard_loss) or jax.pmap over that axis, or "
+            f"pass axis_name=None for a single-device batch."
+        ) from e
+
+
+# ---------------------------------------------------------------------- collectives
+
+
+def gather_rows(x: jax.Array, axis_name) -> jax.Array:
+    """All-gathers ``x: [B, ...]`` over ``axis_name`` into ``[N, ...]`` (device order).
+
+    Gradients flow back through the gather to each row's owner; nothing is rescaled.
+    """
+    if axis_name is None:
+        return x
+    return jax.lax.all_gather(x, axis_name, axis=0, tiled=True)
+
+
+def row_offset(local_batch: int, axis_name) -> jax.Array | int:
+    """Global index of this device's first row: ``axis_index * B``."""
+    if axis_name is None:
+        return 0
+    return jax.lax.axis_index(axis_name) * local_batch
+
+
+def _varying_axes(x: jax.Array) -> frozenset:
+    """Mesh axes along which ``x`` is typed as varying (JAX's shard_map ``vma`` typing)."""
+    aval = jax.typeof(x)
+    if hasattr(aval, "vma"):  # jax < 0.10
+        return aval.vma
+    return aval.manual_axis_type.varying
+
+
+def _sum_loss_over_devices(x: jax.Array, axis_name) -> jax.Array:
+    """Sum of a per-device loss share ``x`` over ``axis_name``, with exact gradients.
+
+    Only for the final reduction of a loss: each device's share must already hold all
+    of its dependence on other devices (through ``all_gather`` or ``psum``).
+
+    Inside ``shard_map`` (with JAX's varying-axis typing) ``psum`` already has the right
+    transpose. Under ``pmap`` (or ``check_vma=False``) the transpose of ``psum`` is
+    another ``psum``, which would multiply every gradient by the device count; there the
+    value is the ``psum`` but the gradient is taken through the local term only, which
+    is exact because each device differentiates its own share of the global sum.
+    """
+    if axis_name is None:
+        return x
+    total = jax.lax.psum(x, axis_name)
+    if axis_name in _varying_axes(x):
+        return total
+    return x + jax.lax.stop_gradient(total - x)
+
+
+def global_mean(per_row: jax.Array, axis_name, weights: jax.Array | None = None) -> jax.Array:
+    """Mean of ``per_row: [B]`` over the global batch, the same value on every device.
+
+    With ``weights: [B]`` (constants, e.g. "this anchor has a positive"), a weighted
+    mean over the global batch; 0 where the total weight is 0.
+    """
+    per_row = per_row.astype(jnp.float32)
+    if weights is None:
+        weights = jnp.ones_like(per_row)
+    weights = jax.lax.stop_gradient(weights.astype(jnp.float32))
+    total = _sum_loss_over_devices(jnp.sum(per_row * weights), axis_name)
+    count = _sum_loss_over_devices(jnp.sum(weights), axis_name)
+    return total / jnp.maximum(count, 1e-12)
+
+
+# ---------------------------------------------------------------------- similarities
+
+
+def similarity(x: jax.Array, y: jax.Array) -> jax.Array:
+    """Dot products ``x @ y.T`` in float32 (embeddings may be bfloat16): ``[B, N]``."""
+    return jnp.matmul(x, y.T, preferred_element_type=jnp.float32)
+
+
+def squared_distances(x: jax.Array, y: jax.Array) -> jax.Array:
+    """Squared Euclidean distances ``[B, N]`` between rows of ``x`` and ``y``, >= 0."""
+    x = x.astype(jnp.float32)
+    y = y.astype(jnp.float32)
+    sq_x = jnp.sum(x * x, axis=-1)[:, None]
+    sq_y = jnp.sum(y * y, axis=-1)[None, :]
+    return jnp.maximum(sq_x + sq_y - 2.0 * similarity(x, y), 0.0)
+
+
+def safe_sqrt(x: jax.Array) -> jax.Array:
+    """``sqrt`` with a finite gradient at 0 (duplicate embeddings)."""
+    return jnp.sqrt(jnp.maximum(x, 1e-12))
+
+
+def l2_normalize(x: jax.Array) -> jax.Array:
+    """Rows of ``x: [..., D]`` scaled to unit norm, in float32 (finite at 0)."""
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-12))

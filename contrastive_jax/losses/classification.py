@@ -1,0 +1,100 @@
+"""Per-example classification losses: softmax cross-entropy, sigmoid BCE, focal loss.
+
+These are per-example (no reduction): average them yourself, over the global batch
+under ``shard_map`` with ``jax.lax.pmean``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _check_logits_labels(logits, labels) -> None:
+    if jnp.ndim(logits) < 1:
+        raise ValueError(f"logits must have shape [..., C], got shape {jnp.shape(logits)}.")
+    if jnp.shape(labels) != jnp.shape(logits)[:-1]:
+        raise ValueError(
+            f"labels must have shape {jnp.shape(logits)[:-1]} (logits' shape without the "
+            f"class axis), got {jnp.shape(labels)}."
+        )
+    if not jnp.issubdtype(jnp.result_type(labels), jnp.integer):
+        raise ValueError(f"labels must be integer class indices, got {jnp.result_type(labels)}.")
+
+
+def softmax_cross_entropy(
+    logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0
+) -> jax.Array:
+    """Softmax cross-entropy with integer labels, per example.
+
+    Args:
+      logits: ``[B, C]`` (any leading shape ``[..., C]``) unnormalised scores.
+      labels: ``[B]`` integer class indices in ``[0, C)``.
+      label_smoothing: the target is ``(1 - s) * onehot + s / C``.
+
+    Returns:
+      ``[B]`` losses, computed in float32. The gradient w.r.t. ``logits`` is
+      ``softmax(logits) - target``.
+    """
+    _check_logits_labels(logits, labels)
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    num_classes = logits.shape[-1]
+    targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+    targets = (1.0 - label_smoothing) * targets + label_smoothing / num_classes
+    return -jnp.sum(targets * log_probs, axis=-1)
+
+
+def binary_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Sigmoid binary cross-entropy, per element.
+
+    Args:
+      logits: ``[...]`` unnormalised scores.
+      labels: ``[...]`` targets in ``[0, 1]`` (same shape as ``logits``).
+
+    Returns:
+      ``[...]`` losses ``-(y log sigmoid(x) + (1 - y) log sigmoid(-x))`` in float32.
+    """
+    if jnp.shape(logits) != jnp.shape(labels):
+        raise ValueError(
+            f"logits and labels must have the same shape, got {jnp.shape(logits)} and "
+            f"{jnp.shape(labels)}."
+        )
+    logits = logits.astype(jnp.float32)
+    labels = labels.astype(jnp.float32)
+    return -(labels * jax.nn.log_sigmoid(logits) + (1.0 - labels) * jax.nn.log_sigmoid(-logits))
+
+
+def focal_loss(
+    logits: jax.Array,
+    labels: jax.Array,
+    *,
+    gamma: float = 2.0,
+    alpha: float | jax.Array | None = None,
+) -> jax.Array:
+    """Softmax focal loss (Lin et al. 2017), per example.
+
+    ``-alpha_y (1 - p_y)^gamma log p_y``; ``gamma = 0`` and ``alpha = None`` give the
+    softmax cross-entropy.
+
+    Args:
+      logits: ``[B, C]`` unnormalised scores.
+      labels: ``[B]`` integer class indices.
+      gamma: focusing parameter, >= 0.
+      alpha: None, a scalar weight, or ``[C]`` per-class weights.
+
+    Returns:
+      ``[B]`` losses in float32.
+    """
+    _check_logits_labels(logits, labels)
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}.")
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    log_p_true = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    loss = -((1.0 - jnp.exp(log_p_true)) ** gamma) * log_p_true
+    if alpha is not None:
+        alpha = jnp.asarray(alpha, jnp.float32)
+        loss = loss * (alpha[labels] if alpha.ndim == 1 else alpha)
+    return loss
+

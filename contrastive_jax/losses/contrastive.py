@@ -1,0 +1,280 @@
+"""Softmax- and sigmoid-family contrastive losses over the global batch.
+
+Every function here is written once, in the global view. With ``axis_name=None`` it is
+the plain single-device loss. Inside ``jax.shard_map`` (or ``jax.pmap``) with
+``axis_name`` set, each device holds ``B`` rows of an ``N``-row global batch: the
+candidates are all-gathered over ``axis_name``, the local rows are scored against all
+``N`` candidates with targets offset by ``axis_index * B``, and the result is the mean
+over the global batch -- the same value on every device, and the same gradients as the
+single-device loss on the concatenated batch.
+
+Embeddings are expected L2-normalised (the model owns normalisation), so similarities
+are cosines in [-1, 1] and logits are ``cosine / temperature``. Temperature is
+therefore required: at temperature 1 the best reachable InfoNCE loss is
+``log(1 + (N - 1) e^-2)`` (see :func:`infonce_loss_floor`) and training stalls.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax.losses import _common
+
+
+def _row_cross_entropy(
+    logits: jax.Array, target_cols: jax.Array, masked_cols: jax.Array | None = None
+) -> jax.Array:
+    """``logsumexp(row) - row[target]`` for logits ``[B, N]`` and targets ``[B]``.
+
+    ``masked_cols: [B]`` removes one column per row from the softmax (self-similarity).
+    """
+    if masked_cols is not None:
+        cols = jnp.arange(logits.shape[1])
+        logits = jnp.where(cols[None, :] == masked_cols[:, None], _common.MASK_VALUE, logits)
+    target_logits = jnp.take_along_axis(logits, target_cols[:, None], axis=1)[:, 0]
+    return jax.nn.logsumexp(logits, axis=1) - target_logits
+
+
+def _infonce_rows(queries, keys, temperature, axis_name) -> jax.Array:
+    """Per-row InfoNCE ``[B]`` of local queries against all-gathered keys."""
+    keys_global = _common.gather_rows(keys, axis_name)
+    logits = _common.similarity(queries, keys_global) / temperature
+    local_batch = queries.shape[0]
+    targets = _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
+    return _row_cross_entropy(logits, targets)
+
+
+def infonce_loss(
+    queries: jax.Array, keys: jax.Array, *, temperature, axis_name=None
+) -> jax.Array:
+    """One-directional InfoNCE: the positive of query i is key i, all other keys negative.
+
+    The N x N problem's identity matrix is the integer labels ``arange(N)``: row i of
+    ``queries @ keys.T`` is a softmax over the N keys whose correct class is i.
+
+    Args:
+      queries: ``[B, D]`` L2-normalised embeddings.
+      keys: ``[B, D]`` L2-normalised embeddings, row i paired with ``queries[i]``.
+      temperature: scalar > 0 (a Python number or a traced, learnable array).
+      axis_name: mesh axis to gather keys over, or None for a single device.
+
+    Returns:
+      Scalar: mean over the global batch of ``-log softmax(q_i . K / T)_i``.
+    """
+    _common.check_pair(queries, keys, "queries", "keys")
+    _common.check_temperature(temperature)
+    _common.check_axis_bound(axis_name)
+    return _common.global_mean(_infonce_rows(queries, keys, temperature, axis_name), axis_name)
+
+
+def npairs_loss(
+    anchors: jax.Array, positives: jax.Array, *, l2_reg: float = 0.0, axis_name=None
+) -> jax.Array:
+    """Multi-class N-pair loss (Sohn 2016) on raw dot products.
+
+    InfoNCE without normalisation or temperature: the scale of the logits is learned
+    through the embeddings' norms, which is why Sohn adds ``l2_reg`` (0.002 in the
+    paper) times the mean squared norm of both sides.
+
+    Args:
+      anchors: ``[B, D]`` embeddings (not normalised).
+      positives: ``[B, D]``, row i the positive of ``anchors[i]``.
+      l2_reg: weight ``lam`` of the norm penalty ``0.25 * lam * (|a_i|^2 + |p_i|^2)``
+        averaged over rows, as in TensorFlow's ``npairs_loss`` (Sohn uses 0.002).
+      axis_name: mesh axis to gather positives over, or None.
+
+    Returns:
+      Scalar mean over the global batch.
+    """
+    _common.check_pair(anchors, positives, "anchors", "positives")
+    _common.check_axis_bound(axis_name)
+    per_row = _infonce_rows(anchors, positives, 1.0, axis_name)
+    if l2_reg:
+        squared_norms = jnp.sum(jnp.square(anchors.astype(jnp.float32)), axis=1) + jnp.sum(
+            jnp.square(positives.astype(jnp.float32)), axis=1
+        )
+        per_row = per_row + 0.25 * l2_reg * squared_norms
+    return _common.global_mean(per_row, axis_name)
+
+
+def clip_loss(a: jax.Array, b: jax.Array, *, temperature, axis_name=None) -> jax.Array:
+    """Symmetric CLIP / CLAP loss over the N x N similarity ``a @ b.T / temperature``.
+
+    The labels are ``arange(N)``. The loss is the mean of two cross-entropies: softmax
+    along rows (each ``a_i`` picks its ``b_i`` among all b's) and softmax along columns
+    (each ``b_j`` picks its ``a_j`` among all a's). The two differ: a row softmax only
+    pushes ``a_i`` away from the other b's, the column softmax pushes ``b_j`` away from
+    the other a's, so one direction alone leaves the other modality's retrieval
+    untrained. Swapping ``a`` and ``b`` leaves the loss unchanged.
+
+    Args:
+      a: ``[B, D]`` L2-normalised embeddings of modality A.
+      b: ``[B, D]`` L2-normalised embeddings of modality B, row i paired with ``a[i]``.
+      temperature: scalar > 0.
+      axis_name: mesh axis to gather both sides over, or None.
+
+    Returns:
+      Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch.
+    """
+    _common.check_pair(a, b, "a", "b")
+    _common.check_temperature(temperature)
+    _common.check_axis_bound(axis_name)
+    per_row = _infonce_rows(a, b, temperature, axis_name) + _infonce_rows(
+        b, a, temperature, axis_name
+    )
+    return _common.global_mean(0.5 * per_row, axis_name)
+
+
+def siglip_loss(
+    a: jax.Array, b: jax.Array, *, temperature, bias, axis_name=None
+) -> jax.Array:
+    """SigLIP pairwise sigmoid loss (Zhai et al. 2023).
+
+    Every pair (i, j) is an independent binary problem with logit
+    ``a_i . b_j / temperature + bias`` and label +1 if i == j else -1.
+
+    Args:
+      a: ``[B, D]`` L2-normalised embeddings.
+      b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
+      temperature: scalar > 0 (SigLIP initialises 1/temperature = 10).
+      bias: scalar (SigLIP initialises -10 so the many negatives start near 0 loss).
+      axis_name: mesh axis to gather ``b`` over, or None.
+
+    Returns:
+      Scalar: ``-sum_j log sigmoid(z_ij * logit_ij)``, summed over all N columns and
+      averaged over the N rows.
+    """
+    _common.check_pair(a, b, "a", "b")
+    _common.check_temperature(temperature)
+    _common.check_axis_bound(axis_name)
+    b_global = _common.gather_rows(b, axis_name)
+    logits = _common.similarity(a, b_global) / temperature + bias
+    local_batch = a.shape[0]
+    targets = _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
+    signs = jnp.where(jnp.arange(logits.shape[1])[None, :] == targets[:, None], 1.0, -1.0)
+    per_row = -jnp.sum(jax.nn.log_sigmoid(signs * logits), axis=1)
+    return _common.global_mean(per_row, axis_name)
+
+
+def ntxent_loss(z1: jax.Array, z2: jax.Array, *, temperature, axis_name=None) -> jax.Array:
+    """SimCLR NT-Xent loss over the 2N views of N examples.
+
+    Each of the 2N views is an anchor whose positive is the other view of the same
+    example; the other 2N - 2 views are negatives, and its own similarity is masked out.
+
+    Args:
+      z1: ``[B, D]`` L2-normalised embeddings of the first views.
+      z2: ``[B, D]`` L2-normalised embeddings of the second views (row i: same example).
+      temperature: scalar > 0 (SimCLR uses 0.1 - 0.5).
+      axis_name: mesh axis to gather both views over, or None.
+
+    Returns:
+      Scalar mean over the 2N anchors of the global batch.
+    """
+    _common.check_pair(z1, z2, "z1", "z2")
+    _common.check_temperature(temperature)
+    _common.check_axis_bound(axis_name)
+    local_batch = z1.shape[0]
+    z1_global = _common.gather_rows(z1, axis_name)
+    global_batch = z1_global.shape[0]
+    candidates = jnp.concatenate([z1_global, _common.gather_rows(z2, axis_name)])
+    anchors = jnp.concatenate([z1, z2])
+    local_rows = _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
+    self_cols = jnp.concatenate([local_rows, local_rows + global_batch])
+    positive_cols = jnp.concatenate([local_rows + global_batch, local_rows])
+    logits = _common.similarity(anchors, candidates) / temperature
+    per_row = _row_cross_entropy(logits, positive_cols, masked_cols=self_cols)
+    return _common.global_mean(per_row, axis_name)
+
+
+def supcon_loss(z: jax.Array, labels: jax.Array, *, temperature, axis_name=None) -> jax.Array:
+    """Supervised contrastive loss (Khosla et al. 2020, L_out), several positives per anchor.
+
+    For anchor i with positives P(i) = {p != i : labels[p] == labels[i]}:
+    ``-1/|P(i)| sum_p log( exp(s_ip / T) / sum_{a != i} exp(s_ia / T) )``. For several
+    views per example, concatenate the views and repeat the labels.
+
+    Args:
+      z: ``[B, D]`` L2-normalised embeddings.
+      labels: ``[B]`` integer classes.
+      temperature: scalar > 0.
+      axis_name: mesh axis to gather embeddings and labels over, or None.
+
+    Returns:
+      Scalar mean over the anchors of the global batch that have at least one positive
+      (anchors without one are skipped; 0 if none has).
+    """
+    _common.check_embeddings(z, "z")
+    _common.check_labels(labels, z.shape[0])
+    _common.check_temperature(temperature)
+    _common.check_axis_bound(axis_name)
+    local_batch = z.shape[0]
+    z_global = _common.gather_rows(z, axis_name)
+    labels_global = _common.gather_rows(labels, axis_name)
+    self_cols = _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
+    not_self = jnp.arange(z_global.shape[0])[None, :] != self_cols[:, None]
+    positives = (labels[:, None] == labels_global[None, :]) & not_self
+    logits = _common.similarity(z, z_global) / temperature
+    log_norm = jax.nn.logsumexp(jnp.where(not_self, logits, _common.MASK_VALUE), axis=1)
+    num_positives = jnp.sum(positives, axis=1)
+    mean_positive_logit = jnp.sum(jnp.where(positives, logits, 0.0), axis=1) / jnp.maximum(
+        num_positives, 1
+    )
+    per_row = log_norm - mean_positive_logit
+    return _common.global_mean(per_row, axis_name, weights=num_positives > 0)
+
+
+def contrastive_metrics(
+    a: jax.Array, b: jax.Array, *, temperature, axis_name=None
+) -> dict[str, jax.Array]:
+    """In-batch diagnostics of a paired batch, for training logs (no gradients needed).
+
+    Args:
+      a: ``[B, D]`` L2-normalised embeddings.
+      b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
+      temperature: scalar > 0.
+      axis_name: mesh axis to gather over, or None.
+
+    Returns:
+      Scalars over the global batch: ``accuracy_a_to_b`` and ``accuracy_b_to_a``
+      (top-1 in-batch retrieval), ``positive_logit`` and ``negative_logit`` (mean of
+      the diagonal and off-diagonal logits), ``logsumexp`` (mean row logsumexp).
+    """
+    _common.check_pair(a, b, "a", "b")
+    _common.check_temperature(temperature)
+    _common.check_axis_bound(axis_name)
+    local_batch = a.shape[0]
+    targets = _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
+
+    def one_direction(x, y):
+        logits = _common.similarity(x, _common.gather_rows(y, axis_name)) / temperature
+        positive = jnp.take_along_axis(logits, targets[:, None], axis=1)[:, 0]
+        negative = (jnp.sum(logits, axis=1) - positive) / max(logits.shape[1] - 1, 1)
+        correct = (jnp.argmax(logits, axis=1) == targets).astype(jnp.float32)
+        return logits, positive, negative, correct
+
+    logits_ab, positive, negative, correct_ab = one_direction(a, b)
+    correct_ba = one_direction(b, a)[3]
+    mean = lambda x: _common.global_mean(x, axis_name)  # noqa: E731
+    return {
+        "accuracy_a_to_b": mean(correct_ab),
+        "accuracy_b_to_a": mean(correct_ba),
+        "positive_logit": mean(positive),
+        "negative_logit": mean(negative),
+        "logsumexp": mean(jax.nn.logsumexp(logits_ab, axis=1)),
+    }
+
+
+def infonce_loss_floor(num_candidates: int, *, temperature: float = 1.0) -> float:
+    """The smallest InfoNCE loss reachable with cosine similarities at ``temperature``.
+
+    With logits ``cos / T`` the positive logit is at most ``1/T`` and each of the
+    ``N - 1`` negatives at least ``-1/T``, so the loss is at least
+    ``log(1 + (N - 1) exp(-2 / T))``. At T = 1 and N = 256 that is 3.6 nats out of
+    ``log 256 = 5.5``: the temperature trap.
+    """
+    _common.check_temperature(temperature)
+    return math.log1p((num_candidates - 1) * math.exp(-2.0 / temperature))
