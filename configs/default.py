@@ -1,0 +1,88 @@
+# python -m contrastive_jax.main --config=configs/default.py --workdir=runs/default
+"""Default: CLIP-style two-tower training on the top / bottom halves of the digits.
+
+scikit-learn's 8x8 digits (prepared as the `sklearn_digits` TFDS dataset, no download);
+each image gives a pair (top 4 rows, bottom 4 rows); two MLP towers learn to retrieve one
+half from the other with the symmetric InfoNCE (CLIP) loss over the global batch, data
+parallel over all devices (8 simulated CPU devices when there is no accelerator).
+Evaluation: cross-view retrieval on the 360-image test split (chance R@1 = 1/360).
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    """The default configuration; variants import it and override a few fields."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # Seeds parameter init and dropout (data order: config.data.seed).
+    # CPU only: the number of simulated devices (XLA's host platform device count) that
+    # main.py asks for before JAX starts; ignored when an accelerator is present.
+    config.num_simulated_devices = 8
+
+    config.data = data = ml_collections.ConfigDict()
+    data.name = "sklearn_digits"  # A TFDS name listed in input_pipeline.SOURCES.
+    data.data_dir = None  # TFDS data directory; None: TFDS's default (~/tensorflow_datasets).
+    data.task = "pairs"  # "pairs" (two halves / image-text), "views" (SimCLR), "labeled".
+    data.train_split = "train"  # TFDS split string used for training.
+    data.train_class_range = ml_collections.config_dict.placeholder(tuple)  # (lo, hi): keep labels in [lo, hi).
+    data.seed = 0  # Seeds the data order and augmentations; the stream is a function of it.
+    data.image_size = ml_collections.config_dict.placeholder(int)  # Resize to this square size on load; None: native.
+    data.text_max_length = 64  # Caption length in byte tokens (image-text datasets).
+    data.examples_per_class = 4  # Task "labeled": m examples of each class in a batch.
+    data.prefetch_batches = 2  # Batches tf.data prepares ahead of the trainer.
+    data.augment = aug = ml_collections.ConfigDict()
+    aug.crop_min_area = 1.0  # Random resized crop's minimum area fraction; 1.0: no crop.
+    aug.flip = False  # Random horizontal flips (wrong for digits).
+    aug.color_jitter = 0.0  # Brightness / contrast jitter strength; 0: off.
+    aug.noise_std = 0.0  # Std of additive Gaussian pixel noise (pixels in [0, 1]); 0: off.
+
+    config.model = model = ml_collections.ConfigDict()
+    model.encoder_a = "mlp"  # Tower a's encoder: a name in models.ENCODERS.
+    model.encoder_b = "mlp"  # Tower b's encoder (ignored when tie_towers).
+    model.tie_towers = False  # One shared encoder and head for both inputs (SimCLR).
+    model.mlp_hidden_dims = (256, 256)  # Hidden widths of the "mlp" encoder.
+    model.cnn_features = (32, 64)  # Channels of the "cnn" encoder's conv stages.
+    model.encoder_dim = 256  # Output width of the "mlp" / "cnn" / text encoders.
+    model.patch_size = 16  # ViT patch size in pixels (4 suits 32x32 images).
+    model.dropout_rate = 0.0  # Dropout in the MLP encoder and transformers.
+    model.projection_hidden_dims = ()  # Hidden widths of the projection head; (): linear.
+    model.embed_dim = 64  # Width of the L2-normalised embedding the loss sees.
+    model.num_classes = 0  # > 0 adds a classifier head (loss "softmax_ce" / "proxy_nca").
+    model.compute_dtype = "float32"  # "bfloat16": bfloat16 activations, float32 params/loss.
+
+    config.loss = loss = ml_collections.ConfigDict()
+    loss.name = "clip"  # A name in train.LOSSES.
+    loss.temperature = 0.07  # Initial (learned) or fixed temperature; 1/temperature <= 100.
+    loss.learn_temperature = True  # Learn log(1/temperature) with the model.
+    loss.siglip_bias = -10.0  # SigLIP's initial logit bias (loss "siglip" only).
+    loss.margin = 0.2  # Margin of "contrastive" and "triplet".
+    loss.triplet_mining = "batch_all"  # "triplet": which triplets ("batch_all", "batch_hard").
+    loss.label_smoothing = 0.0  # "softmax_ce" label smoothing.
+
+    config.optim = optim = ml_collections.ConfigDict()
+    optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".
+    optim.learning_rate = 3e-3  # Peak learning rate (after warmup).
+    optim.warmup_steps = 100  # Linear warmup from 0 to the peak.
+    optim.end_learning_rate_factor = 0.0  # Cosine decays to this fraction of the peak.
+    optim.weight_decay = 1e-4  # Decoupled weight decay (not on biases, norms, temperature).
+    optim.momentum = 0.9  # "sgd" / "lars" momentum; "adamw" / "lamb" b1.
+    optim.grad_clip_norm = 1.0  # Clip the global gradient norm to this; 0: no clipping.
+
+    config.train = train = ml_collections.ConfigDict()
+    train.global_batch_size = 256  # Examples per step over all devices (N).
+    train.num_train_steps = 1500  # Optimizer steps.
+    train.log_every_steps = 50  # Metrics to TensorBoard / metrics.jsonl every k steps.
+
+    config.eval = ev = ml_collections.ConfigDict()
+    ev.split = "test"  # TFDS split evaluated (queries and gallery).
+    ev.class_range = ml_collections.config_dict.placeholder(tuple)  # (lo, hi): keep labels in [lo, hi).
+    ev.every_steps = 500  # Evaluate every k steps (and at the end); 0: only at the end.
+    ev.batch_size = 512  # Examples embedded per forward pass.
+    ev.recall_ks = (1, 5, 10)  # K of Recall@K.
+    ev.knn_k = 1  # Neighbours of the kNN classifier (train split as memory bank).
+    ev.linear_probe = True  # Fit a logistic regression on frozen train embeddings.
+
+    config.checkpoint = ckpt = ml_collections.ConfigDict()
+    ckpt.every_steps = 500  # Save every k steps and at the end.
+    ckpt.max_to_keep = 3  # Keep the last k checkpoints.
+    return config

@@ -1,0 +1,5 @@
+"""TFDS builders shipped with the package; importing this registers them with `tfds`."""
+
+from contrastive_jax.datasets.sklearn_digits import SklearnDigits
+
+__all__ = ["SklearnDigits"]

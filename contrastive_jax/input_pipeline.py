@@ -1,0 +1,358 @@
+"""tf.data input pipeline: deterministic, seekable batches for the three training tasks.
+
+Tasks (`config.data.task`):
+
+* `pairs`: two modalities per example for a two-tower model. Image-only datasets give the
+  top half (`a`) and the bottom half (`b`) of each image; image-text datasets give the
+  image (`a`) and its first caption as byte tokens (`b`).
+* `views`: two random augmentations (`a`, `b`) of one image (SimCLR).
+* `labeled`: one (augmented) image `a` with its `label`; each batch holds
+  `config.data.examples_per_class` (m) examples of each of B / m classes.
+
+Design. The split (this process's share of it) is decoded once into host memory; every
+batch is then a pure function of `(config.data.seed, process index, step)`:
+
+* `pairs`/`views`: element `i` of the stream (`i = step * B + k`) is the example at
+  position `i mod n` of epoch `i // n`'s permutation (`tf.random.experimental
+  .index_shuffle`, a stateless permutation computed per element).
+* `labeled`: the classes and examples of step `s` are drawn with stateless RNG seeded by
+  `s`.
+* Augmentations use stateless ops seeded by the element number `i`.
+
+So the input position is just the step count: `train_dataset(config, start_step=s)`
+yields exactly the batches an uninterrupted run sees from step `s` on, with no replay,
+and a checkpoint only needs the step (see `train.py`). The cost of the design is that the
+split must fit in host memory (digits, CIFAR, CUB, Cars at the configured image size);
+each process only holds its own `1 / process_count` share.
+
+Batches are NumPy dicts of per-process arrays (B = global batch / process count); the
+trainer assembles global arrays with `jax.make_array_from_process_local_data`.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+
+import ml_collections
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+import contrastive_jax.datasets  # noqa: F401  (registers "sklearn_digits" with tfds)
+
+TASKS = ("pairs", "views", "labeled")
+# Byte-level text tokens: 1 + the UTF-8 byte value; 0 pads. No vocabulary file needed.
+TEXT_VOCAB_SIZE = 257
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where the fields live in a TFDS dataset's examples."""
+
+    image_key: str = "image"
+    label_key: str | None = "label"  # None: the dataset has no class labels.
+    caption_key: tuple[str, ...] | None = None  # Path to a [num_captions] string tensor.
+
+
+# The datasets the pipeline knows how to read; add a line to support another one.
+SOURCES: Mapping[str, Source] = {
+    "sklearn_digits": Source(),
+    "cifar10": Source(),
+    "cifar100": Source(),
+    "caltech_birds2011": Source(),
+    "cars196": Source(),
+    "coco_captions": Source(label_key=None, caption_key=("captions", "text")),
+}
+
+
+def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
+    """The number of examples each process reads per step."""
+    if global_batch_size % process_count:
+        raise ValueError(
+            f"config.train.global_batch_size={global_batch_size} does not divide over "
+            f"{process_count} processes; use a multiple of {process_count}."
+        )
+    return global_batch_size // process_count
+
+
+def load_split(
+    data: ml_collections.ConfigDict,
+    split: str,
+    *,
+    class_range: tuple[int, int] | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> dict[str, np.ndarray]:
+    """Reads this process's share of a TFDS split into host memory.
+
+    Args:
+      data: `config.data` (`name`, `data_dir`, `image_size`, `text_max_length`).
+      split: a TFDS split string, e.g. "train", "train+test", "test[:50%]".
+      class_range: keep only the examples whose label is in `[lo, hi)`.
+      process_index, process_count: this process's share of the split
+        (`tfds.even_splits`).
+
+    Returns:
+      `image` uint8 [n, H, W, C]; `label` int32 [n] when the dataset has labels;
+      `text` int32 [n, text_max_length] byte tokens when it has captions.
+    """
+    if data.name not in SOURCES:
+        raise ValueError(
+            f"config.data.name={data.name!r} is not a known dataset; use one of "
+            f"{sorted(SOURCES)} or add it to input_pipeline.SOURCES."
+        )
+    source = SOURCES[data.name]
+    builder = tfds.builder(data.name, data_dir=data.data_dir)
+    builder.download_and_prepare()
+    if process_count > 1:
+        split = tfds.even_splits(split, n=process_count, drop_remainder=True)[process_index]
+    ds = builder.as_dataset(split=split, shuffle_files=False)
+
+    def decode(example):
+        image = example[source.image_key]
+        if data.image_size:
+            image = tf.image.resize(image, [data.image_size, data.image_size], antialias=True)
+            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+        out = {"image": image}
+        if source.label_key:
+            out["label"] = tf.cast(example[source.label_key], tf.int32)
+        if source.caption_key:
+            captions = example
+            for key in source.caption_key:
+                captions = captions[key]
+            first = tf.concat([captions, [""]], axis=0)[0]
+            raw = tf.io.decode_raw(first, tf.uint8, fixed_length=data.text_max_length)
+            tokens = tf.cast(raw, tf.int32)
+            out["text"] = tf.where(tokens > 0, tokens + 1, 0)
+        return out
+
+    ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if class_range is not None:
+        if not source.label_key:
+            raise ValueError(
+                f"a class range was given but config.data.name={data.name!r} has no labels."
+            )
+        lo, hi = class_range
+        ds = ds.filter(lambda ex: (ex["label"] >= lo) & (ex["label"] < hi))
+    chunks = list(tfds.as_numpy(ds.batch(4096)))
+    if not chunks:
+        raise ValueError(f"split {split!r} of {data.name!r} (classes {class_range}) is empty.")
+    return {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
+
+
+def _augment(image: tf.Tensor, seed: tf.Tensor, aug: ml_collections.ConfigDict) -> tf.Tensor:
+    """Stateless random augmentation of one float image [H, W, C] in [0, 1]."""
+    seeds = tf.random.experimental.stateless_split(seed, 5)
+    height, width = image.shape[0], image.shape[1]
+    if aug.crop_min_area < 1.0:
+        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+            tf.shape(image),
+            bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+            seed=seeds[0],
+            min_object_covered=0.0,
+            aspect_ratio_range=(3 / 4, 4 / 3),
+            area_range=(aug.crop_min_area, 1.0),
+            use_image_if_no_bounding_boxes=True,
+        )
+        image = tf.slice(image, begin, size)
+        image = tf.image.resize(image, [height, width], antialias=True)
+    if aug.flip:
+        image = tf.image.stateless_random_flip_left_right(image, seeds[1])
+    if aug.color_jitter > 0:
+        s = aug.color_jitter
+        image = tf.image.stateless_random_brightness(image, 0.8 * s, seeds[2])
+        image = tf.image.stateless_random_contrast(image, 1 - 0.8 * s, 1 + 0.8 * s, seeds[3])
+    if aug.noise_std > 0:
+        image = image + aug.noise_std * tf.random.stateless_normal(tf.shape(image), seeds[4])
+    return tf.clip_by_value(image, 0.0, 1.0)
+
+
+def _model_inputs(examples, task: str, data: ml_collections.ConfigDict, seeds=None):
+    """A batch's model inputs; augmented when `seeds` ([B, 2] int64, one per example) is given.
+
+    Args:
+      examples: `image` uint8 [B, H, W, C], optional `label` [B] and `text` [B, L].
+    """
+    images = tf.cast(examples["image"], tf.float32) / 255.0
+
+    def augment(images, seeds):
+        return tf.map_fn(
+            lambda args: _augment(args[0], args[1], data.augment),
+            (images, seeds),
+            fn_output_signature=tf.float32,
+        )
+
+    out = {}
+    if task == "views":
+        if seeds is None:
+            out["a"] = images
+        else:
+            split = tf.map_fn(tf.random.experimental.stateless_split, seeds)  # [B, 2, 2]
+            out["a"] = augment(images, split[:, 0])
+            out["b"] = augment(images, split[:, 1])
+    else:
+        if seeds is not None:
+            images = augment(images, seeds)
+        if task == "pairs" and "text" in examples:
+            out["a"], out["b"] = images, examples["text"]
+        elif task == "pairs":
+            half = images.shape[1] // 2
+            out["a"], out["b"] = images[:, :half], images[:, half:]
+        else:
+            out["a"] = images
+    if "label" in examples:
+        out["label"] = examples["label"]
+    return out
+
+
+def _augments(data: ml_collections.ConfigDict) -> bool:
+    """Whether training inputs are randomly augmented (always for "views")."""
+    aug = data.augment
+    active = aug.crop_min_area < 1.0 or aug.flip or aug.color_jitter > 0 or aug.noise_std > 0
+    return active or data.task == "views"
+
+
+def _check_task(data: ml_collections.ConfigDict) -> None:
+    if data.task not in TASKS:
+        raise ValueError(f"config.data.task={data.task!r} is not a task; use one of {TASKS}.")
+
+
+def _labeled_indices(labels: np.ndarray, batch_size: int, m: int, seed: tf.Tensor):
+    """Returns step -> [B] example indices: B / m classes, m distinct examples of each."""
+    classes, counts = np.unique(labels, return_counts=True)
+    num_classes_per_batch = batch_size // m
+    if batch_size % m:
+        raise ValueError(
+            f"the per-process batch {batch_size} is not a multiple of "
+            f"config.data.examples_per_class={m}; make the global batch a multiple of "
+            f"{m} x the number of processes."
+        )
+    if num_classes_per_batch > len(classes):
+        raise ValueError(
+            f"a batch of {batch_size} with config.data.examples_per_class={m} needs "
+            f"{num_classes_per_batch} classes but the split has {len(classes)}; raise "
+            "examples_per_class or lower the global batch size."
+        )
+    if counts.min() < m:
+        raise ValueError(
+            f"class {classes[counts.argmin()]} has {counts.min()} examples, fewer than "
+            f"config.data.examples_per_class={m}; lower examples_per_class."
+        )
+    members = np.full((len(classes), counts.max()), -1, np.int64)
+    for row, c in enumerate(classes):
+        where = np.flatnonzero(labels == c)
+        members[row, : len(where)] = where
+    members = tf.constant(members)
+    valid = members >= 0
+
+    def indices(step):
+        step_seed = tf.random.experimental.stateless_fold_in(seed, step)
+        class_seed, example_seed = tf.unstack(tf.random.experimental.stateless_split(step_seed))
+        chosen = tf.argsort(tf.random.stateless_uniform([len(classes)], class_seed))
+        chosen = chosen[:num_classes_per_batch]
+        keys = tf.random.stateless_uniform([num_classes_per_batch, members.shape[1]], example_seed)
+        keys = tf.where(tf.gather(valid, chosen), keys, 2.0)  # padding sorts last
+        columns = tf.argsort(keys, axis=1)[:, :m]
+        picked = tf.gather(tf.gather(members, chosen), columns, batch_dims=1)
+        return tf.reshape(picked, [batch_size])
+
+    return indices
+
+
+def train_dataset(
+    config: ml_collections.ConfigDict,
+    *,
+    start_step: int = 0,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> tf.data.Dataset:
+    """The infinite training stream from `start_step` on, batched per process.
+
+    Element `k` of the returned dataset is the batch of step `start_step + k`, identical
+    to what a run started at step 0 sees at that step.
+
+    Returns:
+      A dataset of dicts: `a` float32 [B, ...], `b` float32/int32 [B, ...] (pairs, views),
+      `label` int32 [B] when the dataset has labels (B = per-process batch).
+    """
+    data = config.data
+    _check_task(data)
+    batch_size = per_process_batch_size(config.train.global_batch_size, process_count)
+    arrays = load_split(
+        data,
+        data.train_split,
+        class_range=data.train_class_range,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    n = len(arrays["image"])
+    tensors = {key: tf.constant(value) for key, value in arrays.items()}
+    base_seed = tf.random.experimental.stateless_fold_in(
+        tf.constant([data.seed, 0], tf.int64), process_index
+    )
+    order_seed, step_seed, augment_seed = tf.unstack(
+        tf.random.experimental.stateless_split(base_seed, 3)
+    )
+
+    if data.task == "labeled":
+        if "label" not in arrays:
+            raise ValueError(
+                f"config.data.task='labeled' needs labels but {data.name!r} has none; "
+                "use task 'pairs' or 'views'."
+            )
+        indices = _labeled_indices(arrays["label"], batch_size, data.examples_per_class, step_seed)
+    else:
+        if batch_size > n:
+            raise ValueError(
+                f"the per-process batch {batch_size} is larger than the {n} examples of "
+                f"split {data.train_split!r}, so a batch would repeat examples (false "
+                "negatives); lower config.train.global_batch_size."
+            )
+
+        def indices(step):
+            # Element i is at position i mod n of epoch i // n's permutation; a batch of
+            # B <= n elements spans at most two epochs.
+            ids = step * batch_size + tf.range(batch_size, dtype=tf.int64)
+            first_epoch = ids[0] // n
+            perms = [
+                tf.random.experimental.index_shuffle(
+                    ids % n,
+                    tf.random.experimental.stateless_fold_in(order_seed, epoch),
+                    max_index=n - 1,
+                )
+                for epoch in (first_epoch, first_epoch + 1)
+            ]
+            return tf.where(ids // n == first_epoch, perms[0], perms[1])
+
+    def batch(step):
+        index = indices(step)
+        examples = {key: tf.gather(t, index) for key, t in tensors.items()}
+        ids = step * batch_size + tf.range(batch_size, dtype=tf.int64)
+        seeds = tf.map_fn(
+            lambda i: tf.random.experimental.stateless_fold_in(augment_seed, i),
+            ids,
+            fn_output_signature=tf.int64,
+        )
+        return _model_inputs(examples, data.task, data, seeds=seeds if _augments(data) else None)
+
+    ds = tf.data.Dataset.counter(start_step).map(
+        batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options).prefetch(data.prefetch_batches)
+
+
+def eval_arrays(
+    config: ml_collections.ConfigDict, split: str, *, class_range: tuple[int, int] | None = None
+) -> dict[str, np.ndarray]:
+    """A whole evaluation split's model inputs, in a fixed order, without augmentation.
+
+    Returns:
+      `a` float32 [n, ...]; `b` [n, ...] for `pairs`; `label` int32 [n] when available.
+    """
+    _check_task(config.data)
+    arrays = load_split(config.data, split, class_range=class_range)
+    ds = tf.data.Dataset.from_tensor_slices(arrays)
+    ds = ds.batch(4096).map(lambda ex: _model_inputs(ex, config.data.task, config.data))
+    chunks = list(tfds.as_numpy(ds))
+    return {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
