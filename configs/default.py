@@ -43,6 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.mlp_hidden_dims = (256, 256)  # Hidden widths of the "mlp" encoder.
     model.cnn_features = (32, 64)  # Channels of the "cnn" encoder's conv stages.
     model.encoder_dim = 256  # Output width of the "mlp" / "cnn" / text encoders.
+    model.text_num_layers = 4  # Depth of the "text_transformer" encoder.
     model.patch_size = 16  # ViT patch size in pixels (4 suits 32x32 images).
     model.dropout_rate = 0.0  # Dropout in the MLP encoder and transformers.
     model.projection_hidden_dims = ()  # Hidden widths of the projection head; (): linear.
