@@ -141,10 +141,10 @@ def global_mean(per_row: jax.Array, axis_name, weights: jax.Array | None = None)
     With ``weights: [B]`` (constants, e.g. "this anchor has a positive"), a weighted
     mean over the global batch; 0 where the total weight is 0.
     """
-    per_row = per_row.astype(jnp.float32)
+    per_row = at_least_float32(per_row)
     if weights is None:
         weights = jnp.ones_like(per_row)
-    weights = jax.lax.stop_gradient(weights.astype(jnp.float32))
+    weights = jax.lax.stop_gradient(weights.astype(per_row.dtype))
     total = _sum_loss_over_devices(jnp.sum(per_row * weights), axis_name)
     count = _sum_loss_over_devices(jnp.sum(weights), axis_name)
     return total / jnp.maximum(count, 1e-12)
@@ -153,15 +153,20 @@ def global_mean(per_row: jax.Array, axis_name, weights: jax.Array | None = None)
 # ---------------------------------------------------------------------- similarities
 
 
+def at_least_float32(x: jax.Array) -> jax.Array:
+    """``x`` in float32, or wider if it already is (bfloat16 -> float32; float64 kept)."""
+    return jnp.asarray(x).astype(jnp.promote_types(jnp.result_type(x), jnp.float32))
+
+
 def similarity(x: jax.Array, y: jax.Array) -> jax.Array:
-    """Dot products ``x @ y.T`` in float32 (embeddings may be bfloat16): ``[B, N]``."""
-    return jnp.matmul(x, y.T, preferred_element_type=jnp.float32)
+    """Dot products ``x @ y.T`` in at least float32 (embeddings may be bfloat16): ``[B, N]``."""
+    dtype = jnp.promote_types(jnp.promote_types(x.dtype, y.dtype), jnp.float32)
+    return jnp.matmul(x, y.T, preferred_element_type=dtype)
 
 
 def squared_distances(x: jax.Array, y: jax.Array) -> jax.Array:
     """Squared Euclidean distances ``[B, N]`` between rows of ``x`` and ``y``, >= 0."""
-    x = x.astype(jnp.float32)
-    y = y.astype(jnp.float32)
+    x, y = at_least_float32(x), at_least_float32(y)
     sq_x = jnp.sum(x * x, axis=-1)[:, None]
     sq_y = jnp.sum(y * y, axis=-1)[None, :]
     return jnp.maximum(sq_x + sq_y - 2.0 * similarity(x, y), 0.0)
@@ -173,6 +178,6 @@ def safe_sqrt(x: jax.Array) -> jax.Array:
 
 
 def l2_normalize(x: jax.Array) -> jax.Array:
-    """Rows of ``x: [..., D]`` scaled to unit norm, in float32 (finite at 0)."""
-    x = x.astype(jnp.float32)
+    """Rows of ``x: [..., D]`` scaled to unit norm, in float32 or wider (finite at 0)."""
+    x = at_least_float32(x)
     return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-12))

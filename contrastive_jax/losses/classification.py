@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from contrastive_jax.losses._common import at_least_float32
+
 
 def _check_logits_labels(logits, labels) -> None:
     if jnp.ndim(logits) < 1:
@@ -33,15 +35,15 @@ def softmax_cross_entropy(
       label_smoothing: the target is ``(1 - s) * onehot + s / C``.
 
     Returns:
-      ``[B]`` losses, computed in float32. The gradient w.r.t. ``logits`` is
+      ``[B]`` losses, computed in float32 (or wider). The gradient w.r.t. ``logits`` is
       ``softmax(logits) - target``.
     """
     _check_logits_labels(logits, labels)
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    log_probs = jax.nn.log_softmax(at_least_float32(logits), axis=-1)
     num_classes = logits.shape[-1]
-    targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+    targets = jax.nn.one_hot(labels, num_classes, dtype=log_probs.dtype)
     targets = (1.0 - label_smoothing) * targets + label_smoothing / num_classes
     return -jnp.sum(targets * log_probs, axis=-1)
 
@@ -61,8 +63,8 @@ def binary_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
             f"logits and labels must have the same shape, got {jnp.shape(logits)} and "
             f"{jnp.shape(labels)}."
         )
-    logits = logits.astype(jnp.float32)
-    labels = labels.astype(jnp.float32)
+    logits = at_least_float32(logits)
+    labels = labels.astype(logits.dtype)
     return -(labels * jax.nn.log_sigmoid(logits) + (1.0 - labels) * jax.nn.log_sigmoid(-logits))
 
 
@@ -90,11 +92,11 @@ def focal_loss(
     _check_logits_labels(logits, labels)
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}.")
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    log_probs = jax.nn.log_softmax(at_least_float32(logits), axis=-1)
     log_p_true = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
     loss = -((1.0 - jnp.exp(log_p_true)) ** gamma) * log_p_true
     if alpha is not None:
-        alpha = jnp.asarray(alpha, jnp.float32)
+        alpha = jnp.asarray(alpha, loss.dtype)
         loss = loss * (alpha[labels] if alpha.ndim == 1 else alpha)
     return loss
 

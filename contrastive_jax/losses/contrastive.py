@@ -8,6 +8,15 @@ candidates are all-gathered over ``axis_name``, the local rows are scored agains
 over the global batch -- the same value on every device, and the same gradients as the
 single-device loss on the concatenated batch.
 
+The softmax and sigmoid losses also take ``chunk_size`` and ``collective``, which change
+how the logits are computed, not the result (see :mod:`contrastive_jax.losses.streaming`):
+``chunk_size=None`` builds the ``[B, N]`` logits; an int streams column blocks of that
+size with an online logsumexp and recomputes them in the backward pass (memory
+O(N D + B chunk_size)); ``collective="ring"`` passes the other side's shards around the
+devices with ``ppermute`` instead of all-gathering them. Each loss is one per-row formula
+-- a row logsumexp minus a target logit, or a sum of log-sigmoids -- over the statistics
+that :func:`contrastive_jax.losses.streaming.pair_stats` returns in all three modes.
+
 Embeddings are expected L2-normalised (the model owns normalisation), so similarities
 are cosines in [-1, 1] and logits are ``cosine / temperature``. Temperature is
 therefore required: at temperature 1 the best reachable InfoNCE loss is
@@ -21,34 +30,60 @@ import math
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses import _common
+from contrastive_jax.losses import _common, streaming
 
 
-def _row_cross_entropy(
-    logits: jax.Array, target_cols: jax.Array, masked_cols: jax.Array | None = None
+# Softmax over each row's candidates; with the columns too (CLIP); without the row itself.
+_ROWS = streaming.PairSpec(row_logsumexp=True)
+_ROWS_AND_COLUMNS = streaming.PairSpec(row_logsumexp=True, col_logsumexp=True)
+_ROWS_NOT_SELF = streaming.PairSpec(row_logsumexp=True, exclude_self=True)
+
+
+def _positive_terms(logits, same_id, same_label):
+    """SupCon's per-pair terms: the logit of each positive, and the positive indicator."""
+    positives = same_label & ~same_id
+    return jnp.where(positives, logits, 0.0), positives.astype(jnp.float32)
+
+
+def _sigmoid_terms(logits, same_id, same_label):
+    """SigLIP's per-pair term ``log sigmoid(z_ij * logit_ij)``, z = +1 on the diagonal."""
+    return (jax.nn.log_sigmoid(jnp.where(same_id, logits, -logits)),)
+
+
+_SUPCON = streaming.PairSpec(row_logsumexp=True, exclude_self=True, pair_terms=_positive_terms)
+_SIGLIP = streaming.PairSpec(pair_terms=_sigmoid_terms)
+
+
+def _local_ids(local_batch: int, axis_name) -> jax.Array:
+    """Global indices ``[B]`` of this device's rows."""
+    return _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
+
+
+def _paired_logits(x: jax.Array, y: jax.Array, temperature) -> jax.Array:
+    """Logits ``[B]`` of the local pairs ``x_i . y_i / temperature`` (the targets)."""
+    return jnp.sum(x.astype(jnp.float32) * y.astype(jnp.float32), axis=1) / temperature
+
+
+def _infonce_rows(
+    queries, keys, temperature, axis_name, chunk_size=None, collective="all_gather"
 ) -> jax.Array:
-    """``logsumexp(row) - row[target]`` for logits ``[B, N]`` and targets ``[B]``.
-
-    ``masked_cols: [B]`` removes one column per row from the softmax (self-similarity).
-    """
-    if masked_cols is not None:
-        cols = jnp.arange(logits.shape[1])
-        logits = jnp.where(cols[None, :] == masked_cols[:, None], _common.MASK_VALUE, logits)
-    target_logits = jnp.take_along_axis(logits, target_cols[:, None], axis=1)[:, 0]
-    return jax.nn.logsumexp(logits, axis=1) - target_logits
-
-
-def _infonce_rows(queries, keys, temperature, axis_name) -> jax.Array:
-    """Per-row InfoNCE ``[B]`` of local queries against all-gathered keys."""
-    keys_global = _common.gather_rows(keys, axis_name)
-    logits = _common.similarity(queries, keys_global) / temperature
-    local_batch = queries.shape[0]
-    targets = _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
-    return _row_cross_entropy(logits, targets)
+    """Per-row InfoNCE ``[B]``: row logsumexp over all keys minus the paired logit."""
+    ids = streaming.RowIds(_local_ids(queries.shape[0], axis_name), None)
+    stats = streaming.pair_stats(
+        _ROWS, queries, keys, ids, ids, temperature=temperature, axis_name=axis_name,
+        chunk_size=chunk_size, collective=collective,
+    )
+    return stats.row_lse - _paired_logits(queries, keys, temperature)
 
 
 def infonce_loss(
-    queries: jax.Array, keys: jax.Array, *, temperature, axis_name=None
+    queries: jax.Array,
+    keys: jax.Array,
+    *,
+    temperature,
+    axis_name=None,
+    chunk_size: int | None = None,
+    collective: str = "all_gather",
 ) -> jax.Array:
     """One-directional InfoNCE: the positive of query i is key i, all other keys negative.
 
@@ -60,6 +95,11 @@ def infonce_loss(
       keys: ``[B, D]`` L2-normalised embeddings, row i paired with ``queries[i]``.
       temperature: scalar > 0 (a Python number or a traced, learnable array).
       axis_name: mesh axis to gather keys over, or None for a single device.
+      chunk_size: None for the dense ``[B, N]`` logits, or an int dividing N (B with
+        the ring): stream column blocks of that size, O(N D + B chunk_size) memory,
+        the same result.
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass the
+        candidates' shards around the devices instead of gathering them.
 
     Returns:
       Scalar: mean over the global batch of ``-log softmax(q_i . K / T)_i``.
@@ -67,7 +107,8 @@ def infonce_loss(
     _common.check_pair(queries, keys, "queries", "keys")
     _common.check_temperature(temperature)
     _common.check_axis_bound(axis_name)
-    return _common.global_mean(_infonce_rows(queries, keys, temperature, axis_name), axis_name)
+    per_row = _infonce_rows(queries, keys, temperature, axis_name, chunk_size, collective)
+    return _common.global_mean(per_row, axis_name)
 
 
 def npairs_loss(
@@ -93,14 +134,22 @@ def npairs_loss(
     _common.check_axis_bound(axis_name)
     per_row = _infonce_rows(anchors, positives, 1.0, axis_name)
     if l2_reg:
-        squared_norms = jnp.sum(jnp.square(anchors.astype(jnp.float32)), axis=1) + jnp.sum(
-            jnp.square(positives.astype(jnp.float32)), axis=1
+        squared_norms = jnp.sum(jnp.square(_common.at_least_float32(anchors)), axis=1) + jnp.sum(
+            jnp.square(_common.at_least_float32(positives)), axis=1
         )
         per_row = per_row + 0.25 * l2_reg * squared_norms
     return _common.global_mean(per_row, axis_name)
 
 
-def clip_loss(a: jax.Array, b: jax.Array, *, temperature, axis_name=None) -> jax.Array:
+def clip_loss(
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    temperature,
+    axis_name=None,
+    chunk_size: int | None = None,
+    collective: str = "all_gather",
+) -> jax.Array:
     """Symmetric CLIP / CLAP loss over the N x N similarity ``a @ b.T / temperature``.
 
     The labels are ``arange(N)``. The loss is the mean of two cross-entropies: softmax
@@ -115,21 +164,38 @@ def clip_loss(a: jax.Array, b: jax.Array, *, temperature, axis_name=None) -> jax
       b: ``[B, D]`` L2-normalised embeddings of modality B, row i paired with ``a[i]``.
       temperature: scalar > 0.
       axis_name: mesh axis to gather both sides over, or None.
+      chunk_size: None for the dense ``[B, N]`` logits, or an int dividing N (B with
+        the ring): stream column blocks of that size, O(N D + B chunk_size) memory,
+        the same result.
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass the
+        candidates' shards around the devices instead of gathering them.
 
     Returns:
-      Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch.
+      Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch. Both
+      directions come from one ``[B, N]`` logits matrix: the row logsumexps of the local
+      a's and the column logsumexps of the local b's.
     """
     _common.check_pair(a, b, "a", "b")
     _common.check_temperature(temperature)
     _common.check_axis_bound(axis_name)
-    per_row = _infonce_rows(a, b, temperature, axis_name) + _infonce_rows(
-        b, a, temperature, axis_name
+    ids = streaming.RowIds(_local_ids(a.shape[0], axis_name), None)
+    stats = streaming.pair_stats(
+        _ROWS_AND_COLUMNS, a, b, ids, ids, temperature=temperature, axis_name=axis_name,
+        chunk_size=chunk_size, collective=collective,
     )
-    return _common.global_mean(0.5 * per_row, axis_name)
+    per_row = 0.5 * (stats.row_lse + stats.col_lse) - _paired_logits(a, b, temperature)
+    return _common.global_mean(per_row, axis_name)
 
 
 def siglip_loss(
-    a: jax.Array, b: jax.Array, *, temperature, bias, axis_name=None
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    temperature,
+    bias,
+    axis_name=None,
+    chunk_size: int | None = None,
+    collective: str = "all_gather",
 ) -> jax.Array:
     """SigLIP pairwise sigmoid loss (Zhai et al. 2023).
 
@@ -142,6 +208,11 @@ def siglip_loss(
       temperature: scalar > 0 (SigLIP initialises 1/temperature = 10).
       bias: scalar (SigLIP initialises -10 so the many negatives start near 0 loss).
       axis_name: mesh axis to gather ``b`` over, or None.
+      chunk_size: None for the dense ``[B, N]`` logits, or an int dividing N (B with
+        the ring): stream column blocks of that size, O(N D + B chunk_size) memory,
+        the same result.
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass the
+        candidates' shards around the devices instead of gathering them.
 
     Returns:
       Scalar: ``-sum_j log sigmoid(z_ij * logit_ij)``, summed over all N columns and
@@ -150,16 +221,23 @@ def siglip_loss(
     _common.check_pair(a, b, "a", "b")
     _common.check_temperature(temperature)
     _common.check_axis_bound(axis_name)
-    b_global = _common.gather_rows(b, axis_name)
-    logits = _common.similarity(a, b_global) / temperature + bias
-    local_batch = a.shape[0]
-    targets = _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
-    signs = jnp.where(jnp.arange(logits.shape[1])[None, :] == targets[:, None], 1.0, -1.0)
-    per_row = -jnp.sum(jax.nn.log_sigmoid(signs * logits), axis=1)
-    return _common.global_mean(per_row, axis_name)
+    ids = streaming.RowIds(_local_ids(a.shape[0], axis_name), None)
+    stats = streaming.pair_stats(
+        _SIGLIP, a, b, ids, ids, temperature=temperature, bias=bias, axis_name=axis_name,
+        chunk_size=chunk_size, collective=collective,
+    )
+    return _common.global_mean(-stats.row_sums[0], axis_name)
 
 
-def ntxent_loss(z1: jax.Array, z2: jax.Array, *, temperature, axis_name=None) -> jax.Array:
+def ntxent_loss(
+    z1: jax.Array,
+    z2: jax.Array,
+    *,
+    temperature,
+    axis_name=None,
+    chunk_size: int | None = None,
+    collective: str = "all_gather",
+) -> jax.Array:
     """SimCLR NT-Xent loss over the 2N views of N examples.
 
     Each of the 2N views is an anchor whose positive is the other view of the same
@@ -170,6 +248,11 @@ def ntxent_loss(z1: jax.Array, z2: jax.Array, *, temperature, axis_name=None) ->
       z2: ``[B, D]`` L2-normalised embeddings of the second views (row i: same example).
       temperature: scalar > 0 (SimCLR uses 0.1 - 0.5).
       axis_name: mesh axis to gather both views over, or None.
+      chunk_size: None for the dense ``[2B, 2N]`` logits, or an int dividing 2N (2B
+        with the ring): stream column blocks of that size, O(N D + B chunk_size) memory,
+        the same result.
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass the
+        candidates' shards around the devices instead of gathering them.
 
     Returns:
       Scalar mean over the 2N anchors of the global batch.
@@ -178,19 +261,27 @@ def ntxent_loss(z1: jax.Array, z2: jax.Array, *, temperature, axis_name=None) ->
     _common.check_temperature(temperature)
     _common.check_axis_bound(axis_name)
     local_batch = z1.shape[0]
-    z1_global = _common.gather_rows(z1, axis_name)
-    global_batch = z1_global.shape[0]
-    candidates = jnp.concatenate([z1_global, _common.gather_rows(z2, axis_name)])
-    anchors = jnp.concatenate([z1, z2])
-    local_rows = _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
-    self_cols = jnp.concatenate([local_rows, local_rows + global_batch])
-    positive_cols = jnp.concatenate([local_rows + global_batch, local_rows])
-    logits = _common.similarity(anchors, candidates) / temperature
-    per_row = _row_cross_entropy(logits, positive_cols, masked_cols=self_cols)
+    global_batch = local_batch * (1 if axis_name is None else jax.lax.axis_size(axis_name))
+    local_rows = _local_ids(local_batch, axis_name)
+    views = jnp.concatenate([z1, z2])
+    ids = streaming.RowIds(jnp.concatenate([local_rows, local_rows + global_batch]), None)
+    stats = streaming.pair_stats(
+        _ROWS_NOT_SELF, views, views, ids, ids, temperature=temperature,
+        axis_name=axis_name, chunk_size=chunk_size, collective=collective,
+    )
+    per_row = stats.row_lse - _paired_logits(views, jnp.concatenate([z2, z1]), temperature)
     return _common.global_mean(per_row, axis_name)
 
 
-def supcon_loss(z: jax.Array, labels: jax.Array, *, temperature, axis_name=None) -> jax.Array:
+def supcon_loss(
+    z: jax.Array,
+    labels: jax.Array,
+    *,
+    temperature,
+    axis_name=None,
+    chunk_size: int | None = None,
+    collective: str = "all_gather",
+) -> jax.Array:
     """Supervised contrastive loss (Khosla et al. 2020, L_out), several positives per anchor.
 
     For anchor i with positives P(i) = {p != i : labels[p] == labels[i]}:
@@ -202,6 +293,11 @@ def supcon_loss(z: jax.Array, labels: jax.Array, *, temperature, axis_name=None)
       labels: ``[B]`` integer classes.
       temperature: scalar > 0.
       axis_name: mesh axis to gather embeddings and labels over, or None.
+      chunk_size: None for the dense ``[B, N]`` logits, or an int dividing N (B with
+        the ring): stream column blocks of that size, O(N D + B chunk_size) memory,
+        the same result.
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass the
+        candidates' shards around the devices instead of gathering them.
 
     Returns:
       Scalar mean over the anchors of the global batch that have at least one positive
@@ -211,19 +307,13 @@ def supcon_loss(z: jax.Array, labels: jax.Array, *, temperature, axis_name=None)
     _common.check_labels(labels, z.shape[0])
     _common.check_temperature(temperature)
     _common.check_axis_bound(axis_name)
-    local_batch = z.shape[0]
-    z_global = _common.gather_rows(z, axis_name)
-    labels_global = _common.gather_rows(labels, axis_name)
-    self_cols = _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
-    not_self = jnp.arange(z_global.shape[0])[None, :] != self_cols[:, None]
-    positives = (labels[:, None] == labels_global[None, :]) & not_self
-    logits = _common.similarity(z, z_global) / temperature
-    log_norm = jax.nn.logsumexp(jnp.where(not_self, logits, _common.MASK_VALUE), axis=1)
-    num_positives = jnp.sum(positives, axis=1)
-    mean_positive_logit = jnp.sum(jnp.where(positives, logits, 0.0), axis=1) / jnp.maximum(
-        num_positives, 1
+    ids = streaming.RowIds(_local_ids(z.shape[0], axis_name), labels)
+    stats = streaming.pair_stats(
+        _SUPCON, z, z, ids, ids, temperature=temperature, axis_name=axis_name,
+        chunk_size=chunk_size, collective=collective,
     )
-    per_row = log_norm - mean_positive_logit
+    positive_logits, num_positives = stats.row_sums
+    per_row = stats.row_lse - positive_logits / jnp.maximum(num_positives, 1.0)
     return _common.global_mean(per_row, axis_name, weights=num_positives > 0)
 
 
@@ -274,7 +364,9 @@ def infonce_loss_floor(num_candidates: int, *, temperature: float = 1.0) -> floa
     With logits ``cos / T`` the positive logit is at most ``1/T`` and each of the
     ``N - 1`` negatives at least ``-1/T``, so the loss is at least
     ``log(1 + (N - 1) exp(-2 / T))``. At T = 1 and N = 256 that is 3.6 nats out of
-    ``log 256 = 5.5``: the temperature trap.
+    ``log 256 = 5.5``: the temperature trap. (The bound is not quite reached: the best
+    N <= D + 1 unit vectors can do is a regular simplex, negatives at cosine
+    ``-1/(N-1)``, giving ``log(1 + (N - 1) exp(-N / ((N - 1) T)))``.)
     """
     _common.check_temperature(temperature)
     return math.log1p((num_candidates - 1) * math.exp(-2.0 / temperature))

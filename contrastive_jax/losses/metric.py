@@ -228,7 +228,7 @@ def pairwise_cross_entropy_loss(
     """
     _check_labeled(z, labels, axis_name)
     _common.check_positive(lam, "lam")
-    z32 = z.astype(jnp.float32)
+    z32 = _common.at_least_float32(z)
     class_sums = jax.ops.segment_sum(z32, labels, num_segments=num_classes)
     global_batch = z.shape[0]
     if axis_name is not None:
