@@ -335,3 +335,12 @@ def test_unbound_axis_name_is_a_clear_error():
         jax.jit(lambda z: losses.supcon_loss(z, jnp.zeros(4, int), temperature=0.1, axis_name="data"))(
             jnp.zeros((4, 3))
         )
+
+
+def test_infonce_is_cross_entropy_with_arange_labels():
+    """The N x N problem's identity matrix, as integer labels, is arange(N)."""
+    a, b = unit(16, (10, 6)), unit(17, (10, 6))
+    ce = losses.softmax_cross_entropy(a @ b.T / 0.1, jnp.arange(10)).mean()
+    np.testing.assert_allclose(losses.infonce_loss(a, b, temperature=0.1), ce, rtol=1e-6)
+    column_ce = losses.softmax_cross_entropy((a @ b.T).T / 0.1, jnp.arange(10)).mean()
+    np.testing.assert_allclose(losses.clip_loss(a, b, temperature=0.1), (ce + column_ce) / 2, rtol=1e-6)
