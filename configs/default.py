@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
     aug.crop_min_area = 1.0  # Random resized crop's minimum area fraction; 1.0: no crop.
     aug.flip = False  # Random horizontal flips (wrong for digits).
     aug.color_jitter = 0.0  # Brightness / contrast jitter strength; 0: off.
-    aug.noise_std = 0.0  # Std of additive Gaussian pixel noise (pixels in [0, 1]); 0: off.
+    aug.noise_std = 0.05  # Std of additive Gaussian pixel noise (pixels in [0, 1]); 0: off.
 
     config.model = model = ml_collections.ConfigDict()
     model.encoder_a = "mlp"  # Tower a's encoder: a name in models.ENCODERS.
@@ -45,7 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.encoder_dim = 256  # Output width of the "mlp" / "cnn" / text encoders.
     model.text_num_layers = 4  # Depth of the "text_transformer" encoder.
     model.patch_size = 16  # ViT patch size in pixels (4 suits 32x32 images).
-    model.dropout_rate = 0.0  # Dropout in the MLP encoder and transformers.
+    model.dropout_rate = 0.1  # Dropout in the MLP encoder and transformers.
     model.projection_hidden_dims = ()  # Hidden widths of the projection head; (): linear.
     model.embed_dim = 64  # Width of the L2-normalised embedding the loss sees.
     model.num_classes = 0  # > 0 adds a classifier head (loss "softmax_ce" / "proxy_nca").
@@ -71,7 +71,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     config.train = train = ml_collections.ConfigDict()
     train.global_batch_size = 256  # Examples per step over all devices (N).
-    train.num_train_steps = 1500  # Optimizer steps.
+    train.num_train_steps = 1000  # Optimizer steps.
     train.log_every_steps = 50  # Metrics to TensorBoard / metrics.jsonl every k steps.
 
     config.eval = ev = ml_collections.ConfigDict()

@@ -11,3 +11,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def digits_data_dir(tmp_path_factory):
+    """A TFDS data_dir holding `sklearn_digits`, prepared once per test session."""
+    import tensorflow_datasets as tfds
+
+    import contrastive_jax.datasets  # noqa: F401
+
+    data_dir = str(tmp_path_factory.mktemp("tfds"))
+    tfds.builder("sklearn_digits", data_dir=data_dir).download_and_prepare()
+    return data_dir

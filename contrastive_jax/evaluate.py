@@ -1,0 +1,213 @@
+"""Evaluation of learned embeddings: retrieval, classification probes, geometry.
+
+Metric functions are pure NumPy on host arrays of L2-normalised embeddings (`z` [n, D],
+similarity = dot product):
+
+* `cross_view_recall`: paired retrieval (query i's match is gallery item i), R@K.
+* `retrieval_metrics`: metric-learning retrieval within one labelled set, the query left
+  out: Recall@K, MAP@R and R-precision (Musgrave et al. 2020).
+* `knn_accuracy`, `linear_probe_accuracy`: classification from frozen embeddings.
+* `alignment`, `uniformity` (Wang & Isola 2020), `collapse_diagnostics`.
+
+`Evaluator` embeds the configured splits with the current model and returns the metrics
+that fit the task; `train.py` calls it periodically and at the end and writes JSON.
+"""
+
+import json
+import os
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from sklearn import linear_model
+
+from contrastive_jax import input_pipeline, sharding
+
+
+def cross_view_recall(za: np.ndarray, zb: np.ndarray, ks: Sequence[int]) -> dict[str, float]:
+    """Recall@K of retrieving `zb[i]` for query `za[i]` among all of `zb`.
+
+    Args:
+      za: [n, D] queries; zb: [n, D] gallery, row i the match of `za[i]`.
+      ks: the K values.
+
+    Returns:
+      `{"R@K": fraction of queries whose match ranks in the top K}`. Ties count
+      against the query (a match tied with a non-match is not ranked first).
+    """
+    similarity = za @ zb.T
+    match = np.diag(similarity)
+    rank = np.sum(similarity >= match[:, None], axis=1) - 1  # others scoring >= the match
+    return {f"R@{k}": float(np.mean(rank < k)) for k in ks}
+
+
+def _neighbours(z: np.ndarray, num: int) -> np.ndarray:
+    """[n, num] indices of each row's most similar other rows, most similar first."""
+    similarity = z @ z.T
+    np.fill_diagonal(similarity, -np.inf)
+    return np.argsort(-similarity, axis=1, kind="stable")[:, :num]
+
+
+def retrieval_metrics(z: np.ndarray, labels: np.ndarray, ks: Sequence[int]) -> dict[str, float]:
+    """Leave-one-out retrieval within a labelled set.
+
+    Args:
+      z: [n, D] embeddings; labels: [n] classes.
+      ks: the K values of Recall@K.
+
+    Returns:
+      `R@K` (a same-class item among the K nearest others), `MAP@R` and
+      `R-precision`, where R is the number of other items of the query's class.
+    """
+    same = labels[:, None] == labels[None, :]
+    num_relevant = same.sum(axis=1) - 1
+    max_r = int(num_relevant.max())
+    order = _neighbours(z, max(max_r, max(ks)))
+    hits = np.take_along_axis(same, order, axis=1).astype(np.float64)  # [n, max(R, K)]
+    out = {f"R@{k}": float(np.mean(hits[:, :k].any(axis=1))) for k in ks}
+    positions = np.arange(1, hits.shape[1] + 1)
+    within_r = positions[None, :] <= num_relevant[:, None]
+    hits_r = hits * within_r
+    precision_at_i = np.cumsum(hits_r, axis=1) / positions
+    r = np.maximum(num_relevant, 1)
+    out["MAP@R"] = float(np.mean(np.sum(precision_at_i * hits_r, axis=1) / r))
+    out["R-precision"] = float(np.mean(hits_r.sum(axis=1) / r))
+    return out
+
+
+def knn_accuracy(
+    train_z: np.ndarray, train_labels: np.ndarray, test_z: np.ndarray, test_labels: np.ndarray, *, k: int
+) -> float:
+    """Top-1 accuracy of a k-nearest-neighbour vote (cosine) with `train_z` as memory.
+
+    Args: train_z [m, D], train_labels [m], test_z [n, D], test_labels [n]. Ties in the
+    vote go to the smallest class index.
+    """
+    nearest = np.argsort(-(test_z @ train_z.T), axis=1, kind="stable")[:, :k]
+    votes = train_labels[nearest]  # [n, k]
+    num_classes = int(max(train_labels.max(), test_labels.max())) + 1
+    counts = np.stack([np.sum(votes == c, axis=1) for c in range(num_classes)], axis=1)
+    return float(np.mean(np.argmax(counts, axis=1) == test_labels))
+
+
+def linear_probe_accuracy(
+    train_z: np.ndarray, train_labels: np.ndarray, test_z: np.ndarray, test_labels: np.ndarray
+) -> float:
+    """Test accuracy of a logistic regression fit on frozen train embeddings [m, D]."""
+    probe = linear_model.LogisticRegression(max_iter=2000)
+    probe.fit(train_z, train_labels)
+    return float(probe.score(test_z, test_labels))
+
+
+def alignment(za: np.ndarray, zb: np.ndarray, *, alpha: float = 2.0) -> float:
+    """Mean `||za_i - zb_i||^alpha` over positive pairs [n, D] (lower: better aligned)."""
+    return float(np.mean(np.linalg.norm(za - zb, axis=1) ** alpha))
+
+
+def uniformity(z: np.ndarray, *, t: float = 2.0) -> float:
+    """`log mean_{i<j} exp(-t ||z_i - z_j||^2)` over [n, D] (lower: more uniform)."""
+    sq = np.maximum(2.0 - 2.0 * (z @ z.T), 0.0)
+    i, j = np.triu_indices(len(z), k=1)
+    x = -t * sq[i, j]
+    return float(np.log(np.mean(np.exp(x - x.max()))) + x.max())
+
+
+def collapse_diagnostics(z: np.ndarray) -> dict[str, float]:
+    """Signs of dimensional or complete collapse of embeddings [n, D].
+
+    Returns:
+      `std_mean`, `std_min`: per-dimension standard deviation (1/sqrt(D) each when the
+      embeddings spread evenly over the sphere; 0 for a dead dimension);
+      `effective_rank`: exp of the entropy of the normalised singular values of the
+      centred embeddings (Roy & Vetterli 2007), in [1, D];
+      `mean_cosine`: mean off-diagonal cosine similarity (1 when collapsed to a point).
+    """
+    std = z.std(axis=0)
+    singular = np.linalg.svd(z - z.mean(axis=0), compute_uv=False)
+    p = singular / max(singular.sum(), 1e-12)
+    p = p[p > 0]
+    n = len(z)
+    cosine = (np.sum(z @ z.T) - np.sum(z * z)) / max(n * (n - 1), 1)
+    return {
+        "std_mean": float(std.mean()),
+        "std_min": float(std.min()),
+        "effective_rank": float(np.exp(-np.sum(p * np.log(p)))),
+        "mean_cosine": float(cosine),
+    }
+
+
+class Evaluator:
+    """Embeds the evaluation (and, for probes, training) split and computes metrics.
+
+    Which metrics depends on the data: paired inputs (`pairs`) get cross-view R@K both
+    ways and alignment; labelled eval data gets leave-one-out retrieval (R@K, MAP@R,
+    R-precision); kNN and the linear probe run when every eval class is also a training
+    class (not on a class-disjoint split); uniformity and collapse diagnostics always.
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
+        self._config = config
+        self._mesh = mesh
+        self._eval = input_pipeline.eval_arrays(
+            config, config.eval.split, class_range=config.eval.class_range
+        )
+        self._train = None
+        if "label" in self._eval and (config.eval.knn_k > 0 or config.eval.linear_probe):
+            train = input_pipeline.eval_arrays(
+                config, config.data.train_split, class_range=config.data.train_class_range
+            )
+            if set(np.unique(self._eval["label"])) <= set(np.unique(train["label"])):
+                self._train = train
+        devices = mesh.shape[sharding.DATA_AXIS]
+        self._batch_size = -(-config.eval.batch_size // devices) * devices
+        self._embed = jax.jit(
+            lambda state, a, b: state.apply_fn(
+                {"params": state.params, "batch_stats": state.batch_stats}, a, b, train=False
+            ),
+            in_shardings=(sharding.replicated(mesh), sharding.data_sharding(mesh), sharding.data_sharding(mesh)),
+        )
+
+    def embed(self, state, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`za` [n, D] (and `zb` [n, D] when `arrays` has `b`) for every example."""
+        n = len(arrays["a"])
+        pad = -n % self._batch_size
+        padded = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in arrays.items() if k in ("a", "b")}
+        chunks = []
+        for start in range(0, n + pad, self._batch_size):
+            a = padded["a"][start : start + self._batch_size]
+            b = padded["b"][start : start + self._batch_size] if "b" in padded else None
+            out = self._embed(state, a, b)
+            chunks.append({k: np.asarray(v) for k, v in out.items() if k in ("za", "zb")})
+        return {k: np.concatenate([c[k] for c in chunks])[:n] for k in chunks[0]}
+
+    def __call__(self, state) -> dict[str, float]:
+        """All metrics for the current state, as a flat `{name: value}` dict."""
+        ks = tuple(self._config.eval.recall_ks)
+        z = self.embed(state, self._eval)
+        out = {}
+        if "zb" in z:
+            out |= {f"a_to_b/{k}": v for k, v in cross_view_recall(z["za"], z["zb"], ks).items()}
+            out |= {f"b_to_a/{k}": v for k, v in cross_view_recall(z["zb"], z["za"], ks).items()}
+            out["alignment"] = alignment(z["za"], z["zb"])
+        if "label" in self._eval:
+            labels = self._eval["label"]
+            out |= {f"retrieval/{k}": v for k, v in retrieval_metrics(z["za"], labels, ks).items()}
+            if self._train is not None:
+                train_z = self.embed(state, self._train)["za"]
+                train_labels = self._train["label"]
+                if self._config.eval.knn_k > 0:
+                    out["knn_top1"] = knn_accuracy(
+                        train_z, train_labels, z["za"], labels, k=self._config.eval.knn_k
+                    )
+                if self._config.eval.linear_probe:
+                    out["linear_probe"] = linear_probe_accuracy(train_z, train_labels, z["za"], labels)
+        out["uniformity"] = uniformity(z["za"])
+        out |= {f"collapse/{k}": v for k, v in collapse_diagnostics(z["za"]).items()}
+        return out
+
+
+def write_json(path: str | os.PathLike, step: int, metrics: dict[str, float]) -> None:
+    """Writes `{"step": step, **metrics}` to `path` as indented JSON."""
+    with open(path, "w") as f:
+        json.dump({"step": step, **metrics}, f, indent=2, sort_keys=True)

@@ -1,0 +1,43 @@
+"""Command line: `python -m contrastive_jax.main --config=configs/default.py --workdir=DIR`.
+
+Intentionally short (the only file that defines flags), so the logic can be imported
+elsewhere: `train.train_and_evaluate(config, workdir)`. Any config field can be
+overridden, e.g. `--config.loss.temperature=0.05 --config.train.num_train_steps=100`.
+
+Simulated devices: when `config.num_simulated_devices` > 1 and XLA_FLAGS does not
+already set a host device count, this sets
+`XLA_FLAGS=--xla_force_host_platform_device_count=<n>` before JAX starts, so a CPU-only
+machine trains data parallel over n simulated devices (the CPU backend only; GPUs and
+TPUs are used as they are).
+"""
+
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, evaluations.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    config = _CONFIG.value
+    # Keep the log readable: orbax logs every save step at INFO.
+    logging.get_absl_handler().python_handler.addFilter(
+        lambda record: "/orbax/" not in record.pathname or record.levelno >= logging.WARNING
+    )
+    xla_flags = os.environ.get("XLA_FLAGS", "")
+    if config.num_simulated_devices > 1 and "xla_force_host_platform_device_count" not in xla_flags:
+        os.environ["XLA_FLAGS"] = (
+            f"{xla_flags} --xla_force_host_platform_device_count={config.num_simulated_devices}"
+        ).strip()
+    from contrastive_jax import train  # JAX starts here, after XLA_FLAGS is final.
+
+    train.train_and_evaluate(config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)
