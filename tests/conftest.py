@@ -25,3 +25,20 @@ def digits_data_dir(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("tfds"))
     tfds.builder("sklearn_digits", data_dir=data_dir).download_and_prepare()
     return data_dir
+
+
+@pytest.fixture(scope="session")
+def load_config():
+    """`load_config("default")` -> `configs/default.py`'s `get_config()`."""
+    import importlib.util
+    import pathlib
+
+    configs = pathlib.Path(__file__).parent.parent / "configs"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"configs.{name}", configs / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.get_config()
+
+    return load
