@@ -246,7 +246,7 @@ class ClassifierHead(nn.Module):
             "proxies", nn.initializers.lecun_normal(), (self.num_classes, x.shape[-1])
         )
         bias = self.param("bias", nn.initializers.zeros, (self.num_classes,))
-        return x.astype(jnp.float32) @ proxies.T + bias, proxies
+        return x.astype(jnp.float32) @ proxies.T + bias[None, :], proxies
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:

@@ -1,0 +1,134 @@
+"""Models: reference parameter counts, output contracts, temperature, ties, dtypes."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contrastive_jax import models
+
+
+def num_params(module, *inputs):
+    variables = jax.eval_shape(lambda: module.init(jax.random.key(0), *inputs))
+    return sum(x.size for x in jax.tree.leaves(variables["params"]))
+
+
+@pytest.mark.parametrize(
+    "module, reference",
+    [
+        # torchvision resnet18 / resnet50 (11,689,512 / 25,557,032) less the 1000-way fc.
+        (models.ResNet((2, 2, 2, 2), models._BasicBlock), 11_689_512 - 513_000),
+        (models.ResNet((3, 4, 6, 3), models._BottleneckBlock), 25_557_032 - 2_049_000),
+        # timm vit_base_patch16_224 (86,567,656) less the 1000-way head.
+        (models.ViT(768, 12, 12, 3072, patch_size=16), 86_567_656 - 769_000),
+    ],
+)
+def test_encoders_match_reference_parameter_counts(module, reference):
+    assert num_params(module, jnp.zeros((1, 224, 224, 3))) == reference
+
+
+@pytest.fixture
+def config(load_config):
+    return load_config("default")
+
+
+def test_two_tower_outputs(config):
+    model = models.create_model(config, text_vocab_size=257)
+    a, b = jax.random.uniform(jax.random.key(1), (2, 5, 4, 8, 1))
+    variables = model.init(jax.random.key(0), a, b)
+    out = model.apply(variables, a, b)
+    assert out["za"].shape == out["zb"].shape == (5, 64)
+    assert out["za"].dtype == jnp.float32
+    np.testing.assert_allclose(jnp.linalg.norm(out["za"], axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(jnp.linalg.norm(out["zb"], axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(out["temperature"], 0.07, rtol=1e-6)
+    assert variables["params"][models.TEMPERATURE_PARAM] == pytest.approx(math.log(1 / 0.07))
+    assert "bias" not in out
+
+
+def test_siglip_temperature_and_bias(config):
+    config.loss.name, config.loss.temperature = "siglip", 0.1
+    model = models.create_model(config, text_vocab_size=257)
+    x = jnp.zeros((2, 4, 8, 1))
+    variables = model.init(jax.random.key(0), x, x)
+    assert variables["params"][models.TEMPERATURE_PARAM] == pytest.approx(math.log(10))
+    assert model.apply(variables, x, x)["bias"] == -10.0
+
+
+def test_fixed_temperature_is_not_a_parameter(config):
+    config.loss.learn_temperature = False
+    model = models.create_model(config, text_vocab_size=257)
+    x = jnp.zeros((2, 4, 8, 1))
+    variables = model.init(jax.random.key(0), x, x)
+    assert models.TEMPERATURE_PARAM not in variables["params"]
+    np.testing.assert_allclose(model.apply(variables, x, x)["temperature"], 0.07, rtol=1e-6)
+
+
+def test_clamp_caps_inverse_temperature_at_100():
+    params = {"log_inv_temperature": jnp.float32(7.0), "dense": {"kernel": jnp.full((2,), 9.0)}}
+    clamped = models.clamp_temperature(params)
+    assert float(clamped["log_inv_temperature"]) == pytest.approx(math.log(100))
+    np.testing.assert_array_equal(clamped["dense"]["kernel"], 9.0)  # other params untouched
+    assert float(models.clamp_temperature({"log_inv_temperature": jnp.float32(2.0)})[
+        "log_inv_temperature"
+    ]) == 2.0
+
+
+def test_tied_towers_share_one_encoder(config):
+    x = jax.random.uniform(jax.random.key(1), (3, 8, 8, 1))
+    config.model.tie_towers = True
+    tied = models.create_model(config, text_vocab_size=257)
+    variables = tied.init(jax.random.key(0), x, x)
+    out = tied.apply(variables, x, x)
+    np.testing.assert_array_equal(out["za"], out["zb"])
+    config.model.tie_towers = False
+    untied = models.create_model(config, text_vocab_size=257)
+    assert num_params(untied, x, x) == 2 * num_params(tied, x, x) - 1  # one temperature
+
+
+def test_bfloat16_compute_keeps_float32_params_and_embeddings(config):
+    config.model.compute_dtype = "bfloat16"
+    model = models.create_model(config, text_vocab_size=257)
+    x = jnp.ones((2, 4, 8, 1))
+    variables = model.init(jax.random.key(0), x, x)
+    assert {p.dtype for p in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
+    out = model.apply(variables, x, x)
+    assert out["za"].dtype == jnp.float32
+
+
+def test_classifier_head_and_text_tower(config):
+    config.model.num_classes = 10
+    config.model.encoder_b = "text_transformer"
+    config.model.encoder_dim = 64
+    config.model.text_num_layers = 1
+    model = models.create_model(config, text_vocab_size=257)
+    image = jnp.ones((2, 4, 8, 1))
+    tokens = jnp.array([[5, 6, 0, 0], [7, 0, 0, 0]])
+    variables = model.init(jax.random.key(0), image, tokens)
+    out = model.apply(variables, image, tokens)
+    assert out["logits"].shape == (2, 10) and out["proxies"].shape == (10, 64)
+    # The text embedding depends on the real tokens.
+    changed = model.apply(variables, image, tokens.at[0, 1].set(9))["zb"]
+    assert not np.allclose(changed[0], out["zb"][0])
+    np.testing.assert_allclose(changed[1], out["zb"][1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(models.ENCODERS))
+def test_every_encoder_builds(config, name):
+    config.model.encoder_a = name
+    config.model.patch_size = 4
+    config.model.encoder_dim = 64
+    model = models.create_model(config, text_vocab_size=257)
+    a = jnp.ones((2, 8), jnp.int32) if name == "text_transformer" else jnp.ones((2, 16, 16, 3))
+    out = jax.eval_shape(
+        lambda: model.apply(model.init(jax.random.key(0), a, None), a, None)
+    )
+    assert out["za"].shape == (2, 64)
+
+
+def test_unknown_encoder_names_the_field(config):
+    config.model.encoder_b = "resnet19"
+    with pytest.raises(ValueError, match=r"config.model.encoder_b='resnet19'.*resnet18"):
+        models.create_model(config, text_vocab_size=257)
