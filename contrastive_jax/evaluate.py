@@ -120,13 +120,13 @@ def collapse_diagnostics(z: np.ndarray) -> dict[str, float]:
       `std_mean`, `std_min`: per-dimension standard deviation (1/sqrt(D) each when the
       embeddings spread evenly over the sphere; 0 for a dead dimension);
       `effective_rank`: exp of the entropy of the normalised singular values of the
-      centred embeddings (Roy & Vetterli 2007), in [1, D];
+      centred embeddings (Roy & Vetterli 2007), in [1, D] (1 when they are one point);
       `mean_cosine`: mean off-diagonal cosine similarity (1 when collapsed to a point).
     """
     std = z.std(axis=0)
     singular = np.linalg.svd(z - z.mean(axis=0), compute_uv=False)
-    p = singular / max(singular.sum(), 1e-12)
-    p = p[p > 0]
+    singular = singular[singular > 1e-6 * np.sqrt(len(z))]  # drop round-off
+    p = singular / singular.sum() if len(singular) else np.ones(1)
     n = len(z)
     cosine = (np.sum(z @ z.T) - np.sum(z * z)) / max(n * (n - 1), 1)
     return {

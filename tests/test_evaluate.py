@@ -1,0 +1,96 @@
+"""Evaluation metrics on small hand-checkable inputs."""
+
+import math
+
+import numpy as np
+import pytest
+
+from contrastive_jax import evaluate
+
+
+def unit(x):
+    x = np.asarray(x, np.float64)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_cross_view_recall_golden():
+    za = unit([[1, 0], [0, 1], [1, 1]])
+    # Query 0's and 2's matches rank 1st, query 1's 3rd (behind items 2 and 0).
+    zb = unit([[1, 0.1], [-1, -0.2], [0.3, 1]])
+    sim = za @ zb.T
+    assert [np.argsort(-row).tolist() for row in sim] == [[0, 2, 1], [2, 0, 1], [2, 0, 1]]
+    assert evaluate.cross_view_recall(za, zb, (1, 2, 3)) == {
+        "R@1": pytest.approx(2 / 3),
+        "R@2": pytest.approx(2 / 3),
+        "R@3": 1.0,
+    }
+
+
+def test_cross_view_recall_counts_ties_against_the_query():
+    z = unit([[1, 0], [1, 0]])
+    assert evaluate.cross_view_recall(z, z, (1, 2)) == {"R@1": 0.0, "R@2": 1.0}
+
+
+def test_retrieval_metrics_golden():
+    # On a line: labels a a b a b. Neighbours (nearest other first) by position.
+    angles = np.array([0.0, 0.1, 0.25, 0.4, 0.55])
+    z = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    labels = np.array([0, 0, 1, 0, 1])
+    out = evaluate.retrieval_metrics(z, labels, (1, 2))
+    # Nearest others: 0 -> [1, 2, 3, 4]; 1 -> [0, 2, 3, 4] (tie 0/2: 0.1 vs 0.15, 0 first);
+    # 2 -> [1, 3, 0, 4] (0.15, 0.15: tie, stable by index 1 before 3), 3 -> [2, 4, 1, 0],
+    # 4 -> [3, 2, 1, 0].
+    # R@1: query 0 hit (1), 1 hit (0), 2 miss (1 is a), 3 miss (2 is b), 4 miss (3 is a).
+    assert out["R@1"] == pytest.approx(2 / 5)
+    # R@2: 0 yes, 1 yes, 2 no (1, 3 are a), 3 no (2, 4 are b), 4 yes (2).
+    assert out["R@2"] == pytest.approx(3 / 5)
+    # R (relevant others): class a has 3 members -> R=2; class b has 2 -> R=1.
+    # Query 0: top-2 [1, 2] -> hits [1, 0] -> AP@R = (1/1) / 2 = 0.5, R-prec = 1/2.
+    # Query 1: top-2 [0, 2] -> [1, 0] -> 0.5, 1/2.
+    # Query 2: top-1 [1] -> miss -> 0, 0.   Query 3: top-2 [2, 4] -> 0, 0.
+    # Query 4: top-1 [3] -> miss -> 0, 0.
+    assert out["MAP@R"] == pytest.approx((0.5 + 0.5) / 5)
+    assert out["R-precision"] == pytest.approx((0.5 + 0.5) / 5)
+
+
+def test_perfect_clusters_score_one():
+    rng = np.random.default_rng(0)
+    centers = unit(rng.normal(size=(4, 16)))
+    labels = np.repeat(np.arange(4), 5)
+    z = unit(centers[labels] + 0.01 * rng.normal(size=(20, 16)))
+    out = evaluate.retrieval_metrics(z, labels, (1, 5))
+    assert out == {"R@1": 1.0, "R@5": 1.0, "MAP@R": 1.0, "R-precision": 1.0}
+    assert evaluate.knn_accuracy(z, labels, z[::-1], labels[::-1], k=3) == 1.0
+    assert evaluate.linear_probe_accuracy(z, labels, z, labels) == 1.0
+
+
+def test_knn_majority_vote():
+    train = unit([[1, 0], [1, 0.1], [1, -0.1], [0, 1]])
+    train_labels = np.array([0, 1, 1, 2])
+    query = unit([[1, 0.01]])
+    assert evaluate.knn_accuracy(train, train_labels, query, np.array([0]), k=1) == 1.0
+    assert evaluate.knn_accuracy(train, train_labels, query, np.array([1]), k=3) == 1.0
+
+
+def test_alignment_and_uniformity_golden():
+    z = unit([[1, 0], [-1, 0]])
+    assert evaluate.alignment(z, z) == 0.0
+    assert evaluate.alignment(z, -z) == pytest.approx(4.0)  # ||2 e||^2
+    assert evaluate.uniformity(z) == pytest.approx(-8.0)  # log exp(-2 * 4)
+    square = unit([[1, 0], [0, 1], [-1, 0], [0, -1]])
+    # 4 pairs at squared distance 2, 2 pairs at 4: log((4 e^-4 + 2 e^-8) / 6).
+    assert evaluate.uniformity(square) == pytest.approx(
+        math.log((4 * math.exp(-4) + 2 * math.exp(-8)) / 6)
+    )
+
+
+def test_collapse_diagnostics():
+    collapsed = evaluate.collapse_diagnostics(unit(np.ones((10, 8))))
+    assert collapsed["std_mean"] == pytest.approx(0.0, abs=1e-12)
+    assert collapsed["mean_cosine"] == pytest.approx(1.0)
+    assert collapsed["effective_rank"] == pytest.approx(1.0)
+    # The D basis vectors: centred, D - 1 equal singular values and one zero.
+    basis = evaluate.collapse_diagnostics(np.eye(8))
+    assert basis["effective_rank"] == pytest.approx(7.0)
+    assert basis["mean_cosine"] == pytest.approx(0.0)
+    assert basis["std_min"] == pytest.approx(np.std([1] + [0] * 7))
