@@ -3,7 +3,8 @@
 Each local row (anchor) is compared with all ``N`` rows of the global batch, gathered
 over ``axis_name``; pairs of a row with itself are excluded. Memory stays O(N^2) per
 device: triplet mining that needs a ``[N, N]`` table per anchor processes anchors in
-blocks (``jax.lax.map``) rather than building the O(N^3) triplet tensor.
+blocks (``jax.lax.map``, rematerialised in the backward pass) rather than building the
+O(N^3) triplet tensor.
 """
 
 from __future__ import annotations
@@ -69,10 +70,15 @@ def contrastive_loss(
 
 
 def _per_anchor_blocks(fn, *rows):
-    """Applies ``fn`` to each anchor's rows ``[N]``, in blocks bounded in memory."""
+    """Applies ``fn`` to each anchor's rows ``[N]``, in blocks bounded in memory.
+
+    ``fn`` is rematerialised (``jax.checkpoint``) so that the backward pass recomputes
+    each block's ``[block, N, N]`` table instead of saving every block's: without it the
+    gradient holds all N of them, O(N^3).
+    """
     num_candidates = rows[0].shape[1]
     block = max(1, min(rows[0].shape[0], _TRIPLET_BLOCK_ELEMENTS // num_candidates**2))
-    return jax.lax.map(lambda r: fn(*r), rows, batch_size=block)
+    return jax.lax.map(jax.checkpoint(lambda r: fn(*r)), rows, batch_size=block)
 
 
 def _batch_all(distances, positives, negatives, margin):

@@ -327,7 +327,7 @@ def _logsumexp_over_devices(partial: jax.Array, axis_name) -> jax.Array:
     """``log sum_devices exp(partial)`` elementwise, the same on every device."""
     if axis_name is None:
         return partial
-    shift = jax.lax.stop_gradient(jax.lax.pmax(partial, axis_name))
+    shift = jax.lax.pmax(jax.lax.stop_gradient(partial), axis_name)
     return shift + jnp.log(jax.lax.psum(jnp.exp(partial - shift), axis_name))
 
 

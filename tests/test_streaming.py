@@ -1,0 +1,218 @@
+"""The chunked and ring paths of the softmax/sigmoid losses equal the dense loss.
+
+Each streamed form is compared with the dense single-device loss on the concatenated
+batch: the value and the gradients of every array argument and of the temperature
+(and SigLIP's bias), to 1e-5 relative in float32.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contrastive_jax import losses, sharding
+from contrastive_jax.losses import _common
+
+N, D = 32, 8
+RTOL = 1e-5
+
+
+def _embeddings(seed, n=N, d=D):
+    return _common.l2_normalize(jax.random.normal(jax.random.key(seed), (n, d)))
+
+
+def _paired():
+    return (_embeddings(0), _embeddings(1))
+
+
+def _labeled():
+    return (_embeddings(2), jnp.arange(N) % 5)
+
+
+# name -> (loss, inputs, hyperparameters, which inputs are differentiable)
+LOSSES = {
+    "infonce": (losses.infonce_loss, _paired, {"temperature": 0.1}, (0, 1)),
+    "clip": (losses.clip_loss, _paired, {"temperature": 0.1}, (0, 1)),
+    "siglip": (losses.siglip_loss, _paired, {"temperature": 0.1, "bias": -3.0}, (0, 1)),
+    "ntxent": (losses.ntxent_loss, _paired, {"temperature": 0.2}, (0, 1)),
+    "supcon": (losses.supcon_loss, _labeled, {"temperature": 0.1}, (0,)),
+}
+
+
+def _value_and_grads(name, num_devices=None, **mode):
+    """Loss value and gradients (inputs, then array hyperparameters) of one mode."""
+    loss_fn, inputs, hyper, diff_args = LOSSES[name]
+    arrays = inputs()
+    hyper = {k: jnp.float32(v) for k, v in hyper.items()}
+    if num_devices is not None:
+        loss_fn = sharding.shard_loss(loss_fn, sharding.make_mesh(num_devices))
+
+    def loss(diff, hyper):
+        args = list(arrays)
+        for index, value in zip(diff_args, diff):
+            args[index] = value
+        return loss_fn(*args, **hyper, **mode)
+
+    diff = tuple(arrays[i] for i in diff_args)
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(diff, hyper)
+    return value, jax.tree.leaves(grads)
+
+
+@functools.cache
+def _dense(name):
+    return _value_and_grads(name)
+
+
+def _assert_equal_to_dense(name, value, grads):
+    dense_value, dense_grads = _dense(name)
+    np.testing.assert_allclose(value, dense_value, rtol=RTOL)
+    for grad, dense_grad in zip(grads, dense_grads, strict=True):
+        scale = np.max(np.abs(dense_grad))
+        np.testing.assert_allclose(grad / scale, dense_grad / scale, rtol=0, atol=RTOL)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("chunk_size", [8, N])
+def test_chunked_equals_dense(name, chunk_size):
+    _assert_equal_to_dense(name, *_value_and_grads(name, chunk_size=chunk_size))
+
+
+@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"chunk_size": 8},
+        {"collective": "ring"},
+        {"collective": "ring", "chunk_size": 2},
+    ],
+    ids=["all_gather-chunked", "ring", "ring-chunked"],
+)
+def test_sharded_streaming_equals_dense_on_8_devices(name, mode):
+    _assert_equal_to_dense(name, *_value_and_grads(name, num_devices=8, **mode))
+
+
+@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("num_devices", [2, 4])
+def test_ring_equals_dense(name, num_devices):
+    _assert_equal_to_dense(
+        name, *_value_and_grads(name, num_devices=num_devices, collective="ring", chunk_size=4)
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("num_devices", [2, 4])
+@pytest.mark.parametrize("mode", [{"collective": "ring"}, {"chunk_size": 16}], ids=str)
+def test_more_device_counts(name, num_devices, mode):
+    _assert_equal_to_dense(name, *_value_and_grads(name, num_devices=num_devices, **mode))
+
+
+def test_ring_under_pmap_gives_each_device_its_rows_gradient():
+    a, b = _paired()
+    devices = 4
+
+    def local(a, b):
+        return losses.clip_loss(
+            a, b, temperature=0.1, axis_name="d", collective="ring", chunk_size=4
+        )
+
+    value, (grad_a, grad_b) = jax.pmap(jax.value_and_grad(local, argnums=(0, 1)), "d")(
+        a.reshape(devices, -1, D), b.reshape(devices, -1, D)
+    )
+    dense_value, (dense_a, dense_b, _) = _dense("clip")
+    np.testing.assert_allclose(value, np.full(devices, dense_value), rtol=RTOL)
+    np.testing.assert_allclose(grad_a.reshape(N, D), dense_a, atol=RTOL * np.max(np.abs(dense_a)))
+    np.testing.assert_allclose(grad_b.reshape(N, D), dense_b, atol=RTOL * np.max(np.abs(dense_b)))
+
+
+def test_bfloat16_embeddings_stream_like_dense():
+    a, b = (x.astype(jnp.bfloat16) for x in _paired())
+    dense = losses.clip_loss(a, b, temperature=0.1)
+    chunked = losses.clip_loss(a, b, temperature=0.1, chunk_size=8)
+    np.testing.assert_allclose(chunked, dense, rtol=RTOL)
+    grad = jax.grad(lambda a: losses.clip_loss(a, b, temperature=0.1, chunk_size=8))(a)
+    assert grad.dtype == jnp.bfloat16
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_chunk_size_that_does_not_divide_names_a_fix():
+    a, b = _paired()
+    with pytest.raises(ValueError, match=r"chunk_size=12 must divide .*chunk_size=8"):
+        losses.clip_loss(a, b, temperature=0.1, chunk_size=12)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        losses.infonce_loss(a, b, temperature=0.1, chunk_size=0)
+
+
+def test_ring_chunk_must_divide_the_local_shard():
+    a, b = _paired()
+    loss = sharding.shard_loss(losses.clip_loss, sharding.make_mesh(8))
+    with pytest.raises(ValueError, match="chunk_size=8 must divide the 4 .*ring"):
+        loss(a, b, temperature=0.1, collective="ring", chunk_size=8)
+
+
+def test_unknown_collective_lists_the_valid_ones():
+    a, b = _paired()
+    with pytest.raises(ValueError, match=r"one of \('all_gather', 'ring'\), got 'tree'"):
+        losses.clip_loss(a, b, temperature=0.1, collective="tree")
+
+
+def test_ring_without_axis_name_says_what_to_do():
+    z, labels = _labeled()
+    with pytest.raises(ValueError, match="collective='ring' .* needs axis_name"):
+        losses.supcon_loss(z, labels, temperature=0.1, collective="ring")
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _temp_bytes(fn, *shapes):
+    compiled = jax.jit(jax.grad(fn, argnums=tuple(range(len(shapes))))).lower(*shapes).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_chunked_gradient_memory_is_linear_in_the_batch():
+    def temp(n, chunk_size):
+        shape = jax.ShapeDtypeStruct((n, 16), jnp.float32)
+        return _temp_bytes(
+            lambda a, b: losses.clip_loss(a, b, temperature=0.1, chunk_size=chunk_size),
+            shape, shape,
+        )
+
+    assert temp(2048, 64) * 20 < temp(2048, None)
+    assert temp(4096, 64) < 2.2 * temp(2048, 64)
+
+
+def test_ring_per_device_memory_is_at_most_all_gather():
+    mesh = sharding.make_mesh(8)
+    shape = jax.ShapeDtypeStruct((1024, 16), jnp.float32, sharding=sharding.data_sharding(mesh))
+
+    def temp(**mode):
+        loss = sharding.shard_loss(losses.clip_loss, mesh)
+        return _temp_bytes(lambda a, b: loss(a, b, temperature=0.1, **mode), shape, shape)
+
+    assert temp(collective="ring") <= temp(chunk_size=128) <= temp()
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        functools.partial(losses.triplet_loss, margin=0.2, mining="batch_all"),
+        functools.partial(losses.triplet_loss, margin=0.2, mining="semi_hard"),
+        functools.partial(losses.triplet_loss, margin=0.2, mining="batch_hard"),
+        functools.partial(losses.contrastive_loss, margin=0.5),
+        losses.multi_similarity_loss,
+        functools.partial(losses.supcon_loss, temperature=0.1),
+    ],
+    ids=["batch_all", "semi_hard", "batch_hard", "contrastive", "multi_similarity", "supcon"],
+)
+def test_label_losses_gradient_memory_is_at_most_quadratic(loss):
+    def temp(n):
+        labels = jnp.arange(n) % 7
+        return _temp_bytes(lambda z: loss(z, labels), jax.ShapeDtypeStruct((n, 8), jnp.float32))
+
+    # O(N^3) (a [N, N, N] triplet table kept for the backward pass) would give 8x.
+    assert temp(1024) < 4.5 * temp(512)
