@@ -142,7 +142,8 @@ def load_split(
 def _augment(image: tf.Tensor, seed: tf.Tensor, aug: ml_collections.ConfigDict) -> tf.Tensor:
     """Stateless random augmentation of one float image [H, W, C] in [0, 1]."""
     seeds = tf.random.experimental.stateless_split(seed, 5)
-    height, width = image.shape[0], image.shape[1]
+    shape = image.shape
+    height, width = shape[0], shape[1]
     if aug.crop_min_area < 1.0:
         begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
             tf.shape(image),
@@ -163,7 +164,7 @@ def _augment(image: tf.Tensor, seed: tf.Tensor, aug: ml_collections.ConfigDict) 
         image = tf.image.stateless_random_contrast(image, 1 - 0.8 * s, 1 + 0.8 * s, seeds[3])
     if aug.noise_std > 0:
         image = image + aug.noise_std * tf.random.stateless_normal(tf.shape(image), seeds[4])
-    return tf.clip_by_value(image, 0.0, 1.0)
+    return tf.ensure_shape(tf.clip_by_value(image, 0.0, 1.0), shape)
 
 
 def _model_inputs(examples, task: str, data: ml_collections.ConfigDict, seeds=None):
