@@ -15,9 +15,9 @@ def get_config() -> ml_collections.ConfigDict:
     """The default configuration; variants import it and override a few fields."""
     config = ml_collections.ConfigDict()
     config.seed = 0  # Seeds parameter init and dropout (data order: config.data.seed).
-    # CPU only: the number of simulated devices (XLA's host platform device count) that
-    # main.py asks for before JAX starts; ignored when an accelerator is present.
-    config.num_simulated_devices = 8
+    # CPU only: main.py asks XLA for this many host devices before JAX starts (data
+    # parallel on a CPU-only machine); GPUs / TPUs are used as they are.
+    config.num_simulated_devices = 8  # Simulated CPU devices; 1: no simulation.
 
     config.data = data = ml_collections.ConfigDict()
     data.name = "sklearn_digits"  # A TFDS name listed in input_pipeline.SOURCES.

@@ -32,8 +32,12 @@ def load_config():
     """`load_config("default")` -> `configs/default.py`'s `get_config()`."""
     import importlib.util
     import pathlib
+    import sys
 
-    configs = pathlib.Path(__file__).parent.parent / "configs"
+    root = pathlib.Path(__file__).parent.parent
+    configs = root / "configs"
+    if str(root) not in sys.path:  # variants import their base: `from configs import default`
+        sys.path.insert(0, str(root))
 
     def load(name: str):
         spec = importlib.util.spec_from_file_location(f"configs.{name}", configs / f"{name}.py")
