@@ -95,11 +95,7 @@ def load_split(
       `image` uint8 [n, H, W, C]; `label` int32 [n] when the dataset has labels;
       `text` int32 [n, text_max_length] byte tokens when it has captions.
     """
-    if data.name not in SOURCES:
-        raise ValueError(
-            f"config.data.name={data.name!r} is not a known dataset; use one of "
-            f"{sorted(SOURCES)} or add it to input_pipeline.SOURCES."
-        )
+    check_data_config(data)
     source = SOURCES[data.name]
     builder = tfds.builder(data.name, data_dir=data.data_dir)
     builder.download_and_prepare()
@@ -212,9 +208,15 @@ def _augments(data: ml_collections.ConfigDict) -> bool:
     return active or data.task == "views"
 
 
-def _check_task(data: ml_collections.ConfigDict) -> None:
+def check_data_config(data: ml_collections.ConfigDict) -> None:
+    """Raises ValueError for an unknown `config.data.task` or `config.data.name`."""
     if data.task not in TASKS:
         raise ValueError(f"config.data.task={data.task!r} is not a task; use one of {TASKS}.")
+    if data.name not in SOURCES:
+        raise ValueError(
+            f"config.data.name={data.name!r} is not a known dataset; use one of "
+            f"{sorted(SOURCES)} or add it to input_pipeline.SOURCES."
+        )
 
 
 def _labeled_indices(labels: np.ndarray, batch_size: int, m: int, seed: tf.Tensor):
@@ -276,7 +278,7 @@ def train_dataset(
       `label` int32 [B] when the dataset has labels (B = per-process batch).
     """
     data = config.data
-    _check_task(data)
+    check_data_config(data)
     batch_size = per_process_batch_size(config.train.global_batch_size, process_count)
     arrays = load_split(
         data,
@@ -351,7 +353,7 @@ def eval_arrays(
     Returns:
       `a` float32 [n, ...]; `b` [n, ...] for `pairs`; `label` int32 [n] when available.
     """
-    _check_task(config.data)
+    check_data_config(config.data)
     arrays = load_split(config.data, split, class_range=class_range)
     ds = tf.data.Dataset.from_tensor_slices(arrays)
     ds = ds.batch(4096).map(lambda ex: _model_inputs(ex, config.data.task, config.data))

@@ -353,7 +353,7 @@ def create_model(config: ml_collections.ConfigDict, *, text_vocab_size: int) -> 
     def head():
         return ProjectionHead(m.projection_hidden_dims, m.embed_dim, dtype)
 
-    if config.loss.temperature <= 0:
+    if not config.loss.temperature > 0:
         raise ValueError(
             f"config.loss.temperature={config.loss.temperature} must be > 0 (e.g. 0.07)."
         )

@@ -95,13 +95,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
     """
     num_devices = jax.device_count() if num_devices is None else num_devices
     data, loss = config.data, config.loss
-    if data.task not in input_pipeline.TASKS:
-        raise ValueError(f"config.data.task={data.task!r}; use one of {input_pipeline.TASKS}.")
-    if data.name not in input_pipeline.SOURCES:
-        raise ValueError(
-            f"config.data.name={data.name!r} is not a known dataset; use one of "
-            f"{sorted(input_pipeline.SOURCES)} or add it to input_pipeline.SOURCES."
-        )
+    input_pipeline.check_data_config(data)
     if loss.name not in LOSSES:
         raise ValueError(f"config.loss.name={loss.name!r}; use one of {sorted(LOSSES)}.")
     if loss.name in PAIR_LOSSES and data.task == "labeled":
@@ -120,20 +114,15 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
             f"{loss.name!r}: losses {CLASSIFIER_LOSSES} need a classifier head "
             "(num_classes = the number of training classes), the others need num_classes=0."
         )
-    if config.optim.name not in OPTIMIZERS:
-        raise ValueError(f"config.optim.name={config.optim.name!r}; use one of {OPTIMIZERS}.")
-    for field in ("encoder_a", "encoder_b"):
-        if config.model[field] not in models.ENCODERS:
-            raise ValueError(
-                f"config.model.{field}={config.model[field]!r}; use one of {sorted(models.ENCODERS)}."
-            )
-    if not loss.temperature > 0:
-        raise ValueError(f"config.loss.temperature={loss.temperature} must be > 0 (e.g. 0.07).")
+    make_optimizer(config.optim, config.train.num_train_steps)  # checks the optimizer
+    # Checks the encoders, compute dtype and temperature (building modules is cheap).
+    models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
     if config.train.num_train_steps < 1:
         raise ValueError(f"config.train.num_train_steps={config.train.num_train_steps} must be >= 1.")
-    for field in ("log_every_steps",):
-        if config.train[field] < 1:
-            raise ValueError(f"config.train.{field}={config.train[field]} must be >= 1.")
+    if config.train.log_every_steps < 1:
+        raise ValueError(
+            f"config.train.log_every_steps={config.train.log_every_steps} must be >= 1."
+        )
     for group, field in (("eval", "every_steps"), ("checkpoint", "every_steps")):
         if config[group][field] < 0:
             raise ValueError(f"config.{group}.{field}={config[group][field]} must be >= 0 (0: at the end only).")
@@ -366,12 +355,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if latest is not None:
         position = ckpt.restore_position(latest)
         start_step = position["next_step"]
+        expected = _position(config, start_step)
         for key in ("seed", "global_batch_size"):
-            if position[key] != _position(config, start_step)[key]:
+            if position[key] != expected[key]:
                 logging.warning(
-                    "Resuming with a different data %s (%s) than checkpoint %d (%s): the "
-                    "data order will not continue the interrupted run.",
-                    key, _position(config, start_step)[key], latest, position[key],
+                    "Resuming with %s=%s but checkpoint %d was written with %s: the data "
+                    "order will not continue the interrupted run.",
+                    key, expected[key], latest, position[key],
                 )
     ds = input_pipeline.train_dataset(
         config,
