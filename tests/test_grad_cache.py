@@ -1,0 +1,118 @@
+"""Gradient caching gives the full-batch gradient; plain accumulation does not."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contrastive_jax import grad_cache, losses, sharding
+from contrastive_jax.losses._common import l2_normalize
+
+NUM_DEVICES = 8
+GLOBAL_BATCH = 64
+IN_DIM, EMBED_DIM = 12, 6
+
+# Each kernel: (za [B, D], zb [B, D], labels [B], *, temperature, axis_name) -> loss.
+KERNELS = {
+    "clip": lambda za, zb, y, **kw: losses.clip_loss(za, zb, **kw),
+    "ntxent": lambda za, zb, y, **kw: losses.ntxent_loss(za, zb, **kw),
+    "supcon": lambda za, zb, y, **kw: losses.supcon_loss(za, y, **kw),
+}
+
+
+def _forward(params, batch, index):
+    """Two tanh-linear towers, L2-normalised, and a learned temperature (index unused)."""
+    del index
+    za = l2_normalize(jnp.tanh(batch["a"] @ params["wa"]))
+    zb = l2_normalize(jnp.tanh(batch["b"] @ params["wb"]))
+    return {"za": za, "zb": zb}, {"temperature": jnp.exp(-params["log_scale"])}, {}
+
+
+def _loss(name, mesh):
+    sharded = sharding.shard_loss(KERNELS[name], mesh)
+
+    def loss(outputs, shared, batch):
+        value = sharded(outputs["za"], outputs["zb"], batch["label"], temperature=shared["temperature"])
+        return value, {}
+
+    return loss
+
+
+def _problem(seed=0):
+    keys = jax.random.split(jax.random.key(seed), 5)
+    params = {
+        "wa": jax.random.normal(keys[0], (IN_DIM, EMBED_DIM)),
+        "wb": jax.random.normal(keys[1], (IN_DIM, EMBED_DIM)),
+        "log_scale": jnp.log(1 / 0.1),
+    }
+    a = jax.random.normal(keys[2], (GLOBAL_BATCH, IN_DIM))
+    batch = {
+        "a": a,
+        "b": a + 0.3 * jax.random.normal(keys[3], a.shape),
+        "label": jax.random.randint(keys[4], (GLOBAL_BATCH,), 0, 6),
+    }
+    return params, batch
+
+
+def _full_batch(name, mesh, params, batch):
+    loss = _loss(name, mesh)
+
+    def value(p):
+        batched, shared, _ = _forward(p, batch, 0)
+        return loss(batched, shared, batch)[0]
+
+    return jax.jit(jax.value_and_grad(value))(params)
+
+
+def test_split_and_merge_are_inverse_and_spread_over_shards():
+    x = jnp.arange(48)
+    micro = grad_cache.split(x, 3, 4)  # 4 shards of 12 rows, 3 micro-batches of 16
+    assert micro.shape == (3, 16)
+    np.testing.assert_array_equal(micro[0], [0, 1, 2, 3, 12, 13, 14, 15, 24, 25, 26, 27, 36, 37, 38, 39])
+    np.testing.assert_array_equal(grad_cache.merge(micro, 4), x)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+@pytest.mark.parametrize("num_micro_batches", [2, 4])
+def test_grad_cache_equals_full_batch_gradient_on_8_devices(name, num_micro_batches):
+    mesh = sharding.make_mesh(NUM_DEVICES)
+    params, batch = _problem()
+    batch = jax.device_put(batch, sharding.data_sharding(mesh))
+    want_value, want_grads = _full_batch(name, mesh, params, batch)
+    (value, _, _), grads = jax.jit(
+        lambda p, b: grad_cache.grad_cache_value_and_grad(
+            _forward, _loss(name, mesh), p, b, num_micro_batches=num_micro_batches, num_shards=NUM_DEVICES
+        )
+    )(params, batch)
+    np.testing.assert_allclose(value, want_value, rtol=1e-6)
+    for key in params:
+        np.testing.assert_allclose(grads[key], want_grads[key], rtol=2e-5, atol=1e-6, err_msg=key)
+
+
+def test_plain_accumulation_is_a_different_loss():
+    """Each micro-batch sees fewer negatives: a lower loss and a different gradient."""
+    mesh = sharding.make_mesh(NUM_DEVICES)
+    params, batch = _problem()
+    want_value, want_grads = _full_batch("clip", mesh, params, batch)
+    (value, _, _), grads = jax.jit(
+        lambda p, b: grad_cache.accumulated_value_and_grad(
+            _forward, _loss("clip", mesh), p, b, num_micro_batches=4, num_shards=NUM_DEVICES
+        )
+    )(params, batch)
+    assert float(value) < float(want_value) - 0.5  # log 16 vs log 64 negatives, roughly
+    assert not np.allclose(grads["wa"], want_grads["wa"], rtol=1e-2)
+    # With one micro-batch, accumulation is the full-batch loss.
+    (one, _, _), one_grads = grad_cache.accumulated_value_and_grad(
+        _forward, _loss("clip", mesh), params, batch, num_micro_batches=1, num_shards=NUM_DEVICES
+    )
+    np.testing.assert_allclose(one, want_value, rtol=1e-6)
+    np.testing.assert_allclose(one_grads["wa"], want_grads["wa"], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "micro_batch_size, match",
+    [(24, "positive divisor"), (0, "positive divisor"), (4, "multiple of the 8 devices")],
+)
+def test_micro_batch_sizes_that_do_not_fit_are_rejected(micro_batch_size, match):
+    with pytest.raises(ValueError, match=match):
+        grad_cache.check_micro_batches(64, micro_batch_size, 8)
