@@ -61,7 +61,7 @@ def _local_ids(local_batch: int, axis_name) -> jax.Array:
 
 def _paired_logits(x: jax.Array, y: jax.Array, temperature) -> jax.Array:
     """Logits ``[B]`` of the local pairs ``x_i . y_i / temperature`` (the targets)."""
-    return jnp.sum(x.astype(jnp.float32) * y.astype(jnp.float32), axis=1) / temperature
+    return jnp.sum(_common.at_least_float32(x) * _common.at_least_float32(y), axis=1) / temperature
 
 
 def _infonce_rows(

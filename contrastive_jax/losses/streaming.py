@@ -81,7 +81,7 @@ class RowIds(NamedTuple):
 
 
 def _block_logits(x, y, params) -> jax.Array:
-    """Logits ``[B, c]``: ``x . y / temperature (+ bias)`` in float32."""
+    """Logits ``[B, c]``: ``x . y / temperature (+ bias)`` in at least float32."""
     temperature, bias = params
     logits = _common.similarity(x, y) / temperature
     return logits if bias is None else logits + bias
@@ -130,7 +130,7 @@ def _block_surrogate(spec, x, y, rows, cols, params, lse, cotangents) -> jax.Arr
     logits = _block_logits(x, y, params)
     same_id, same_label = _block_masks(rows, cols)
     softmax_logits = _softmax_logits(spec, logits, same_id)
-    total = jnp.float32(0.0)
+    total = 0.0
     if spec.row_logsumexp:
         total += jnp.sum(g.row_lse[:, None] * jnp.exp(softmax_logits - row_lse[:, None]))
     if spec.col_logsumexp:
@@ -184,7 +184,7 @@ def _scan_backward(spec, chunk, x, y, rows, cols, params, lse, cotangents, grads
             cotangents._replace(col_lse=g_col),
         )
         grads = jax.tree.map(lambda acc, d: acc + d.astype(acc.dtype), grads, (dx, dparams))
-        return grads, dy.astype(jnp.float32)
+        return grads, dy.astype(grads[0].dtype)
 
     blocks = _blocks((y, cols, lse[1], cotangents.col_lse), chunk)
     grads, dy = jax.lax.scan(step, grads, blocks)
@@ -228,13 +228,14 @@ def _streamed(spec, chunk, ring_axis, x, y, rows, cols, params) -> PairStats:
 
 def _streamed_forward(spec, chunk, ring_axis, x, y, rows, cols, params):
     # full_like/zeros_like keep x's varying-axis type, which loop carries need.
-    per_row = lambda fill: jnp.full_like(x[:, 0], fill, jnp.float32)  # noqa: E731
+    dtype = _accumulator_dtype(x)
+    per_row = lambda fill: jnp.full_like(x[:, 0], fill, dtype)  # noqa: E731
     carry = PairStats(
         row_lse=per_row(-jnp.inf) if spec.row_logsumexp else None,
         col_lse=None,
         row_sums=tuple(per_row(0.0) for _ in range(_num_pair_terms(spec, rows))),
     )
-    col_lse = jnp.full_like(y[:, 0], -jnp.inf, jnp.float32) if spec.col_logsumexp else None
+    col_lse = jnp.full_like(y[:, 0], -jnp.inf, dtype) if spec.col_logsumexp else None
 
     def hop(carry, travel):
         y, cols, col_lse = travel
@@ -250,6 +251,11 @@ def _streamed_forward(spec, chunk, ring_axis, x, y, rows, cols, params):
     return stats, (x, y, rows, cols, params, stats.row_lse, stats.col_lse)
 
 
+def _accumulator_dtype(x) -> jnp.dtype:
+    """Logits and sums in float32, or wider when the embeddings are (bfloat16 -> float32)."""
+    return jnp.promote_types(x.dtype, jnp.float32)
+
+
 def _num_pair_terms(spec, rows) -> int:
     if spec.pair_terms is None:
         return 0
@@ -260,7 +266,8 @@ def _num_pair_terms(spec, rows) -> int:
 
 def _streamed_backward(spec, chunk, ring_axis, residuals, cotangents):
     x, y, rows, cols, params, row_lse, col_lse = residuals
-    grads = (jnp.zeros_like(x, jnp.float32), jax.tree.map(jnp.zeros_like, params))
+    dtype = _accumulator_dtype(x)
+    grads = (jnp.zeros_like(x, dtype), jax.tree.map(jnp.zeros_like, params))
 
     def hop(grads, travel):
         y, cols, col_lse, g_col, dy = travel
@@ -270,7 +277,7 @@ def _streamed_backward(spec, chunk, ring_axis, residuals, cotangents):
         )
         return grads, (y, cols, col_lse, g_col, dy + block_dy)
 
-    travel = (y, cols, col_lse, cotangents.col_lse, jnp.zeros_like(y, jnp.float32))
+    travel = (y, cols, col_lse, cotangents.col_lse, jnp.zeros_like(y, dtype))
     (dx, dparams), (*_, dy) = _ring(hop, grads, travel, ring_axis)
     if ring_axis is not None:
         dy = _hop(dy, ring_axis)
@@ -363,7 +370,8 @@ def pair_stats(
       local candidate's column over all devices' rows), ``row_sums``: tuple of ``[B]``.
     """
     check_collective(collective, axis_name)
-    params = (jnp.asarray(temperature, jnp.float32), None if bias is None else jnp.asarray(bias, jnp.float32))
+    dtype = _accumulator_dtype(x)
+    params = jax.tree.map(lambda p: jnp.asarray(p, dtype), (temperature, bias))
     params = _match_varying(params, x, axis_name)
     local_cols = y.shape[0]
     if collective == "ring":
