@@ -21,6 +21,19 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def simulate_cpu_devices(num_devices: int) -> None:
+    """Asks XLA for `num_devices` CPU devices, unless XLA_FLAGS already sets a count.
+
+    Call it before JAX starts (before its first use in the process); 1 or fewer: no-op.
+    Also used by the sweep drivers under `experiments/` and the Colab notebook.
+    """
+    xla_flags = os.environ.get("XLA_FLAGS", "")
+    if num_devices > 1 and "xla_force_host_platform_device_count" not in xla_flags:
+        os.environ["XLA_FLAGS"] = (
+            f"{xla_flags} --xla_force_host_platform_device_count={num_devices}"
+        ).strip()
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -29,11 +42,7 @@ def main(argv):
     logging.get_absl_handler().python_handler.addFilter(
         lambda record: "/orbax/" not in record.pathname or record.levelno >= logging.WARNING
     )
-    xla_flags = os.environ.get("XLA_FLAGS", "")
-    if config.num_simulated_devices > 1 and "xla_force_host_platform_device_count" not in xla_flags:
-        os.environ["XLA_FLAGS"] = (
-            f"{xla_flags} --xla_force_host_platform_device_count={config.num_simulated_devices}"
-        ).strip()
+    simulate_cpu_devices(config.num_simulated_devices)
     from contrastive_jax import train  # JAX starts here, after XLA_FLAGS is final.
 
     train.train_and_evaluate(config, _WORKDIR.value)
