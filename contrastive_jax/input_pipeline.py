@@ -9,10 +9,13 @@ Tasks (`config.data.task`):
 * `labeled`: one (augmented) image `a` with its `label`; each batch holds
   `config.data.examples_per_class` (m) examples of each of B / m classes.
 
-Design. The split (this process's share of it) is decoded once into host memory; every
-batch is then a pure function of `(config.data.seed, process index, step)`:
+Design. The split is decoded once into host memory; every global batch is then a pure
+function of `(config.data.seed, step)`, and process `p` of `P` takes rows
+`[p * B, (p + 1) * B)` of it (B = N / P, the per-process batch). The global batch, and
+so the training run, is the same whatever the number of processes: 2 processes x 4
+devices see exactly what 1 process x 8 devices sees.
 
-* `pairs`/`views`: element `i` of the stream (`i = step * B + k`) is the example at
+* `pairs`/`views`: element `i` of the stream (`i = step * N + k`) is the example at
   position `i mod n` of epoch `i // n`'s permutation (`tf.random.experimental
   .index_shuffle`, a stateless permutation computed per element).
 * `labeled`: the classes and examples of step `s` are drawn with stateless RNG seeded by
@@ -22,11 +25,12 @@ batch is then a pure function of `(config.data.seed, process index, step)`:
 So the input position is just the step count: `train_dataset(config, start_step=s)`
 yields exactly the batches an uninterrupted run sees from step `s` on, with no replay,
 and a checkpoint only needs the step (see `train.py`). The cost of the design is that the
-split must fit in host memory (digits, CIFAR, CUB, Cars at the configured image size);
-each process only holds its own `1 / process_count` share.
+split must fit in each host's memory (digits, CIFAR, CUB, Cars at the configured image
+size): every process decodes the whole split, because the rows it takes at a step can be
+any examples. Each process only gathers and augments its own B rows.
 
-Batches are NumPy dicts of per-process arrays (B = global batch / process count); the
-trainer assembles global arrays with `jax.make_array_from_process_local_data`.
+Batches are NumPy dicts of per-process arrays [B, ...]; the trainer assembles global
+arrays with `jax.make_array_from_process_local_data`.
 """
 
 import dataclasses
@@ -79,17 +83,13 @@ def load_split(
     split: str,
     *,
     class_range: tuple[int, int] | None = None,
-    process_index: int = 0,
-    process_count: int = 1,
 ) -> dict[str, np.ndarray]:
-    """Reads this process's share of a TFDS split into host memory.
+    """Reads a TFDS split into host memory.
 
     Args:
       data: `config.data` (`name`, `data_dir`, `image_size`, `text_max_length`).
       split: a TFDS split string, e.g. "train", "train+test", "test[:50%]".
       class_range: keep only the examples whose label is in `[lo, hi)`.
-      process_index, process_count: this process's share of the split
-        (`tfds.even_splits`).
 
     Returns:
       `image` uint8 [n, H, W, C]; `label` int32 [n] when the dataset has labels;
@@ -99,8 +99,6 @@ def load_split(
     source = SOURCES[data.name]
     builder = tfds.builder(data.name, data_dir=data.data_dir)
     builder.download_and_prepare()
-    if process_count > 1:
-        split = tfds.even_splits(split, n=process_count, drop_remainder=True)[process_index]
     ds = builder.as_dataset(split=split, shuffle_files=False)
 
     def decode(example):
@@ -220,14 +218,13 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
 
 
 def _labeled_indices(labels: np.ndarray, batch_size: int, m: int, seed: tf.Tensor):
-    """Returns step -> [B] example indices: B / m classes, m distinct examples of each."""
+    """Returns step -> [N] example indices: N / m classes, m distinct examples of each."""
     classes, counts = np.unique(labels, return_counts=True)
     num_classes_per_batch = batch_size // m
     if batch_size % m:
         raise ValueError(
-            f"the per-process batch {batch_size} is not a multiple of "
-            f"config.data.examples_per_class={m}; make the global batch a multiple of "
-            f"{m} x the number of processes."
+            f"config.train.global_batch_size={batch_size} is not a multiple of "
+            f"config.data.examples_per_class={m}; use a multiple of {m}."
         )
     if num_classes_per_batch > len(classes):
         raise ValueError(
@@ -268,10 +265,11 @@ def train_dataset(
     process_index: int = 0,
     process_count: int = 1,
 ) -> tf.data.Dataset:
-    """The infinite training stream from `start_step` on, batched per process.
+    """The infinite training stream from `start_step` on: this process's rows of each step.
 
-    Element `k` of the returned dataset is the batch of step `start_step + k`, identical
-    to what a run started at step 0 sees at that step.
+    Element `k` of the returned dataset is process `process_index`'s slice (rows
+    `[p * B, (p + 1) * B)`) of the global batch of step `start_step + k`, identical to
+    what a run started at step 0, with any number of processes, sees at that step.
 
     Returns:
       A dataset of dicts: `a` float32 [B, ...], `b` float32/int32 [B, ...] (pairs, views),
@@ -279,21 +277,13 @@ def train_dataset(
     """
     data = config.data
     check_data_config(data)
-    batch_size = per_process_batch_size(config.train.global_batch_size, process_count)
-    arrays = load_split(
-        data,
-        data.train_split,
-        class_range=data.train_class_range,
-        process_index=process_index,
-        process_count=process_count,
-    )
+    global_batch_size = config.train.global_batch_size
+    batch_size = per_process_batch_size(global_batch_size, process_count)
+    arrays = load_split(data, data.train_split, class_range=data.train_class_range)
     n = len(arrays["image"])
     tensors = {key: tf.constant(value) for key, value in arrays.items()}
-    base_seed = tf.random.experimental.stateless_fold_in(
-        tf.constant([data.seed, 0], tf.int64), process_index
-    )
     order_seed, step_seed, augment_seed = tf.unstack(
-        tf.random.experimental.stateless_split(base_seed, 3)
+        tf.random.experimental.stateless_split(tf.constant([data.seed, 0], tf.int64), 3)
     )
 
     if data.task == "labeled":
@@ -302,19 +292,21 @@ def train_dataset(
                 f"config.data.task='labeled' needs labels but {data.name!r} has none; "
                 "use task 'pairs' or 'views'."
             )
-        indices = _labeled_indices(arrays["label"], batch_size, data.examples_per_class, step_seed)
+        global_indices = _labeled_indices(
+            arrays["label"], global_batch_size, data.examples_per_class, step_seed
+        )
     else:
-        if batch_size > n:
+        if global_batch_size > n:
             raise ValueError(
-                f"the per-process batch {batch_size} is larger than the {n} examples of "
-                f"split {data.train_split!r}, so a batch would repeat examples (false "
-                "negatives); lower config.train.global_batch_size."
+                f"config.train.global_batch_size={global_batch_size} is larger than the {n} "
+                f"examples of split {data.train_split!r}, so a batch would repeat examples "
+                "(false negatives); lower config.train.global_batch_size."
             )
 
-        def indices(step):
+        def global_indices(step):
             # Element i is at position i mod n of epoch i // n's permutation; a batch of
-            # B <= n elements spans at most two epochs.
-            ids = step * batch_size + tf.range(batch_size, dtype=tf.int64)
+            # N <= n elements spans at most two epochs.
+            ids = step * global_batch_size + tf.range(global_batch_size, dtype=tf.int64)
             first_epoch = ids[0] // n
             perms = [
                 tf.random.experimental.index_shuffle(
@@ -326,10 +318,12 @@ def train_dataset(
             ]
             return tf.where(ids // n == first_epoch, perms[0], perms[1])
 
+    rows = slice(process_index * batch_size, (process_index + 1) * batch_size)
+
     def batch(step):
-        index = indices(step)
+        index = global_indices(step)[rows]
         examples = {key: tf.gather(t, index) for key, t in tensors.items()}
-        ids = step * batch_size + tf.range(batch_size, dtype=tf.int64)
+        ids = step * global_batch_size + tf.range(global_batch_size, dtype=tf.int64)[rows]
         seeds = tf.map_fn(
             lambda i: tf.random.experimental.stateless_fold_in(augment_seed, i),
             ids,

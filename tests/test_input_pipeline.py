@@ -1,7 +1,5 @@
 """The input pipeline: task outputs, determinism, seeking, epochs, sharding, errors."""
 
-import collections
-
 import numpy as np
 import pytest
 
@@ -83,18 +81,21 @@ def test_labeled_batches_hold_m_distinct_examples_of_each_class(config):
         assert len({bytes(x) for x in batch["a"]}) == 32
 
 
-def test_processes_read_disjoint_shares(config):
-    shares = [
-        input_pipeline.load_split(config.data, "train", process_index=p, process_count=2)
-        for p in range(2)
-    ]
-    assert len(shares[0]["image"]) == len(shares[1]["image"]) == 718  # 1437 // 2 each
-    # Together they are the split less one example: disjoint rows, nothing repeated.
-    full = collections.Counter(map(bytes, train_images(config)))
-    both = collections.Counter(map(bytes, np.concatenate([s["image"] for s in shares])))
-    assert sum(both.values()) == 1436 and not both - full
-    batch = take(input_pipeline.train_dataset(config, process_index=1, process_count=2), 1)[0]
-    assert batch["a"].shape[0] == 128  # global 256 over 2 processes
+@pytest.mark.parametrize("task", ["pairs", "labeled"])
+def test_processes_take_their_rows_of_one_global_batch(config, task):
+    """Process p of P gets rows [p N/P, (p+1) N/P) of the batch one process sees."""
+    config.data.task = task
+    config.data.augment.noise_std = 0.1
+    config.train.global_batch_size = 40  # 10 classes x 4 for "labeled"
+    whole = take(input_pipeline.train_dataset(config, start_step=3), 1)[0]
+    for count in (2, 4):
+        parts = [
+            take(input_pipeline.train_dataset(config, start_step=3, process_index=p, process_count=count), 1)[0]
+            for p in range(count)
+        ]
+        assert parts[0]["a"].shape[0] == 40 // count
+        for key in whole:
+            np.testing.assert_array_equal(np.concatenate([part[key] for part in parts]), whole[key])
 
 
 def test_eval_arrays_are_the_whole_split_in_order(config):
