@@ -73,6 +73,12 @@ def get_config() -> ml_collections.ConfigDict:
     train.global_batch_size = 256  # Examples per step over all devices (N).
     train.num_train_steps = 1000  # Optimizer steps.
     train.log_every_steps = 50  # Metrics to TensorBoard / metrics.jsonl every k steps.
+    # > 0: embed the global batch in micro-batches of this many examples (all devices),
+    # holding one micro-batch's activations at a time; 0: the whole batch at once.
+    train.micro_batch_size = 0
+    # "grad_cache": the exact full-batch loss and gradient (GradCache); "accumulate":
+    # average the micro-batches' own losses (each sees m - 1 negatives, not N - 1).
+    train.micro_batch_method = "grad_cache"
 
     config.eval = ev = ml_collections.ConfigDict()
     ev.split = "test"  # TFDS split evaluated (queries and gallery).

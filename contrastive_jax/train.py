@@ -9,14 +9,25 @@ newest checkpoint in `workdir` together with the input position.
 
 Outputs in `workdir`: `checkpoints/<step>/`, `metrics.jsonl` (one JSON object per
 logged step: training metrics and evaluations), `tensorboard/` event files,
-`eval_results.json` (the final evaluation).
+`eval_results.json` (the final evaluation); files are written by process 0 only.
+
+Nothing lost: a run resumes from its newest good checkpoint (state, input position and
+RNG are all in it, so the resumed run reaches the uninterrupted run's parameters bit for
+bit); SIGTERM finishes the current step, saves and raises `Preempted`; a corrupt
+checkpoint is reported and skipped for the previous one; resuming with another seed,
+batch or data, or onto another model, is refused with the fields that changed.
+Multi-process runs (`distributed.initialize`) train on one global batch per step whatever
+the number of processes (see `input_pipeline`).
 """
 
+import difflib
 import functools
 import json
 import math
 import os
+import pathlib
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,7 +43,16 @@ from absl import logging
 from flax.training import train_state
 from jax.sharding import PartitionSpec as P
 
-from contrastive_jax import checkpoint, evaluate, input_pipeline, losses, models, sharding
+from contrastive_jax import (
+    checkpoint,
+    distributed,
+    evaluate,
+    grad_cache,
+    input_pipeline,
+    losses,
+    models,
+    sharding,
+)
 from contrastive_jax.sharding import DATA_AXIS
 
 
@@ -85,6 +105,73 @@ CLASSIFIER_LOSSES = ("softmax_ce", "proxy_nca")  # need config.model.num_classes
 _BATCHED_OUTPUTS = ("za", "zb", "logits")
 
 OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
+# A resumed run continues the interrupted one only when these are unchanged: they fix
+# the data order, the augmentations and the RNG (see input_pipeline).
+RESUME_FIELDS = (
+    "seed",
+    "data.name",
+    "data.train_split",
+    "data.train_class_range",
+    "data.task",
+    "data.seed",
+    "data.examples_per_class",
+    "train.global_batch_size",
+)
+# Every config's fields are those of this file's get_config().
+_REFERENCE_CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py"
+
+
+class Preempted(Exception):
+    """Training stopped at a SIGTERM after saving a checkpoint; rerun to resume."""
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "config") -> dict[str, Any]:
+    """`{"config.loss.temperature": 0.07, ...}` for a ConfigDict or a nested dict."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out |= _flatten(value, f"{prefix}.{key}")
+        else:
+            out[f"{prefix}.{key}"] = value
+    return out
+
+
+def check_fields(config: ml_collections.ConfigDict, reference: ml_collections.ConfigDict) -> None:
+    """Raises ValueError for a field `reference` does not have (a typo) or one it has and
+    `config` lacks.
+
+    Args:
+      reference: the config whose fields are the valid ones (`configs/default.py`).
+    """
+    fields, known = _flatten(config), _flatten(reference)
+    for name in fields:
+        if name not in known:
+            siblings = [k for k in known if k.rsplit(".", 1)[0] == name.rsplit(".", 1)[0]]
+            close = difflib.get_close_matches(name, siblings or list(known), n=1)
+            hint = f"did you mean {close[0]}?" if close else f"the fields are {sorted(known)}."
+            raise ValueError(f"{name} is not a config field (a typo?); {hint}")
+    for name in known:
+        if name not in fields:
+            raise ValueError(
+                f"{name} is missing from the config; add it ({_REFERENCE_CONFIG.name} sets "
+                f"{name} = {known[name]!r})."
+            )
+
+
+def _reference_config() -> ml_collections.ConfigDict | None:
+    """`configs/default.py`'s config, or None outside a source checkout."""
+    if not _REFERENCE_CONFIG.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("_reference_config", _REFERENCE_CONFIG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+# config.train.micro_batch_method -> how a step is split into micro-batches.
+MICRO_BATCH_METHODS = {
+    "grad_cache": grad_cache.grad_cache_value_and_grad,
+    "accumulate": grad_cache.accumulated_value_and_grad,
+}
 
 
 def validate_config(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
@@ -94,6 +181,11 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
     devices JAX sees.
     """
     num_devices = jax.device_count() if num_devices is None else num_devices
+    reference = _reference_config()
+    if reference is None:
+        logging.warning("%s not found: config field names are not checked.", _REFERENCE_CONFIG)
+    else:
+        check_fields(config, reference)
     data, loss = config.data, config.loss
     input_pipeline.check_data_config(data)
     if loss.name not in LOSSES:
@@ -129,7 +221,56 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int | None =
     sharding.check_batch_divides(
         config.train.global_batch_size, num_devices, "config.train.global_batch_size"
     )
+    _check_chunk_size(loss, config.train.global_batch_size, num_devices)
+    if config.train.micro_batch_size:
+        if config.train.micro_batch_method not in MICRO_BATCH_METHODS:
+            raise ValueError(
+                f"config.train.micro_batch_method={config.train.micro_batch_method!r}; use "
+                f"one of {sorted(MICRO_BATCH_METHODS)}."
+            )
+        grad_cache.check_micro_batches(
+            config.train.global_batch_size, config.train.micro_batch_size, num_devices
+        )
     input_pipeline.per_process_batch_size(config.train.global_batch_size, jax.process_count())
+
+
+def _check_chunk_size(loss: ml_collections.ConfigDict, global_batch_size: int, num_devices: int):
+    """A streamed loss's column blocks must tile its logits: N columns, N / devices with a ring."""
+    chunk = loss.get("chunk_size")
+    if not chunk:  # None or 0: dense logits
+        return
+    ring = loss.get("collective") == "ring"
+    columns = global_batch_size // num_devices if ring else global_batch_size
+    if chunk < 1 or columns % chunk:
+        divisor = max(d for d in range(1, min(max(chunk, 1), columns) + 1) if columns % d == 0)
+        raise ValueError(
+            f"config.loss.chunk_size={chunk} does not divide the {columns} logit columns "
+            f"{'each device holds with the ring' if ring else 'of the global batch'}; use a "
+            f"divisor such as {divisor}, or None for dense logits."
+        )
+
+
+def prepare_workdir(workdir: str | os.PathLike | None) -> str:
+    """Creates `workdir` if needed and returns its absolute path.
+
+    Raises:
+      ValueError: `workdir` is not given, or cannot be created or written.
+    """
+    if not workdir:
+        raise ValueError(
+            "No workdir: pass --workdir=DIR (created if missing) for checkpoints and metrics."
+        )
+    workdir = os.path.abspath(workdir)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=workdir):
+            pass
+    except OSError as e:
+        raise ValueError(
+            f"--workdir={workdir} cannot be created or written ({e.strerror or e}); pass a "
+            "directory you can write to (on storage every process shares)."
+        ) from e
+    return workdir
 
 
 def weight_decay_mask(params) -> Any:
@@ -214,38 +355,67 @@ def train_step(
     mesh: jax.sharding.Mesh,
     schedule: optax.Schedule,
     seed: int,
+    micro_batch_size: int = 0,
+    micro_batch_method: str = "grad_cache",
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on a global batch (`a` [N, ...], optional `b`, `label` [N]).
 
-    Pure: dropout randomness is `fold_in(key(seed), state.step)`, so a resumed run
-    repeats an uninterrupted one. Returns the new state and scalar metrics.
+    With `micro_batch_size` m > 0 the batch is embedded in N / m micro-batches:
+    `micro_batch_method="grad_cache"` gives the exact full-batch gradient holding one
+    micro-batch's activations at a time; `"accumulate"` averages the micro-batches'
+    own losses (fewer negatives: a different objective). See `grad_cache`.
+
+    Pure: dropout randomness is `fold_in(fold_in(key(seed), state.step), micro_index)`,
+    so a resumed run repeats an uninterrupted one. Returns the new state and scalar
+    metrics.
     """
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
 
-    def loss_fn(params):
+    def forward(params, inputs, micro_index):
         outputs, updates = state.apply_fn(
             {"params": params, "batch_stats": state.batch_stats},
-            batch["a"],
-            batch.get("b"),
+            inputs["a"],
+            inputs.get("b"),
             train=True,
-            rngs={"dropout": rng},
+            rngs={"dropout": jax.random.fold_in(rng, micro_index)},
             mutable=["batch_stats"],
         )
-        loss, metrics = sharded_loss(
-            outputs, batch.get("label"), loss_config=loss_config, mesh=mesh
-        )
-        return loss, (metrics, updates, outputs["temperature"])
+        batched = {k: v for k, v in outputs.items() if k in _BATCHED_OUTPUTS}
+        shared = {k: v for k, v in outputs.items() if k not in _BATCHED_OUTPUTS}
+        return batched, shared, updates
 
-    (loss, (metrics, updates, temperature)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params
-    )
+    def loss_of_outputs(batched, shared, inputs):
+        loss, metrics = sharded_loss(
+            {**batched, **shared}, inputs.get("label"), loss_config=loss_config, mesh=mesh
+        )
+        return loss, dict(metrics, temperature=shared["temperature"])
+
+    if micro_batch_size:
+        value_and_grad = MICRO_BATCH_METHODS[micro_batch_method]
+        (loss, metrics, updates), grads = value_and_grad(
+            forward,
+            loss_of_outputs,
+            state.params,
+            batch,
+            num_micro_batches=batch["a"].shape[0] // micro_batch_size,
+            num_shards=mesh.shape[DATA_AXIS],
+        )
+    else:
+
+        def full_batch_loss(params):
+            batched, shared, updates = forward(params, batch, 0)
+            loss, metrics = loss_of_outputs(batched, shared, batch)
+            return loss, (metrics, updates)
+
+        (loss, (metrics, updates)), grads = jax.value_and_grad(full_batch_loss, has_aux=True)(
+            state.params
+        )
     learning_rate = schedule(state.step)
     state = state.apply_gradients(grads=grads, batch_stats=updates.get("batch_stats", {}))
     state = state.replace(params=models.clamp_temperature(state.params))
     metrics = dict(
         metrics,
         loss=loss,
-        temperature=temperature,
         grad_norm=optax.global_norm(grads),
         learning_rate=learning_rate,
     )
@@ -382,7 +552,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     data_sharding = sharding.data_sharding(mesh)
     step_fn = jax.jit(
         functools.partial(
-            train_step, loss_config=config.loss, mesh=mesh, schedule=schedule, seed=config.seed
+            train_step,
+            loss_config=config.loss,
+            mesh=mesh,
+            schedule=schedule,
+            seed=config.seed,
+            micro_batch_size=config.train.micro_batch_size,
+            micro_batch_method=config.train.micro_batch_method,
         ),
         in_shardings=(state_sharding, data_sharding),
         out_shardings=(state_sharding, sharding.replicated(mesh)),

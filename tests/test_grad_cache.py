@@ -116,3 +116,50 @@ def test_plain_accumulation_is_a_different_loss():
 def test_micro_batch_sizes_that_do_not_fit_are_rejected(micro_batch_size, match):
     with pytest.raises(ValueError, match=match):
         grad_cache.check_micro_batches(64, micro_batch_size, 8)
+
+
+def _train_step_result(config, micro_batch_size, method="grad_cache"):
+    import functools
+
+    from contrastive_jax import input_pipeline, models, train
+
+    mesh = sharding.make_mesh(NUM_DEVICES)
+    ds = input_pipeline.train_dataset(config)
+    model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
+    tx, schedule = train.make_optimizer(config.optim, config.train.num_train_steps)
+    init, _ = train.create_train_state(config, model, tx, mesh, ds.element_spec)
+    batch = jax.device_put(next(ds.as_numpy_iterator()), sharding.data_sharding(mesh))
+    step = functools.partial(
+        train.train_step,
+        loss_config=config.loss,
+        mesh=mesh,
+        schedule=schedule,
+        seed=config.seed,
+        micro_batch_size=micro_batch_size,
+        micro_batch_method=method,
+    )
+    state, metrics = jax.jit(step)(init(), batch)
+    return jax.device_get(state.params), jax.device_get(metrics)
+
+
+@pytest.mark.parametrize("loss", ["clip", "siglip"])
+def test_train_step_with_grad_cache_equals_the_full_batch_step(load_config, digits_data_dir, loss):
+    config = load_config("default")
+    config.data.data_dir = digits_data_dir
+    config.loss.name = loss
+    config.model.dropout_rate = 0.0  # micro-batches draw their own dropout masks
+    config.model.mlp_hidden_dims = (32,)
+    config.train.global_batch_size = 64
+    config.optim.warmup_steps = 0
+    config.optim.name = "sgd"  # parameter change = learning rate x gradient (Adam's first
+    config.optim.learning_rate = 1.0  # step would amplify float noise in tiny gradients)
+    config.optim.grad_clip_norm = 0.0
+    config.optim.weight_decay = 0.0
+    params, metrics = _train_step_result(config, 0)
+    cached_params, cached_metrics = _train_step_result(config, 16)
+    assert cached_metrics["loss"] == pytest.approx(metrics["loss"], rel=1e-6)
+    assert cached_metrics["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), cached_params, params)
+    _, accumulated_metrics = _train_step_result(config, 16, "accumulate")
+    # Each micro-batch scores 16 columns, not 64: a different (lower) loss.
+    assert accumulated_metrics["loss"] < metrics["loss"] - 1e-3

@@ -78,7 +78,7 @@ def test_step_metrics_match_the_loss_library(config):
     state, _, batch, step = make_state_and_batch(config, mesh)
     outputs = state.apply_fn(
         {"params": state.params, "batch_stats": state.batch_stats},
-        batch["a"], batch["b"], train=True, rngs={"dropout": jax.random.fold_in(jax.random.key(config.seed), 0)},
+        batch["a"], batch["b"], train=True, rngs={"dropout": jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 0), 0)},
     )
     expected = losses.clip_loss(outputs["za"], outputs["zb"], temperature=outputs["temperature"])
     new_state, metrics = jax.jit(step)(state, batch)
