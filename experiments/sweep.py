@@ -1,0 +1,322 @@
+"""What the sweep drivers share: the run grid, resume/skip, result files, plot helpers.
+
+A sweep is a list of `Run`s (a name, the config fields it overrides, the tags that
+identify it in the results), trained one after another in this process with
+`train.train_and_evaluate`, each in its own workdir `<out>/runs/<name>/`:
+
+* a run whose `eval_results.json` is there (for its number of steps) is skipped;
+* an interrupted run resumes from its newest checkpoint (the trainer does this);
+* a workdir holding a different run (other tags or overrides) is an error, not reused.
+
+After the grid, `write_results` writes `results.json` (every run's tags, final metrics
+and curves from `metrics.jsonl`) and `results.csv` (one row per run, no curves) to
+`<out>`; the drivers add their plots (PNG) and a markdown summary. `<out>/runs/` holds
+the checkpoints and is git-ignored.
+
+Run the drivers from the repository root, e.g. `python -m experiments.batch_size_sweep`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import importlib
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import matplotlib.figure
+import ml_collections
+import numpy as np
+
+from contrastive_jax import main as cli
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "experiments" / "results"  # committed results: <sweep>/{*.csv,*.json,*.png}
+QUICK_RESULTS = REPO / "runs" / "experiments"  # --quick results (git-ignored)
+LOG_POINTS = 40  # training scalars logged about this many times per run
+CHECKPOINTS_PER_RUN = 4  # an interrupted run loses at most a quarter of its steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run of a sweep.
+
+    Attributes:
+      name: the workdir's name under `<out>/runs/` (unique within the sweep).
+      tags: what identifies the run in the results (e.g. `{"batch_size": 64, "seed": 1}`).
+      overrides: config fields to set, dotted name -> value (`"train.global_batch_size"`).
+    """
+
+    name: str
+    tags: Mapping[str, Any]
+    overrides: Mapping[str, Any]
+
+
+def load_config(name: str) -> ml_collections.ConfigDict:
+    """`configs/<name>.py`'s `get_config()` (the repository root must be on sys.path)."""
+    return importlib.import_module(f"configs.{name}").get_config()
+
+
+def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted fields set (`{"loss.temperature": 0.1}`)."""
+    config = config.copy_and_resolve_references()
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return config
+
+
+def run_overrides(*, num_steps: int, seed: int, warmup_steps: int, evals: int = 1) -> dict[str, Any]:
+    """The fields every sweep run sets: length, seeds, logging, evaluation, checkpoints.
+
+    The warmup is capped at a fifth of the run; the model and the data order both use
+    `seed`; evaluation runs `evals` times (the last at the end); checkpoints are written
+    `CHECKPOINTS_PER_RUN` times, keeping only the newest.
+    """
+    return {
+        "seed": seed,
+        "data.seed": seed,
+        "train.num_train_steps": num_steps,
+        "train.log_every_steps": max(1, num_steps // LOG_POINTS),
+        "optim.warmup_steps": min(warmup_steps, num_steps // 5),
+        "eval.every_steps": 0 if evals <= 1 else max(1, num_steps // evals),
+        "checkpoint.every_steps": max(1, num_steps // CHECKPOINTS_PER_RUN),
+        "checkpoint.max_to_keep": 1,
+    }
+
+
+def is_complete(workdir: Path, config: ml_collections.ConfigDict) -> bool:
+    """Whether `workdir` holds the final evaluation of a run of `config`'s length."""
+    path = workdir / "eval_results.json"
+    if not path.exists():
+        return False
+    return json.loads(path.read_text())["step"] == config.train.num_train_steps
+
+
+def read_metrics(workdir: Path) -> dict[int, dict[str, float]]:
+    """`metrics.jsonl` as `{step: {name: value}}`, sorted by step.
+
+    A resumed run appends the steps after its checkpoint again; the later lines win.
+    """
+    by_step: dict[int, dict[str, float]] = {}
+    path = workdir / "metrics.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            by_step.setdefault(record.pop("step"), {}).update(record)
+    return dict(sorted(by_step.items()))
+
+
+def _check_run(workdir: Path, run: Run, config: ml_collections.ConfigDict) -> None:
+    """Records the run in its workdir; raises if the workdir holds a different run.
+
+    `run.json` (its tags and overrides) is compared, not the whole config, so a field
+    added to the configs later does not invalidate finished runs; `config.json` keeps
+    the full config the run started with.
+    """
+    path = workdir / "run.json"
+    spec = json.dumps({"tags": dict(run.tags), "overrides": dict(run.overrides)}, indent=1, sort_keys=True)
+    if path.exists() and path.read_text() != spec:
+        raise ValueError(
+            f"{workdir} holds a different run (see {path}); pass another --out, or "
+            "delete the workdir to retrain it."
+        )
+    if not path.exists():
+        workdir.mkdir(parents=True, exist_ok=True)
+        path.write_text(spec)
+        (workdir / "config.json").write_text(config.to_json_best_effort(sort_keys=True, indent=1))
+
+
+def run_grid(
+    base: ml_collections.ConfigDict,
+    runs: Sequence[Run],
+    out: Path,
+    *,
+    curve_keys: Iterable[str] = ("train/loss", "train/temperature"),
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Trains every run not finished yet, then collects all of them.
+
+    Args:
+      base: the config the runs override.
+      runs: the grid; run `r` trains in `out/runs/<r.name>`.
+      curve_keys: `metrics.jsonl` scalars kept as curves (`[[step, value], ...]`).
+      log: where progress lines go.
+
+    Returns:
+      One record per run: `name`, its tags, the final evaluation's metrics, the last
+      logged `train/loss` and `train/temperature`, and `curves`.
+    """
+    cli.simulate_cpu_devices(base.num_simulated_devices)
+    from contrastive_jax import train  # JAX starts after XLA_FLAGS is final.
+
+    curve_keys = tuple(curve_keys)
+    records, durations = [], []
+    for i, run in enumerate(runs, 1):
+        config = override(base, run.overrides)
+        workdir = out / "runs" / run.name
+        _check_run(workdir, run, config)
+        label = f"[{i}/{len(runs)}] {run.name}"
+        if is_complete(workdir, config):
+            log(f"{label}: finished earlier, skipped")
+        else:
+            resuming = " (resuming from its checkpoint)" if (workdir / "checkpoints").exists() else ""
+            log(f"{label}: training {config.train.num_train_steps} steps{resuming}")
+            start = time.perf_counter()
+            train.train_and_evaluate(config, str(workdir))
+            durations.append(time.perf_counter() - start)
+            remaining = sum(not (out / "runs" / r.name / "eval_results.json").exists() for r in runs[i:])
+            log(f"{label}: done in {durations[-1]:.0f} s; about "
+                f"{np.mean(durations) * remaining / 60:.1f} min left for {remaining} runs")
+        records.append(collect(run, workdir, curve_keys))
+    return records
+
+
+def collect(run: Run, workdir: Path, curve_keys: Sequence[str]) -> dict[str, Any]:
+    """The record of a finished run (see `run_grid`)."""
+    final = json.loads((workdir / "eval_results.json").read_text())
+    final.pop("step")
+    history = read_metrics(workdir)
+    last_train = next(
+        (values for values in reversed(history.values()) if "train/loss" in values), {}
+    )
+    return {
+        "name": run.name,
+        **run.tags,
+        **final,
+        **{k: last_train[k] for k in ("train/loss", "train/temperature") if k in last_train},
+        "curves": {
+            key: [[step, values[key]] for step, values in history.items() if key in values]
+            for key in curve_keys
+        },
+    }
+
+
+def write_results(records: Sequence[Mapping[str, Any]], out: Path) -> None:
+    """`out/results.json` (everything) and `out/results.csv` (one row per run, no curves)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(list(records), indent=1, sort_keys=False))
+    columns = list(dict.fromkeys(k for r in records for k in r if k != "curves"))
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows({k: r.get(k) for k in columns} for r in records)
+
+
+def summarize(
+    records: Sequence[Mapping[str, Any]], by: str, metric: str, where: Callable[[Mapping], bool] = lambda r: True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(x, mean, std)` of `metric` over the records (seeds) sharing each value of `by`.
+
+    `std` is the sample standard deviation (0 for a single seed); `x` is sorted.
+    """
+    groups: dict[Any, list[float]] = {}
+    for r in records:
+        if where(r):
+            groups.setdefault(r[by], []).append(r[metric])
+    xs = sorted(groups)
+    values = [np.asarray(groups[x], dtype=float) for x in xs]
+    return (
+        np.asarray(xs),
+        np.asarray([v.mean() for v in values]),
+        np.asarray([v.std(ddof=1) if len(v) > 1 else 0.0 for v in values]),
+    )
+
+
+def mean_curve(records: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """`(steps, mean over the records)` of curve `key`, on the steps all records logged."""
+    curves = [dict(map(tuple, r["curves"][key])) for r in records]
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    return np.asarray(steps), np.asarray([np.mean([c[s] for c in curves]) for s in steps])
+
+
+def new_figure(title: str, *, ncols: int = 1, width: float = 5.0) -> tuple[matplotlib.figure.Figure, Any]:
+    """A figure (no pyplot, so no display is needed) with `ncols` axes and a title."""
+    fig = matplotlib.figure.Figure(figsize=(width * ncols, 3.8), layout="constrained")
+    axes = fig.subplots(1, ncols)
+    fig.suptitle(title)
+    return fig, axes
+
+
+def errorbar(ax, records: Sequence[Mapping[str, Any]], by: str, metric: str, **kwargs) -> None:
+    """Plots the mean of `metric` against `by` with seed standard-deviation error bars."""
+    x, mean, std = summarize(records, by, metric, kwargs.pop("where", lambda r: True))
+    ax.errorbar(x, mean, yerr=std, marker="o", capsize=3, **kwargs)
+
+
+def colors(n: int, name: str = "viridis") -> list:
+    """`n` colours spread over the matplotlib colormap `name`."""
+    return [matplotlib.colormaps[name](i / max(n - 1, 1)) for i in range(n)]
+
+
+def save(figures: Mapping[str, matplotlib.figure.Figure], out: Path) -> list[Path]:
+    """Writes each figure to `out/<name>.png` (dpi 110); returns the paths."""
+    paths = []
+    for name, fig in figures.items():
+        paths.append(out / f"{name}.png")
+        fig.savefig(paths[-1], dpi=110)
+    return paths
+
+
+def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    """A GitHub markdown table; floats with 3 decimals."""
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def mean_std(records: Sequence[Mapping[str, Any]], metric: str) -> str:
+    """`"mean ± std"` of `metric` over `records` (3 decimals)."""
+    values = np.asarray([r[metric] for r in records], dtype=float)
+    std = values.std(ddof=1) if len(values) > 1 else 0.0
+    return f"{values.mean():.3f} ± {std:.3f}"
+
+
+def argument_parser(description: str) -> argparse.ArgumentParser:
+    """The options every driver has: --quick, --out, --seeds, --steps, --data-dir."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny grid and a few steps (CI); results under runs/experiments/")
+    parser.add_argument("--out", type=Path, help="results folder (default: experiments/results/<sweep>)")
+    parser.add_argument("--seeds", type=int_list, help="comma-separated seeds, e.g. 0,1,2")
+    parser.add_argument("--steps", type=int, help="optimizer steps per run")
+    parser.add_argument("--data-dir", help="TFDS data directory (default: TFDS's)")
+    return parser
+
+
+def int_list(text: str) -> list[int]:
+    """Parses `"16,32,64"`."""
+    return [int(v) for v in text.split(",")]
+
+
+def float_list(text: str) -> list[float]:
+    """Parses `"0.05,0.1,1"`."""
+    return [float(v) for v in text.split(",")]
+
+
+def resolve(args: argparse.Namespace, sweep_name: str, full: Mapping[str, Any], quick: Mapping[str, Any]) -> argparse.Namespace:
+    """Fills the options left unset from the driver's `full` or `quick` preset, and --out."""
+    preset = quick if args.quick else full
+    for key, value in preset.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.out is None:
+        args.out = (QUICK_RESULTS if args.quick else RESULTS) / sweep_name
+    return args
+
+
+def log_spaced_ticks(ax, values: Sequence[float]) -> None:
+    """Log-2 x axis labelled with the swept values themselves."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(values), [f"{v:g}" for v in values])
+    ax.minorticks_off()
+

@@ -1,0 +1,91 @@
+"""The sweep drivers' --quick mode runs end to end and writes its files; reruns skip
+finished runs, resume interrupted ones, and refuse a workdir holding another run."""
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
+    sys.path.insert(0, str(ROOT))
+
+from experiments import batch_size_sweep, loss_comparison, sweep, temperature_sweep  # noqa: E402
+
+COMMON = ["results.csv", "results.json", "summary.md"]
+
+
+def run_quick(driver, out, data_dir, *extra):
+    driver.main(["--quick", "--out", str(out), "--data-dir", data_dir, *extra])
+    return json.loads((out / "results.json").read_text())
+
+
+def test_batch_size_sweep_quick_then_skips_resumes_and_refuses(tmp_path, digits_data_dir, capsys):
+    records = run_quick(batch_size_sweep, tmp_path, digits_data_dir)
+    expected = COMMON + ["metric_vs_batch.png", "loss_curves.png", "temperature_vs_batch.png", "mi_bound.png"]
+    assert all((tmp_path / name).stat().st_size > 0 for name in expected)
+    assert [(r["batch_size"], r["seed"]) for r in records] == [(16, 0), (64, 0)]
+    assert all(0 <= r["a_to_b/R@1"] <= 1 and r["curves"]["train/loss"] for r in records)
+    assert (tmp_path / "results.csv").read_text().splitlines()[0].startswith("name,batch_size,seed,steps")
+    capsys.readouterr()
+
+    # A rerun trains nothing.
+    runs = tmp_path / "runs"
+    stamps = {p: p.stat().st_mtime_ns for p in runs.glob("*/eval_results.json")}
+    assert run_quick(batch_size_sweep, tmp_path, digits_data_dir) == records
+    assert capsys.readouterr().out.count("finished earlier, skipped") == 2
+    assert stamps == {p: p.stat().st_mtime_ns for p in runs.glob("*/eval_results.json")}
+
+    # A run interrupted after its last checkpoint resumes from it instead of retraining.
+    interrupted = runs / "batch00064_seed0"
+    (interrupted / "eval_results.json").unlink()
+    lines = (interrupted / "metrics.jsonl").read_text().count("train/loss")
+    resumed = run_quick(batch_size_sweep, tmp_path, digits_data_dir)
+    assert "resuming from its checkpoint" in capsys.readouterr().out
+    assert (interrupted / "metrics.jsonl").read_text().count("train/loss") == lines
+    assert resumed[1]["a_to_b/R@1"] == pytest.approx(records[1]["a_to_b/R@1"])
+
+    # The same folder with another run length is refused.
+    with pytest.raises(ValueError, match="holds a different run"):
+        run_quick(batch_size_sweep, tmp_path, digits_data_dir, "--steps", "3")
+
+
+@pytest.mark.slow
+def test_temperature_sweep_quick(tmp_path, digits_data_dir):
+    records = run_quick(temperature_sweep, tmp_path, digits_data_dir)
+    expected = COMMON + ["metric_vs_temperature.png", "loss_curves.png", "loss_vs_floor.png",
+                         "learned_temperature.png"]
+    assert all((tmp_path / name).stat().st_size > 0 for name in expected)
+    assert {(r["temperature"], r["learned"]) for r in records} == {(1.0, False), (0.07, True)}
+    fixed = next(r for r in records if not r["learned"])
+    assert fixed["train/temperature"] == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_loss_comparison_quick(tmp_path, digits_data_dir):
+    records = run_quick(loss_comparison, tmp_path, digits_data_dir)
+    assert all((tmp_path / name).stat().st_size > 0 for name in COMMON + ["metrics_by_loss.png", "map_at_r_curves.png"])
+    assert [r["loss"] for r in records] == list(loss_comparison.LOSSES)
+    assert all(0 <= r["retrieval/MAP@R"] <= 1 and r["curves"]["eval/retrieval/MAP@R"] for r in records)
+
+
+def test_read_metrics_keeps_the_resumed_lines(tmp_path):
+    lines = [{"step": 2, "train/loss": 3.0}, {"step": 4, "train/loss": 2.0}, {"step": 4, "eval/x": 1.0},
+             {"step": 4, "train/loss": 1.5}]  # resumed from step 2: step 4 logged again
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert sweep.read_metrics(tmp_path) == {2: {"train/loss": 3.0}, 4: {"train/loss": 1.5, "eval/x": 1.0}}
+
+
+def test_summarize_groups_seeds():
+    records = [{"n": 16, "m": 1.0}, {"n": 16, "m": 3.0}, {"n": 8, "m": 5.0}]
+    x, mean, std = sweep.summarize(records, "n", "m")
+    assert x.tolist() == [8, 16] and mean.tolist() == [5.0, 2.0]
+    assert std.tolist() == pytest.approx([0.0, 2**0.5])
+
+
+def test_override_sets_dotted_fields_on_a_copy(load_config):
+    base = load_config("default")
+    config = sweep.override(base, {"loss.temperature": 0.5, "train.global_batch_size": 32})
+    assert (config.loss.temperature, config.train.global_batch_size) == (0.5, 32)
+    assert base.loss.temperature == 0.07
