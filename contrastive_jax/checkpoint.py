@@ -1,26 +1,83 @@
 """Checkpoints of the train state together with the input position (orbax-checkpoint).
 
-Each checkpoint `<workdir>/checkpoints/<step>/` holds two items:
+Each checkpoint `<workdir>/checkpoints/<step>/` holds three items:
 
 * `state`: the train state (parameters, optimizer state, BatchNorm statistics, step),
   saved with `StandardSave`. It is restored onto whatever mesh the caller's abstract
   state names, so a checkpoint written on 8 devices restores on 1 (or 4, ...).
 * `data`: the input position as JSON (`{"next_step": s, "seed": ..., ...}`). The input
   pipeline is a pure function of (seed, step), so the step is the whole position.
+* `integrity`: a fingerprint of every state leaf (a position-weighted sum of its bytes),
+  computed before the save and checked after every restore.
 
 Saves are asynchronous (training continues while the files are written); keep-last-k is
-orbax's `max_to_keep`; a checkpoint only becomes visible once complete, so a crash
-mid-write leaves the previous ones intact.
+orbax's `max_to_keep`. Orbax writes into a temporary directory and renames it when
+complete, so a process killed mid-write leaves the previous checkpoints intact and the
+partial one invisible. A finalized checkpoint whose files were later damaged (truncated,
+deleted, bit rot) fails to restore or fails the fingerprint: `restore_state` raises
+`CorruptCheckpointError` and `quarantine` moves it to `<directory>.corrupt/` so the
+previous one is used; a corrupt checkpoint is never loaded. Restoring onto a state of
+another structure (a different model or optimizer) raises `IncompatibleCheckpointError`
+before reading any array.
+
+Every process calls every method (orbax coordinates multi-process saves; process 0
+writes the shared files); the directory must be on storage all processes share.
 """
 
 import os
+import shutil
+import time
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from absl import logging
+from jax.experimental import multihost_utils
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint that cannot be read or does not match its fingerprint."""
+
+
+class IncompatibleCheckpointError(ValueError):
+    """A checkpoint whose state has another structure than the one being restored."""
+
+
+def _path_name(path) -> str:
+    """`params/Dense_0/kernel` for a pytree key path (attribute, dict or sequence keys)."""
+    names = (getattr(k, "name", getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    return "/".join(str(n) for n in names)
+
+
+def _layout(tree) -> dict[str, tuple[tuple[int, ...], str]]:
+    """`{leaf path: (shape, dtype)}` of a pytree of arrays or array metadata."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {_path_name(p): (tuple(x.shape), jnp.dtype(x.dtype).name) for p, x in leaves}
+
+
+@jax.jit
+def _fingerprint(tree) -> list[jax.Array]:
+    """Per leaf: the uint32 sum of its bytes, each weighted by an odd function of its index.
+
+    Changes when any byte changes (single bit flips always) or when bytes are moved.
+    """
+
+    def leaf(x):
+        data = jax.lax.bitcast_convert_type(x, jnp.uint8).reshape(-1).astype(jnp.uint32)
+        weights = jnp.arange(data.size, dtype=jnp.uint32) * jnp.uint32(2654435761) | 1
+        return jnp.sum(data * weights, dtype=jnp.uint32)
+
+    return [leaf(x) for x in jax.tree.leaves(tree)]
+
+
+def fingerprint(tree) -> list[int]:
+    """One integer per leaf of a pytree of (replicated) arrays; see `_fingerprint`."""
+    return [int(v) for v in jax.device_get(_fingerprint(tree))]
 
 
 class Checkpointer:
-    """Saves and restores `{"state", "data"}` checkpoints under `directory`."""
+    """Saves and restores `{"state", "data", "integrity"}` checkpoints under `directory`."""
 
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int):
         if max_to_keep < 1:
@@ -32,7 +89,11 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
-            item_names=("state", "data"),
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "data": ocp.JsonCheckpointHandler(),
+                "integrity": ocp.JsonCheckpointHandler(),
+            },
         )
 
     def latest_step(self) -> int | None:
@@ -44,26 +105,107 @@ class Checkpointer:
         self._manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(position)
+                state=ocp.args.StandardSave(state),
+                data=ocp.args.JsonSave(position),
+                integrity=ocp.args.JsonSave({"fingerprint": fingerprint(state)}),
             ),
             force=True,
         )
 
+    def _restore_json(self, step: int, item: str) -> dict[str, Any]:
+        try:
+            args = ocp.args.Composite(**{item: ocp.args.JsonRestore()})
+            value = self._manager.restore(step, args=args)[item]
+        except Exception as e:  # any read or parse failure of a finalized checkpoint
+            raise CorruptCheckpointError(
+                f"checkpoint {step} in {self.directory}: cannot read its {item!r} item "
+                f"({type(e).__name__}: {e})"
+            ) from e
+        if not isinstance(value, dict):
+            raise CorruptCheckpointError(
+                f"checkpoint {step} in {self.directory}: its {item!r} item is not a JSON object."
+            )
+        return value
+
     def restore_position(self, step: int) -> dict[str, Any]:
-        """The input position saved with checkpoint `step`."""
-        return self._manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))[
-            "data"
-        ]
+        """The input position saved with checkpoint `step`.
+
+        Raises:
+          CorruptCheckpointError: the position cannot be read.
+        """
+        return self._restore_json(step, "data")
 
     def restore_state(self, step: int, abstract_state: Any) -> Any:
-        """Checkpoint `step`'s state, laid out as `abstract_state` says.
+        """Checkpoint `step`'s state, laid out as `abstract_state` says, verified.
 
         Args:
           abstract_state: a pytree of `jax.ShapeDtypeStruct` with `sharding` set (e.g.
             `jax.eval_shape` of the init function plus the target shardings).
+
+        Raises:
+          IncompatibleCheckpointError: the checkpoint's state has other leaves, shapes
+            or dtypes than `abstract_state` (checked before reading any array).
+          CorruptCheckpointError: the state cannot be read or does not match the
+            fingerprint saved with it.
         """
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
-        return self._manager.restore(step, args=args)["state"]
+        try:
+            saved_layout = _layout(self._manager.item_metadata(step)["state"])
+        except Exception as e:
+            raise CorruptCheckpointError(
+                f"checkpoint {step} in {self.directory}: cannot read its state metadata "
+                f"({type(e).__name__}: {e})"
+            ) from e
+        wanted = _layout(abstract_state)
+        if saved_layout != wanted:
+            differences = [
+                f"{name}: {saved_layout.get(name, 'absent')} in the checkpoint, "
+                f"{wanted.get(name, 'absent')} now"
+                for name in sorted(set(saved_layout) | set(wanted))
+                if saved_layout.get(name) != wanted.get(name)
+            ]
+            raise IncompatibleCheckpointError(
+                f"checkpoint {step} in {self.directory} holds a state of another structure "
+                f"(shape, dtype): {'; '.join(differences[:5])}"
+                + (f"; and {len(differences) - 5} more" if len(differences) > 5 else "")
+            )
+        expected = self._restore_json(step, "integrity").get("fingerprint")
+        try:
+            args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+            state = self._manager.restore(step, args=args)["state"]
+        except Exception as e:  # truncated or missing files, undecodable chunks
+            raise CorruptCheckpointError(
+                f"checkpoint {step} in {self.directory}: cannot read its state "
+                f"({type(e).__name__}: {e})"
+            ) from e
+        actual = fingerprint(state)
+        if actual != expected:
+            names = [_path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+            bad = [n for n, a, e in zip(names, actual, expected or []) if a != e]
+            raise CorruptCheckpointError(
+                f"checkpoint {step} in {self.directory}: the state read back does not match "
+                f"the fingerprint saved with it (leaves {bad[:5] or 'all'})"
+            )
+        return state
+
+    def quarantine(self, step: int, error: Exception) -> str:
+        """Reports a corrupt checkpoint and moves it out of the way; returns its new path.
+
+        The checkpoint goes to `<directory>.corrupt/<step>-<time>` (kept for
+        inspection), so the previous checkpoint becomes the latest and the step can be
+        saved again.
+        """
+        destination = os.path.join(f"{self.directory}.corrupt", f"{step}-{int(time.time())}")
+        logging.error(
+            "Skipping corrupt %s; moved to %s. Resuming from the previous checkpoint.",
+            error, destination,
+        )
+        if jax.process_index() == 0:
+            os.makedirs(os.path.dirname(destination), exist_ok=True)
+            shutil.move(os.path.join(self.directory, str(step)), destination)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
+        self._manager.reload()
+        return destination
 
     def wait(self) -> None:
         """Blocks until pending asynchronous saves are written."""

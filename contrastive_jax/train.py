@@ -22,6 +22,7 @@ the number of processes (see `input_pipeline`).
 
 import difflib
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -506,12 +507,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       The final evaluation metrics (also written to `<workdir>/eval_results.json`).
 
     Raises:
+      ValueError: the config, the workdir or the checkpoint to resume from cannot be
+        used (raised before compiling; the message names the field and a fix).
       FloatingPointError: the loss became non-finite; the message names the step and the
         last good checkpoint, which is left untouched.
+      Preempted: SIGTERM arrived; the current step finished and was saved.
     """
     validate_config(config)
-    workdir = os.path.abspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
+    workdir = prepare_workdir(workdir)
     tf.config.set_visible_devices([], "GPU")  # tf.data only; keep accelerators for JAX.
     mesh = sharding.make_mesh()
     num_steps = config.train.num_train_steps
@@ -520,33 +523,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     ckpt = checkpoint.Checkpointer(
         os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep
     )
-    latest = ckpt.latest_step()
-    start_step = 0
-    if latest is not None:
-        position = ckpt.restore_position(latest)
-        start_step = position["next_step"]
-        expected = _position(config, start_step)
-        for key in ("seed", "global_batch_size"):
-            if position[key] != expected[key]:
-                logging.warning(
-                    "Resuming with %s=%s but checkpoint %d was written with %s: the data "
-                    "order will not continue the interrupted run.",
-                    key, expected[key], latest, position[key],
-                )
-    ds = input_pipeline.train_dataset(
-        config,
-        start_step=start_step,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
     model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
     tx, schedule = make_optimizer(config.optim, num_steps)
-    init, abstract_state = create_train_state(config, model, tx, mesh, ds.element_spec)
-    if latest is None:
-        state = init()
-    else:
-        state = ckpt.restore_state(latest, abstract_state)
-        logging.info("Resumed from %s at step %d.", ckpt.directory, latest)
+    while True:  # the newest checkpoint that reads back intact, else a fresh start
+        latest = ckpt.latest_step()
+        try:
+            position = None if latest is None else ckpt.restore_position(latest)
+            start_step = 0 if position is None else _check_resume(position, config, latest)
+            ds = input_pipeline.train_dataset(
+                config,
+                start_step=start_step,
+                process_index=jax.process_index(),
+                process_count=jax.process_count(),
+            )
+            init, abstract_state = create_train_state(config, model, tx, mesh, ds.element_spec)
+            if position is None:
+                state = init()
+            else:
+                state = _restore_state(ckpt, latest, abstract_state, position, config)
+                logging.info("Resumed from %s at step %d.", ckpt.directory, latest)
+            break
+        except checkpoint.CorruptCheckpointError as e:
+            ckpt.quarantine(latest, e)
 
     state_sharding = jax.tree.map(lambda s: s.sharding, abstract_state)
     data_sharding = sharding.data_sharding(mesh)
@@ -564,7 +562,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         out_shardings=(state_sharding, sharding.replicated(mesh)),
         donate_argnums=0,
     )
-    evaluator = evaluate.Evaluator(config, mesh)
+    # Evaluation runs whole in every process, on its own devices (the state is replicated).
+    if jax.process_count() == 1:
+        eval_mesh, local_state = mesh, lambda state: state
+    else:
+        eval_mesh = jax.sharding.Mesh(np.array(jax.local_devices()), (DATA_AXIS,))
+        local_state = lambda state: jax.tree.map(  # noqa: E731
+            lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)), state
+        )
+    evaluator = evaluate.Evaluator(config, eval_mesh)
     writer = MetricWriter(workdir, enabled=lead)
     progress = tqdm.tqdm(
         total=num_steps, initial=start_step, desc="train", disable=not (lead and sys.stderr.isatty())
@@ -603,39 +609,87 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     results = {}
     pending = None  # (step, metrics) dispatched but not yet read
+    preempted = False
     try:
-        for step in range(start_step + 1, num_steps + 1):
-            state, metrics = step_fn(state, _global_batch(next(batches), data_sharding))
-            if pending is not None:
-                record(*pending)  # step t-1's metrics, read after dispatching step t
-            pending = (step, metrics)
-            progress.update(1)
-            save = every(config.checkpoint.every_steps, step)
-            run_eval = every(config.eval.every_steps, step)
-            if save or run_eval:
-                record(*pending)  # never save or evaluate a non-finite state
-                pending = None
-            if save:
-                ckpt.save(step, state, _position(config, step))
-            if run_eval:
-                results = evaluator(state)
-                writer.write(step, {f"eval/{k}": v for k, v in results.items()})
-                logging.info("eval at step %d: %s", step, results)
+        with distributed.Preemption() as preemption:
+            for step in range(start_step + 1, num_steps + 1):
+                state, metrics = step_fn(state, _global_batch(next(batches), data_sharding))
+                if pending is not None:
+                    record(*pending)  # step t-1's metrics, read after dispatching step t
+                pending = (step, metrics)
+                progress.update(1)
+                preempted = preemption.reached(step)
+                save = preempted or every(config.checkpoint.every_steps, step)
+                run_eval = not preempted and every(config.eval.every_steps, step)
+                if save or run_eval:
+                    record(*pending)  # never save or evaluate a non-finite state
+                    pending = None
+                if save:
+                    ckpt.save(step, state, _position(config, step))
+                if preempted:
+                    break
+                if run_eval:
+                    results = evaluator(local_state(state))
+                    writer.write(step, {f"eval/{k}": v for k, v in results.items()})
+                    logging.info("eval at step %d: %s", step, results)
         if start_step >= num_steps:  # already trained: evaluate the restored state
-            results = evaluator(state)
+            results = evaluator(local_state(state))
     finally:  # also on errors: finish the saves already started, close the files
         progress.close()
         ckpt.close()
         writer.close()
+    if preempted:
+        raise Preempted(
+            f"SIGTERM: stopped after step {step} and saved it in {ckpt.directory}; rerun the "
+            "same command to resume."
+        )
     if lead:
         evaluate.write_json(os.path.join(workdir, "eval_results.json"), num_steps, results)
     return results
 
 
-def _position(config: ml_collections.ConfigDict, next_step: int) -> dict[str, int]:
-    """The input position saved with a checkpoint: the pipeline restarts at `next_step`."""
-    return {
-        "next_step": next_step,
-        "seed": config.data.seed,
-        "global_batch_size": config.train.global_batch_size,
-    }
+def _position(config: ml_collections.ConfigDict, next_step: int) -> dict[str, Any]:
+    """The input position saved with a checkpoint: the pipeline restarts at `next_step`.
+
+    The config is saved with it, to check that a resumed run continues the same stream
+    (`RESUME_FIELDS`) and to name the fields that changed when the model did.
+    """
+    return {"next_step": next_step, "config": json.loads(config.to_json_best_effort())}
+
+
+def _changed_fields(position: Mapping[str, Any], config: ml_collections.ConfigDict) -> dict:
+    """`{field: (value in the checkpoint, value now)}` for the fields that differ."""
+    saved = _flatten(position.get("config", {}))
+    now = _flatten(json.loads(config.to_json_best_effort()))
+    return {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)}
+
+
+def _check_resume(position: Mapping[str, Any], config: ml_collections.ConfigDict, step: int) -> int:
+    """The step to resume from; ValueError when the run would not continue the saved one."""
+    changed = _changed_fields(position, config)
+    for name in RESUME_FIELDS:
+        if f"config.{name}" in changed:
+            before, now = changed[f"config.{name}"]
+            raise ValueError(
+                f"Cannot resume from checkpoint {step}: it was written with config.{name}="
+                f"{before!r}, this run has {now!r}, so the data order and RNG would not "
+                f"continue it. Set --config.{name}={before!r}, or use a new --workdir."
+            )
+    return position["next_step"]
+
+
+def _restore_state(ckpt, step, abstract_state, position, config):
+    """`ckpt.restore_state`, naming the changed config fields when the model changed."""
+    try:
+        return ckpt.restore_state(step, abstract_state)
+    except checkpoint.IncompatibleCheckpointError as e:
+        changed = {
+            k: v for k, v in _changed_fields(position, config).items()
+            if k.split(".")[1] in ("model", "loss", "optim", "data")
+        }
+        fields = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        raise checkpoint.IncompatibleCheckpointError(
+            f"Cannot resume onto another model. {e}. Config fields changed since then: "
+            f"{fields or 'none in model/loss/optim/data'}. Set them back to resume, or "
+            "use a new --workdir to train the new model from scratch."
+        ) from None
