@@ -59,6 +59,10 @@ def get_config() -> ml_collections.ConfigDict:
     loss.margin = 0.2  # Margin of "contrastive" and "triplet".
     loss.triplet_mining = "batch_all"  # "triplet": which triplets ("batch_all", "batch_hard").
     loss.label_smoothing = 0.0  # "softmax_ce" label smoothing.
+    # Softmax / sigmoid losses and in-batch metrics stream over column blocks of
+    # chunk_size examples: memory O(N * D + B * chunk) instead of O(B * N).
+    loss.chunk_size = ml_collections.config_dict.placeholder(int)  # None: dense.
+    loss.collective = "all_gather"  # "all_gather" or "ring" (ppermute; never holds all of b).
 
     config.optim = optim = ml_collections.ConfigDict()
     optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".
@@ -73,12 +77,11 @@ def get_config() -> ml_collections.ConfigDict:
     train.global_batch_size = 256  # Examples per step over all devices (N).
     train.num_train_steps = 1000  # Optimizer steps.
     train.log_every_steps = 50  # Metrics to TensorBoard / metrics.jsonl every k steps.
-    # > 0: embed the global batch in micro-batches of this many examples (all devices),
-    # holding one micro-batch's activations at a time; 0: the whole batch at once.
-    train.micro_batch_size = 0
-    # "grad_cache": the exact full-batch loss and gradient (GradCache); "accumulate":
-    # average the micro-batches' own losses (each sees m - 1 negatives, not N - 1).
-    train.micro_batch_method = "grad_cache"
+    # Micro-batches hold one micro-batch's activations at a time. "grad_cache": the exact
+    # full-batch loss and gradient (GradCache); "accumulate": the mean of the
+    # micro-batches' own losses (each sees m - 1 negatives, not N - 1).
+    train.micro_batch_size = 0  # Examples per micro-batch (all devices); 0: no micro-batches.
+    train.micro_batch_method = "grad_cache"  # "grad_cache" or "accumulate".
 
     config.eval = ev = ml_collections.ConfigDict()
     ev.split = "test"  # TFDS split evaluated (queries and gallery).

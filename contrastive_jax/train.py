@@ -65,22 +65,32 @@ class TrainState(train_state.TrainState):
 
 # name -> (per-device model outputs, per-device labels [B] or None, config.loss) -> the
 # global-batch loss; called inside shard_map, so every loss spans the global batch.
+def _streaming(loss_config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The memory-linear options of the softmax / sigmoid losses (see losses.streaming)."""
+    return {"chunk_size": loss_config.chunk_size, "collective": loss_config.collective}
+
+
 LOSSES: Mapping[str, Callable[[dict, Any, ml_collections.ConfigDict], jax.Array]] = {
     "clip": lambda o, y, c: losses.clip_loss(
-        o["za"], o["zb"], temperature=o["temperature"], axis_name=DATA_AXIS
+        o["za"], o["zb"], temperature=o["temperature"], axis_name=DATA_AXIS, **_streaming(c)
     ),
     "infonce": lambda o, y, c: losses.infonce_loss(
-        o["za"], o["zb"], temperature=o["temperature"], axis_name=DATA_AXIS
+        o["za"], o["zb"], temperature=o["temperature"], axis_name=DATA_AXIS, **_streaming(c)
     ),
     "ntxent": lambda o, y, c: losses.ntxent_loss(
-        o["za"], o["zb"], temperature=o["temperature"], axis_name=DATA_AXIS
+        o["za"], o["zb"], temperature=o["temperature"], axis_name=DATA_AXIS, **_streaming(c)
     ),
     "siglip": lambda o, y, c: losses.siglip_loss(
-        o["za"], o["zb"], temperature=o["temperature"], bias=o["bias"], axis_name=DATA_AXIS
+        o["za"],
+        o["zb"],
+        temperature=o["temperature"],
+        bias=o["bias"],
+        axis_name=DATA_AXIS,
+        **_streaming(c),
     ),
     "npairs": lambda o, y, c: losses.npairs_loss(o["za"], o["zb"], axis_name=DATA_AXIS),
     "supcon": lambda o, y, c: losses.supcon_loss(
-        o["za"], y, temperature=o["temperature"], axis_name=DATA_AXIS
+        o["za"], y, temperature=o["temperature"], axis_name=DATA_AXIS, **_streaming(c)
     ),
     "contrastive": lambda o, y, c: losses.contrastive_loss(
         o["za"], y, margin=c.margin, axis_name=DATA_AXIS
@@ -339,7 +349,11 @@ def sharded_loss(
         if "zb" in outputs:
             frozen = jax.lax.stop_gradient(outputs)
             metrics = losses.contrastive_metrics(
-                frozen["za"], frozen["zb"], temperature=frozen["temperature"], axis_name=DATA_AXIS
+                frozen["za"],
+                frozen["zb"],
+                temperature=frozen["temperature"],
+                axis_name=DATA_AXIS,
+                chunk_size=loss_config.chunk_size,
             )
         return loss, metrics
 

@@ -344,3 +344,22 @@ def test_infonce_is_cross_entropy_with_arange_labels():
     np.testing.assert_allclose(losses.infonce_loss(a, b, temperature=0.1), ce, rtol=1e-6)
     column_ce = losses.softmax_cross_entropy((a @ b.T).T / 0.1, jnp.arange(10)).mean()
     np.testing.assert_allclose(losses.clip_loss(a, b, temperature=0.1), (ce + column_ce) / 2, rtol=1e-6)
+
+
+def test_contrastive_metrics_golden_and_chunked():
+    metrics = losses.contrastive_metrics(E, E, temperature=1.0)
+    expected = {
+        "accuracy_a_to_b": 1.0,
+        "accuracy_b_to_a": 1.0,
+        "positive_logit": 1.0,
+        "negative_logit": 0.0,
+        "logsumexp": math.log(math.e + 1),
+    }
+    for key, value in expected.items():
+        assert float(metrics[key]) == pytest.approx(value, abs=1e-6), key
+    _, (a, b), _ = EXAMPLES["clip"]
+    dense = losses.contrastive_metrics(a, b, temperature=0.1)
+    chunked = jax.jit(lambda a, b: losses.contrastive_metrics(a, b, temperature=0.1, chunk_size=8))(a, b)
+    assert 0.0 < float(dense["accuracy_a_to_b"]) < 1.0
+    for key in dense:
+        np.testing.assert_allclose(chunked[key], dense[key], rtol=1e-6, err_msg=key)

@@ -98,3 +98,18 @@ def test_batch_that_does_not_divide_over_devices_is_rejected():
 def test_make_mesh_rejects_too_many_devices():
     with pytest.raises(ValueError, match="num_devices must be in"):
         sharding.make_mesh(jax.device_count() + 1)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 4])
+def test_contrastive_metrics_sharded_equal_single_device(chunk_size):
+    from contrastive_jax import losses
+
+    _, (a, b), _ = EXAMPLES["clip"]
+    want = losses.contrastive_metrics(a, b, temperature=0.1)
+    got = jax.jit(
+        lambda a, b: sharding.shard_loss(losses.contrastive_metrics, sharding.make_mesh(8))(
+            a, b, temperature=0.1, chunk_size=chunk_size
+        )
+    )(a, b)
+    for key in want:
+        _close(got[key], want[key])

@@ -318,15 +318,22 @@ def supcon_loss(
 
 
 def contrastive_metrics(
-    a: jax.Array, b: jax.Array, *, temperature, axis_name=None
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    temperature,
+    axis_name=None,
+    chunk_size: int | None = None,
 ) -> dict[str, jax.Array]:
-    """In-batch diagnostics of a paired batch, for training logs (no gradients needed).
+    """In-batch diagnostics of a paired batch, for training logs (no gradients).
 
     Args:
       a: ``[B, D]`` L2-normalised embeddings.
       b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
       temperature: scalar > 0.
       axis_name: mesh axis to gather over, or None.
+      chunk_size: None scores all N columns at once; an int scans over column blocks of
+        that size (memory ``B x chunk_size`` instead of ``B x N``).
 
     Returns:
       Scalars over the global batch: ``accuracy_a_to_b`` and ``accuracy_b_to_a``
@@ -336,25 +343,46 @@ def contrastive_metrics(
     _common.check_pair(a, b, "a", "b")
     _common.check_temperature(temperature)
     _common.check_axis_bound(axis_name)
-    local_batch = a.shape[0]
-    targets = _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
+    a, b, temperature = jax.lax.stop_gradient((a, b, temperature))
+    targets = _local_ids(a.shape[0], axis_name)
 
     def one_direction(x, y):
-        logits = _common.similarity(x, _common.gather_rows(y, axis_name)) / temperature
-        positive = jnp.take_along_axis(logits, targets[:, None], axis=1)[:, 0]
-        negative = (jnp.sum(logits, axis=1) - positive) / max(logits.shape[1] - 1, 1)
-        correct = (jnp.argmax(logits, axis=1) == targets).astype(jnp.float32)
-        return logits, positive, negative, correct
+        """Per row: positive logit, mean negative logit, top-1 correct, logsumexp."""
+        y_global = _common.gather_rows(y, axis_name)
+        num_columns = y_global.shape[0]
+        chunk = num_columns if chunk_size is None else chunk_size
+        streaming._check_chunk(chunk, num_columns, "contrastive_metrics")
+        blocks = y_global.reshape(num_columns // chunk, chunk, y_global.shape[1])
 
-    logits_ab, positive, negative, correct_ab = one_direction(a, b)
-    correct_ba = one_direction(b, a)[3]
+        def fold(carry, inputs):
+            best, best_column, lse, total = carry
+            block, first_column = inputs
+            logits = _common.similarity(x, block) / temperature
+            block_best = jnp.max(logits, axis=1)
+            better = block_best > best
+            best_column = jnp.where(better, first_column + jnp.argmax(logits, axis=1), best_column)
+            lse = jnp.logaddexp(lse, jax.nn.logsumexp(logits, axis=1))
+            return (jnp.maximum(best, block_best), best_column, lse, total + logits.sum(1)), None
+
+        # Zeros typed like x's rows (varying over axis_name inside shard_map).
+        rows = 0.0 * _paired_logits(x, x, 1.0)
+        init = (rows - jnp.inf, rows.astype(jnp.int32), rows - jnp.inf, rows)
+        (_, best_column, lse, total), _ = jax.lax.scan(
+            fold, init, (blocks, jnp.arange(0, num_columns, chunk))
+        )
+        positive = _paired_logits(x, y, temperature)
+        negative = (total - positive) / max(num_columns - 1, 1)
+        return positive, negative, (best_column == targets).astype(positive.dtype), lse
+
+    positive, negative, correct_ab, lse = one_direction(a, b)
+    correct_ba = one_direction(b, a)[2]
     mean = lambda x: _common.global_mean(x, axis_name)  # noqa: E731
     return {
         "accuracy_a_to_b": mean(correct_ab),
         "accuracy_b_to_a": mean(correct_ba),
         "positive_logit": mean(positive),
         "negative_logit": mean(negative),
-        "logsumexp": mean(jax.nn.logsumexp(logits_ab, axis=1)),
+        "logsumexp": mean(lse),
     }
 
 
