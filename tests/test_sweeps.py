@@ -89,3 +89,10 @@ def test_override_sets_dotted_fields_on_a_copy(load_config):
     config = sweep.override(base, {"loss.temperature": 0.5, "train.global_batch_size": 32})
     assert (config.loss.temperature, config.train.global_batch_size) == (0.5, 32)
     assert base.loss.temperature == 0.07
+
+
+def test_fixed_epochs_gives_each_batch_size_its_steps(load_config):
+    runs = batch_size_sweep.make_runs(load_config("default"), [16, 64], [0, 1], epochs=2, train_size=1437)
+    assert [r.tags["steps"] for r in runs] == [180, 180, 45, 45]
+    assert [r.overrides["optim.warmup_steps"] for r in runs[::2]] == [36, 9]  # at most a fifth
+    assert len({r.name for r in runs}) == 4
