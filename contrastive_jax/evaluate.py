@@ -177,6 +177,8 @@ class Evaluator:
         for start in range(0, n + pad, self._batch_size):
             a = padded["a"][start : start + self._batch_size]
             b = padded["b"][start : start + self._batch_size] if "b" in padded else None
+            # Explicitly placed: a multi-process jit refuses NumPy inputs with shardings.
+            a, b = jax.device_put((a, b), sharding.data_sharding(self._mesh))
             out = self._embed(state, a, b)
             chunks.append({k: np.asarray(v) for k, v in out.items() if k in ("za", "zb")})
         return {k: np.concatenate([c[k] for c in chunks])[:n] for k in chunks[0]}

@@ -9,6 +9,12 @@ already set a host device count, this sets
 `XLA_FLAGS=--xla_force_host_platform_device_count=<n>` before JAX starts, so a CPU-only
 machine trains data parallel over n simulated devices (the CPU backend only; GPUs and
 TPUs are used as they are).
+
+Multi-process (one process per host, or several on one machine): pass
+`--coordinator_address=HOST:PORT --num_processes=P --process_id=I` to every process, or
+`--distributed` alone where JAX detects them (Cloud TPU pod slices, SLURM, Open MPI).
+Only process 0 logs at INFO and writes metrics. SIGTERM (preemption) saves a checkpoint
+and exits with status 0; rerunning the same command resumes. See docs/multihost.md.
 """
 
 import os
@@ -18,6 +24,14 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, evaluations.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Multi-process: HOST:PORT of process 0 (the same in all)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process: how many.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process: this one's id, 0-based.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Multi-process with settings JAX detects (TPU pods, SLURM, MPI)."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -43,9 +57,23 @@ def main(argv):
         lambda record: "/orbax/" not in record.pathname or record.levelno >= logging.WARNING
     )
     simulate_cpu_devices(config.num_simulated_devices)
-    from contrastive_jax import train  # JAX starts here, after XLA_FLAGS is final.
+    # JAX starts here, after XLA_FLAGS is final.
+    import jax
 
-    train.train_and_evaluate(config, _WORKDIR.value)
+    from contrastive_jax import distributed, train
+
+    distributed.initialize(
+        coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value,
+        process_id=_PROCESS_ID.value,
+        auto_detect=_DISTRIBUTED.value,
+    )
+    if jax.process_index() != 0:
+        logging.set_verbosity(logging.WARNING)
+    try:
+        train.train_and_evaluate(config, _WORKDIR.value)
+    except train.Preempted as e:
+        logging.warning("%s", e)  # a clean exit: the scheduler reruns the same command
 
 
 if __name__ == "__main__":
