@@ -99,8 +99,11 @@ def write_config(path, fields: dict) -> str:
 def apply_fields(config, fields: dict):
     """The same overrides on an in-process config (returns it)."""
     for name, value in fields.items():
-        group, field = name.split(".")
-        config[group][field] = value
+        *groups, field = name.split(".")
+        node = config
+        for group in groups:
+            node = node[group]
+        node[field] = value
     return config
 
 

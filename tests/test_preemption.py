@@ -1,0 +1,207 @@
+"""Nothing lost: SIGKILL, SIGTERM and corrupt checkpoints, with real processes.
+
+The reference is an uninterrupted in-process run (1 process, 8 devices); interrupted
+runs are `python -m contrastive_jax.main` processes on 8 devices that send themselves a
+signal at a chosen point (see `subprocess_runs._DRIVER`), then rerun the same command.
+"""
+
+import glob
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from subprocess_runs import (  # noqa: F401  (processes: a fixture)
+    apply_fields,
+    assert_bitwise_equal,
+    logged_losses,
+    processes,
+    saved_params,
+    tiny_fields,
+    write_config,
+)
+
+from contrastive_jax import checkpoint, train
+
+STEPS = 8  # checkpoints every 2 steps (tiny_fields)
+
+
+@pytest.fixture(scope="module")
+def reference(load_config, digits_data_dir, tmp_path_factory):
+    """An uninterrupted run's workdir (kept; copy it before changing it)."""
+    workdir = str(tmp_path_factory.mktemp("reference"))
+    train.train_and_evaluate(apply_fields(load_config("default"), tiny_fields(digits_data_dir)), workdir)
+    return workdir
+
+
+def latest_losses(workdir):
+    """`{step: loss}`, the last logged value of each step (reruns log steps again)."""
+    return logged_losses(workdir)
+
+
+def run_until_done(processes, config, workdir, faults):  # noqa: F811
+    """Runs the trainer once per fault (each must stop it), then once to the end."""
+    reports = []
+    for fault in faults:
+        status, output = processes.wait(processes.start(config, workdir, num_devices=8, fault=fault))
+        tmp = glob.glob(os.path.join(workdir, "checkpoints", "*tmp*"))
+        reports.append((fault, status, output, tmp))
+    status, output = processes.wait(processes.start(config, workdir, num_devices=8))
+    assert status == 0, output[-4000:]
+    return reports
+
+
+def test_sigkill_mid_write_and_sigterm_then_resume_is_bitwise_identical(
+    processes, reference, digits_data_dir, tmp_path  # noqa: F811
+):
+    workdir = str(tmp_path / "run")
+    config = write_config(tmp_path / "tiny.py", tiny_fields(digits_data_dir))
+    reports = run_until_done(
+        processes,
+        config,
+        workdir,
+        faults=[
+            "save:2:SIGKILL",  # killed while checkpoint 4 is being written
+            "batch:2:SIGTERM",  # preempted during step 2 after resuming
+        ],
+    )
+    (_, killed, output, tmp), (_, preempted, preempt_output, _) = reports
+    assert killed == -signal.SIGKILL, output[-3000:]
+    assert preempted == 0, preempt_output[-3000:]
+    assert "SIGTERM: stopped after step" in preempt_output
+    assert_bitwise_equal(saved_params(workdir, STEPS), saved_params(reference, STEPS))
+    assert latest_losses(workdir) == latest_losses(reference)
+    with open(os.path.join(workdir, "eval_results.json")) as f:
+        assert json.load(f)["step"] == STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "faults",
+    [
+        ["batch:1:SIGKILL", "batch:3:SIGKILL", "batch:2:SIGKILL"],  # first step; mid-run twice
+        ["save:1:SIGKILL", "save:3:SIGKILL"],  # during the first and the last writes
+        ["batch:3:SIGTERM", "batch:1:SIGTERM", "save:1:SIGKILL"],  # preempted, then killed
+    ],
+)
+def test_more_kill_points_resume_bitwise(processes, reference, digits_data_dir, tmp_path, faults):  # noqa: F811
+    workdir = str(tmp_path / "run")
+    config = write_config(tmp_path / "tiny.py", tiny_fields(digits_data_dir))
+    for fault, status, output, _ in run_until_done(processes, config, workdir, faults):
+        expected = 0 if fault.endswith("SIGTERM") else -signal.SIGKILL
+        assert status == expected, f"{fault}:\n{output[-3000:]}"
+    assert_bitwise_equal(saved_params(workdir, STEPS), saved_params(reference, STEPS))
+    assert latest_losses(workdir) == latest_losses(reference)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_times_resumes_bitwise(
+    processes, load_config, digits_data_dir, tmp_path  # noqa: F811
+):
+    """External SIGKILLs at random moments (starting, training, saving, evaluating)."""
+    fields = tiny_fields(digits_data_dir, train__num_train_steps=16, eval__every_steps=5)
+    workdir = str(tmp_path / "run")
+    config = write_config(tmp_path / "tiny.py", fields)
+    rng = random.Random(0)
+    kills = 0
+    for _ in range(12):
+        process = processes.start(config, workdir, num_devices=8)
+        time.sleep(rng.uniform(5, 20))  # start-up takes most of it on a small machine
+        if process.poll() is not None:
+            break
+        processes.kill(process)
+        kills += 1
+    status, output = processes.wait(processes.start(config, workdir, num_devices=8))
+    assert status == 0, output[-3000:]
+    assert kills >= 1
+    straight = str(tmp_path / "straight")
+    train.train_and_evaluate(apply_fields(load_config("default"), fields), straight)
+    assert_bitwise_equal(saved_params(workdir, 16), saved_params(straight, 16))
+
+
+# --- corrupt checkpoints --------------------------------------------------------------
+
+
+def array_files(step_dir):
+    """The files holding the state's array data (orbax OCDBT `d/` files)."""
+    pattern = os.path.join(step_dir, "state", "**", "d", "*")
+    files = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+    assert files
+    return files
+
+
+def truncate_array_data(step_dir):
+    for path in array_files(step_dir):
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+
+
+def flip_a_byte(step_dir):
+    for path in array_files(step_dir):
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x10]))
+
+
+def delete_the_state(step_dir):
+    shutil.rmtree(os.path.join(step_dir, "state"))
+
+
+def garble_the_position(step_dir):
+    path = glob.glob(os.path.join(step_dir, "data", "*"))[0]
+    with open(path, "w") as f:
+        f.write('{"next_st')
+
+
+def wrong_fingerprint(step_dir):
+    """Stands in for silent corruption: data orbax reads fine but that changed."""
+    path = glob.glob(os.path.join(step_dir, "integrity", "*"))[0]
+    with open(path) as f:
+        integrity = json.load(f)
+    integrity["fingerprint"][3] += 1
+    with open(path, "w") as f:
+        json.dump(integrity, f)
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [truncate_array_data, flip_a_byte, delete_the_state, garble_the_position, wrong_fingerprint],
+)
+def test_corrupt_latest_checkpoint_is_reported_and_skipped(
+    reference, load_config, digits_data_dir, tmp_path, caplog, corrupt
+):
+    workdir = str(tmp_path / "run")
+    shutil.copytree(reference, workdir)
+    corrupt(os.path.join(workdir, "checkpoints", str(STEPS)))
+    config = apply_fields(load_config("default"), tiny_fields(digits_data_dir))
+    with caplog.at_level(logging.ERROR):
+        train.train_and_evaluate(config, workdir)
+    assert f"Skipping corrupt checkpoint {STEPS} in" in caplog.text
+    moved = glob.glob(os.path.join(workdir, "checkpoints.corrupt", f"{STEPS}-*"))
+    assert len(moved) == 1
+    # Resumed from the previous checkpoint and redid the last steps exactly.
+    assert_bitwise_equal(saved_params(workdir, STEPS), saved_params(reference, STEPS))
+
+
+def test_fingerprint_sees_every_single_bit_flip():
+    tree = {"w": jnp.arange(12, dtype=jnp.float32).reshape(3, 4), "step": jnp.int32(7)}
+    base = checkpoint.fingerprint(tree)
+    raw = np.asarray(tree["w"]).view(np.uint8).reshape(-1).copy()
+    for byte in range(raw.size):
+        for bit in (0, 7):
+            flipped = raw.copy()
+            flipped[byte] ^= 1 << bit
+            changed = dict(tree, w=jnp.asarray(flipped.view(np.float32).reshape(3, 4)))
+            assert checkpoint.fingerprint(changed)[1] != base[1]
+    swapped = dict(tree, w=tree["w"][::-1])
+    assert checkpoint.fingerprint(swapped)[1] != base[1]
+    assert jax.tree.leaves(tree)[0].shape == ()  # leaves in jax.tree order: "step", "w"
