@@ -140,7 +140,7 @@ def _flatten(config: Mapping[str, Any], prefix: str = "config") -> dict[str, Any
     """`{"config.loss.temperature": 0.07, ...}` for a ConfigDict or a nested dict."""
     out = {}
     for key, value in config.items():
-        if isinstance(value, Mapping):
+        if isinstance(value, (Mapping, ml_collections.ConfigDict)):
             out |= _flatten(value, f"{prefix}.{key}")
         else:
             out[f"{prefix}.{key}"] = value

@@ -177,28 +177,3 @@ def test_non_finite_loss_stops_and_names_the_last_checkpoint(config, tmp_path, m
     with pytest.raises(FloatingPointError, match=r"at step 5.*Last good checkpoint: step 4"):
         train.train_and_evaluate(config, workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4"]
-
-
-@pytest.mark.parametrize(
-    "field, value, message",
-    [
-        ("loss.name", "clipp", r"config.loss.name='clipp'; use one of"),
-        ("optim.name", "adam", r"config.optim.name='adam'"),
-        ("model.encoder_a", "vit", r"config.model.encoder_a='vit'"),
-        ("loss.temperature", 0.0, r"config.loss.temperature=0.0 must be > 0"),
-        ("train.global_batch_size", 100, r"config.train.global_batch_size size 100 does not divide over 8"),
-        ("loss.name", "softmax_ce", r"num_classes=0 with config.loss.name='softmax_ce'"),
-        ("data.task", "pair", r"config.data.task='pair'"),
-    ],
-)
-def test_validate_config_names_the_field(config, field, value, message):
-    group, name = field.split(".")
-    config[group][name] = value
-    with pytest.raises(ValueError, match=message):
-        train.validate_config(config)
-
-
-def test_pair_loss_on_labeled_task_is_rejected(config):
-    config.data.task = "labeled"
-    with pytest.raises(ValueError, match="needs paired inputs"):
-        train.validate_config(config)
