@@ -83,7 +83,7 @@ def plot(records: Sequence[dict], metric: str) -> dict:
             group = [r for r in learned if r["temperature"] == t0]
             ax.annotate(f"→ T={np.mean([r['train/temperature'] for r in group]):.3f}",
                         (t0, np.mean([r[metric] for r in group])), textcoords="offset points",
-                        xytext=(6, -12), fontsize=8)
+                        xytext=(8, 6), fontsize=8)
     ax.set_xscale("log")
     ax.set(xlabel="temperature T", ylabel=metric)
     ax.legend(fontsize=8)
@@ -99,7 +99,7 @@ def plot(records: Sequence[dict], metric: str) -> dict:
         steps, loss = sweep.mean_curve([r for r in learned if r["temperature"] == t0], "train/loss")
         ax.plot(steps, loss, color="k", linestyle=style, label=f"learned from {t0:g}")
     ax.axhline(math.log(n), color="grey", linewidth=0.8, label="log N (chance)")
-    ax.set(xlabel="step", ylabel="CLIP loss (nats)")
+    ax.set(xlabel="step", ylabel="CLIP loss (nats)", ylim=(-0.1, math.log(n) + 1))
     ax.legend(fontsize=7, ncol=2)
     figures["loss_curves"] = fig
 
@@ -131,10 +131,10 @@ def summary(records: Sequence[dict], metric: str) -> str:
     rows = []
     for t, learned in sorted({(r["temperature"], r["learned"]) for r in records}, key=lambda k: (k[1], k[0])):
         group = [r for r in records if r["temperature"] == t and r["learned"] == learned]
-        rows.append(["learned from " if learned else "fixed ", t, len(group), sweep.mean_std(group, metric),
+        rows.append(["learned, from" if learned else "fixed", t, len(group), sweep.mean_std(group, metric),
                      sweep.mean_std(group, "train/loss"), f"{loss_floor(n, t):.3f}" if not learned else "",
                      sweep.mean_std(group, "train/temperature")])
-    header = ["temperature", "T", "seeds", metric, "final loss", "floor (fixed T)", "final T"]
+    header = ["temperature", "T (initial if learned)", "seeds", metric, "final loss", "floor (fixed T)", "final T"]
     return f"N = {n}, log N = {math.log(n):.3f}\n\n" + sweep.markdown_table(rows, header)
 
 
