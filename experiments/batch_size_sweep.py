@@ -128,11 +128,7 @@ def run(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out: Path
 
         train_size = len(input_pipeline.load_split(base.data, base.data.train_split)["image"])
     runs = make_runs(base, batch_sizes, seeds, steps=steps, epochs=epochs, train_size=train_size)
-    records = sweep.run_grid(base, runs, out)
-    sweep.write_results(records, out)
-    sweep.save(plot(records, metric), out)
-    (out / "summary.md").write_text(summary(records, metric))
-    return records
+    return sweep.run_sweep(base, runs, out, figures=lambda r: plot(r, metric), summary=lambda r: summary(r, metric))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -92,11 +92,9 @@ def run(config: str, loss_names: Sequence[str], seeds: Sequence[int], out: Path,
     """Runs (or resumes) the comparison and writes its results, figures and summary to `out`."""
     base = sweep.override(sweep.load_config(config), {"data.data_dir": data_dir})
     runs = make_runs(base, loss_names, seeds, steps=steps, evals=evals)
-    records = sweep.run_grid(base, runs, out, curve_keys=("train/loss", *(f"eval/{m}" for m in METRICS)))
-    sweep.write_results(records, out)
-    sweep.save(plot(records, loss_names), out)
-    (out / "summary.md").write_text(summary(records, loss_names))
-    return records
+    return sweep.run_sweep(base, runs, out, figures=lambda r: plot(r, loss_names),
+                           summary=lambda r: summary(r, loss_names),
+                           curve_keys=("train/loss", *(f"eval/{m}" for m in METRICS)))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

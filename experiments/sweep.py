@@ -8,9 +8,9 @@ identify it in the results), trained one after another in this process with
 * an interrupted run resumes from its newest checkpoint (the trainer does this);
 * a workdir holding a different run (other tags or overrides) is an error, not reused.
 
-After the grid, `write_results` writes `results.json` (every run's tags, final metrics
-and curves from `metrics.jsonl`) and `results.csv` (one row per run, no curves) to
-`<out>`; the drivers add their plots (PNG) and a markdown summary. `<out>/runs/` holds
+`run_sweep` runs the grid, then writes to `<out>`: `results.json` (every run's tags,
+final metrics and curves from `metrics.jsonl`), `results.csv` (one row per run, no
+curves), the driver's figures (PNG) and its markdown `summary.md`. `<out>/runs/` holds
 the checkpoints and is git-ignored.
 
 Run the drivers from the repository root, e.g. `python -m experiments.batch_size_sweep`.
@@ -177,6 +177,23 @@ def run_grid(
             log(f"{label}: done in {durations[-1]:.0f} s; about "
                 f"{np.mean(durations) * remaining / 60:.1f} min left for {remaining} runs")
         records.append(collect(run, workdir, curve_keys))
+    return records
+
+
+def run_sweep(
+    base: ml_collections.ConfigDict,
+    runs: Sequence[Run],
+    out: Path,
+    *,
+    figures: Callable[[list[dict[str, Any]]], Mapping[str, matplotlib.figure.Figure]],
+    summary: Callable[[list[dict[str, Any]]], str],
+    curve_keys: Iterable[str] = ("train/loss", "train/temperature"),
+) -> list[dict[str, Any]]:
+    """`run_grid`, then writes `results.{csv,json}`, the `figures` (PNG) and `summary.md` to `out`."""
+    records = run_grid(base, runs, out, curve_keys=curve_keys)
+    write_results(records, out)
+    save(figures(records), out)
+    (out / "summary.md").write_text(summary(records))
     return records
 
 

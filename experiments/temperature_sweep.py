@@ -144,11 +144,7 @@ def run(config: str, temperatures: Sequence[float], learned_from: Sequence[float
     """Runs (or resumes) the sweep and writes its results, figures and summary to `out`."""
     base = sweep.override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     runs = make_runs(base, temperatures, learned_from, seeds, steps=steps, batch_size=batch_size)
-    records = sweep.run_grid(base, runs, out)
-    sweep.write_results(records, out)
-    sweep.save(plot(records, metric), out)
-    (out / "summary.md").write_text(summary(records, metric))
-    return records
+    return sweep.run_sweep(base, runs, out, figures=lambda r: plot(r, metric), summary=lambda r: summary(r, metric))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
