@@ -59,7 +59,9 @@ def plot(records: Sequence[dict], metric: str) -> dict:
     sizes = sorted({r["batch_size"] for r in records})
     figures = {}
 
-    fig, ax = sweep.new_figure(f"Final {metric} vs global batch size")
+    steps = sorted({r["steps"] for r in records})
+    length = f"{steps[0]} steps" if len(steps) == 1 else f"fixed epochs: {steps[-1]} … {steps[0]} steps"
+    fig, ax = sweep.new_figure(f"Final {metric} vs global batch size ({length})")
     sweep.errorbar(ax, records, "batch_size", metric)
     sweep.log_spaced_ticks(ax, sizes)
     ax.set(xlabel="global batch size N", ylabel=metric)
