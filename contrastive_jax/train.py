@@ -481,10 +481,27 @@ def create_train_state(
 class MetricWriter:
     """Scalars to `<workdir>/metrics.jsonl` and TensorBoard (process 0 only)."""
 
-    def __init__(self, workdir: str, *, enabled: bool):
+    def __init__(self, workdir: str, *, enabled: bool, start_step: int = 0):
+        """Opens the files; `metrics.jsonl` keeps only the lines of steps <= `start_step`.
+
+        Lines after the checkpoint a run resumes from were written by the interrupted
+        run (the last one possibly cut off by a kill); they are dropped, since the
+        resumed run logs those steps again, so the file holds each step once.
+        """
         self._enabled = enabled
         if enabled:
-            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+            path = os.path.join(workdir, "metrics.jsonl")
+            kept = []
+            if os.path.exists(path):
+                with open(path) as f:
+                    kept = [
+                        line for line in f
+                        if line.endswith("\n") and json.loads(line)["step"] <= start_step
+                    ]
+            with open(f"{path}.tmp", "w") as f:
+                f.writelines(kept)
+            os.replace(f"{path}.tmp", path)
+            self._jsonl = open(path, "a")
             self._summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
@@ -585,7 +602,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)), state
         )
     evaluator = evaluate.Evaluator(config, eval_mesh)
-    writer = MetricWriter(workdir, enabled=lead)
+    writer = MetricWriter(workdir, enabled=lead, start_step=start_step)
     progress = tqdm.tqdm(
         total=num_steps, initial=start_step, desc="train", disable=not (lead and sys.stderr.isatty())
     )

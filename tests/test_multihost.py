@@ -1,6 +1,9 @@
 """Multi-process training: 2 processes x 4 CPU devices (gloo, 127.0.0.1) = 1 x 8."""
 
 import os
+import re
+import signal
+import time
 
 import pytest
 from subprocess_runs import (  # noqa: F401  (processes: a fixture)
@@ -51,3 +54,55 @@ def test_two_processes_train_like_one(processes, load_config, digits_data_dir, t
     assert logged_losses(workdir) == pytest.approx(logged_losses(reference), rel=1e-6)
     # Equal up to the order of float additions: gloo sums across processes in its own order.
     assert max_difference(saved_params(workdir, 4), saved_params(reference, 4)) < 1e-6
+
+
+def wait_for_training(workdir, launched, timeout=300):
+    """Blocks until process 0 has logged a training step (or a process has exited)."""
+    deadline = time.monotonic() + timeout
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    while time.monotonic() < deadline:
+        if os.path.exists(metrics) and os.path.getsize(metrics) > 0:
+            return
+        if any(p.poll() is not None for p in launched):
+            return
+        time.sleep(0.2)
+    pytest.fail("no training step logged")
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_all_at_one_step_and_resumes(
+    processes, load_config, digits_data_dir, tmp_path  # noqa: F811
+):
+    fields = tiny_fields(digits_data_dir, train__num_train_steps=40, checkpoint__every_steps=0)
+    config = write_config(tmp_path / "tiny.py", fields)
+    workdir = str(tmp_path / "two")
+    launched = launch(processes, config, workdir)
+    wait_for_training(workdir, launched)
+    launched[1].send_signal(signal.SIGTERM)  # only process 1 is preempted
+    outputs = [processes.wait(p) for p in launched]
+    for rank, (status, output) in enumerate(outputs):
+        assert status == 0, f"process {rank}:\n{output[-4000:]}"
+    stopped = int(re.search(r"SIGTERM: stopped after step (\d+)", outputs[0][1]).group(1))
+    assert f"stopped after step {stopped}" in outputs[1][1]  # the same step in both
+    assert stopped < 40 and os.listdir(os.path.join(workdir, "checkpoints")) == [str(stopped)]
+
+    for rank, (status, output) in enumerate(processes.wait(p) for p in launch(processes, config, workdir)):
+        assert status == 0, f"process {rank}:\n{output[-4000:]}"
+    reference = str(tmp_path / "one")
+    train.train_and_evaluate(apply_fields(load_config("default"), fields), reference)
+    assert max_difference(saved_params(workdir, 40), saved_params(reference, 40)) < 1e-5
+
+
+@pytest.mark.slow
+def test_both_processes_killed_then_resumed(processes, load_config, digits_data_dir, tmp_path):  # noqa: F811
+    fields = tiny_fields(digits_data_dir)
+    config = write_config(tmp_path / "tiny.py", fields)
+    workdir = str(tmp_path / "two")
+    for fault in ("batch:4:SIGKILL", "save:2:SIGKILL"):  # mid-run, then during a write
+        for status, _ in [processes.wait(p) for p in launch(processes, config, workdir, fault=fault)]:
+            assert status == -signal.SIGKILL
+    for rank, (status, output) in enumerate(processes.wait(p) for p in launch(processes, config, workdir)):
+        assert status == 0, f"process {rank}:\n{output[-4000:]}"
+    reference = str(tmp_path / "one")
+    train.train_and_evaluate(apply_fields(load_config("default"), fields), reference)
+    assert max_difference(saved_params(workdir, 8), saved_params(reference, 8)) < 1e-6
