@@ -556,26 +556,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     )
     model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
     tx, schedule = make_optimizer(config.optim, num_steps)
-    while True:  # the newest checkpoint that reads back intact, else a fresh start
-        latest = ckpt.latest_step()
-        try:
-            position = None if latest is None else ckpt.restore_position(latest)
-            start_step = 0 if position is None else _check_resume(position, config, latest)
-            ds = input_pipeline.train_dataset(
-                config,
-                start_step=start_step,
-                process_index=jax.process_index(),
-                process_count=jax.process_count(),
-            )
-            init, abstract_state = create_train_state(config, model, tx, mesh, ds.element_spec)
-            if position is None:
-                state = init()
-            else:
-                state = _restore_state(ckpt, latest, abstract_state, position, config)
-                logging.info("Resumed from %s at step %d.", ckpt.directory, latest)
-            break
-        except checkpoint.CorruptCheckpointError as e:
-            ckpt.quarantine(latest, e)
+    try:
+        start_step, ds, state, abstract_state = _start(ckpt, config, model, tx, mesh)
+    except BaseException:  # refused or failed before training: release the manager
+        ckpt.close()
+        raise
 
     state_sharding = jax.tree.map(lambda s: s.sharding, abstract_state)
     data_sharding = sharding.data_sharding(mesh)
@@ -677,6 +662,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if lead:
         evaluate.write_json(os.path.join(workdir, "eval_results.json"), num_steps, results)
     return results
+
+
+def _start(ckpt, config, model, tx, mesh):
+    """`(start_step, dataset, state, abstract_state)` to train from.
+
+    The state is restored from the newest checkpoint that reads back intact (corrupt
+    ones are reported and quarantined), or initialised when there is none.
+    """
+    while True:
+        latest = ckpt.latest_step()
+        try:
+            position = None if latest is None else ckpt.restore_position(latest)
+            start_step = 0 if position is None else _check_resume(position, config, latest)
+            ds = input_pipeline.train_dataset(
+                config,
+                start_step=start_step,
+                process_index=jax.process_index(),
+                process_count=jax.process_count(),
+            )
+            init, abstract_state = create_train_state(config, model, tx, mesh, ds.element_spec)
+            if position is None:
+                return start_step, ds, init(), abstract_state
+            state = _restore_state(ckpt, latest, abstract_state, position, config)
+            logging.info("Resumed from %s at step %d.", ckpt.directory, latest)
+            return start_step, ds, state, abstract_state
+        except checkpoint.CorruptCheckpointError as e:
+            ckpt.quarantine(latest, e)
 
 
 def _position(config: ml_collections.ConfigDict, next_step: int) -> dict[str, Any]:
