@@ -14,7 +14,7 @@ Multi-process (one process per host, or several on one machine): pass
 `--coordinator_address=HOST:PORT --num_processes=P --process_id=I` to every process, or
 `--distributed` alone where JAX detects them (Cloud TPU pod slices, SLURM, Open MPI).
 Only process 0 logs at INFO and writes metrics. SIGTERM (preemption) saves a checkpoint
-and exits with status 0; rerunning the same command resumes. See docs/multihost.md.
+and exits with status 0; rerunning the same command resumes. See the README's "Multi-host" section.
 """
 
 import os

@@ -431,7 +431,7 @@ def train_step(
     metrics = dict(
         metrics,
         loss=loss,
-        grad_norm=optax.global_norm(grads),
+        grad_norm=optax.tree.norm(grads),
         learning_rate=learning_rate,
     )
     return state, metrics

@@ -1,7 +1,8 @@
 """One optimizer step at a huge global batch: gradient caching vs the whole batch at once.
 
-    python experiments/bench_grad_cache.py            # 2^14 ... 2^18, ~15 min on 2 cores
-    python experiments/bench_grad_cache.py --quick    # 2^10 ... 2^11, seconds
+    python experiments/bench_grad_cache.py             # 2^14 ... 2^18: an hour on 2 cores
+    python experiments/bench_grad_cache.py --log2 14 15 # only these sizes (merged into results)
+    python experiments/bench_grad_cache.py --quick     # 2^10 ... 2^11, about a minute
 
 For each global batch N (and method), a fresh subprocess builds the default config's
 model (two MLP towers on the digits' halves, CLIP loss with a learned temperature) on 8
@@ -12,7 +13,7 @@ cached embedding gradients back) or with the whole batch at once (`full`, the sa
 chunked loss). Per point: the step's wall time (compiled beforehand), XLA's compiled
 memory (`memory_analysis()`: temp and argument bytes, per device program) and the
 subprocess's peak RSS. Writes `results.json` and `results.md` under
-`experiments/results/bench_grad_cache/`.
+`experiments/results/bench_grad_cache/`; points already there are kept unless re-run.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny batches, for CI")
     parser.add_argument("--point", type=int, nargs=3, metavar=("N", "MICRO", "CHUNK"),
                         help=argparse.SUPPRESS)  # internal: run one point, print JSON
+    parser.add_argument("--log2", type=int, nargs="+", default=[14, 15, 16, 17, 18],
+                        help="global batch sizes to run, as powers of two")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.point:
@@ -117,8 +120,10 @@ def main(argv=None) -> int:
     if args.quick:
         points = [(n, m, 128) for n in (2**10, 2**11) for m in (0, 256)]
     else:
-        points = [(2**k, 8192, 512) for k in range(14, 19)]
-        points += [(2**k, 0, 512) for k in range(14, 17)]  # the whole batch at once
+        points = [(2**k, 8192, 512) for k in args.log2]
+        points += [(2**k, 0, 512) for k in args.log2 if k <= 16]  # the whole batch at once
+    results_file = args.out / "results.json"
+    kept = json.loads(results_file.read_text()) if results_file.exists() else []
     results = []
     for index, (global_batch, micro_batch, chunk) in enumerate(points, 1):
         command = [sys.executable, __file__, "--point", str(global_batch), str(micro_batch), str(chunk)]
@@ -134,8 +139,11 @@ def main(argv=None) -> int:
             f"peak RSS {_mib(point['peak_rss_bytes']):>10}",
             flush=True,
         )
+    rerun = {(p["global_batch"], p["method"]) for p in results}
+    results += [p for p in kept if (p["global_batch"], p["method"]) not in rerun]
+    results.sort(key=lambda p: (p["method"], p["global_batch"]))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    results_file.write_text(json.dumps(results, indent=1))
     lines = [
         "| global batch | method | micro-batch | step time | compiled temp / device | peak RSS |",
         "|---:|---|---:|---:|---:|---:|",
