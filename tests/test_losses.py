@@ -177,6 +177,65 @@ def test_proxy_losses_check_grads():
             check_grads(lambda z, w: fn(z, labels, w, **kw).mean(), (z, weights), order=1, modes=("rev",), eps=1e-6)
 
 
+# ------------------------------------------------------------------- focal loss
+
+FOCAL_GAMMAS = [0.0, 0.5, 1.0, 2.0]
+MARGINS = [0.0, 5.0, 17.0, 20.0, 50.0, 100.0]
+
+
+def confident_and_wrong_rows(margin):
+    """``[4, 3]`` logits and labels: two rows right by ``margin``, two wrong by it."""
+    logits = jnp.array([[margin, 0.0, 0.0], [0.0, margin, -1.0], [margin, 0.0, 0.0], [0.0, 0.0, margin]])
+    return logits, jnp.array([0, 1, 1, 0])
+
+
+def focal_reference(logits, labels, gamma):
+    """The textbook ``-(1 - p_y)^gamma log p_y``, with ``1 - p_y = -expm1(log p_y)``."""
+    log_p_true = jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1)[:, 0]
+    return -((-jnp.expm1(log_p_true)) ** gamma) * log_p_true
+
+
+@pytest.mark.parametrize("gamma", FOCAL_GAMMAS)
+def test_focal_loss_gradient_is_finite_on_confident_rows(gamma):
+    """Issue 13: one row with p_y rounding to 1 made the whole gradient NaN (gamma < 1)."""
+    lg, y = jnp.array([[20.0, 0.0, 0.0]]), jnp.array([0])
+    assert np.all(np.isfinite(jax.grad(lambda x: losses.focal_loss(x, y, gamma=gamma).sum())(lg)))
+    for margin in MARGINS:
+        logits, labels = confident_and_wrong_rows(margin)
+        value, grad = jax.value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=gamma).sum())(logits)
+        assert np.isfinite(value) and np.all(np.isfinite(grad)), margin
+
+
+@pytest.mark.parametrize("margin", MARGINS)
+def test_focal_loss_with_gamma_0_is_softmax_cross_entropy(margin):
+    random_logits = 3.0 * jax.random.normal(jax.random.key(20), (6, 5))
+    random_labels = jnp.array([0, 4, 2, 2, 1, 3])
+    for logits, labels in [confident_and_wrong_rows(margin), (random_logits, random_labels)]:
+        focal, focal_grad = jax.value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=0.0).sum())(logits)
+        ce, ce_grad = jax.value_and_grad(lambda x: losses.softmax_cross_entropy(x, labels).sum())(logits)
+        np.testing.assert_allclose(focal, ce, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(focal_grad, ce_grad, atol=1e-6)
+
+
+@pytest.mark.parametrize("gamma", FOCAL_GAMMAS)
+def test_focal_loss_gradient_matches_a_float64_reference(gamma):
+    """float32 values and gradients equal jax.grad of the float64 textbook formula.
+
+    Margins stop at 30, where ``1 - p_y`` (about 1e-13) is still resolved in float64.
+    """
+    random_logits = 3.0 * jax.random.normal(jax.random.key(21), (6, 5))
+    random_labels = jnp.array([0, 4, 2, 2, 1, 3])
+    cases = [confident_and_wrong_rows(m) for m in (0.0, 5.0, 17.0, 30.0)] + [(random_logits, random_labels)]
+    for logits, labels in cases:
+        value, grad = jax.value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=gamma).sum())(logits)
+        with jax.enable_x64(True):
+            logits64 = jnp.asarray(np.asarray(logits, np.float64))
+            ref_value, ref_grad = jax.value_and_grad(lambda x: focal_reference(x, labels, gamma).sum())(logits64)
+            check_grads(lambda x: losses.focal_loss(x, labels, gamma=gamma), (logits64,), order=1, modes=("rev",), eps=1e-6)
+        np.testing.assert_allclose(value, ref_value, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(grad, ref_grad, rtol=1e-4, atol=1e-6)
+
+
 # --------------------------------------------------------------------- invariances
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses._common import at_least_float32
+from contrastive_jax.losses._common import MASK_VALUE, at_least_float32
 
 
 def _check_logits_labels(logits, labels) -> None:
@@ -78,7 +78,10 @@ def focal_loss(
     """Softmax focal loss (Lin et al. 2017), per example.
 
     ``-alpha_y (1 - p_y)^gamma log p_y``; ``gamma = 0`` and ``alpha = None`` give the
-    softmax cross-entropy.
+    softmax cross-entropy. The modulating factor is computed in log space,
+    ``(1 - p_y)^gamma = exp(gamma * log sum_{k != y} p_k)``, so that its gradient stays
+    finite for confident rows (``p_y`` rounding to 1), where ``(1 - p_y)^gamma`` has an
+    infinite derivative for ``gamma < 1``.
 
     Args:
       logits: ``[B, C]`` unnormalised scores.
@@ -93,10 +96,11 @@ def focal_loss(
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}.")
     log_probs = jax.nn.log_softmax(at_least_float32(logits), axis=-1)
-    log_p_true = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
-    loss = -((1.0 - jnp.exp(log_p_true)) ** gamma) * log_p_true
+    is_true = jax.nn.one_hot(labels, logits.shape[-1], dtype=bool)
+    log_p_true = jnp.sum(jnp.where(is_true, log_probs, 0.0), axis=-1)
+    log_p_other = jax.nn.logsumexp(jnp.where(is_true, MASK_VALUE, log_probs), axis=-1)
+    loss = -jnp.exp(gamma * log_p_other) * log_p_true
     if alpha is not None:
         alpha = jnp.asarray(alpha, loss.dtype)
         loss = loss * (alpha[labels] if alpha.ndim == 1 else alpha)
     return loss
-
