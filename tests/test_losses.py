@@ -131,11 +131,22 @@ def test_infonce_loss_floor_value():
 # ---------------------------------------------------------------------- gradients
 
 
-def test_softmax_cross_entropy_gradient_is_softmax_minus_onehot():
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
+def test_softmax_cross_entropy_gradient_is_softmax_minus_target(smoothing):
     logits = jax.random.normal(jax.random.key(1), (6, 5))
     labels = jnp.array([0, 4, 2, 2, 1, 3])
-    grad = jax.grad(lambda x: losses.softmax_cross_entropy(x, labels).sum())(logits)
-    np.testing.assert_allclose(grad, jax.nn.softmax(logits) - jax.nn.one_hot(labels, 5), atol=1e-6)
+    target = (1 - smoothing) * jax.nn.one_hot(labels, 5) + smoothing / 5
+    grad = jax.grad(lambda x: losses.softmax_cross_entropy(x, labels, label_smoothing=smoothing).sum())(logits)
+    np.testing.assert_allclose(grad, jax.nn.softmax(logits) - target, atol=1e-6)
+
+
+def test_binary_cross_entropy_is_exact_at_large_logits_and_its_gradient_is_sigmoid_minus_label():
+    logits = jnp.array([-100.0, -3.0, 0.0, 2.0, 100.0, 100.0])
+    labels = jnp.array([1.0, 0.0, 0.25, 1.0, 0.0, 1.0])
+    value, grad = jax.value_and_grad(lambda x: losses.binary_cross_entropy(x, labels).sum())(logits)
+    expected = [100.0, math.log1p(math.exp(-3.0)), math.log(2.0), math.log1p(math.exp(-2.0)), 100.0, 0.0]
+    np.testing.assert_allclose(losses.binary_cross_entropy(logits, labels), expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(grad, jax.nn.sigmoid(logits) - labels, atol=1e-6)
 
 
 def test_triplet_gradients_are_the_analytic_ones():

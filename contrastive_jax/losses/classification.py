@@ -1,5 +1,8 @@
 """Per-example classification losses: softmax cross-entropy, sigmoid BCE, focal loss.
 
+Softmax cross-entropy, label smoothing and sigmoid BCE are optax's, behind our argument
+checks and float32 promotion; the softmax focal loss is ours (optax has the sigmoid one).
+
 These are per-example (no reduction): average them yourself, over the global batch
 under ``shard_map`` with ``jax.lax.pmean``.
 """
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from contrastive_jax.losses._common import MASK_VALUE, at_least_float32
 
@@ -41,11 +45,11 @@ def softmax_cross_entropy(
     _check_logits_labels(logits, labels)
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
-    log_probs = jax.nn.log_softmax(at_least_float32(logits), axis=-1)
-    num_classes = logits.shape[-1]
-    targets = jax.nn.one_hot(labels, num_classes, dtype=log_probs.dtype)
-    targets = (1.0 - label_smoothing) * targets + label_smoothing / num_classes
-    return -jnp.sum(targets * log_probs, axis=-1)
+    logits = at_least_float32(logits)
+    if label_smoothing == 0.0:
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    targets = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+    return optax.softmax_cross_entropy(logits, optax.smooth_labels(targets, label_smoothing))
 
 
 def binary_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -64,8 +68,7 @@ def binary_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
             f"{jnp.shape(labels)}."
         )
     logits = at_least_float32(logits)
-    labels = labels.astype(logits.dtype)
-    return -(labels * jax.nn.log_sigmoid(logits) + (1.0 - labels) * jax.nn.log_sigmoid(-logits))
+    return optax.sigmoid_binary_cross_entropy(logits, labels.astype(logits.dtype))
 
 
 def focal_loss(
