@@ -50,10 +50,10 @@ def loss_examples(global_batch: int, dim: int, seed: int = 0):
             {"margin": 0.2, "mining": "semi_hard"},
         ),
         "multi_similarity": (losses.multi_similarity_loss, (a, labels), {"mining_margin": 0.1}),
-        "pairwise_cross_entropy": (
-            losses.pairwise_cross_entropy_loss,
+        "batch_prototype_cross_entropy": (
+            losses.batch_prototype_cross_entropy_loss,
             (a, labels),
-            {"num_classes": 5, "lam": 0.5},
+            {"num_classes": 5, "temperature": 0.5},
         ),
     }
 

@@ -104,23 +104,28 @@ def test_golden_value(value, expected):
     np.testing.assert_allclose(value(), expected, rtol=1e-5, atol=1e-7)
 
 
-def test_pairwise_cross_entropy_matches_its_pairwise_expansion():
-    """PCE = tightness + contrastive terms of Boudiaf et al., computed pair by pair."""
+def test_batch_prototype_cross_entropy_matches_its_pairwise_expansion():
+    """Same-class pull plus log-sum-exp over classes, computed pair by pair in float64."""
     z = jax.random.normal(jax.random.key(0), (12, 5))
     labels = jnp.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 0, 1, 2])
-    lam, n, num_classes = 0.7, 12, 3
+    temperature, n, num_classes = 0.7, 12, 3
     gram = np.asarray(z @ z.T, np.float64)
     y = np.asarray(labels)
-    tightness = -sum(gram[i, j] for i in range(n) for j in range(n) if y[i] == y[j]) / (lam * n**2)
-    contrastive = (
+    pull = -sum(gram[i, j] for i in range(n) for j in range(n) if y[i] == y[j]) / (temperature * n**2)
+    log_sum_exp = (
         sum(
-            math.log(sum(math.exp(sum(gram[i, j] for j in range(n) if y[j] == k) / (lam * n)) for k in range(num_classes)))
+            math.log(
+                sum(
+                    math.exp(sum(gram[i, j] for j in range(n) if y[j] == k) / (temperature * n))
+                    for k in range(num_classes)
+                )
+            )
             for i in range(n)
         )
         / n
     )
-    got = losses.pairwise_cross_entropy_loss(z, labels, num_classes=num_classes, lam=lam)
-    np.testing.assert_allclose(got, tightness + contrastive, rtol=1e-5)
+    got = losses.batch_prototype_cross_entropy_loss(z, labels, num_classes=num_classes, temperature=temperature)
+    np.testing.assert_allclose(got, pull + log_sum_exp, rtol=1e-5)
 
 
 def test_infonce_loss_floor_value():
@@ -433,3 +438,9 @@ def test_contrastive_metrics_golden_and_chunked():
     assert 0.0 < float(dense["accuracy_a_to_b"]) < 1.0
     for key in dense:
         np.testing.assert_allclose(chunked[key], dense[key], rtol=1e-6, err_msg=key)
+
+
+def test_batch_prototype_cross_entropy_requires_a_positive_temperature():
+    z, labels = jnp.zeros((4, 3)), jnp.zeros(4, int)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        losses.batch_prototype_cross_entropy_loss(z, labels, num_classes=2, temperature=0.0)

@@ -22,9 +22,9 @@ from contrastive_jax.losses.contrastive import (
 )
 from contrastive_jax.losses.metric import (
     TRIPLET_MINING,
+    batch_prototype_cross_entropy_loss,
     contrastive_loss,
     multi_similarity_loss,
-    pairwise_cross_entropy_loss,
     triplet_loss,
 )
 from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
@@ -32,6 +32,7 @@ from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_l
 __all__ = [
     "TRIPLET_MINING",
     "arcface_loss",
+    "batch_prototype_cross_entropy_loss",
     "binary_cross_entropy",
     "clip_loss",
     "contrastive_loss",
@@ -43,7 +44,6 @@ __all__ = [
     "multi_similarity_loss",
     "npairs_loss",
     "ntxent_loss",
-    "pairwise_cross_entropy_loss",
     "proxy_nca_loss",
     "siglip_loss",
     "softmax_cross_entropy",

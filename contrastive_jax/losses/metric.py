@@ -206,40 +206,49 @@ def multi_similarity_loss(
     return _common.global_mean(per_row, axis_name)
 
 
-def pairwise_cross_entropy_loss(
-    z: jax.Array, labels: jax.Array, *, num_classes: int, lam: float = 1.0, axis_name=None
+def batch_prototype_cross_entropy_loss(
+    z: jax.Array, labels: jax.Array, *, num_classes: int, temperature, axis_name=None
 ) -> jax.Array:
-    """Pairwise cross-entropy (PCE) of Boudiaf et al., ECCV 2020.
+    """Softmax cross-entropy against class prototypes built from the global batch.
 
-    The paper shows the softmax cross-entropy of a linear classifier on features z
-    upper-bounds a pairwise loss, obtained by replacing the classifier weights with
-    their closed-form optimum under a quadratic bound of curvature ``lam``:
-    ``theta_k = c_k / lam``, where ``c_k = (1/N) sum_{j: y_j = k} z_j`` is the class's
-    "soft mean". Expanded, it is a tightness term plus a contrastive term::
+    Each class's prototype is its features summed over the global batch and divided by
+    N (the class mean weighted by the class's share of the batch), and every row is
+    classified among the C prototypes::
 
-        PCE = -1/(lam N^2) sum_i sum_{j: y_j = y_i} z_i . z_j
-              + 1/N sum_i log sum_k exp(1/(lam N) sum_{j: y_j = k} z_i . z_j)
+        c_k  = 1/N sum_{j: y_j = k} z_j                      (row i included)
+        loss = 1/N sum_i -log softmax_k(z_i . c_k / temperature)[y_i]
 
-    which is exactly the cross-entropy of logits ``z_i . c_k / lam``.
+    Expanded, a pull of same-class pairs plus a log-sum-exp over classes::
+
+        loss = -1/(temperature N^2) sum_i sum_{j: y_j = y_i} z_i . z_j
+               + 1/N sum_i log sum_k exp(1/(temperature N) sum_{j: y_j = k} z_i . z_j)
+
+    Gradients flow through the prototypes as well as the rows. The same classifier,
+    ``theta_k = c_k / lambda``, appears in the derivation of the pairwise cross-entropy
+    (PCE) of Boudiaf et al. (ECCV 2020), but this is not their PCE: here the scale is a
+    free hyperparameter and the loss has no other terms. Being the cross-entropy of one
+    particular linear classifier, it is never below the cross-entropy of the best linear
+    classifier on the same features, whereas their PCE is a lower bound on the
+    cross-entropy.
 
     Args:
       z: ``[B, D]`` features.
       labels: ``[B]`` integer classes in ``[0, num_classes)``.
       num_classes: C, the number of classes.
-      lam: > 0, the curvature of the bound.
-      axis_name: mesh axis whose batch the soft means span, or None.
+      temperature: > 0, divides the logits ``z_i . c_k``.
+      axis_name: mesh axis whose batch the prototypes span, or None.
 
     Returns:
       Scalar mean over the global batch.
     """
     _check_labeled(z, labels, axis_name)
-    _common.check_positive(lam, "lam")
+    _common.check_temperature(temperature)
     z32 = _common.at_least_float32(z)
     class_sums = jax.ops.segment_sum(z32, labels, num_segments=num_classes)
     global_batch = z.shape[0]
     if axis_name is not None:
         class_sums = jax.lax.psum(class_sums, axis_name)
         global_batch = global_batch * jax.lax.axis_size(axis_name)
-    soft_means = class_sums / global_batch
-    logits = _common.similarity(z32, soft_means) / lam
+    prototypes = class_sums / global_batch
+    logits = _common.similarity(z32, prototypes) / temperature
     return _common.global_mean(softmax_cross_entropy(logits, labels), axis_name)
