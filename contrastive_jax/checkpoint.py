@@ -39,8 +39,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import orbax.checkpoint as ocp
 import ml_collections
+import orbax.checkpoint as ocp
 from absl import logging
 from flax import traverse_util
 from jax.experimental import multihost_utils

@@ -23,8 +23,9 @@ def override(config: ml_collections.ConfigDict, fields: Mapping[str, Any]) -> ml
     """A locked copy of `config` with dotted fields set: `{"loss.temperature": 0.1}`.
 
     Raises:
-      AttributeError: a field the config does not have (ml_collections' message, with a
-        "did you mean").
+      KeyError: a field the config does not have (ml_collections' message, with a "did
+        you mean").
+      TypeError: a value of another type than the field's.
     """
     config = config.copy_and_resolve_references()
     config.lock()
