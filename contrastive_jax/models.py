@@ -350,6 +350,7 @@ def create_model(config: ml_collections.ConfigDict, *, text_vocab_size: int) -> 
     def head():
         return ProjectionHead(m.projection_hidden_dims, m.embed_dim, dtype)
 
+    learned_bias = losses.registry.get(config.loss.name).learned_bias  # SigLIP's
     if not config.loss.temperature > 0:
         raise ConfigError(
             f"config.loss.temperature={config.loss.temperature} must be > 0 (e.g. 0.07)."
@@ -361,6 +362,6 @@ def create_model(config: ml_collections.ConfigDict, *, text_vocab_size: int) -> 
         head_b=None if m.tie_towers else head(),
         temperature_init=config.loss.temperature,
         learn_temperature=config.loss.learn_temperature,
-        bias_init=config.loss.siglip_bias if losses.registry.get(config.loss.name).learned_bias else None,
+        bias_init=config.loss.siglip_bias if learned_bias else None,
         num_classes=m.num_classes,
     )

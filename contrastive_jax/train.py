@@ -151,7 +151,8 @@ def _train(
     evaluator = evaluate.Evaluator(config, eval_mesh)
     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=start_step)
     progress = tqdm.tqdm(
-        total=num_steps, initial=start_step, desc="train", disable=not (lead and sys.stderr.isatty())
+        total=num_steps, initial=start_step, desc="train",
+        disable=not (lead and sys.stderr.isatty()),
     )
     batches = ds.as_numpy_iterator()
     window: list[dict[str, float]] = []

@@ -30,6 +30,13 @@ MICRO_BATCH_METHODS = {
     "grad_cache": grad_cache.grad_cache_value_and_grad,
     "accumulate": grad_cache.accumulated_value_and_grad,
 }
+# Count fields and their least value (every_steps 0: only at the end).
+_COUNTS = {
+    "train.num_train_steps": 1,
+    "train.log_every_steps": 1,
+    "eval.every_steps": 0,
+    "checkpoint.every_steps": 0,
+}
 # Model outputs with a batch dimension (split over the mesh); the rest are replicated.
 _BATCHED_OUTPUTS = ("za", "zb", "logits")
 
@@ -191,11 +198,10 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
     """
     with _as_config_error():
         train, loss_config = config.train, config.loss
-        for group, field, least in (("train", "num_train_steps", 1), ("train", "log_every_steps", 1),
-                                    ("eval", "every_steps", 0), ("checkpoint", "every_steps", 0),
-                                    ("checkpoint", "max_to_keep", 1)):
+        for name, least in _COUNTS.items():
+            group, field = name.split(".")
             if config[group][field] < least:
-                raise ConfigError(f"config.{group}.{field}={config[group][field]} must be >= {least}.")
+                raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
         input_pipeline.check_data_config(config.data)
         loss = losses.registry.get(loss_config.name)
         _check_loss_inputs(loss, config)
