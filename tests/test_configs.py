@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contrastive_jax import input_pipeline, sharding, train, trainer
+from contrastive_jax import input_pipeline, losses, sharding, train, trainer
+from contrastive_jax.config_lib import override
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits")
@@ -80,6 +81,19 @@ def test_real_data_config_builds_pipeline_and_model_on_mock_data(load_config, na
     state, metrics = abstract_train_step(config, batch)
     assert metrics["loss"].shape == () and metrics["loss"].dtype == jnp.float32
     assert state.step.shape == ()
+
+
+def test_every_classifier_loss_traces_a_step_of_dml_digits(load_config, digits_data_dir):
+    """The classifier losses of the registry fit the model's classifier head."""
+    config = override(load_config("dml_digits"), {
+        "data.data_dir": digits_data_dir, "model.num_classes": 6,
+    })
+    batch = next(input_pipeline.train_dataset(config).as_numpy_iterator())
+    names = sorted(name for name, loss in losses.LOSSES.items() if loss.classifier)
+    assert {"softmax_ce", "focal", "bce", "proxy_nca", "cosface", "arcface"} <= set(names)
+    for name in names:
+        _, metrics = abstract_train_step(override(config, {"loss.name": name}), batch)
+        assert metrics["loss"].shape == (), name
 
 
 @pytest.mark.parametrize("name", DIGITS_CONFIGS)
