@@ -50,7 +50,6 @@ class Preempted(Exception):
     """Training stopped at a SIGTERM after saving a checkpoint; rerun to resume."""
 
 
-
 def prepare_workdir(workdir: str | os.PathLike | None) -> str:
     """Creates `workdir` if needed and returns its absolute path.
 
@@ -75,7 +74,7 @@ def prepare_workdir(workdir: str | os.PathLike | None) -> str:
 
 
 def _train_batches(config: ml_collections.ConfigDict, start_step: int):
-    """This process's rows of the global batches of steps `start_step + 1, ...`."""
+    """This process's rows of the global batches, from the `start_step`-th on."""
     return input_pipeline.train_dataset(
         config,
         start_step=start_step,
