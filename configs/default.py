@@ -12,7 +12,10 @@ import ml_collections
 
 
 def get_config() -> ml_collections.ConfigDict:
-    """The default configuration; variants import it and override a few fields."""
+    """The default configuration, locked; variants import it and override a few fields.
+
+    Locked: setting a field it does not have (a typo) raises, with a "did you mean".
+    """
     config = ml_collections.ConfigDict()
     config.seed = 0  # Seeds parameter init and dropout (data order: config.data.seed).
     # CPU only: main.py asks XLA for this many host devices before JAX starts (data
@@ -48,17 +51,18 @@ def get_config() -> ml_collections.ConfigDict:
     model.dropout_rate = 0.1  # Dropout in the MLP encoder and transformers.
     model.projection_hidden_dims = ()  # Hidden widths of the projection head; (): linear.
     model.embed_dim = 64  # Width of the L2-normalised embedding the loss sees.
-    model.num_classes = 0  # > 0 adds a classifier head (loss "softmax_ce" / "proxy_nca").
+    model.num_classes = 0  # > 0 adds a classifier head (the classifier losses need it).
     model.compute_dtype = "float32"  # "bfloat16": bfloat16 activations, float32 params/loss.
 
     config.loss = loss = ml_collections.ConfigDict()
-    loss.name = "clip"  # A name in train.LOSSES.
+    loss.name = "clip"  # A name in losses.registry.LOSSES (which lists what each reads).
     loss.temperature = 0.07  # Initial (learned) or fixed temperature; 1/temperature <= 100.
     loss.learn_temperature = True  # Learn log(1/temperature) with the model.
     loss.siglip_bias = -10.0  # SigLIP's initial logit bias (loss "siglip" only).
-    loss.margin = 0.2  # Margin of "contrastive" and "triplet".
-    loss.triplet_mining = "batch_all"  # "triplet": which triplets ("batch_all", "batch_hard").
+    loss.margin = 0.2  # "contrastive", "triplet", "cosface" (cosine), "arcface" (radians).
+    loss.triplet_mining = "batch_all"  # "triplet": "batch_all", "batch_hard" or "semi_hard".
     loss.label_smoothing = 0.0  # "softmax_ce" label smoothing.
+    loss.focal_gamma = 2.0  # "focal": focusing parameter gamma >= 0 (0: softmax CE).
     # Softmax / sigmoid losses and in-batch metrics stream over column blocks of
     # chunk_size examples: memory O(N * D + B * chunk) instead of O(B * N).
     loss.chunk_size = ml_collections.config_dict.placeholder(int)  # None: dense.
@@ -95,4 +99,5 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint = ckpt = ml_collections.ConfigDict()
     ckpt.every_steps = 500  # Save every k steps and at the end.
     ckpt.max_to_keep = 3  # Keep the last k checkpoints.
+    config.lock()
     return config

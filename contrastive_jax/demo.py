@@ -24,11 +24,10 @@ def loss_examples(global_batch: int, dim: int, seed: int = 0):
     import jax.numpy as jnp
 
     from contrastive_jax import losses
-    from contrastive_jax.losses._common import l2_normalize
 
     key_a, key_b, key_labels = jax.random.split(jax.random.key(seed), 3)
-    a = l2_normalize(jax.random.normal(key_a, (global_batch, dim)))
-    b = l2_normalize(a + 0.5 * jax.random.normal(key_b, (global_batch, dim)))
+    a = losses.l2_normalize(jax.random.normal(key_a, (global_batch, dim)))
+    b = losses.l2_normalize(a + 0.5 * jax.random.normal(key_b, (global_batch, dim)))
     labels = jnp.sort(jax.random.randint(key_labels, (global_batch,), 0, 5))
     return {
         "infonce": (losses.infonce_loss, (a, b), {"temperature": 0.1}),

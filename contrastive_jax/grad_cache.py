@@ -32,6 +32,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from contrastive_jax.config_lib import ConfigError
+
 # forward(params, micro_batch, micro_index) -> (batched, shared, aux):
 #   batched: pytree of [m, ...] per-example outputs (embeddings),
 #   shared: pytree of outputs that do not depend on the examples (a learned temperature),
@@ -40,11 +42,8 @@ Forward = Callable[[Any, Any, jax.Array], tuple[Any, Any, Any]]
 # loss(batched [N, ...], shared, batch) -> (scalar loss, metrics)
 Loss = Callable[[Any, Any, Any], tuple[jax.Array, Any]]
 
-METHODS = ("grad_cache", "accumulate")
-
-
 def check_micro_batches(global_batch_size: int, micro_batch_size: int, num_shards: int) -> int:
-    """The number of micro-batches K; a ValueError naming the fix if the sizes don't fit."""
+    """The number of micro-batches K; a ConfigError naming the fix if the sizes don't fit."""
     if micro_batch_size <= 0 or global_batch_size % micro_batch_size:
         divisors = [
             d
@@ -52,13 +51,13 @@ def check_micro_batches(global_batch_size: int, micro_batch_size: int, num_shard
             if global_batch_size % d == 0
         ]
         closest = min(divisors, key=lambda d: abs(d - micro_batch_size))
-        raise ValueError(
+        raise ConfigError(
             f"config.train.micro_batch_size={micro_batch_size} must be a positive divisor of "
             f"config.train.global_batch_size={global_batch_size} and a multiple of the "
             f"{num_shards} devices (e.g. {closest})."
         )
     if micro_batch_size % num_shards:
-        raise ValueError(
+        raise ConfigError(
             f"config.train.micro_batch_size={micro_batch_size} must be a multiple of the "
             f"{num_shards} devices, so that every device works on every micro-batch."
         )

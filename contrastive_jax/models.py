@@ -20,6 +20,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from contrastive_jax import losses
+from contrastive_jax.config_lib import ConfigError
+
 MAX_INV_TEMPERATURE = 100.0
 TEMPERATURE_PARAM = "log_inv_temperature"
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -249,12 +252,6 @@ class ClassifierHead(nn.Module):
         return x.astype(jnp.float32) @ proxies.T + bias[None, :], proxies
 
 
-def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
-    """Rows of `x` [B, D] scaled to unit L2 norm, in float32."""
-    x = x.astype(jnp.float32)
-    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps))
-
-
 class TwoTower(nn.Module):
     """Two encoders with projection heads, normalised embeddings and a temperature.
 
@@ -280,11 +277,11 @@ class TwoTower(nn.Module):
     @nn.compact
     def __call__(self, a, b=None, *, train: bool = False):
         ya = self.head_a(self.tower_a(a, train=train))
-        out = {"za": l2_normalize(ya)}
+        out = {"za": losses.l2_normalize(ya)}
         if b is not None:
             tower_b = self.tower_b or self.tower_a
             head_b = self.head_b or self.head_a
-            out["zb"] = l2_normalize(head_b(tower_b(b, train=train)))
+            out["zb"] = losses.l2_normalize(head_b(tower_b(b, train=train)))
         log_inv = math.log(1.0 / self.temperature_init)
         if self.learn_temperature:
             log_inv = self.param(TEMPERATURE_PARAM, nn.initializers.constant(log_inv), ())
@@ -337,7 +334,7 @@ def create_model(config: ml_collections.ConfigDict, *, text_vocab_size: int) -> 
     """
     m = config.model
     if m.compute_dtype not in COMPUTE_DTYPES:
-        raise ValueError(
+        raise ConfigError(
             f"config.model.compute_dtype={m.compute_dtype!r}; use one of {sorted(COMPUTE_DTYPES)}."
         )
     dtype = COMPUTE_DTYPES[m.compute_dtype]
@@ -345,7 +342,7 @@ def create_model(config: ml_collections.ConfigDict, *, text_vocab_size: int) -> 
     def encoder(field):
         name = m[field]
         if name not in ENCODERS:
-            raise ValueError(
+            raise ConfigError(
                 f"config.model.{field}={name!r} is not an encoder; use one of {sorted(ENCODERS)}."
             )
         return ENCODERS[name](m, dtype, text_vocab_size)
@@ -353,8 +350,9 @@ def create_model(config: ml_collections.ConfigDict, *, text_vocab_size: int) -> 
     def head():
         return ProjectionHead(m.projection_hidden_dims, m.embed_dim, dtype)
 
+    learned_bias = losses.registry.get(config.loss.name).learned_bias  # SigLIP's
     if not config.loss.temperature > 0:
-        raise ValueError(
+        raise ConfigError(
             f"config.loss.temperature={config.loss.temperature} must be > 0 (e.g. 0.07)."
         )
     return TwoTower(
@@ -364,6 +362,6 @@ def create_model(config: ml_collections.ConfigDict, *, text_vocab_size: int) -> 
         head_b=None if m.tie_towers else head(),
         temperature_init=config.loss.temperature,
         learn_temperature=config.loss.learn_temperature,
-        bias_init=config.loss.siglip_bias if config.loss.name == "siglip" else None,
+        bias_init=config.loss.siglip_bias if learned_bias else None,
         num_classes=m.num_classes,
     )

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from contrastive_jax.config_lib import override
 from experiments import sweep
 
 FULL = dict(config="default", batch_sizes=[16, 32, 64, 128, 256, 512, 1024], seeds=[0, 1, 2],
@@ -123,7 +124,7 @@ def run(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out: Path
     """
     if (steps is None) == (epochs is None):
         raise ValueError("give exactly one of steps and epochs")
-    base = sweep.override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
+    base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     train_size = None
     if epochs is not None:
         from contrastive_jax import input_pipeline

@@ -7,7 +7,7 @@
 For each global batch N (and method), a fresh subprocess builds the default config's
 model (two MLP towers on the digits' halves, CLIP loss with a learned temperature) on 8
 simulated devices, feeds random inputs of the default shape, and runs one jitted
-`train.train_step`: with `micro_batch_size` (GradCache: embed in micro-batches, exact
+`Trainer.train_step`: with `micro_batch_size` (GradCache: embed in micro-batches, exact
 full-batch loss streamed in column chunks, then re-embed each micro-batch to pull the
 cached embedding gradients back) or with the whole batch at once (`full`, the same
 chunked loss). Per point: the step's wall time (compiled beforehand), XLA's compiled
@@ -37,44 +37,30 @@ def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
     from contrastive_jax.main import simulate_cpu_devices
 
     simulate_cpu_devices(NUM_DEVICES)
-    import functools
-
     import jax
     import numpy as np
 
     from configs import default
-    from contrastive_jax import input_pipeline, models, sharding, train
+    from contrastive_jax import input_pipeline, sharding, trainer
+    from contrastive_jax.config_lib import override
 
     config = default.get_config()
-    config.train.global_batch_size = NUM_DEVICES  # the pipeline only tells the input shapes
-    spec = input_pipeline.train_dataset(config).element_spec
-    config.train.global_batch_size = global_batch
-    config.train.micro_batch_size = micro_batch
-    config.loss.chunk_size = chunk_size
-    train.validate_config(config)
-
-    mesh = sharding.make_mesh(NUM_DEVICES)
-    model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
-    tx, schedule = train.make_optimizer(config.optim, config.train.num_train_steps)
-    init, abstract = train.create_train_state(config, model, tx, mesh, spec)
+    shapes_only = override(config, {"train.global_batch_size": NUM_DEVICES})
+    spec = input_pipeline.train_dataset(shapes_only).element_spec  # the input shapes
+    config = override(config, {
+        "train.global_batch_size": global_batch,
+        "train.micro_batch_size": micro_batch,
+        "loss.chunk_size": chunk_size,
+    })
+    run = trainer.build(config, sharding.make_mesh(NUM_DEVICES))
+    init, abstract = run.init_state(spec)
     rng = np.random.default_rng(0)
     batch = {
         key: rng.standard_normal((global_batch, *spec[key].shape[1:]), np.float32)
         for key in ("a", "b")
     }
-    batch = jax.device_put(batch, sharding.data_sharding(mesh))
-    step = jax.jit(
-        functools.partial(
-            train.train_step,
-            loss_config=config.loss,
-            mesh=mesh,
-            schedule=schedule,
-            seed=0,
-            micro_batch_size=micro_batch,
-        ),
-        in_shardings=(jax.tree.map(lambda s: s.sharding, abstract), sharding.data_sharding(mesh)),
-        donate_argnums=0,
-    )
+    batch = jax.device_put(batch, sharding.data_sharding(run.mesh))
+    step = run.jit_train_step(abstract)
     compile_start = time.perf_counter()
     compiled = step.lower(abstract, batch).compile()
     compile_seconds = time.perf_counter() - compile_start

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from contrastive_jax.config_lib import override
 from experiments import sweep
 
 LOSSES = ("softmax_ce", "triplet", "multi_similarity", "supcon")
@@ -90,7 +91,7 @@ def summary(records: Sequence[dict], loss_names: Sequence[str]) -> str:
 def run(config: str, loss_names: Sequence[str], seeds: Sequence[int], out: Path, *, steps: int, evals: int,
         data_dir: str | None = None) -> list[dict]:
     """Runs (or resumes) the comparison and writes its results, figures and summary to `out`."""
-    base = sweep.override(sweep.load_config(config), {"data.data_dir": data_dir})
+    base = override(sweep.load_config(config), {"data.data_dir": data_dir})
     runs = make_runs(base, loss_names, seeds, steps=steps, evals=evals)
     return sweep.run_sweep(base, runs, out, figures=lambda r: plot(r, loss_names),
                            summary=lambda r: summary(r, loss_names),

@@ -11,7 +11,7 @@ identify it in the results), trained one after another in this process with
 `run_sweep` runs the grid, then writes to `<out>`: `results.json` (every run's tags,
 final metrics and curves from `metrics.jsonl`), `results.csv` (one row per run, no
 curves), the driver's figures (PNG) and its markdown `summary.md`. `<out>/runs/` holds
-the checkpoints and is git-ignored.
+the checkpoints and is git-ignored. Runs override fields with `config_lib.override`.
 
 Run the drivers from the repository root, e.g. `python -m experiments.batch_size_sweep`.
 """
@@ -34,6 +34,7 @@ import ml_collections
 import numpy as np
 
 from contrastive_jax import main as cli
+from contrastive_jax.config_lib import override
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"  # committed results: <sweep>/{*.csv,*.json,*.png}
@@ -60,18 +61,6 @@ class Run:
 def load_config(name: str) -> ml_collections.ConfigDict:
     """`configs/<name>.py`'s `get_config()` (the repository root must be on sys.path)."""
     return importlib.import_module(f"configs.{name}").get_config()
-
-
-def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    """A copy of `config` with dotted fields set (`{"loss.temperature": 0.1}`)."""
-    config = config.copy_and_resolve_references()
-    for key, value in overrides.items():
-        *parents, leaf = key.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[leaf] = value
-    return config
 
 
 def run_overrides(*, num_steps: int, seed: int, warmup_steps: int, evals: int = 1) -> dict[str, Any]:

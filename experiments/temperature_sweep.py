@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from contrastive_jax.config_lib import override
 from experiments import sweep
 
 FULL = dict(config="default", temperatures=[0.02, 0.05, 0.1, 0.2, 0.5, 1.0], learned_from=[0.07, 1.0],
@@ -142,7 +143,7 @@ def run(config: str, temperatures: Sequence[float], learned_from: Sequence[float
         out: Path, *, steps: int, batch_size: int, metric: str = "a_to_b/R@1", data_dir: str | None = None,
         overrides: dict | None = None) -> list[dict]:
     """Runs (or resumes) the sweep and writes its results, figures and summary to `out`."""
-    base = sweep.override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
+    base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     runs = make_runs(base, temperatures, learned_from, seeds, steps=steps, batch_size=batch_size)
     return sweep.run_sweep(base, runs, out, figures=lambda r: plot(r, metric), summary=lambda r: summary(r, metric))
 

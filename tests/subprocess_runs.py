@@ -96,17 +96,6 @@ def write_config(path, fields: dict) -> str:
     return str(path)
 
 
-def apply_fields(config, fields: dict):
-    """The same overrides on an in-process config (returns it)."""
-    for name, value in fields.items():
-        *groups, field = name.split(".")
-        node = config
-        for group in groups:
-            node = node[group]
-        node[field] = value
-    return config
-
-
 class Processes:
     """Starts trainer processes and guarantees they are gone at teardown."""
 

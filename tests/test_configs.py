@@ -1,7 +1,6 @@
 """Every config: documented, valid, and builds its pipeline and model (real-data configs
 under `tfds.testing.mock_data`); the digits configs train and evaluate."""
 
-import functools
 import pathlib
 import re
 
@@ -11,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contrastive_jax import input_pipeline, models, sharding, train
+from contrastive_jax import input_pipeline, losses, sharding, train, trainer
+from contrastive_jax.config_lib import override
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits")
@@ -40,33 +40,23 @@ def test_config_starts_with_its_command_and_comments_every_field(name):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_config_is_valid_on_1_and_8_devices(load_config, name):
+def test_config_is_locked_and_valid_on_1_and_8_devices(load_config, name):
     config = load_config(name)
-    train.validate_config(config, num_devices=8)
-    train.validate_config(config, num_devices=1)
+    assert config.is_locked  # a misspelled field raises
+    trainer.build(config, sharding.make_mesh(8))
+    trainer.build(config, sharding.make_mesh(1))
 
 
 def abstract_train_step(config, batch):
     """Traces one train step on `batch`'s shapes without computing (jax.eval_shape)."""
     mesh = sharding.make_mesh()
-    spec = {k: tf_spec(v) for k, v in batch.items()}
-    model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
-    tx, schedule = train.make_optimizer(config.optim, config.train.num_train_steps)
-    _, abstract_state = train.create_train_state(config, model, tx, mesh, spec)
-    step = functools.partial(
-        train.train_step, loss_config=config.loss, mesh=mesh, schedule=schedule, seed=0
-    )
+    run = trainer.build(config, mesh)
+    _, abstract_state = run.init_state(batch)
     global_batch = {
         k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding.data_sharding(mesh))
         for k, v in batch.items()
     }
-    return jax.eval_shape(step, abstract_state, global_batch)
-
-
-def tf_spec(array):
-    import tensorflow as tf
-
-    return tf.TensorSpec(array.shape, tf.as_dtype(array.dtype))
+    return jax.eval_shape(run.train_step, abstract_state, global_batch)
 
 
 @pytest.mark.parametrize("name", REAL_DATA_CONFIGS)
@@ -91,6 +81,19 @@ def test_real_data_config_builds_pipeline_and_model_on_mock_data(load_config, na
     state, metrics = abstract_train_step(config, batch)
     assert metrics["loss"].shape == () and metrics["loss"].dtype == jnp.float32
     assert state.step.shape == ()
+
+
+def test_every_classifier_loss_traces_a_step_of_dml_digits(load_config, digits_data_dir):
+    """The classifier losses of the registry fit the model's classifier head."""
+    config = override(load_config("dml_digits"), {
+        "data.data_dir": digits_data_dir, "model.num_classes": 6,
+    })
+    batch = next(input_pipeline.train_dataset(config).as_numpy_iterator())
+    names = sorted(name for name, loss in losses.LOSSES.items() if loss.classifier)
+    assert {"softmax_ce", "focal", "bce", "proxy_nca", "cosface", "arcface"} <= set(names)
+    for name in names:
+        _, metrics = abstract_train_step(override(config, {"loss.name": name}), batch)
+        assert metrics["loss"].shape == (), name
 
 
 @pytest.mark.parametrize("name", DIGITS_CONFIGS)

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from contrastive_jax import grad_cache, losses, sharding
-from contrastive_jax.losses._common import l2_normalize
 
 NUM_DEVICES = 8
 GLOBAL_BATCH = 64
@@ -23,8 +22,8 @@ KERNELS = {
 def _forward(params, batch, index):
     """Two tanh-linear towers, L2-normalised, and a learned temperature (index unused)."""
     del index
-    za = l2_normalize(jnp.tanh(batch["a"] @ params["wa"]))
-    zb = l2_normalize(jnp.tanh(batch["b"] @ params["wb"]))
+    za = losses.l2_normalize(jnp.tanh(batch["a"] @ params["wa"]))
+    zb = losses.l2_normalize(jnp.tanh(batch["b"] @ params["wb"]))
     return {"za": za, "zb": zb}, {"temperature": jnp.exp(-params["log_scale"])}, {}
 
 
@@ -119,26 +118,17 @@ def test_micro_batch_sizes_that_do_not_fit_are_rejected(micro_batch_size, match)
 
 
 def _train_step_result(config, micro_batch_size, method="grad_cache"):
-    import functools
+    from contrastive_jax import input_pipeline, trainer
+    from contrastive_jax.config_lib import override
 
-    from contrastive_jax import input_pipeline, models, train
-
-    mesh = sharding.make_mesh(NUM_DEVICES)
+    config = override(config, {
+        "train.micro_batch_size": micro_batch_size, "train.micro_batch_method": method,
+    })
+    run = trainer.build(config, sharding.make_mesh(NUM_DEVICES))
     ds = input_pipeline.train_dataset(config)
-    model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
-    tx, schedule = train.make_optimizer(config.optim, config.train.num_train_steps)
-    init, _ = train.create_train_state(config, model, tx, mesh, ds.element_spec)
-    batch = jax.device_put(next(ds.as_numpy_iterator()), sharding.data_sharding(mesh))
-    step = functools.partial(
-        train.train_step,
-        loss_config=config.loss,
-        mesh=mesh,
-        schedule=schedule,
-        seed=config.seed,
-        micro_batch_size=micro_batch_size,
-        micro_batch_method=method,
-    )
-    state, metrics = jax.jit(step)(init(), batch)
+    init, _ = run.init_state(ds.element_spec)
+    batch = jax.device_put(next(ds.as_numpy_iterator()), sharding.data_sharding(run.mesh))
+    state, metrics = jax.jit(run.train_step)(init(), batch)
     return jax.device_get(state.params), jax.device_get(metrics)
 
 

@@ -7,7 +7,6 @@ import time
 
 import pytest
 from subprocess_runs import (  # noqa: F401  (processes: a fixture)
-    apply_fields,
     free_port,
     logged_losses,
     max_difference,
@@ -18,6 +17,7 @@ from subprocess_runs import (  # noqa: F401  (processes: a fixture)
 )
 
 from contrastive_jax import train
+from contrastive_jax.config_lib import override
 
 
 def launch(processes, config, workdir, num_processes=2, fault=None):  # noqa: F811
@@ -44,7 +44,7 @@ def test_two_processes_train_like_one(processes, load_config, digits_data_dir, t
     workdir = str(tmp_path / "two")
     launched = launch(processes, write_config(tmp_path / "tiny.py", fields), workdir)
     reference = str(tmp_path / "one")  # meanwhile, here: one process, 8 devices
-    train.train_and_evaluate(apply_fields(load_config("default"), fields), reference)
+    train.train_and_evaluate(override(load_config("default"), fields), reference)
 
     outputs = [processes.wait(p) for p in launched]
     for rank, (status, output) in enumerate(outputs):
@@ -89,7 +89,7 @@ def test_sigterm_to_one_process_stops_all_at_one_step_and_resumes(
     for rank, (status, output) in enumerate(processes.wait(p) for p in launch(processes, config, workdir)):
         assert status == 0, f"process {rank}:\n{output[-4000:]}"
     reference = str(tmp_path / "one")
-    train.train_and_evaluate(apply_fields(load_config("default"), fields), reference)
+    train.train_and_evaluate(override(load_config("default"), fields), reference)
     assert max_difference(saved_params(workdir, 40), saved_params(reference, 40)) < 1e-5
 
 
@@ -104,5 +104,5 @@ def test_both_processes_killed_then_resumed(processes, load_config, digits_data_
     for rank, (status, output) in enumerate(processes.wait(p) for p in launch(processes, config, workdir)):
         assert status == 0, f"process {rank}:\n{output[-4000:]}"
     reference = str(tmp_path / "one")
-    train.train_and_evaluate(apply_fields(load_config("default"), fields), reference)
+    train.train_and_evaluate(override(load_config("default"), fields), reference)
     assert max_difference(saved_params(workdir, 8), saved_params(reference, 8)) < 1e-6

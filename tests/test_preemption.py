@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from subprocess_runs import (  # noqa: F401  (processes: a fixture)
-    apply_fields,
     assert_bitwise_equal,
     logged_losses,
     processes,
@@ -29,6 +28,7 @@ from subprocess_runs import (  # noqa: F401  (processes: a fixture)
 )
 
 from contrastive_jax import checkpoint, train
+from contrastive_jax.config_lib import override
 
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 
@@ -37,7 +37,7 @@ STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 def reference(load_config, digits_data_dir, tmp_path_factory):
     """An uninterrupted run's workdir (kept; copy it before changing it)."""
     workdir = str(tmp_path_factory.mktemp("reference"))
-    train.train_and_evaluate(apply_fields(load_config("default"), tiny_fields(digits_data_dir)), workdir)
+    train.train_and_evaluate(override(load_config("default"), tiny_fields(digits_data_dir)), workdir)
     return workdir
 
 
@@ -131,7 +131,7 @@ def test_sigkill_at_random_times_resumes_bitwise(
     assert status == 0, output[-3000:]
     assert kills >= 1
     straight = str(tmp_path / "straight")
-    train.train_and_evaluate(apply_fields(load_config("default"), fields), straight)
+    train.train_and_evaluate(override(load_config("default"), fields), straight)
     assert_bitwise_equal(saved_params(workdir, 16), saved_params(straight, 16))
     assert losses_once(workdir) == losses_once(straight)
 
@@ -198,7 +198,7 @@ def test_corrupt_latest_checkpoint_is_reported_and_skipped(
     workdir = str(tmp_path / "run")
     shutil.copytree(reference, workdir)
     corrupt(os.path.join(workdir, "checkpoints", str(STEPS)))
-    config = apply_fields(load_config("default"), tiny_fields(digits_data_dir))
+    config = override(load_config("default"), tiny_fields(digits_data_dir))
     with caplog.at_level(logging.ERROR):
         train.train_and_evaluate(config, workdir)
     assert f"Skipping corrupt checkpoint {STEPS} in" in caplog.text

@@ -11,6 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
     sys.path.insert(0, str(ROOT))
 
+from contrastive_jax.config_lib import override  # noqa: E402
 from experiments import batch_size_sweep, loss_comparison, sweep, temperature_sweep  # noqa: E402
 
 COMMON = ["results.csv", "results.json", "summary.md"]
@@ -84,11 +85,13 @@ def test_summarize_groups_seeds():
     assert std.tolist() == pytest.approx([0.0, 2**0.5])
 
 
-def test_override_sets_dotted_fields_on_a_copy(load_config):
+def test_override_sets_dotted_fields_on_a_locked_copy(load_config):
     base = load_config("default")
-    config = sweep.override(base, {"loss.temperature": 0.5, "train.global_batch_size": 32})
+    config = override(base, {"loss.temperature": 0.5, "train.global_batch_size": 32})
     assert (config.loss.temperature, config.train.global_batch_size) == (0.5, 32)
-    assert base.loss.temperature == 0.07
+    assert base.loss.temperature == 0.07 and config.is_locked
+    with pytest.raises(KeyError, match='Did you mean "global_batch_size"'):
+        override(base, {"train.global_batch_sise": 32})
 
 
 def test_fixed_epochs_gives_each_batch_size_its_steps(load_config):

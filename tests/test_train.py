@@ -1,6 +1,6 @@
 """The trainer: sharded step = single-device step, resume = uninterrupted, failures."""
 
-import functools
+import dataclasses
 import json
 import math
 import os
@@ -12,76 +12,152 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from contrastive_jax import checkpoint, input_pipeline, losses, models, sharding, train
+from contrastive_jax import checkpoint, input_pipeline, losses, optimizer, sharding, train
+from contrastive_jax.config_lib import override
+from contrastive_jax.sharding import DATA_AXIS
+from contrastive_jax.trainer import Trainer, build
 
 
 @pytest.fixture
 def config(load_config, digits_data_dir):
     """A tiny version of the default config: small MLPs, a few steps."""
-    config = load_config("default")
-    config.data.data_dir = digits_data_dir
-    config.model.mlp_hidden_dims = (32,)
-    config.model.encoder_dim = 32
-    config.model.embed_dim = 16
-    config.train.global_batch_size = 64
-    config.train.num_train_steps = 12
-    config.train.log_every_steps = 2
-    config.optim.warmup_steps = 2
-    config.eval.every_steps = 0
-    config.eval.linear_probe = False
-    config.checkpoint.every_steps = 4
-    return config
+    return override(load_config("default"), {
+        "data.data_dir": digits_data_dir,
+        "model.mlp_hidden_dims": (32,),
+        "model.encoder_dim": 32,
+        "model.embed_dim": 16,
+        "train.global_batch_size": 64,
+        "train.num_train_steps": 12,
+        "train.log_every_steps": 2,
+        "optim.warmup_steps": 2,
+        "eval.every_steps": 0,
+        "eval.linear_probe": False,
+        "checkpoint.every_steps": 4,
+    })
 
 
 def make_state_and_batch(config, mesh):
+    """`(trainer, initial state, abstract state, first batch)` on `mesh`."""
+    trainer = build(config, mesh)
     ds = input_pipeline.train_dataset(config)
-    model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
-    tx, schedule = train.make_optimizer(config.optim, config.train.num_train_steps)
-    init, abstract = train.create_train_state(config, model, tx, mesh, ds.element_spec)
-    batch = next(ds.as_numpy_iterator())
-    step = functools.partial(
-        train.train_step, loss_config=config.loss, mesh=mesh, schedule=schedule, seed=config.seed
+    init, abstract = trainer.init_state(ds.element_spec)
+    return trainer, init(), abstract, next(ds.as_numpy_iterator())
+
+
+def sgd_steps(config, num_devices, num_steps=2):
+    """Parameters and per-step metrics after `num_steps` plain SGD steps on one batch."""
+    config = override(config, {
+        "optim.name": "sgd", "optim.momentum": 0.0, "optim.learning_rate": 0.5,
+        "optim.warmup_steps": 0, "optim.grad_clip_norm": 0.0, "optim.weight_decay": 0.0,
+    })
+    trainer, state, abstract, batch = make_state_and_batch(config, sharding.make_mesh(num_devices))
+    chex.clear_trace_counter()
+
+    @chex.assert_max_traces(n=1)
+    def traced_once(state, batch):
+        return trainer.train_step(state, batch)
+
+    step = jax.jit(
+        traced_once,
+        in_shardings=(jax.tree.map(lambda s: s.sharding, abstract), sharding.data_sharding(trainer.mesh)),
+        donate_argnums=0,
     )
-    return init(), abstract, batch, step
+    history = []
+    for _ in range(num_steps):  # the second call must not retrace
+        state, metrics = step(state, batch)
+        history.append(jax.device_get(metrics))
+    return jax.device_get(state.params), history
+
+
+def assert_same_steps(single, sharded):
+    """Same gradient norm at every step, same parameters after them, same loss."""
+    (params_1, history_1), (params_8, history_8) = single, sharded
+    for metrics_1, metrics_8 in zip(history_1, history_8, strict=True):
+        assert metrics_8["loss"] == pytest.approx(metrics_1["loss"], rel=1e-5)
+        assert metrics_8["grad_norm"] == pytest.approx(metrics_1["grad_norm"], rel=1e-4)
+        assert metrics_8["accuracy_a_to_b"] == metrics_1["accuracy_a_to_b"]
+    chex.assert_trees_all_close(params_8, params_1, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
-def test_sharded_step_equals_single_device_step(config, loss):
-    config.loss.name = loss
+def test_sharded_steps_equal_single_device_steps(config, loss):
+    config = override(config, {"loss.name": loss})
+    assert_same_steps(sgd_steps(config, 1), sgd_steps(config, 8))
+
+
+@pytest.mark.slow
+def test_sharded_step_comparison_sees_a_gradient_scaled_by_the_device_count(config, monkeypatch):
+    """The comparison above fails for the classic bug: gradients scaled by the number of
+    devices (or its inverse) on 8 devices, while the loss value is unchanged."""
+    single = sgd_steps(config, 1)
+    clip = losses.LOSSES["clip"]
+    for factor in (8, 1 / 8):
+
+        def scaled_gradient(outputs, labels, loss_config, factor=factor):
+            loss, metrics = clip.fn(outputs, labels, loss_config)
+            scale = factor ** (jax.lax.axis_size(DATA_AXIS) > 1)
+            return jax.lax.stop_gradient(loss) + scale * (loss - jax.lax.stop_gradient(loss)), metrics
+
+        monkeypatch.setitem(losses.LOSSES, "clip", dataclasses.replace(clip, fn=scaled_gradient))
+        with pytest.raises(AssertionError):
+            assert_same_steps(single, sgd_steps(config, 8))
+
+
+def random_outputs(num_examples, num_classes=5, dim=16, seed=0):
+    """Every model output and labels, as the registry's functions receive them."""
+    keys = jax.random.split(jax.random.key(seed), 5)
+    za = losses.l2_normalize(jax.random.normal(keys[0], (num_examples, dim)))
+    outputs = {
+        "za": za,
+        "zb": losses.l2_normalize(za + jax.random.normal(keys[1], (num_examples, dim))),
+        "logits": jax.random.normal(keys[2], (num_examples, num_classes)),
+        "proxies": jax.random.normal(keys[3], (num_classes, dim)),
+        "temperature": jnp.float32(0.1),
+        "bias": jnp.float32(-2.0),
+    }
+    labels = jnp.sort(jax.random.randint(keys[4], (num_examples,), 0, num_classes))
+    return outputs, labels
+
+
+# One of each kind runs by default (the library's sharded tests cover the kernels); all with -m slow.
+DEFAULT_REGISTRY_CHECKS = ("siglip", "supcon", "focal", "cosface")
+
+
+@pytest.mark.parametrize("name", [
+    name if name in DEFAULT_REGISTRY_CHECKS else pytest.param(name, marks=pytest.mark.slow)
+    for name in sorted(losses.LOSSES)
+])
+def test_every_registered_loss_spans_the_global_batch_and_reads_only_its_inputs(config, name):
+    """Value and gradients on 8 devices equal 1 device; the function gets only the
+    outputs its entry declares (reading another raises KeyError), and the temperature
+    (which every model has; the trainer logs it)."""
+    loss = losses.LOSSES[name]
+    all_outputs, labels = random_outputs(64)
+    outputs = {k: v for k, v in all_outputs.items() if k in loss.inputs | {"temperature"}}
+    assert loss.labels or "label" not in loss.inputs
     results = []
     for num_devices in (1, 8):
-        mesh = sharding.make_mesh(num_devices)
-        state, abstract, batch, step = make_state_and_batch(config, mesh)
-        state_sharding = jax.tree.map(lambda s: s.sharding, abstract)
-        chex.clear_trace_counter()
+        trainer = Trainer(config, sharding.make_mesh(num_devices), None, None, None, loss)
 
-        @chex.assert_max_traces(n=1)
-        def traced_once(state, batch, step=step):
-            return step(state, batch)
+        def value(outputs, trainer=trainer):
+            batched = {k: v for k, v in outputs.items() if k in ("za", "zb", "logits")}
+            shared = {k: v for k, v in outputs.items() if k not in batched}
+            return trainer.global_loss(batched, shared, labels if loss.labels else None)[0]
 
-        step = jax.jit(
-            traced_once,
-            in_shardings=(state_sharding, sharding.data_sharding(mesh)),
-            donate_argnums=0,
-        )
-        for _ in range(2):  # the second call must not retrace
-            state, metrics = step(state, batch)
-        results.append((jax.device_get(state.params), jax.device_get(metrics)))
-    (params_1, metrics_1), (params_8, metrics_8) = results
-    assert metrics_1["loss"] == pytest.approx(metrics_8["loss"], rel=1e-5)
-    assert metrics_1["accuracy_a_to_b"] == metrics_8["accuracy_a_to_b"]
-    chex.assert_trees_all_close(params_1, params_8, rtol=1e-4, atol=1e-6)
+        results.append(jax.jit(jax.value_and_grad(value))(outputs))
+    (value_1, grads_1), (value_8, grads_8) = jax.device_get(results)
+    assert np.isfinite(value_1) and float(value_8) == pytest.approx(float(value_1), rel=1e-5)
+    chex.assert_trees_all_close(grads_8, grads_1, rtol=1e-4, atol=1e-6)
 
 
 def test_step_metrics_match_the_loss_library(config):
-    mesh = sharding.make_mesh(8)
-    state, _, batch, step = make_state_and_batch(config, mesh)
+    trainer, state, _, batch = make_state_and_batch(config, sharding.make_mesh(8))
     outputs = state.apply_fn(
         {"params": state.params, "batch_stats": state.batch_stats},
         batch["a"], batch["b"], train=True, rngs={"dropout": jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 0), 0)},
     )
     expected = losses.clip_loss(outputs["za"], outputs["zb"], temperature=outputs["temperature"])
-    new_state, metrics = jax.jit(step)(state, batch)
+    new_state, metrics = jax.jit(trainer.train_step)(state, batch)
     assert float(metrics["loss"]) == pytest.approx(float(expected), rel=1e-5)
     assert float(metrics["temperature"]) == pytest.approx(0.07, rel=1e-5)
     assert float(metrics["learning_rate"]) == 0.0  # warmup starts at 0
@@ -89,19 +165,16 @@ def test_step_metrics_match_the_loss_library(config):
 
 
 def test_step_clamps_the_temperature(config):
-    mesh = sharding.make_mesh(8)
-    state, _, batch, step = make_state_and_batch(config, mesh)
+    trainer, state, _, batch = make_state_and_batch(config, sharding.make_mesh(8))
     params = dict(state.params, log_inv_temperature=jnp.float32(10.0))
-    state, _ = jax.jit(step)(state.replace(params=params), batch)
+    state, _ = jax.jit(trainer.train_step)(state.replace(params=params), batch)
     assert float(state.params["log_inv_temperature"]) == pytest.approx(math.log(100))
 
 
-@pytest.mark.parametrize("name", train.OPTIMIZERS)
+@pytest.mark.parametrize("name", optimizer.OPTIMIZERS)
 def test_weight_decay_skips_biases_and_temperature(config, name):
-    config.optim.name = name
-    config.optim.warmup_steps = 0
-    config.optim.weight_decay = 0.1
-    tx, _ = train.make_optimizer(config.optim, 10)
+    config = override(config, {"optim.name": name, "optim.warmup_steps": 0, "optim.weight_decay": 0.1})
+    tx, _ = optimizer.make_optimizer(config.optim, 10)
     params = {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2), "log_inv_temperature": jnp.float32(2.0)}
     zeros = jax.tree.map(jnp.zeros_like, params)
     updates, _ = tx.update(zeros, tx.init(params), params)
@@ -127,21 +200,23 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
     assert len(logged) == 6 and logged[-1] < logged[0] - 2  # learning
     assert {"a_to_b/R@1", "b_to_a/R@10", "knn_top1", "collapse/effective_rank"} <= set(results)
 
-    calls = {"n": 0}
     real_global_batch = train._global_batch
+    calls = {"n": 0}
 
-    def crash_at_step_10(batch, data_sharding):
+    def counted(batch, data_sharding, crash_at=None):
         calls["n"] += 1
-        if calls["n"] == 10:
+        if calls["n"] == crash_at:
             raise RuntimeError("simulated crash")
         return real_global_batch(batch, data_sharding)
 
-    monkeypatch.setattr(train, "_global_batch", crash_at_step_10)
+    monkeypatch.setattr(train, "_global_batch", lambda *args: counted(*args, crash_at=10))
     with pytest.raises(RuntimeError, match="simulated crash"):
         train.train_and_evaluate(config, resumed)
     assert checkpoint.Checkpointer(os.path.join(resumed, "checkpoints"), max_to_keep=3).latest_step() == 8
-    monkeypatch.setattr(train, "_global_batch", real_global_batch)
+    calls["n"] = 0
+    monkeypatch.setattr(train, "_global_batch", counted)
     assert train.train_and_evaluate(config, resumed) == results
+    assert calls["n"] == 4  # steps 9-12: resumed from checkpoint 8, not retrained
 
     chex.assert_trees_all_equal(final_params(straight, 12), final_params(resumed, 12))
     losses_straight = {m["step"]: m["train/loss"] for m in read_metrics(straight) if "train/loss" in m}
@@ -153,14 +228,13 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
 
 
 def test_checkpoint_restores_onto_a_different_device_count(config, tmp_path):
-    state8, abstract8, _, _ = make_state_and_batch(config, sharding.make_mesh(8))
+    _, state8, _, _ = make_state_and_batch(config, sharding.make_mesh(8))
     ckpt = checkpoint.Checkpointer(tmp_path, max_to_keep=1)
-    ckpt.save(3, state8, {"next_step": 3})
+    ckpt.save(3, state8, checkpoint.position(config, 3))
     ckpt.wait()
-    mesh2 = sharding.make_mesh(2)
-    _, abstract2, _, _ = make_state_and_batch(config, mesh2)
-    restored = ckpt.restore_state(3, abstract2)
-    assert ckpt.restore_position(3) == {"next_step": 3}
+    _, _, abstract2, _ = make_state_and_batch(config, sharding.make_mesh(2))
+    step, restored = ckpt.restore_latest(config, abstract2)
+    assert step == 3 and ckpt.restore_position(3)["next_step"] == 3
     chex.assert_trees_all_equal(jax.device_get(restored.params), jax.device_get(state8.params))
     leaf = jax.tree.leaves(restored.params)[0]
     assert leaf.sharding.mesh.devices.size == 2
@@ -169,11 +243,13 @@ def test_checkpoint_restores_onto_a_different_device_count(config, tmp_path):
 
 def test_non_finite_loss_stops_and_names_the_last_checkpoint(config, tmp_path, monkeypatch):
     workdir = str(tmp_path)
-    config.train.num_train_steps = 4
-    train.train_and_evaluate(config, workdir)
-    config.train.num_train_steps = 8
-    nan_loss = lambda o, y, c: jax.lax.pmean(jnp.nan * o["za"].sum(), sharding.DATA_AXIS)  # noqa: E731
-    monkeypatch.setitem(train.LOSSES, "clip", nan_loss)
+    train.train_and_evaluate(override(config, {"train.num_train_steps": 4}), workdir)
+
+    def nan_loss(outputs, labels, loss_config):
+        return jax.lax.pmean(jnp.nan * outputs["za"].sum(), DATA_AXIS), {}
+
+    clip = losses.LOSSES["clip"]
+    monkeypatch.setitem(losses.LOSSES, "clip", dataclasses.replace(clip, fn=nan_loss))
     with pytest.raises(FloatingPointError, match=r"at step 5.*Last good checkpoint: step 4"):
-        train.train_and_evaluate(config, workdir)
+        train.train_and_evaluate(override(config, {"train.num_train_steps": 8}), workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4"]

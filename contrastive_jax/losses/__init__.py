@@ -5,6 +5,7 @@ function that jits. Losses that compare examples with each other take ``axis_nam
 inside ``jax.shard_map`` or ``jax.pmap`` over that axis they span the global batch.
 """
 
+from contrastive_jax.losses._common import l2_normalize
 from contrastive_jax.losses.classification import (
     binary_cross_entropy,
     focal_loss,
@@ -28,8 +29,11 @@ from contrastive_jax.losses.metric import (
     triplet_loss,
 )
 from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
+from contrastive_jax.losses.registry import LOSSES, Loss
 
 __all__ = [
+    "LOSSES",
+    "Loss",
     "TRIPLET_MINING",
     "arcface_loss",
     "batch_prototype_cross_entropy_loss",
@@ -41,6 +45,7 @@ __all__ = [
     "focal_loss",
     "infonce_loss",
     "infonce_loss_floor",
+    "l2_normalize",
     "multi_similarity_loss",
     "npairs_loss",
     "ntxent_loss",

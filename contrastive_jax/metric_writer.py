@@ -1,0 +1,54 @@
+"""Training and evaluation scalars to `<workdir>/metrics.jsonl` and TensorBoard.
+
+`clu.metric_writers` would do the same, but its last release is from April 2024; these
+40 lines keep the JSONL file exact across resumes (see `MetricWriter`).
+"""
+
+import json
+import os
+from collections.abc import Mapping
+
+import tensorflow as tf
+
+
+class MetricWriter:
+    """Scalars to `<workdir>/metrics.jsonl` and `<workdir>/tensorboard/` (process 0 only)."""
+
+    def __init__(self, workdir: str, *, enabled: bool, start_step: int = 0):
+        """Opens the files; `metrics.jsonl` keeps only the lines of steps <= `start_step`.
+
+        Lines after the checkpoint a run resumes from were written by the interrupted
+        run (the last one possibly cut off by a kill); they are dropped, since the
+        resumed run logs those steps again, so the file holds each step once.
+        """
+        self._enabled = enabled
+        if enabled:
+            path = os.path.join(workdir, "metrics.jsonl")
+            kept = []
+            if os.path.exists(path):
+                with open(path) as f:
+                    kept = [
+                        line for line in f
+                        if line.endswith("\n") and json.loads(line)["step"] <= start_step
+                    ]
+            with open(f"{path}.tmp", "w") as f:
+                f.writelines(kept)
+            os.replace(f"{path}.tmp", path)
+            self._jsonl = open(path, "a")
+            self._summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+
+    def write(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Appends one JSON line `{"step": step, **scalars}` and the TensorBoard scalars."""
+        if not self._enabled:
+            return
+        self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
+        self._jsonl.flush()
+        with self._summary.as_default(step=step):
+            for name, value in scalars.items():
+                tf.summary.scalar(name, value)
+        self._summary.flush()
+
+    def close(self) -> None:
+        if self._enabled:
+            self._jsonl.close()
+            self._summary.close()

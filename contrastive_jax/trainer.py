@@ -1,0 +1,276 @@
+"""What a training run is made of: `build(config, mesh)` checks the config while it
+assembles the `Trainer` (model, optimizer, loss from `losses.registry`), which creates
+the state and owns the train step and its jit.
+
+Everything here is cheap until a step is traced: `build` reads no data and compiles
+nothing, so a config that cannot train fails first, with a `ConfigError` naming the
+field and a fix. `train.train_and_evaluate` runs the loop; tests and benchmarks call
+`build` and the raw `Trainer.train_step` directly.
+"""
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+from flax.training import train_state
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax import grad_cache, input_pipeline, losses, models, optimizer, sharding
+from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.sharding import DATA_AXIS
+
+# config.train.micro_batch_method -> how a step is split into micro-batches.
+MICRO_BATCH_METHODS = {
+    "grad_cache": grad_cache.grad_cache_value_and_grad,
+    "accumulate": grad_cache.accumulated_value_and_grad,
+}
+# Count fields and their least value (every_steps 0: only at the end).
+_COUNTS = {
+    "train.num_train_steps": 1,
+    "train.log_every_steps": 1,
+    "eval.every_steps": 0,
+    "checkpoint.every_steps": 0,
+}
+# Model outputs with a batch dimension (split over the mesh); the rest are replicated.
+_BATCHED_OUTPUTS = ("za", "zb", "logits")
+
+
+class TrainState(train_state.TrainState):
+    """Flax's TrainState plus BatchNorm statistics (`{}` for models without BatchNorm)."""
+
+    batch_stats: Any = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trainer:
+    """The parts of a run that `build` checked against each other and the mesh."""
+
+    config: ml_collections.ConfigDict
+    mesh: jax.sharding.Mesh
+    model: models.TwoTower
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    loss: losses.Loss
+
+    def init_state(
+        self, element_spec: Mapping[str, Any]
+    ) -> tuple[Callable[[], TrainState], TrainState]:
+        """`(init, abstract_state)`: `init()` creates the initial state replicated over the
+        mesh; `abstract_state` holds its `jax.ShapeDtypeStruct`s with shardings (the
+        target for restoring a checkpoint onto this mesh).
+
+        Args:
+          element_spec: shapes and dtypes of the inputs `a` [B, ...] and optional `b`
+            (the input pipeline's `element_spec`, or `jax.ShapeDtypeStruct`s).
+        """
+        dummy = {k: np.zeros((1, *spec.shape[1:]), _numpy_dtype(spec.dtype))
+                 for k, spec in element_spec.items() if k in ("a", "b")}
+
+        def init(rng):
+            variables = self.model.init({"params": rng}, dummy["a"], dummy.get("b"), train=False)
+            return TrainState.create(
+                apply_fn=self.model.apply,
+                params=variables["params"],
+                tx=self.tx,
+                batch_stats=variables.get("batch_stats", {}),
+            )
+
+        rng = jax.random.key(self.config.seed)
+        shapes = jax.eval_shape(init, rng)
+        shardings = jax.tree.map(lambda _: sharding.replicated(self.mesh), shapes)
+        abstract_state = jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+        )
+        return functools.partial(jax.jit(init, out_shardings=shardings), rng), abstract_state
+
+    def jit_train_step(self, abstract_state: TrainState) -> Callable:
+        """`train_step` jitted for this mesh: state replicated (and donated), batch
+        split over the data axis."""
+        state_sharding = jax.tree.map(lambda s: s.sharding, abstract_state)
+        return jax.jit(
+            self.train_step,
+            in_shardings=(state_sharding, sharding.data_sharding(self.mesh)),
+            out_shardings=(state_sharding, sharding.replicated(self.mesh)),
+            donate_argnums=0,
+        )
+
+    def train_step(
+        self, state: TrainState, batch: dict[str, jax.Array]
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One optimizer step on a global batch (`a` [N, ...], optional `b`, `label` [N]).
+
+        With `config.train.micro_batch_size` m > 0 the batch is embedded in N / m
+        micro-batches: method "grad_cache" gives the exact full-batch gradient holding
+        one micro-batch's activations at a time; "accumulate" averages the
+        micro-batches' own losses (fewer negatives: a different objective).
+
+        Pure: dropout randomness is `fold_in(fold_in(key(seed), state.step), micro_index)`,
+        so a resumed run repeats an uninterrupted one. Returns the new state and scalar
+        metrics (`loss`, `grad_norm`, `learning_rate`, `temperature`, the loss's own).
+        """
+        train = self.config.train
+        rng = jax.random.fold_in(jax.random.key(self.config.seed), state.step)
+
+        def forward(params, inputs, micro_index):
+            outputs, updates = state.apply_fn(
+                {"params": params, "batch_stats": state.batch_stats},
+                inputs["a"],
+                inputs.get("b"),
+                train=True,
+                rngs={"dropout": jax.random.fold_in(rng, micro_index)},
+                mutable=["batch_stats"],
+            )
+            batched = {k: v for k, v in outputs.items() if k in _BATCHED_OUTPUTS}
+            shared = {k: v for k, v in outputs.items() if k not in _BATCHED_OUTPUTS}
+            return batched, shared, updates
+
+        def loss_of_outputs(batched, shared, inputs):
+            return self.global_loss(batched, shared, inputs.get("label"))
+
+        if train.micro_batch_size:
+            (loss, metrics, updates), grads = MICRO_BATCH_METHODS[train.micro_batch_method](
+                forward,
+                loss_of_outputs,
+                state.params,
+                batch,
+                num_micro_batches=batch["a"].shape[0] // train.micro_batch_size,
+                num_shards=self.mesh.shape[DATA_AXIS],
+            )
+        else:
+
+            def full_batch_loss(params):
+                batched, shared, updates = forward(params, batch, 0)
+                loss, metrics = loss_of_outputs(batched, shared, batch)
+                return loss, (metrics, updates)
+
+            (loss, (metrics, updates)), grads = jax.value_and_grad(
+                full_batch_loss, has_aux=True
+            )(state.params)
+        learning_rate = self.schedule(state.step)
+        state = state.apply_gradients(grads=grads, batch_stats=updates.get("batch_stats", {}))
+        state = state.replace(params=models.clamp_temperature(state.params))
+        metrics = dict(
+            metrics, loss=loss, grad_norm=optax.tree.norm(grads), learning_rate=learning_rate
+        )
+        return state, metrics
+
+    def global_loss(
+        self, batched: dict[str, jax.Array], shared: dict[str, jax.Array], labels: jax.Array | None
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The configured loss over the global batch, and its metrics plus `temperature`.
+
+        Args:
+          batched: model outputs sharded over the data axis (`za`, `zb` [N, D], `logits`
+            [N, C]).
+          shared: replicated model outputs (`temperature`, `bias`, `proxies` [C, D]).
+          labels: [N] int or None.
+        """
+
+        def per_device(batched, shared, labels):
+            loss, metrics = self.loss.fn({**batched, **shared}, labels, self.config.loss)
+            return loss, dict(metrics, temperature=shared["temperature"])
+
+        return jax.shard_map(
+            per_device, mesh=self.mesh, in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS)), out_specs=P()
+        )(batched, shared, labels)
+
+
+def _numpy_dtype(dtype) -> np.dtype:
+    """A NumPy dtype from a `tf.DType` or anything `np.dtype` takes."""
+    return np.dtype(getattr(dtype, "as_numpy_dtype", dtype))
+
+
+def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer:
+    """The `Trainer` for `config` on `mesh`, checking each part as it is built.
+
+    Cheap: reads no data and compiles nothing, so a config that cannot train fails here,
+    first. (`Trainer.init_state` needs the input shapes; the data are opened after the
+    checkpoint to resume from is known.)
+
+    Raises:
+      ConfigError: a field with a bad or inconsistent value; the message names it and a fix.
+    """
+    with _as_config_error():
+        train, loss_config = config.train, config.loss
+        for name, least in _COUNTS.items():
+            group, field = name.split(".")
+            if config[group][field] < least:
+                raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
+        input_pipeline.check_data_config(config.data)
+        loss = losses.registry.get(loss_config.name)
+        _check_loss_inputs(loss, config)
+        num_devices = mesh.shape[DATA_AXIS]
+        sharding.check_batch_divides(
+            train.global_batch_size, num_devices, "config.train.global_batch_size"
+        )
+        input_pipeline.per_process_batch_size(train.global_batch_size, jax.process_count())
+        _check_chunk_size(loss_config, train.global_batch_size, num_devices)
+        if train.micro_batch_size:
+            if train.micro_batch_method not in MICRO_BATCH_METHODS:
+                raise ConfigError(
+                    f"config.train.micro_batch_method={train.micro_batch_method!r}; use "
+                    f"one of {sorted(MICRO_BATCH_METHODS)}."
+                )
+            grad_cache.check_micro_batches(
+                train.global_batch_size, train.micro_batch_size, num_devices
+            )
+        model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
+        tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
+    return Trainer(config, mesh, model, tx, schedule, loss)
+
+
+@contextlib.contextmanager
+def _as_config_error():
+    """Re-raises the ValueError of a config check in `input_pipeline` or `sharding` as the
+    ConfigError it is."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def _check_loss_inputs(loss: losses.Loss, config: ml_collections.ConfigDict) -> None:
+    """The data and the model give the loss what it reads (`loss.inputs`)."""
+    name, task = config.loss.name, config.data.task
+    if loss.pairs and task == "labeled":
+        raise ConfigError(
+            f"config.loss.name={name!r} needs paired inputs but config.data.task is "
+            "'labeled'; use task 'pairs' or 'views', or a label loss."
+        )
+    if loss.labels and input_pipeline.SOURCES[config.data.name].label_key is None:
+        pair_losses = sorted(k for k, v in losses.LOSSES.items() if not v.labels)
+        raise ConfigError(
+            f"config.loss.name={name!r} needs labels but {config.data.name!r} has none; use "
+            f"one of {pair_losses}."
+        )
+    if loss.classifier != (config.model.num_classes > 0):
+        classifier_losses = sorted(k for k, v in losses.LOSSES.items() if v.classifier)
+        raise ConfigError(
+            f"config.model.num_classes={config.model.num_classes} with config.loss.name="
+            f"{name!r}: losses {classifier_losses} need a classifier head (num_classes = "
+            "the number of training classes), the others need num_classes=0."
+        )
+
+
+def _check_chunk_size(loss: ml_collections.ConfigDict, global_batch_size: int, num_devices: int):
+    """A streamed loss's column blocks must tile its logits: N columns, N / devices with a ring."""
+    chunk = loss.chunk_size
+    if not chunk:  # None or 0: dense logits
+        return
+    ring = loss.collective == "ring"
+    columns = global_batch_size // num_devices if ring else global_batch_size
+    if chunk < 1 or columns % chunk:
+        divisor = max(d for d in range(1, min(max(chunk, 1), columns) + 1) if columns % d == 0)
+        raise ConfigError(
+            f"config.loss.chunk_size={chunk} does not divide the {columns} logit columns "
+            f"{'each device holds with the ring' if ring else 'of the global batch'}; use a "
+            f"divisor such as {divisor}, or None for dense logits."
+        )
