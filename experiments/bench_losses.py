@@ -153,7 +153,7 @@ def _worker_jax(spec: dict) -> dict:
         budget_s=spec["budget_s"],
     )
     return result | {"seconds": seconds, "repeats": repeats, "warm_up": warmed,
-                     "loss": float(compiled(a, b)[0])}
+                     "value": float(compiled(a, b)[0])}
 
 
 def _worker_torch(spec: dict) -> dict:
@@ -194,7 +194,7 @@ def _worker_torch(spec: dict) -> dict:
         step, max_repeats=spec["max_repeats"], budget_s=spec["budget_s"]
     )
     return {"seconds": seconds, "repeats": repeats, "warm_up": warmed,
-            "loss": float(loss_fn().detach()), "torch": torch.__version__, "threads": torch.get_num_threads()}
+            "value": float(loss_fn().detach()), "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
 def _worker_ring(spec: dict) -> dict:
