@@ -29,8 +29,9 @@ options choose how, with the same numbers:
     d terms``), then ``dx += G y``, ``dy += G^T x / T``: 8 N^2 D flops. This is what
     CLIP needs: both directions' normalisers are known only after every tile.
   - One pass (:func:`pair_total`): when the loss is a sum of per-row terms whose tile
-    holds all of each row's normaliser (SigLIP: none; InfoNCE: a stripe of whole rows),
-    the forward pass already knows ``G`` and accumulates the gradients: 6 N^2 D flops.
+    holds all of each row's normaliser (SigLIP: none; InfoNCE: a stripe of ``c`` whole
+    rows, O(c N) memory), the forward pass already knows ``G`` and accumulates the
+    gradients: 6 N^2 D flops.
     The backward pass only scales them by the incoming cotangent.
 * ring (``collective="ring"`` under ``axis_name``): nothing is gathered. Each device's
   ``y`` shard (with its ids and per-column carry) travels around the devices with
@@ -101,7 +102,8 @@ class Streaming(NamedTuple):
 
 
 STREAMING_ARGS_DOC = """chunk_size: None for the dense ``[B, N]`` logits; an int ``c`` streams tiles of
-        up to ``c`` rows by ``c`` columns, O(N D + c^2) memory, the same result (``c``
+        up to ``c`` rows by ``c`` columns, O(N D + c^2) memory (one-pass InfoNCE and
+        NT-Xent: stripes of ``c`` whole rows, O(N D + c N)), the same result (``c``
         must divide N, or B with the ring); ``"auto"`` picks ``c`` from N, D and the
         device (:func:`contrastive_jax.losses.logit_stats.auto_chunk_size`).
       collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass
