@@ -8,14 +8,16 @@ candidates are all-gathered over ``axis_name``, the local rows are scored agains
 over the global batch -- the same value on every device, and the same gradients as the
 single-device loss on the concatenated batch.
 
-The softmax and sigmoid losses also take ``chunk_size`` and ``collective``, which change
-how the logits are computed, not the result (see :mod:`contrastive_jax.losses.streaming`):
-``chunk_size=None`` builds the ``[B, N]`` logits; an int streams column blocks of that
-size with an online logsumexp and recomputes them in the backward pass (memory
-O(N D + B chunk_size)); ``collective="ring"`` passes the other side's shards around the
-devices with ``ppermute`` instead of all-gathering them. Each loss is one per-row formula
--- a row logsumexp minus a target logit, or a sum of log-sigmoids -- over the statistics
-that :func:`contrastive_jax.losses.streaming.pair_stats` returns in all three modes.
+The softmax and sigmoid losses also take ``chunk_size``, ``collective`` and
+``matmul_dtype``, which change how the logits are computed, not the result (see
+:mod:`contrastive_jax.losses.logit_stats`): ``chunk_size=None`` builds the ``[B, N]``
+logits; an int streams cache-sized tiles with an online logsumexp (memory O(N D +
+chunk_size^2)); ``collective="ring"`` passes the other side's shards around the devices
+with ``ppermute`` instead of all-gathering them; ``matmul_dtype="bfloat16"`` is mixed
+precision. Each loss is one per-row formula -- a row logsumexp minus a target logit, or a
+sum of log-sigmoids -- over the statistics :mod:`~contrastive_jax.losses.logit_stats`
+returns in every mode. ``clip_loss``, ``infonce_loss`` and ``siglip_loss`` also return
+the in-batch metrics from those statistics (``return_metrics=True``).
 
 Embeddings are expected L2-normalised (the model owns normalisation), so similarities
 are cosines in [-1, 1] and logits are ``cosine / temperature``. Temperature is
@@ -30,28 +32,34 @@ import math
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses import _common, streaming
-
+from contrastive_jax.losses import _common, logit_stats
+from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, document_streaming
 
 # Softmax over each row's candidates; with the columns too (CLIP); without the row itself.
-_ROWS = streaming.PairSpec(row_logsumexp=True)
-_ROWS_AND_COLUMNS = streaming.PairSpec(row_logsumexp=True, col_logsumexp=True)
-_ROWS_NOT_SELF = streaming.PairSpec(row_logsumexp=True, exclude_self=True)
+_ROWS = PairSpec(row_logsumexp=True)
+_ROWS_AND_COLUMNS = PairSpec(row_logsumexp=True, col_logsumexp=True)
+_ROWS_NOT_SELF = PairSpec(row_logsumexp=True, exclude_self=True)
+# What the in-batch metrics read: the row logsumexps and each row's and column's argmax.
+_METRICS = PairSpec(row_logsumexp=True, best=True)
+_NO_METRICS = PairSpec()
 
 
 def _positive_terms(logits, same_id, same_label):
     """SupCon's per-pair terms: the logit of each positive, and the positive indicator."""
     positives = same_label & ~same_id
-    return jnp.where(positives, logits, 0.0), positives.astype(jnp.float32)
+    return {
+        "positive_logits": jnp.where(positives, logits, 0.0),
+        "num_positives": positives.astype(jnp.float32),
+    }
 
 
 def _sigmoid_terms(logits, same_id, same_label):
     """SigLIP's per-pair term ``log sigmoid(z_ij * logit_ij)``, z = +1 on the diagonal."""
-    return (jax.nn.log_sigmoid(jnp.where(same_id, logits, -logits)),)
+    return {"log_sigmoid": jax.nn.log_sigmoid(jnp.where(same_id, logits, -logits))}
 
 
-_SUPCON = streaming.PairSpec(row_logsumexp=True, exclude_self=True, pair_terms=_positive_terms)
-_SIGLIP = streaming.PairSpec(pair_terms=_sigmoid_terms)
+_SUPCON = PairSpec(row_logsumexp=True, exclude_self=True, pair_terms=_positive_terms)
+_SIGLIP = PairSpec(pair_terms=_sigmoid_terms)
 
 
 def _local_ids(local_batch: int, axis_name) -> jax.Array:
@@ -64,51 +72,92 @@ def _paired_logits(x: jax.Array, y: jax.Array, temperature) -> jax.Array:
     return jnp.sum(_common.at_least_float32(x) * _common.at_least_float32(y), axis=1) / temperature
 
 
-def _infonce_rows(
-    queries, keys, temperature, axis_name, chunk_size=None, collective="all_gather"
-) -> jax.Array:
-    """Per-row InfoNCE ``[B]``: row logsumexp over all keys minus the paired logit."""
-    ids = streaming.RowIds(_local_ids(queries.shape[0], axis_name), None)
-    stats = streaming.pair_stats(
-        _ROWS, queries, keys, ids, ids, temperature=temperature, axis_name=axis_name,
-        chunk_size=chunk_size, collective=collective,
+def _check_paired(a, b, names, temperature, axis_name) -> None:
+    _common.check_pair(a, b, *names)
+    _common.check_temperature(temperature)
+    _common.check_axis_bound(axis_name)
+
+
+def _row_logit_totals(x: jax.Array, y: jax.Array, temperature, axis_name) -> jax.Array:
+    """``sum_j x_i . y_j / temperature`` over the global ``y``: ``[B]``, O(N D) work."""
+    y_sum = jnp.sum(_common.at_least_float32(y), axis=0)
+    if axis_name is not None:
+        y_sum = jax.lax.psum(y_sum, axis_name)
+    return _common.at_least_float32(x) @ y_sum / temperature
+
+
+def _retrieval_metrics(a, b, stats, positive, temperature, axis_name) -> dict[str, jax.Array]:
+    """:func:`contrastive_metrics` from a loss's statistics (``row_lse`` of ``a @ b.T / T``,
+    ``row_best``, ``col_best``) and its positive logits ``[B]``: no N^2 work."""
+    a, b, stats, positive, temperature = jax.lax.stop_gradient(
+        (a, b, stats, positive, temperature)
     )
-    return stats.row_lse - _paired_logits(queries, keys, temperature)
+    ids = _local_ids(a.shape[0], axis_name)
+    num_columns = a.shape[0] * (1 if axis_name is None else jax.lax.axis_size(axis_name))
+    negative = (_row_logit_totals(a, b, temperature, axis_name) - positive) / max(
+        num_columns - 1, 1
+    )
+    mean = lambda x: _common.global_mean(x, axis_name)  # noqa: E731
+    return {
+        "accuracy_a_to_b": mean((stats.row_best == ids).astype(positive.dtype)),
+        "accuracy_b_to_a": mean((stats.col_best == ids).astype(positive.dtype)),
+        "positive_logit": mean(positive),
+        "negative_logit": mean(negative),
+        "logsumexp": mean(stats.row_lse),
+    }
 
 
+def _with_metrics(loss, metrics, return_metrics: bool):
+    return (loss, metrics()) if return_metrics else loss
+
+
+@document_streaming
 def infonce_loss(
     queries: jax.Array,
     keys: jax.Array,
     *,
     temperature,
     axis_name=None,
-    chunk_size: int | None = None,
+    chunk_size: int | str | None = None,
     collective: str = "all_gather",
-) -> jax.Array:
+    matmul_dtype: str | None = None,
+    return_metrics: bool = False,
+):
     """One-directional InfoNCE: the positive of query i is key i, all other keys negative.
 
     The N x N problem's identity matrix is the integer labels ``arange(N)``: row i of
     ``queries @ keys.T`` is a softmax over the N keys whose correct class is i.
+    Streamed, each stripe of rows holds whole rows of logits, so the gradient is formed
+    in the forward pass (one pass, 6 N^2 D flops); with the ring a row spans devices
+    and two passes are needed.
 
     Args:
       queries: ``[B, D]`` L2-normalised embeddings.
       keys: ``[B, D]`` L2-normalised embeddings, row i paired with ``queries[i]``.
       temperature: scalar > 0 (a Python number or a traced, learnable array).
       axis_name: mesh axis to gather keys over, or None for a single device.
-      chunk_size: None for the dense ``[B, N]`` logits, or an int dividing N (B with
-        the ring): stream column blocks of that size, O(N D + B chunk_size) memory,
-        the same result.
-      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass the
-        candidates' shards around the devices instead of gathering them.
+      {streaming_args}
+      return_metrics: also return :func:`contrastive_metrics` (queries as ``a``) from
+        the loss's own statistics, without gradient and without more N^2 work.
 
     Returns:
-      Scalar: mean over the global batch of ``-log softmax(q_i . K / T)_i``.
+      Scalar: mean over the global batch of ``-log softmax(q_i . K / T)_i``; with
+      ``return_metrics``, ``(loss, metrics)``.
     """
-    _common.check_pair(queries, keys, "queries", "keys")
-    _common.check_temperature(temperature)
-    _common.check_axis_bound(axis_name)
-    per_row = _infonce_rows(queries, keys, temperature, axis_name, chunk_size, collective)
-    return _common.global_mean(per_row, axis_name)
+    _check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
+    ids = RowIds(_local_ids(queries.shape[0], axis_name), None)
+    total, row_lse, aux = logit_stats.pair_total(
+        _ROWS, queries, keys, ids, ids, temperature=temperature, axis_name=axis_name,
+        streaming=Streaming(chunk_size, collective, matmul_dtype),
+        aux_spec=_METRICS._replace(row_logsumexp=False) if return_metrics else _NO_METRICS,
+    )
+    positive = _paired_logits(queries, keys, temperature)
+    # The total spread evenly over the local rows: only its sum enters the mean.
+    loss = _common.global_mean(total / queries.shape[0] - positive, axis_name)
+    metrics = lambda: _retrieval_metrics(  # noqa: E731
+        queries, keys, aux._replace(row_lse=row_lse), positive, temperature, axis_name
+    )
+    return _with_metrics(loss, metrics, return_metrics)
 
 
 def npairs_loss(
@@ -132,7 +181,11 @@ def npairs_loss(
     """
     _common.check_pair(anchors, positives, "anchors", "positives")
     _common.check_axis_bound(axis_name)
-    per_row = _infonce_rows(anchors, positives, 1.0, axis_name)
+    ids = RowIds(_local_ids(anchors.shape[0], axis_name), None)
+    stats = logit_stats.pair_stats(
+        _ROWS, anchors, positives, ids, ids, temperature=1.0, axis_name=axis_name
+    )
+    per_row = stats.row_lse - _paired_logits(anchors, positives, 1.0)
     if l2_reg:
         squared_norms = jnp.sum(jnp.square(_common.at_least_float32(anchors)), axis=1) + jnp.sum(
             jnp.square(_common.at_least_float32(positives)), axis=1
@@ -141,15 +194,18 @@ def npairs_loss(
     return _common.global_mean(per_row, axis_name)
 
 
+@document_streaming
 def clip_loss(
     a: jax.Array,
     b: jax.Array,
     *,
     temperature,
     axis_name=None,
-    chunk_size: int | None = None,
+    chunk_size: int | str | None = None,
     collective: str = "all_gather",
-) -> jax.Array:
+    matmul_dtype: str | None = None,
+    return_metrics: bool = False,
+):
     """Symmetric CLIP / CLAP loss over the N x N similarity ``a @ b.T / temperature``.
 
     The labels are ``arange(N)``. The loss is the mean of two cross-entropies: softmax
@@ -157,36 +213,37 @@ def clip_loss(
     (each ``b_j`` picks its ``a_j`` among all a's). The two differ: a row softmax only
     pushes ``a_i`` away from the other b's, the column softmax pushes ``b_j`` away from
     the other a's, so one direction alone leaves the other modality's retrieval
-    untrained. Swapping ``a`` and ``b`` leaves the loss unchanged.
+    untrained. Swapping ``a`` and ``b`` leaves the loss unchanged. Streamed, both
+    directions are folded into every tile, in two passes (8 N^2 D flops).
 
     Args:
       a: ``[B, D]`` L2-normalised embeddings of modality A.
       b: ``[B, D]`` L2-normalised embeddings of modality B, row i paired with ``a[i]``.
       temperature: scalar > 0.
       axis_name: mesh axis to gather both sides over, or None.
-      chunk_size: None for the dense ``[B, N]`` logits, or an int dividing N (B with
-        the ring): stream column blocks of that size, O(N D + B chunk_size) memory,
-        the same result.
-      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass the
-        candidates' shards around the devices instead of gathering them.
+      {streaming_args}
+      return_metrics: also return :func:`contrastive_metrics` from the loss's own
+        statistics, without gradient and without more N^2 work.
 
     Returns:
-      Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch. Both
-      directions come from one ``[B, N]`` logits matrix: the row logsumexps of the local
-      a's and the column logsumexps of the local b's.
+      Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch (both
+      directions from the row logsumexps of the local a's and the column logsumexps of
+      the local b's); with ``return_metrics``, ``(loss, metrics)``.
     """
-    _common.check_pair(a, b, "a", "b")
-    _common.check_temperature(temperature)
-    _common.check_axis_bound(axis_name)
-    ids = streaming.RowIds(_local_ids(a.shape[0], axis_name), None)
-    stats = streaming.pair_stats(
-        _ROWS_AND_COLUMNS, a, b, ids, ids, temperature=temperature, axis_name=axis_name,
-        chunk_size=chunk_size, collective=collective,
+    _check_paired(a, b, ("a", "b"), temperature, axis_name)
+    ids = RowIds(_local_ids(a.shape[0], axis_name), None)
+    stats = logit_stats.pair_stats(
+        _ROWS_AND_COLUMNS._replace(best=return_metrics), a, b, ids, ids,
+        temperature=temperature, axis_name=axis_name,
+        streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
-    per_row = 0.5 * (stats.row_lse + stats.col_lse) - _paired_logits(a, b, temperature)
-    return _common.global_mean(per_row, axis_name)
+    positive = _paired_logits(a, b, temperature)
+    loss = _common.global_mean(0.5 * (stats.row_lse + stats.col_lse) - positive, axis_name)
+    metrics = lambda: _retrieval_metrics(a, b, stats, positive, temperature, axis_name)  # noqa: E731
+    return _with_metrics(loss, metrics, return_metrics)
 
 
+@document_streaming
 def siglip_loss(
     a: jax.Array,
     b: jax.Array,
@@ -194,13 +251,17 @@ def siglip_loss(
     temperature,
     bias,
     axis_name=None,
-    chunk_size: int | None = None,
+    chunk_size: int | str | None = None,
     collective: str = "all_gather",
-) -> jax.Array:
+    matmul_dtype: str | None = None,
+    return_metrics: bool = False,
+):
     """SigLIP pairwise sigmoid loss (Zhai et al. 2023).
 
     Every pair (i, j) is an independent binary problem with logit
-    ``a_i . b_j / temperature + bias`` and label +1 if i == j else -1.
+    ``a_i . b_j / temperature + bias`` and label +1 if i == j else -1. There is no
+    normaliser, so streamed the gradient is formed in the forward pass (one pass,
+    6 N^2 D flops), with the ring too.
 
     Args:
       a: ``[B, D]`` L2-normalised embeddings.
@@ -208,35 +269,42 @@ def siglip_loss(
       temperature: scalar > 0 (SigLIP initialises 1/temperature = 10).
       bias: scalar (SigLIP initialises -10 so the many negatives start near 0 loss).
       axis_name: mesh axis to gather ``b`` over, or None.
-      chunk_size: None for the dense ``[B, N]`` logits, or an int dividing N (B with
-        the ring): stream column blocks of that size, O(N D + B chunk_size) memory,
-        the same result.
-      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass the
-        candidates' shards around the devices instead of gathering them.
+      {streaming_args}
+      return_metrics: also return :func:`contrastive_metrics` (logits without the
+        bias) from the same tiles, without gradient and without another matmul (it
+        adds one logsumexp per tile).
 
     Returns:
       Scalar: ``-sum_j log sigmoid(z_ij * logit_ij)``, summed over all N columns and
-      averaged over the N rows.
+      averaged over the N rows; with ``return_metrics``, ``(loss, metrics)``.
     """
-    _common.check_pair(a, b, "a", "b")
-    _common.check_temperature(temperature)
-    _common.check_axis_bound(axis_name)
-    ids = streaming.RowIds(_local_ids(a.shape[0], axis_name), None)
-    stats = streaming.pair_stats(
+    _check_paired(a, b, ("a", "b"), temperature, axis_name)
+    ids = RowIds(_local_ids(a.shape[0], axis_name), None)
+    total, _, aux = logit_stats.pair_total(
         _SIGLIP, a, b, ids, ids, temperature=temperature, bias=bias, axis_name=axis_name,
-        chunk_size=chunk_size, collective=collective,
+        streaming=Streaming(chunk_size, collective, matmul_dtype),
+        aux_spec=_METRICS if return_metrics else _NO_METRICS,
     )
-    return _common.global_mean(-stats.row_sums[0], axis_name)
+    loss = _common.global_mean(jnp.full((a.shape[0],), -total / a.shape[0]), axis_name)
+
+    def metrics():
+        without_bias = aux._replace(row_lse=aux.row_lse - bias)
+        positive = _paired_logits(a, b, temperature)
+        return _retrieval_metrics(a, b, without_bias, positive, temperature, axis_name)
+
+    return _with_metrics(loss, metrics, return_metrics)
 
 
+@document_streaming
 def ntxent_loss(
     z1: jax.Array,
     z2: jax.Array,
     *,
     temperature,
     axis_name=None,
-    chunk_size: int | None = None,
+    chunk_size: int | str | None = None,
     collective: str = "all_gather",
+    matmul_dtype: str | None = None,
 ) -> jax.Array:
     """SimCLR NT-Xent loss over the 2N views of N examples.
 
@@ -248,39 +316,36 @@ def ntxent_loss(
       z2: ``[B, D]`` L2-normalised embeddings of the second views (row i: same example).
       temperature: scalar > 0 (SimCLR uses 0.1 - 0.5).
       axis_name: mesh axis to gather both views over, or None.
-      chunk_size: None for the dense ``[2B, 2N]`` logits, or an int dividing 2N (2B
-        with the ring): stream column blocks of that size, O(N D + B chunk_size) memory,
-        the same result.
-      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass the
-        candidates' shards around the devices instead of gathering them.
+      {streaming_args} Here the logits are ``[2B, 2N]``: ``chunk_size`` divides 2N
+        (2B with the ring).
 
     Returns:
       Scalar mean over the 2N anchors of the global batch.
     """
-    _common.check_pair(z1, z2, "z1", "z2")
-    _common.check_temperature(temperature)
-    _common.check_axis_bound(axis_name)
+    _check_paired(z1, z2, ("z1", "z2"), temperature, axis_name)
     local_batch = z1.shape[0]
     global_batch = local_batch * (1 if axis_name is None else jax.lax.axis_size(axis_name))
     local_rows = _local_ids(local_batch, axis_name)
     views = jnp.concatenate([z1, z2])
-    ids = streaming.RowIds(jnp.concatenate([local_rows, local_rows + global_batch]), None)
-    stats = streaming.pair_stats(
+    ids = RowIds(jnp.concatenate([local_rows, local_rows + global_batch]), None)
+    total, _, _ = logit_stats.pair_total(
         _ROWS_NOT_SELF, views, views, ids, ids, temperature=temperature,
-        axis_name=axis_name, chunk_size=chunk_size, collective=collective,
+        axis_name=axis_name, streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
-    per_row = stats.row_lse - _paired_logits(views, jnp.concatenate([z2, z1]), temperature)
-    return _common.global_mean(per_row, axis_name)
+    positive = _paired_logits(views, jnp.concatenate([z2, z1]), temperature)
+    return _common.global_mean(total / views.shape[0] - positive, axis_name)
 
 
+@document_streaming
 def supcon_loss(
     z: jax.Array,
     labels: jax.Array,
     *,
     temperature,
     axis_name=None,
-    chunk_size: int | None = None,
+    chunk_size: int | str | None = None,
     collective: str = "all_gather",
+    matmul_dtype: str | None = None,
 ) -> jax.Array:
     """Supervised contrastive loss (Khosla et al. 2020, L_out), several positives per anchor.
 
@@ -293,11 +358,7 @@ def supcon_loss(
       labels: ``[B]`` integer classes.
       temperature: scalar > 0.
       axis_name: mesh axis to gather embeddings and labels over, or None.
-      chunk_size: None for the dense ``[B, N]`` logits, or an int dividing N (B with
-        the ring): stream column blocks of that size, O(N D + B chunk_size) memory,
-        the same result.
-      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass the
-        candidates' shards around the devices instead of gathering them.
+      {streaming_args}
 
     Returns:
       Scalar mean over the anchors of the global batch that have at least one positive
@@ -307,13 +368,13 @@ def supcon_loss(
     _common.check_labels(labels, z.shape[0])
     _common.check_temperature(temperature)
     _common.check_axis_bound(axis_name)
-    ids = streaming.RowIds(_local_ids(z.shape[0], axis_name), labels)
-    stats = streaming.pair_stats(
+    ids = RowIds(_local_ids(z.shape[0], axis_name), labels)
+    stats = logit_stats.pair_stats(
         _SUPCON, z, z, ids, ids, temperature=temperature, axis_name=axis_name,
-        chunk_size=chunk_size, collective=collective,
+        streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
-    positive_logits, num_positives = stats.row_sums
-    per_row = stats.row_lse - positive_logits / jnp.maximum(num_positives, 1.0)
+    num_positives = stats.row_sums["num_positives"]
+    per_row = stats.row_lse - stats.row_sums["positive_logits"] / jnp.maximum(num_positives, 1.0)
     return _common.global_mean(per_row, axis_name, weights=num_positives > 0)
 
 
@@ -323,67 +384,35 @@ def contrastive_metrics(
     *,
     temperature,
     axis_name=None,
-    chunk_size: int | None = None,
+    chunk_size: int | str | None = None,
 ) -> dict[str, jax.Array]:
     """In-batch diagnostics of a paired batch, for training logs (no gradients).
+
+    The paired losses return the same dict from their own statistics with
+    ``return_metrics=True``; this function costs a pass over the N x N logits of its own.
 
     Args:
       a: ``[B, D]`` L2-normalised embeddings.
       b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
       temperature: scalar > 0.
       axis_name: mesh axis to gather over, or None.
-      chunk_size: None scores all N columns at once; an int scans over column blocks of
-        that size (memory ``B x chunk_size`` instead of ``B x N``).
+      chunk_size: None scores all N columns at once; an int streams tiles of that size
+        (memory ``chunk_size^2`` instead of ``B x N``); ``"auto"`` as for the losses.
 
     Returns:
       Scalars over the global batch: ``accuracy_a_to_b`` and ``accuracy_b_to_a``
       (top-1 in-batch retrieval), ``positive_logit`` and ``negative_logit`` (mean of
       the diagonal and off-diagonal logits), ``logsumexp`` (mean row logsumexp).
     """
-    _common.check_pair(a, b, "a", "b")
-    _common.check_temperature(temperature)
-    _common.check_axis_bound(axis_name)
+    _check_paired(a, b, ("a", "b"), temperature, axis_name)
     a, b, temperature = jax.lax.stop_gradient((a, b, temperature))
-    targets = _local_ids(a.shape[0], axis_name)
-
-    def one_direction(x, y):
-        """Per row: positive logit, mean negative logit, top-1 correct, logsumexp."""
-        y_global = _common.gather_rows(y, axis_name)
-        num_columns = y_global.shape[0]
-        chunk = num_columns if chunk_size is None else chunk_size
-        streaming._check_chunk(chunk, num_columns, "contrastive_metrics")
-        blocks = y_global.reshape(num_columns // chunk, chunk, y_global.shape[1])
-
-        def fold(carry, inputs):
-            best, best_column, lse, total = carry
-            block, first_column = inputs
-            logits = _common.similarity(x, block) / temperature
-            block_best = jnp.max(logits, axis=1)
-            better = block_best > best
-            best_column = jnp.where(better, first_column + jnp.argmax(logits, axis=1), best_column)
-            lse = jnp.logaddexp(lse, jax.nn.logsumexp(logits, axis=1))
-            return (jnp.maximum(best, block_best), best_column, lse, total + logits.sum(1)), None
-
-        # Zeros typed like x's rows (varying over axis_name inside shard_map).
-        rows = 0.0 * _paired_logits(x, x, 1.0)
-        init = (rows - jnp.inf, rows.astype(jnp.int32), rows - jnp.inf, rows)
-        (_, best_column, lse, total), _ = jax.lax.scan(
-            fold, init, (blocks, jnp.arange(0, num_columns, chunk))
-        )
-        positive = _paired_logits(x, y, temperature)
-        negative = (total - positive) / max(num_columns - 1, 1)
-        return positive, negative, (best_column == targets).astype(positive.dtype), lse
-
-    positive, negative, correct_ab, lse = one_direction(a, b)
-    correct_ba = one_direction(b, a)[2]
-    mean = lambda x: _common.global_mean(x, axis_name)  # noqa: E731
-    return {
-        "accuracy_a_to_b": mean(correct_ab),
-        "accuracy_b_to_a": mean(correct_ba),
-        "positive_logit": mean(positive),
-        "negative_logit": mean(negative),
-        "logsumexp": mean(lse),
-    }
+    ids = RowIds(_local_ids(a.shape[0], axis_name), None)
+    stats = logit_stats.pair_stats(
+        _METRICS, a, b, ids, ids, temperature=temperature, axis_name=axis_name,
+        streaming=Streaming(chunk_size),
+    )
+    positive = _paired_logits(a, b, temperature)
+    return _retrieval_metrics(a, b, stats, positive, temperature, axis_name)
 
 
 def infonce_loss_floor(num_candidates: int, *, temperature: float = 1.0) -> float:
