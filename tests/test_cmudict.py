@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from contrastive_jax import input_pipeline
 from contrastive_jax.datasets import cmudict
 
 SIZES = {"train": 121_490, "test": 13_676}
@@ -80,3 +81,74 @@ def test_longest_sequences():
     entries = cmudict.entries()
     assert max(len(e.word.encode()) for e in entries) == cmudict.MAX_WORD_LENGTH
     assert max(len(e.phonemes) for e in entries) == cmudict.MAX_PHONEMES
+
+
+# Through the input pipeline: configs/cmudict_clip.py reading the (smaller) test split.
+
+
+@pytest.fixture
+def config(load_config, cmudict_data_dir):
+    config = load_config("cmudict_clip")
+    config.data.data_dir = cmudict_data_dir
+    config.data.train_split = "test"
+    config.train.global_batch_size = 512
+    return config
+
+
+def decode(tokens_a, tokens_b):
+    """(spelling, phonemes) of one pipeline pair: byte tokens and phoneme ids + 1."""
+    word = bytes(int(t) - 1 for t in tokens_a if t).decode()
+    return word, tuple(cmudict.phonemes()[int(t) - 1] for t in tokens_b if t)
+
+
+def test_pairs_are_dictionary_lines_as_padded_token_sequences(config):
+    it = input_pipeline.train_dataset(config).as_numpy_iterator()
+    batch = next(it)
+    length = config.data.text_max_length
+    assert batch["a"].shape == batch["b"].shape == (512, length)
+    assert batch["a"].dtype == batch["b"].dtype == np.int32
+    assert batch["word_id"].shape == batch["pronunciation_id"].shape == (512,)
+    lines = {(e.word_id, e.pronunciation_id): e for e in cmudict.entries()}
+    for i in range(512):
+        entry = lines[batch["word_id"][i], batch["pronunciation_id"][i]]
+        assert decode(batch["a"][i], batch["b"][i]) == (entry.word, entry.phonemes)
+        # 0-padded after the real tokens.
+        assert np.all(batch["a"][i, len(entry.word):] == 0) and np.all(batch["a"][i, : len(entry.word)] > 0)
+        assert np.all(batch["b"][i, len(entry.phonemes):] == 0)
+    assert batch["b"].max() <= len(cmudict.phonemes())
+
+
+def test_stream_is_a_function_of_the_step(config):
+    first = [next(iter(input_pipeline.train_dataset(config, start_step=s).as_numpy_iterator())) for s in (0, 3)]
+    it = input_pipeline.train_dataset(config).as_numpy_iterator()
+    stream = [next(it) for _ in range(4)]
+    for key in first[0]:
+        np.testing.assert_array_equal(first[0][key], stream[0][key])
+        np.testing.assert_array_equal(first[1][key], stream[3][key])
+    assert not np.array_equal(stream[0]["word_id"], stream[1]["word_id"])
+
+
+def test_eval_arrays_hold_the_whole_split_with_its_ids(config):
+    arrays = input_pipeline.eval_arrays(config, "test")
+    assert arrays["a"].shape == (13_676, config.data.text_max_length)
+    assert set(arrays) == {"a", "b", "word_id", "pronunciation_id"}
+    test_lines = [e for e in cmudict.entries() if cmudict.split_of(e.word) == "test"]
+    assert sorted(arrays["word_id"]) == sorted(e.word_id for e in test_lines)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("data.text_max_length", 20, r"text_max_length=20 would truncate 'cmudict'.*at least 28"),
+        ("data.task", "views", r"sequence pairs; set config.data.task='pairs'"),
+        ("data.augment.noise_std", 0.1, r"augment applies to images.*noise_std=0.0"),
+    ],
+)
+def test_bad_config_raises_a_clear_error(config, field, value, message):
+    group, name = field.rsplit(".", 1)
+    node = config
+    for part in group.split("."):
+        node = node[part]
+    node[name] = value
+    with pytest.raises(ValueError, match=message):
+        input_pipeline.check_data_config(config.data)
