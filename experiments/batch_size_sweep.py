@@ -53,7 +53,7 @@ FULL = dict(config="default", batch_sizes=[16, 32, 64, 128, 256, 512, 1024], see
 QUICK = dict(config="default", batch_sizes=[16, 64], seeds=[0], steps=4, metric="a_to_b/R@1")
 # The cmudict study: 5 batch sizes x 2 seeds x (3 LR rules at fixed epochs + 1 at fixed steps).
 CMUDICT = dict(config="cmudict_clip", batch_sizes=[256, 1024, 4096, 16384, 65536], seeds=[0, 1],
-               steps=40, epochs=3.0, metric="a_to_b/R@1")
+               steps=30, epochs=3.0, metric="a_to_b/R@1")
 CMUDICT_QUICK = dict(config="cmudict_clip", batch_sizes=[256, 512], seeds=[0], steps=2, epochs=0.25,
                      metric="a_to_b/R@1")
 # --quick on cmudict: small slices of the splits, so CI loads and evaluates fast.
