@@ -72,6 +72,7 @@ LAMB_FROM = 16384  # "linear" at N >= this trains with LAMB instead of AdamW
 WARMUP_EPOCHS = 0.25  # linear warmup length in epochs, at every N
 MICRO_BATCH = 8192  # N above this: gradient caching in micro-batches of this size ...
 LOSS_CHUNK = 4096  # ... and the loss streamed over column blocks of this size
+MASKED_UP_TO = 16384  # the false-negative-masking series stops here (dense [B, N] logits)
 
 
 def make_runs(base, batch_sizes: Sequence[int], seeds: Sequence[int], *, steps: int | None = None,
@@ -93,35 +94,48 @@ def make_runs(base, batch_sizes: Sequence[int], seeds: Sequence[int], *, steps: 
 
 
 def study_runs(base, batch_sizes: Sequence[int], seeds: Sequence[int], *, epochs: float, steps: int,
-               train_size: int, scalings: Sequence[str] = tuple(LR_SCALING)) -> list[sweep.Run]:
+               train_size: int, scalings: Sequence[str] = tuple(LR_SCALING),
+               masked_loss: str | None = None) -> list[sweep.Run]:
     """The cmudict study's runs (see the module docstring), fixed epochs first.
 
+    Args:
+      masked_loss: a loss name in the trainer's registry that masks in-batch false
+        negatives out of the softmax: adds the series "fixed epochs, sqrt, false
+        negatives masked" at N <= `MASKED_UP_TO` (its logits are dense [B, N]).
+
     Each run's tags: `series` (`"fixed epochs, sqrt"`, ...), `budget`, `scaling`,
-    `optimizer`, `batch_size`, `seed`, `steps`, `epochs` (examples seen / train_size) and
-    `learning_rate`.
+    `optimizer`, `loss`, `batch_size`, `seed`, `steps`, `epochs` (examples seen /
+    train_size) and `learning_rate`.
     """
-    grid = [("epochs", rule) for rule in scalings] + [("steps", FIXED_STEPS_SCALING)]
+    grid = [("epochs", rule, None) for rule in scalings] + [("steps", FIXED_STEPS_SCALING, None)]
+    if masked_loss:
+        grid.append(("epochs", FIXED_STEPS_SCALING, masked_loss))
     runs = []
-    for budget, rule in grid:
+    for budget, rule, loss in grid:
         for n in batch_sizes:
+            if loss and n > MASKED_UP_TO:
+                continue
             steps_per_epoch = train_size / n
             num_steps = math.ceil(epochs * steps_per_epoch) if budget == "epochs" else steps
             optimizer = "lamb" if rule == "linear" and n >= LAMB_FROM else base.optim.name
             learning_rate = BASE_LEARNING_RATE * LR_SCALING[rule](n)
             series = f"fixed {budget}, {rule}" + (" (LAMB)" if optimizer == "lamb" else "")
+            series += ", false negatives masked" if loss else ""
             overrides = {
                 **sweep.run_overrides(num_steps=num_steps, seed=0,
                                       warmup_steps=max(1, round(WARMUP_EPOCHS * steps_per_epoch))),
                 "train.global_batch_size": n,
                 "optim.learning_rate": learning_rate,
                 "optim.name": optimizer,
+                "loss.name": loss or base.loss.name,
             }
             if n > MICRO_BATCH:
                 overrides |= {"train.micro_batch_size": MICRO_BATCH, "loss.chunk_size": LOSS_CHUNK}
             for seed in seeds:
                 runs.append(sweep.Run(
-                    name=f"{budget}_{rule}_{optimizer}_batch{n:05d}_seed{seed}",
+                    name=f"{budget}_{rule}_{optimizer}_{loss or base.loss.name}_batch{n:05d}_seed{seed}",
                     tags={"series": series, "budget": budget, "scaling": rule, "optimizer": optimizer,
+                          "loss": loss or base.loss.name,
                           "batch_size": n, "seed": seed, "steps": num_steps,
                           "epochs": round(num_steps * n / train_size, 3), "learning_rate": learning_rate},
                     overrides={**overrides, "seed": seed, "data.seed": seed},
@@ -267,7 +281,7 @@ def run(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out: Path
 
 def run_study(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out: Path, *, steps: int,
               epochs: float, metric: str = "a_to_b/R@1", data_dir: str | None = None,
-              overrides: dict | None = None) -> list[dict]:
+              overrides: dict | None = None, masked_loss: str | None = None) -> list[dict]:
     """Runs (or resumes) the cmudict study (`study_runs`) and writes its results to `out`.
 
     Every record also gets its N's `false_negative_fraction` (`false_negative_fraction`
@@ -279,7 +293,7 @@ def run_study(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out
     train = input_pipeline.load_split(base.data, base.data.train_split)
     groups = {key: train[key] for key in input_pipeline.SOURCES[base.data.name].id_keys}
     runs = study_runs(base, batch_sizes, seeds, epochs=epochs, steps=steps,
-                      train_size=input_pipeline.num_examples(train))
+                      train_size=input_pipeline.num_examples(train), masked_loss=masked_loss)
     fractions = {n: false_negative_fraction(groups, n) for n in batch_sizes}
 
     def with_fractions(records):
@@ -301,12 +315,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--metric", help="the evaluation metric plotted against N")
     parser.add_argument("--study", choices=("digits", "cmudict"), default="digits",
                         help="digits: one budget (--steps or --epochs); cmudict: the study above")
+    parser.add_argument("--masked-loss", help="cmudict: the trainer's loss name that masks in-batch false "
+                        "negatives; adds a series with it")
     args = parser.parse_args(argv)
     if args.study == "cmudict":
         args = sweep.resolve(args, "batch_size_sweep_cmudict", CMUDICT, CMUDICT_QUICK)
         run_study(args.config, args.batch_sizes, args.seeds, args.out, steps=args.steps, epochs=args.epochs,
                   metric=args.metric, data_dir=args.data_dir,
-                  overrides=CMUDICT_QUICK_OVERRIDES if args.quick else None)
+                  overrides=CMUDICT_QUICK_OVERRIDES if args.quick else None, masked_loss=args.masked_loss)
     else:
         args = sweep.resolve(args, "batch_size_sweep", FULL, QUICK)
         quick = {"eval.linear_probe": False} if args.quick else {}

@@ -121,6 +121,13 @@ def test_cmudict_study_grid_scales_the_learning_rate_and_warmup_in_epochs(load_c
     assert tags["epochs", "linear", 256, 0].overrides["optim.name"] == "adamw"
     assert tags["epochs", "none", 65536, 0].overrides["train.micro_batch_size"] == 8192
     assert "train.micro_batch_size" not in tags["epochs", "none", 256, 0].overrides
+    # The false-negative-masking series: its loss, only up to N = 16,384 (dense logits).
+    masked = batch_size_sweep.study_runs(base, [256, 65536], [0], epochs=3, steps=40, train_size=121_490,
+                                         masked_loss="clip_masked")
+    extra = [r for r in masked if r.tags["loss"] == "clip_masked"]
+    assert [(r.tags["batch_size"], r.tags["series"]) for r in extra] == [
+        (256, "fixed epochs, sqrt, false negatives masked")]
+    assert extra[0].overrides["loss.name"] == "clip_masked" and len(masked) == 2 * 4 + 1
 
 
 def test_false_negative_fraction():
