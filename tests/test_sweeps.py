@@ -101,25 +101,30 @@ def test_fixed_epochs_gives_each_batch_size_its_steps(load_config):
 
 def test_cmudict_study_grid_scales_the_learning_rate_and_warmup_in_epochs(load_config):
     base = load_config("cmudict_clip")
-    runs = batch_size_sweep.study_runs(base, [256, 65536], [0, 1], epochs=3, steps=40, train_size=121_490)
-    assert len(runs) == 2 * 2 * 4 and len({r.name for r in runs}) == 16
+    runs = batch_size_sweep.study_runs(base, [256, 16384, 65536], [0, 1], epochs=3, steps=40,
+                                       train_size=121_490)
+    # N <= 16,384: 3 rules at fixed epochs + sqrt at fixed steps; N = 65,536: fixed-epoch sqrt.
+    assert len(runs) == 2 * (4 + 4 + 1) and len({r.name for r in runs}) == 18
     tags = {(r.tags["budget"], r.tags["scaling"], r.tags["batch_size"], r.tags["seed"]): r for r in runs}
+    assert {k[:3] for k in tags if k[2] == 65536} == {("epochs", "sqrt", 65536)}
     base_lr = batch_size_sweep.BASE_LEARNING_RATE
-    for rule, factor in (("none", 1.0), ("linear", 256.0), ("sqrt", 16.0)):
-        run = tags["epochs", rule, 65536, 1]
+    for rule, factor in (("none", 1.0), ("linear", 64.0), ("sqrt", 8.0)):
+        run = tags["epochs", rule, 16384, 1]
         assert run.overrides["optim.learning_rate"] == pytest.approx(base_lr * factor)
         assert run.overrides["seed"] == run.overrides["data.seed"] == 1
         assert tags["epochs", rule, 256, 0].overrides["optim.learning_rate"] == pytest.approx(base_lr)
+    assert tags["epochs", "sqrt", 65536, 0].overrides["optim.learning_rate"] == pytest.approx(base_lr * 16)
     # Fixed epochs: ceil(3 * 121490 / N) steps; a quarter-epoch warmup (at most a fifth of the run).
     assert tags["epochs", "sqrt", 256, 0].tags["steps"] == 1424
     assert tags["epochs", "sqrt", 256, 0].overrides["optim.warmup_steps"] == 119
     assert tags["epochs", "sqrt", 65536, 0].tags["steps"] == 6
     assert tags["epochs", "sqrt", 65536, 0].overrides["optim.warmup_steps"] == 1  # 0.46 steps: at least 1
-    assert tags["steps", "sqrt", 65536, 0].tags["steps"] == tags["steps", "sqrt", 256, 0].tags["steps"] == 40
+    assert tags["steps", "sqrt", 16384, 0].tags["steps"] == tags["steps", "sqrt", 256, 0].tags["steps"] == 40
     # Linear scaling at large N uses LAMB; a huge N is embedded in micro-batches, the loss streamed.
-    assert tags["epochs", "linear", 65536, 0].overrides["optim.name"] == "lamb"
+    assert tags["epochs", "linear", 16384, 0].overrides["optim.name"] == "lamb"
     assert tags["epochs", "linear", 256, 0].overrides["optim.name"] == "adamw"
-    assert tags["epochs", "none", 65536, 0].overrides["train.micro_batch_size"] == 8192
+    assert tags["epochs", "sqrt", 65536, 0].overrides["train.micro_batch_size"] == 8192
+    assert tags["epochs", "sqrt", 65536, 0].overrides["loss.chunk_size"] == 4096
     assert "train.micro_batch_size" not in tags["epochs", "none", 256, 0].overrides
     # The false-negative-masking series: its loss, only up to N = 16,384 (dense logits).
     masked = batch_size_sweep.study_runs(base, [256, 65536], [0], epochs=3, steps=40, train_size=121_490,
@@ -127,7 +132,7 @@ def test_cmudict_study_grid_scales_the_learning_rate_and_warmup_in_epochs(load_c
     extra = [r for r in masked if r.tags["loss"] == "clip_masked"]
     assert [(r.tags["batch_size"], r.tags["series"]) for r in extra] == [
         (256, "fixed epochs, sqrt, false negatives masked")]
-    assert extra[0].overrides["loss.name"] == "clip_masked" and len(masked) == 2 * 4 + 1
+    assert extra[0].overrides["loss.name"] == "clip_masked" and len(masked) == 4 + 1 + 1
 
 
 def test_false_negative_fraction():
