@@ -8,9 +8,9 @@ the chance of it grows with N. `clip_loss_masking_false_negatives` leaves those 
 out of both softmaxes (their logits set to `_common.MASK_VALUE`); with no shared ids it
 equals `clip_loss`.
 
-Dense `[B, N]` logits: this is the specification to move into the streamed kernels
-(`losses.streaming`: a `PairSpec` flag masking `same_label & ~same_id`, with labels
-`[B, K]` compared by `any` over K).
+Dense `[B, N]` logits: this is the specification to move into the streamed kernels (a
+pair-statistics flag masking `same_label & ~same_id`, with labels `[B, K]` compared by
+`any` over K), which keep memory linear in N.
 """
 
 from __future__ import annotations
