@@ -3,7 +3,10 @@
 Metric functions are pure NumPy on host arrays of L2-normalised embeddings (`z` [n, D],
 similarity = dot product):
 
-* `cross_view_recall`: paired retrieval (query i's match is gallery item i), R@K.
+* `cross_view_recall`: paired retrieval, R@K: query i's answers are gallery item i, or
+  every gallery item in query i's group (e.g. any pronunciation that is the same string
+  as the query's own, so homophones are not errors); computed in blocks of queries, so
+  memory is O(block * n), not n^2.
 * `retrieval_metrics`: metric-learning retrieval within one labelled set, the query left
   out: Recall@K, MAP@R and R-precision (Musgrave et al. 2020).
 * `knn_accuracy`, `linear_probe_accuracy`: classification from frozen embeddings.
@@ -25,20 +28,37 @@ from sklearn import linear_model
 from contrastive_jax import input_pipeline, sharding
 
 
-def cross_view_recall(za: np.ndarray, zb: np.ndarray, ks: Sequence[int]) -> dict[str, float]:
-    """Recall@K of retrieving `zb[i]` for query `za[i]` among all of `zb`.
+def cross_view_recall(
+    za: np.ndarray,
+    zb: np.ndarray,
+    ks: Sequence[int],
+    *,
+    groups: np.ndarray | None = None,
+    block_size: int = 1024,
+) -> dict[str, float]:
+    """Recall@K of retrieving a match of query `za[i]` among all of `zb`.
 
     Args:
-      za: [n, D] queries; zb: [n, D] gallery, row i the match of `za[i]`.
+      za: [n, D] queries; zb: [n, D] gallery, row i the pair of `za[i]`.
       ks: the K values.
+      groups: [n] ints or None. Gallery item j answers query i when `groups[j] ==
+        groups[i]` (e.g. equal pronunciation strings); None: only item i does.
+      block_size: queries scored at once ([block_size, n] similarities in memory).
 
     Returns:
-      `{"R@K": fraction of queries whose match ranks in the top K}`. Ties count
-      against the query (a match tied with a non-match is not ranked first).
+      `{"R@K": fraction of queries with an answer in the top K}`. Ties count against
+      the query: its rank is the number of non-answers scoring at least as high as its
+      best answer.
     """
-    similarity = za @ zb.T
-    match = np.diag(similarity)
-    rank = np.sum(similarity >= match[:, None], axis=1) - 1  # others scoring >= the match
+    n = len(za)
+    groups = np.arange(n) if groups is None else np.asarray(groups)
+    ranks = []
+    for start in range(0, n, block_size):
+        similarity = za[start : start + block_size] @ zb.T  # [b, n]
+        answer = groups[start : start + block_size, None] == groups[None, :]
+        best = np.max(np.where(answer, similarity, -np.inf), axis=1, keepdims=True)
+        ranks.append(np.sum((similarity >= best) & ~answer, axis=1))
+    rank = np.concatenate(ranks)
     return {f"R@{k}": float(np.mean(rank < k)) for k in ks}
 
 
@@ -105,12 +125,22 @@ def alignment(za: np.ndarray, zb: np.ndarray, *, alpha: float = 2.0) -> float:
     return float(np.mean(np.linalg.norm(za - zb, axis=1) ** alpha))
 
 
-def uniformity(z: np.ndarray, *, t: float = 2.0) -> float:
-    """`log mean_{i<j} exp(-t ||z_i - z_j||^2)` over [n, D] (lower: more uniform)."""
-    sq = np.maximum(2.0 - 2.0 * (z @ z.T), 0.0)
-    i, j = np.triu_indices(len(z), k=1)
-    x = -t * sq[i, j]
-    return float(np.log(np.mean(np.exp(x - x.max()))) + x.max())
+def uniformity(z: np.ndarray, *, t: float = 2.0, block_size: int = 1024) -> float:
+    """`log mean_{i<j} exp(-t ||z_i - z_j||^2)` over [n, D] (lower: more uniform).
+
+    Computed over blocks of `block_size` rows (memory O(block * n)) as the mean over all
+    i != j, which equals the mean over i < j by symmetry.
+    """
+    n = len(z)
+    block_lse = []
+    for start in range(0, n, block_size):
+        sq = np.maximum(2.0 - 2.0 * (z[start : start + block_size] @ z.T), 0.0)  # [b, n]
+        x = -t * sq.astype(np.float64)
+        rows = np.arange(len(x))
+        x[rows, start + rows] = -np.inf  # leave out i == j
+        top = x.max()
+        block_lse.append(np.log(np.sum(np.exp(x - top))) + top)
+    return float(np.logaddexp.reduce(block_lse) - np.log(n * (n - 1)))
 
 
 def collapse_diagnostics(z: np.ndarray) -> dict[str, float]:
@@ -128,7 +158,8 @@ def collapse_diagnostics(z: np.ndarray) -> dict[str, float]:
     singular = singular[singular > 1e-6 * np.sqrt(len(z))]  # drop round-off
     p = singular / singular.sum() if len(singular) else np.ones(1)
     n = len(z)
-    cosine = (np.sum(z @ z.T) - np.sum(z * z)) / max(n * (n - 1), 1)
+    total = z.sum(axis=0)
+    cosine = (total @ total - np.sum(z * z)) / max(n * (n - 1), 1)  # sum_{i != j} z_i . z_j
     return {
         "std_mean": float(std.mean()),
         "std_min": float(std.min()),
@@ -141,7 +172,8 @@ class Evaluator:
     """Embeds the evaluation (and, for probes, training) split and computes metrics.
 
     Which metrics depends on the data: paired inputs (`pairs`) get cross-view R@K both
-    ways and alignment; labelled eval data gets leave-one-out retrieval (R@K, MAP@R,
+    ways (answers grouped by the dataset's `input_pipeline.Source.match_keys`) and
+    alignment; labelled eval data gets leave-one-out retrieval (R@K, MAP@R,
     R-precision); kNN and the linear probe run when every eval class is also a training
     class (not on a class-disjoint split); uniformity and collapse diagnostics always.
     """
@@ -189,8 +221,11 @@ class Evaluator:
         z = self.embed(state, self._eval)
         out = {}
         if "zb" in z:
-            out |= {f"a_to_b/{k}": v for k, v in cross_view_recall(z["za"], z["zb"], ks).items()}
-            out |= {f"b_to_a/{k}": v for k, v in cross_view_recall(z["zb"], z["za"], ks).items()}
+            match_a, match_b = input_pipeline.SOURCES[self._config.data.name].match_keys or (None, None)
+            for name, query, gallery, match in (("a_to_b", "za", "zb", match_a), ("b_to_a", "zb", "za", match_b)):
+                groups = self._eval[match] if match else None
+                recall = cross_view_recall(z[query], z[gallery], ks, groups=groups)
+                out |= {f"{name}/{k}": v for k, v in recall.items()}
             out["alignment"] = alignment(z["za"], z["zb"])
         if "label" in self._eval:
             labels = self._eval["label"]

@@ -4,7 +4,11 @@ Tasks (`config.data.task`):
 
 * `pairs`: two modalities per example for a two-tower model. Image-only datasets give the
   top half (`a`) and the bottom half (`b`) of each image; image-text datasets give the
-  image (`a`) and its first caption as byte tokens (`b`).
+  image (`a`) and its first caption as byte tokens (`b`); sequence-pair datasets
+  (`cmudict`) give two token sequences: the spelling's characters as byte tokens (`a`)
+  and the pronunciation's phoneme ids + 1 (`b`), both int32 [B, text_max_length],
+  0-padded (the encoders take `tokens > 0` as the mask), plus the grouping ids
+  (`word_id`, `pronunciation_id` [B]) that mark false negatives and score retrieval.
 * `views`: two random augmentations (`a`, `b`) of one image (SimCLR).
 * `labeled`: one (augmented) image `a` with its `label`; each batch holds
   `config.data.examples_per_class` (m) examples of each of B / m classes.
@@ -41,7 +45,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import contrastive_jax.datasets  # noqa: F401  (registers "sklearn_digits" with tfds)
+import contrastive_jax.datasets  # noqa: F401  (registers the local datasets with tfds)
+from contrastive_jax.datasets import cmudict
 
 TASKS = ("pairs", "views", "labeled")
 # Byte-level text tokens: 1 + the UTF-8 byte value; 0 pads. No vocabulary file needed.
@@ -52,9 +57,19 @@ TEXT_VOCAB_SIZE = 257
 class Source:
     """Where the fields live in a TFDS dataset's examples."""
 
-    image_key: str = "image"
+    image_key: str | None = "image"  # None: no images (a sequence-pair dataset).
     label_key: str | None = "label"  # None: the dataset has no class labels.
     caption_key: tuple[str, ...] | None = None  # Path to a [num_captions] string tensor.
+    # Sequence pairs: a string feature (tower a reads its bytes) and a sequence of class
+    # ids (tower b reads id + 1), e.g. a spelling and its phonemes.
+    sequence_keys: tuple[str, str] | None = None
+    # Integer features carried into batches and evaluation arrays as they are.
+    id_keys: tuple[str, ...] = ()
+    # Paired retrieval: the id feature that says which gallery items answer a query,
+    # a -> b and b -> a (item j answers query i when their ids are equal); None: only
+    # item i answers query i.
+    match_keys: tuple[str, str] | None = None
+    max_text_length: int = 0  # The longest text / sequence; text_max_length must hold it.
 
 
 # The datasets the pipeline knows how to read; add a line to support another one.
@@ -65,6 +80,17 @@ SOURCES: Mapping[str, Source] = {
     "caltech_birds2011": Source(),
     "cars196": Source(),
     "coco_captions": Source(label_key=None, caption_key=("captions", "text")),
+    # Spelling -> pronunciation is right when the retrieved pronunciation is the query's
+    # own string (homophones share a pronunciation_id); pronunciation -> spelling when
+    # the retrieved spelling is (alternate pronunciations share a word_id).
+    "cmudict": Source(
+        image_key=None,
+        label_key=None,
+        sequence_keys=("word", "phonemes"),
+        id_keys=("word_id", "pronunciation_id"),
+        match_keys=("pronunciation_id", "word_id"),
+        max_text_length=max(cmudict.MAX_WORD_LENGTH, cmudict.MAX_PHONEMES),
+    ),
 }
 
 
@@ -92,8 +118,11 @@ def load_split(
       class_range: keep only the examples whose label is in `[lo, hi)`.
 
     Returns:
-      `image` uint8 [n, H, W, C]; `label` int32 [n] when the dataset has labels;
-      `text` int32 [n, text_max_length] byte tokens when it has captions.
+      `image` uint8 [n, H, W, C] for image datasets; `label` int32 [n] when the dataset
+      has labels; `text` int32 [n, text_max_length] byte tokens when it has captions or
+      sequence pairs (the spelling); `sequence` int32 [n, text_max_length] class ids + 1
+      for sequence pairs (the phonemes); the source's `id_keys` int32 [n]. Tokens are
+      0-padded.
     """
     check_data_config(data)
     source = SOURCES[data.name]
@@ -102,11 +131,13 @@ def load_split(
     ds = builder.as_dataset(split=split, shuffle_files=False)
 
     def decode(example):
-        image = example[source.image_key]
-        if data.image_size:
-            image = tf.image.resize(image, [data.image_size, data.image_size], antialias=True)
-            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-        out = {"image": image}
+        out = {}
+        if source.image_key:
+            image = example[source.image_key]
+            if data.image_size:
+                image = tf.image.resize(image, [data.image_size, data.image_size], antialias=True)
+                image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+            out["image"] = image
         if source.label_key:
             out["label"] = tf.cast(example[source.label_key], tf.int32)
         if source.caption_key:
@@ -114,9 +145,15 @@ def load_split(
             for key in source.caption_key:
                 captions = captions[key]
             first = tf.concat([captions, [""]], axis=0)[0]
-            raw = tf.io.decode_raw(first, tf.uint8, fixed_length=data.text_max_length)
-            tokens = tf.cast(raw, tf.int32)
-            out["text"] = tf.where(tokens > 0, tokens + 1, 0)
+            out["text"] = _byte_tokens(first, data.text_max_length)
+        if source.sequence_keys:
+            text_key, ids_key = source.sequence_keys
+            out["text"] = _byte_tokens(example[text_key], data.text_max_length)
+            ids = tf.cast(example[ids_key][: data.text_max_length], tf.int32) + 1
+            padded = tf.pad(ids, [[0, data.text_max_length - tf.shape(ids)[0]]])
+            out["sequence"] = tf.ensure_shape(padded, [data.text_max_length])
+        for key in source.id_keys:
+            out[key] = tf.cast(example[key], tf.int32)
         return out
 
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -131,6 +168,12 @@ def load_split(
     if not chunks:
         raise ValueError(f"split {split!r} of {data.name!r} (classes {class_range}) is empty.")
     return {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
+
+
+def _byte_tokens(text: tf.Tensor, length: int) -> tf.Tensor:
+    """A string's UTF-8 bytes as tokens `1 + byte`, truncated / 0-padded to [length]."""
+    tokens = tf.cast(tf.io.decode_raw(text, tf.uint8, fixed_length=length), tf.int32)
+    return tf.where(tokens > 0, tokens + 1, 0)
 
 
 def _augment(image: tf.Tensor, seed: tf.Tensor, aug: ml_collections.ConfigDict) -> tf.Tensor:
@@ -165,8 +208,13 @@ def _model_inputs(examples, task: str, data: ml_collections.ConfigDict, seeds=No
     """A batch's model inputs; augmented when `seeds` ([B, 2] int64, one per example) is given.
 
     Args:
-      examples: `image` uint8 [B, H, W, C], optional `label` [B] and `text` [B, L].
+      examples: `image` uint8 [B, H, W, C], optional `label` [B] and `text` [B, L]; or,
+        for sequence pairs, `text` and `sequence` [B, L] and the source's id keys.
     """
+    if "sequence" in examples:  # sequence pairs: no images, nothing to augment
+        return {"a": examples["text"], "b": examples["sequence"]} | {
+            key: value for key, value in examples.items() if key not in ("text", "sequence")
+        }
     images = tf.cast(examples["image"], tf.float32) / 255.0
 
     def augment(images, seeds):
@@ -207,13 +255,34 @@ def _augments(data: ml_collections.ConfigDict) -> bool:
 
 
 def check_data_config(data: ml_collections.ConfigDict) -> None:
-    """Raises ValueError for an unknown `config.data.task` or `config.data.name`."""
+    """Raises ValueError for an unknown `config.data.task` or `config.data.name`, and for
+    settings a sequence-pair dataset cannot use (another task, image augmentations, a
+    `text_max_length` that would truncate)."""
     if data.task not in TASKS:
         raise ValueError(f"config.data.task={data.task!r} is not a task; use one of {TASKS}.")
     if data.name not in SOURCES:
         raise ValueError(
             f"config.data.name={data.name!r} is not a known dataset; use one of "
             f"{sorted(SOURCES)} or add it to input_pipeline.SOURCES."
+        )
+    source = SOURCES[data.name]
+    if source.sequence_keys:
+        if data.task != "pairs":
+            raise ValueError(
+                f"config.data.name={data.name!r} holds sequence pairs; set "
+                f"config.data.task='pairs' (not {data.task!r})."
+            )
+        if _augments(data):
+            raise ValueError(
+                f"config.data.augment applies to images and {data.name!r} has none; set "
+                "config.data.augment.noise_std=0.0 (and crop_min_area=1.0, flip=False, "
+                "color_jitter=0.0)."
+            )
+    if data.text_max_length < source.max_text_length:
+        raise ValueError(
+            f"config.data.text_max_length={data.text_max_length} would truncate {data.name!r}, "
+            f"whose longest text is {source.max_text_length} tokens; set it to at least "
+            f"{source.max_text_length}."
         )
 
 
@@ -258,6 +327,11 @@ def _labeled_indices(labels: np.ndarray, batch_size: int, m: int, seed: tf.Tenso
     return indices
 
 
+def num_examples(arrays: Mapping[str, np.ndarray]) -> int:
+    """The number of examples in `load_split`'s (or `eval_arrays`') arrays."""
+    return len(next(iter(arrays.values())))
+
+
 def train_dataset(
     config: ml_collections.ConfigDict,
     *,
@@ -272,15 +346,16 @@ def train_dataset(
     what a run started at step 0, with any number of processes, sees at that step.
 
     Returns:
-      A dataset of dicts: `a` float32 [B, ...], `b` float32/int32 [B, ...] (pairs, views),
-      `label` int32 [B] when the dataset has labels (B = per-process batch).
+      A dataset of dicts: `a` float32 [B, ...] (int32 [B, L] tokens for sequence pairs),
+      `b` float32/int32 [B, ...] (pairs, views), `label` int32 [B] when the dataset has
+      labels, the source's id keys int32 [B] (B = per-process batch).
     """
     data = config.data
     check_data_config(data)
     global_batch_size = config.train.global_batch_size
     batch_size = per_process_batch_size(global_batch_size, process_count)
     arrays = load_split(data, data.train_split, class_range=data.train_class_range)
-    n = len(arrays["image"])
+    n = num_examples(arrays)
     tensors = {key: tf.constant(value) for key, value in arrays.items()}
     order_seed, step_seed, augment_seed = tf.unstack(
         tf.random.experimental.stateless_split(tf.constant([data.seed, 0], tf.int64), 3)
@@ -345,7 +420,8 @@ def eval_arrays(
     """A whole evaluation split's model inputs, in a fixed order, without augmentation.
 
     Returns:
-      `a` float32 [n, ...]; `b` [n, ...] for `pairs`; `label` int32 [n] when available.
+      `a` float32 [n, ...] (int32 tokens for sequence pairs); `b` [n, ...] for `pairs`;
+      `label` int32 [n] when available; the source's id keys int32 [n].
     """
     check_data_config(config.data)
     arrays = load_split(config.data, split, class_range=class_range)

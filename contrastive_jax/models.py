@@ -221,6 +221,38 @@ class TextTransformer(nn.Module):
         return jnp.sum(x * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
 
 
+class TextCNN(nn.Module):
+    """1-D convolutions over token embeddings (0 = padding), mean- and max-pooled over
+    the real tokens. Fast on CPUs, for short sequences (spellings, phonemes).
+
+    Embedding of width `features[0]`, then per width a 'SAME' convolution of
+    `kernel_size` and GELU (residual when the width is unchanged); padding positions are
+    zeroed before every convolution, so the output does not depend on how far a
+    sequence is padded. `[B, L]` int -> `[B, out_dim]`.
+    """
+
+    vocab_size: int
+    features: Sequence[int]
+    out_dim: int
+    kernel_size: int = 3
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens, *, train: bool = False):
+        del train
+        valid = (tokens > 0)[..., None]  # [B, L, 1]
+        x = nn.Embed(self.vocab_size, self.features[0], dtype=self.dtype)(tokens)
+        for width in self.features:
+            y = nn.gelu(nn.Conv(width, (self.kernel_size,), dtype=self.dtype)(x * valid))
+            x = x + y if y.shape == x.shape else y
+        x = x * valid
+        count = jnp.maximum(jnp.sum(valid, axis=1), 1).astype(x.dtype)  # [B, 1]
+        mean = jnp.sum(x, axis=1) / count
+        largest = jnp.max(jnp.where(valid, x, jnp.finfo(x.dtype).min), axis=1)
+        largest = jnp.where(jnp.any(valid, axis=1), largest, 0)  # an all-padding row
+        return nn.Dense(self.out_dim, dtype=self.dtype)(jnp.concatenate([mean, largest], -1))
+
+
 class ProjectionHead(nn.Module):
     """Dense-ReLU hidden layers then a linear map to the embedding. `[B, F]` -> `[B, D]`."""
 
@@ -319,6 +351,7 @@ ENCODERS: Mapping[str, Callable[[ml_collections.ConfigDict, Any, int], nn.Module
     "vit_tiny": _vit(192, 12, 3, 768),
     "vit_small": _vit(384, 12, 6, 1536),
     "vit_base": _vit(768, 12, 12, 3072),
+    "text_cnn": lambda m, dtype, vocab: TextCNN(vocab, m.cnn_features, m.encoder_dim, dtype=dtype),
     "text_transformer": lambda m, dtype, vocab: TextTransformer(
         vocab, m.encoder_dim, m.text_num_layers, max(m.encoder_dim // 64, 1), m.dropout_rate, dtype
     ),

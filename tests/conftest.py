@@ -46,3 +46,15 @@ def load_config():
         return module.get_config()
 
     return load
+
+
+@pytest.fixture(scope="session")
+def cmudict_data_dir(tmp_path_factory):
+    """A TFDS data_dir holding `cmudict`, prepared once per test session (~15 s)."""
+    import tensorflow_datasets as tfds
+
+    import contrastive_jax.datasets  # noqa: F401
+
+    data_dir = str(tmp_path_factory.mktemp("tfds_cmudict"))
+    tfds.builder("cmudict", data_dir=data_dir).download_and_prepare()
+    return data_dir

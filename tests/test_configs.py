@@ -16,10 +16,11 @@ from contrastive_jax.config_lib import override
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits")
 REAL_DATA_CONFIGS = ("simclr_cifar10", "clip_coco", "siglip_coco", "dml_cub_ce")
+CMUDICT_CONFIGS = ("cmudict_clip",)
 
 
 def test_the_expected_configs_exist():
-    assert set(CONFIGS) == set(DIGITS_CONFIGS + REAL_DATA_CONFIGS)
+    assert set(CONFIGS) == set(DIGITS_CONFIGS + REAL_DATA_CONFIGS + CMUDICT_CONFIGS)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -106,6 +107,21 @@ def test_digits_config_trains_and_evaluates(load_config, digits_data_dir, tmp_pa
     results = train.train_and_evaluate(config, str(tmp_path))
     expected = {"a_to_b/R@1", "b_to_a/R@1"} if name == "default" else {"retrieval/MAP@R"}
     assert expected <= set(results)
+    assert all(np.isfinite(v) for v in results.values())
+
+
+@pytest.mark.parametrize("name", CMUDICT_CONFIGS)
+def test_cmudict_config_trains_and_evaluates(load_config, cmudict_data_dir, tmp_path, name):
+    config = load_config(name)
+    config.data.data_dir = cmudict_data_dir
+    config.data.train_split = "test[:1024]"  # small splits load and evaluate fast
+    config.eval.split = "test[1024:3072]"
+    config.train.global_batch_size = 256
+    config.train.num_train_steps = 2
+    config.train.log_every_steps = 1
+    results = train.train_and_evaluate(config, str(tmp_path))
+    # Retrieval both ways, homophones / alternates as answers.
+    assert {"a_to_b/R@1", "a_to_b/R@10", "b_to_a/R@1"} <= set(results)
     assert all(np.isfinite(v) for v in results.values())
 
 

@@ -31,6 +31,38 @@ def test_cross_view_recall_counts_ties_against_the_query():
     assert evaluate.cross_view_recall(z, z, (1, 2)) == {"R@1": 0.0, "R@2": 1.0}
 
 
+def test_cross_view_recall_with_groups_homophones_and_alternates():
+    # Four dictionary lines: 0 "knight" and 1 "night" are homophones (one pronunciation
+    # string, so tower b embeds them identically); 2 "read" /R EH1 D/ and 3 "read"
+    # /R IY1 D/ are alternates (one spelling, so tower a embeds them identically).
+    pronunciation_id = np.array([0, 0, 1, 2])
+    word_id = np.array([0, 1, 2, 2])
+    za = unit([[1, 0.2], [1, -0.2], [0, 1], [0, 1]])  # spellings
+    zb = unit([[1, 0], [1, 0], [0.1, 1], [-0.3, 1]])  # pronunciations
+    # Spelling -> pronunciation: "knight" and "night" tie on items 0 and 1, both the right
+    # string; the two "read" queries both retrieve item 2 first: right for line 2 only.
+    spelling = evaluate.cross_view_recall(za, zb, (1, 2), groups=pronunciation_id)
+    assert spelling == {"R@1": 0.75, "R@2": 1.0}
+    # Pronunciation -> spelling: /R IY1 D/ retrieves "read" (line 2 or 3, tied): right;
+    # /N AY1 T/ ties "knight" and "night" (0.98 each): query 0's answer is line 0, but
+    # line 1 ties it and counts against it; likewise query 1.
+    pronunciation = evaluate.cross_view_recall(zb, za, (1, 2), groups=word_id)
+    assert pronunciation == {"R@1": 0.5, "R@2": 1.0}
+    # Without groups only the line's own partner counts: ties and alternates are errors.
+    assert evaluate.cross_view_recall(za, zb, (1, 2)) == {"R@1": 0.25, "R@2": 1.0}
+
+
+def test_cross_view_recall_blocks_do_not_change_the_result():
+    rng = np.random.default_rng(0)
+    za, zb = unit(rng.normal(size=(50, 4))), unit(rng.normal(size=(50, 4)))
+    groups = rng.integers(0, 20, size=50)
+    whole = evaluate.cross_view_recall(za, zb, (1, 5, 10), groups=groups)
+    assert evaluate.cross_view_recall(za, zb, (1, 5, 10), groups=groups, block_size=7) == whole
+    assert evaluate.cross_view_recall(za, zb, (1, 5), groups=np.arange(50)) == (
+        evaluate.cross_view_recall(za, zb, (1, 5), block_size=3)
+    )
+
+
 def test_retrieval_metrics_golden():
     # On a line: labels a a b a b. Neighbours (nearest other first) by position.
     angles = np.array([0.0, 0.1, 0.25, 0.4, 0.55])
@@ -82,6 +114,17 @@ def test_alignment_and_uniformity_golden():
     assert evaluate.uniformity(square) == pytest.approx(
         math.log((4 * math.exp(-4) + 2 * math.exp(-8)) / 6)
     )
+
+
+def test_uniformity_and_mean_cosine_in_blocks_match_the_dense_formulas():
+    rng = np.random.default_rng(1)
+    z = unit(rng.normal(size=(37, 5)))
+    sq = np.sum((z[:, None] - z[None]) ** 2, axis=-1)
+    i, j = np.triu_indices(37, k=1)
+    dense = np.log(np.mean(np.exp(-2.0 * sq[i, j])))
+    assert evaluate.uniformity(z, block_size=8) == pytest.approx(dense, rel=1e-10)
+    cosine = (z @ z.T)[i, j].mean()
+    assert evaluate.collapse_diagnostics(z)["mean_cosine"] == pytest.approx(cosine, rel=1e-10)
 
 
 def test_collapse_diagnostics():

@@ -121,7 +121,7 @@ def test_every_encoder_builds(config, name):
     config.model.patch_size = 4
     config.model.encoder_dim = 64
     model = models.create_model(config, text_vocab_size=257)
-    a = jnp.ones((2, 8), jnp.int32) if name == "text_transformer" else jnp.ones((2, 16, 16, 3))
+    a = jnp.ones((2, 8), jnp.int32) if name.startswith("text_") else jnp.ones((2, 16, 16, 3))
     out = jax.eval_shape(
         lambda: model.apply(model.init(jax.random.key(0), a, None), a, None)
     )
@@ -132,3 +132,20 @@ def test_unknown_encoder_names_the_field(config):
     config.model.encoder_b = "resnet19"
     with pytest.raises(ValueError, match=r"config.model.encoder_b='resnet19'.*resnet18"):
         models.create_model(config, text_vocab_size=257)
+
+
+def test_text_cnn_ignores_padding_and_depends_on_every_real_token():
+    cnn = models.TextCNN(vocab_size=257, features=(8, 8), out_dim=4)
+    tokens = jnp.array([[5, 6, 7, 0, 0], [9, 0, 0, 0, 0]])
+    variables = cnn.init(jax.random.key(0), tokens)
+    out = cnn.apply(variables, tokens)
+    # Padded further, or with no padding at all, the real tokens give the same output.
+    longer = cnn.apply(variables, jnp.pad(tokens, ((0, 0), (0, 7))))
+    np.testing.assert_allclose(longer, out, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(cnn.apply(variables, tokens[1:, :1]), out[1:], rtol=1e-6, atol=1e-6)
+    for position in range(3):  # every real token of row 0 matters, row 1 is untouched
+        changed = cnn.apply(variables, tokens.at[0, position].set(11))
+        assert not np.allclose(changed[0], out[0])
+        np.testing.assert_allclose(changed[1], out[1], rtol=1e-6)
+    # An all-padding row is finite.
+    assert np.all(np.isfinite(cnn.apply(variables, jnp.zeros((1, 5), jnp.int32))))

@@ -5,6 +5,7 @@ import json
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -99,3 +100,63 @@ def test_fixed_epochs_gives_each_batch_size_its_steps(load_config):
     assert [r.tags["steps"] for r in runs] == [180, 180, 45, 45]
     assert [r.overrides["optim.warmup_steps"] for r in runs[::2]] == [36, 9]  # at most a fifth
     assert len({r.name for r in runs}) == 4
+
+
+def test_cmudict_study_grid_scales_the_learning_rate_and_warmup_in_epochs(load_config):
+    base = load_config("cmudict_clip")
+    runs = batch_size_sweep.study_runs(base, [256, 16384, 65536], [0, 1], epochs=3, steps=40,
+                                       train_size=121_490)
+    # N <= 16,384: 3 rules at fixed epochs + sqrt at fixed steps; N = 65,536: fixed-epoch sqrt.
+    assert len(runs) == 2 * (4 + 4 + 1) and len({r.name for r in runs}) == 18
+    tags = {(r.tags["budget"], r.tags["scaling"], r.tags["batch_size"], r.tags["seed"]): r for r in runs}
+    assert {k[:3] for k in tags if k[2] == 65536} == {("epochs", "sqrt", 65536)}
+    base_lr = batch_size_sweep.BASE_LEARNING_RATE
+    for rule, factor in (("none", 1.0), ("linear", 64.0), ("sqrt", 8.0)):
+        run = tags["epochs", rule, 16384, 1]
+        assert run.overrides["optim.learning_rate"] == pytest.approx(base_lr * factor)
+        assert run.overrides["seed"] == run.overrides["data.seed"] == 1
+        assert tags["epochs", rule, 256, 0].overrides["optim.learning_rate"] == pytest.approx(base_lr)
+    assert tags["epochs", "sqrt", 65536, 0].overrides["optim.learning_rate"] == pytest.approx(base_lr * 16)
+    # Fixed epochs: ceil(3 * 121490 / N) steps; a quarter-epoch warmup (at most a fifth of the run).
+    assert tags["epochs", "sqrt", 256, 0].tags["steps"] == 1424
+    assert tags["epochs", "sqrt", 256, 0].overrides["optim.warmup_steps"] == 119
+    assert tags["epochs", "sqrt", 65536, 0].tags["steps"] == 6
+    assert tags["epochs", "sqrt", 65536, 0].overrides["optim.warmup_steps"] == 1  # 0.46 steps: at least 1
+    assert tags["steps", "sqrt", 16384, 0].tags["steps"] == tags["steps", "sqrt", 256, 0].tags["steps"] == 40
+    # Linear scaling at large N uses LAMB; a huge N is embedded in micro-batches, the loss streamed.
+    assert tags["epochs", "linear", 16384, 0].overrides["optim.name"] == "lamb"
+    assert tags["epochs", "linear", 256, 0].overrides["optim.name"] == "adamw"
+    assert tags["epochs", "sqrt", 65536, 0].overrides["train.micro_batch_size"] == 8192
+    assert tags["epochs", "sqrt", 65536, 0].overrides["loss.chunk_size"] == 4096
+    assert "train.micro_batch_size" not in tags["epochs", "none", 256, 0].overrides
+    # The false-negative-masking series: its loss, only up to N = 16,384 (dense logits).
+    masked = batch_size_sweep.study_runs(base, [256, 65536], [0], epochs=3, steps=40, train_size=121_490,
+                                         masked_loss="clip_masked")
+    extra = [r for r in masked if r.tags["loss"] == "clip_masked"]
+    assert [(r.tags["batch_size"], r.tags["series"]) for r in extra] == [
+        (256, "fixed epochs, sqrt, false negatives masked")]
+    assert extra[0].overrides["loss.name"] == "clip_masked" and len(masked) == 4 + 1 + 1
+
+
+def test_false_negative_fraction():
+    # Rows 0-1 share a spelling, rows 2-3 a pronunciation, row 4 shares nothing.
+    groups = {"word_id": np.array([0, 0, 1, 2, 3]), "pronunciation_id": np.array([0, 1, 2, 2, 3])}
+    assert batch_size_sweep.false_negative_fraction(groups, 5, num_batches=2) == pytest.approx(0.8)
+    # A batch of 2 of the 5 rows: the pair is a false negative for 2 of the 10 possible pairs.
+    rng_fraction = batch_size_sweep.false_negative_fraction(groups, 2, num_batches=4000)
+    assert rng_fraction == pytest.approx(2 / 10, abs=0.02)
+    assert batch_size_sweep.false_negative_fraction({"id": np.arange(100)}, 50) == 0.0
+
+
+@pytest.mark.slow  # 8 runs: about 2 minutes on an idle 2-core machine
+def test_cmudict_study_quick(tmp_path, cmudict_data_dir):
+    batch_size_sweep.main(["--study", "cmudict", "--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir])
+    records = json.loads((tmp_path / "results.json").read_text())
+    expected = COMMON + ["metric_vs_batch.png", "loss_curves.png", "temperature_vs_batch.png", "mi_bound.png",
+                         "false_negatives_vs_batch.png"]
+    assert all((tmp_path / name).stat().st_size > 0 for name in expected)
+    assert len(records) == 2 * 4  # 2 batch sizes x (3 rules at fixed epochs + sqrt at fixed steps)
+    assert all(0 <= r["a_to_b/R@1"] <= 1 and 0 <= r["b_to_a/R@1"] <= 1 for r in records)
+    fractions = {r["batch_size"]: r["false_negative_fraction"] for r in records}
+    assert 0 <= fractions[256] <= fractions[512] < 1  # (2,048 quick pairs: few repeats)
+    assert "fixed epochs, sqrt" in (tmp_path / "summary.md").read_text()
