@@ -296,7 +296,7 @@ def run_study(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out
     """
     from contrastive_jax import input_pipeline
 
-    base = sweep.override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
+    base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     train = input_pipeline.load_split(base.data, base.data.train_split)
     groups = {key: train[key] for key in input_pipeline.SOURCES[base.data.name].id_keys}
     runs = study_runs(base, batch_sizes, seeds, epochs=epochs, steps=steps,
