@@ -127,21 +127,28 @@ def test_sigkill_at_random_times_resumes_bitwise(
     metrics = os.path.join(workdir, "metrics.jsonl")
     rng = random.Random(0)
     kills = 0
+    complete = set()  # every complete checkpoint a run could have resumed from
     for _ in range(6):
+        complete |= set(checkpoint_steps(workdir)[0])
         logged = os.path.getsize(metrics) if os.path.exists(metrics) else 0
         process = processes.start(config, workdir, num_devices=8)
         while process.poll() is None and not (
             os.path.exists(metrics) and os.path.getsize(metrics) > logged
         ):
-            time.sleep(0.05)  # until this run has trained a step
+            time.sleep(0.05)  # until this run has written to the metrics
         time.sleep(rng.uniform(0, 1.5))
         if process.poll() is not None:
             break
         processes.kill(process)
         kills += 1
+    newest = max(checkpoint_steps(workdir)[0], default=None)
     status, output = processes.wait(processes.start(config, workdir, num_devices=8))
     assert status == 0, output[-3000:]
     assert kills >= 1
+    # Every resume started at a complete checkpoint, the last one at the newest.
+    resumes = resumed_from_steps(workdir)
+    assert set(resumes) <= complete | {newest} and resumes == sorted(resumes)
+    assert resumes[-1:] == ([newest] if newest is not None else [])
     straight = str(tmp_path / "straight")
     train.train_and_evaluate(override(load_config("default"), fields), straight)
     assert_bitwise_equal(saved_params(workdir, 16), saved_params(straight, 16))
@@ -198,7 +205,7 @@ def wrong_fingerprint(step_dir):
     "corrupt",
     [
         truncate_array_data,
-        pytest.param(flip_a_byte, marks=pytest.mark.slow),
+        flip_a_byte,
         delete_the_state,
         pytest.param(garble_the_position, marks=pytest.mark.slow),
         wrong_fingerprint,
@@ -217,6 +224,7 @@ def test_corrupt_latest_checkpoint_is_reported_and_skipped(
     moved = glob.glob(os.path.join(workdir, "checkpoints.corrupt", f"{STEPS}-*"))
     assert len(moved) == 1
     # Resumed from the previous checkpoint and redid the last steps exactly.
+    assert resumed_from_steps(workdir) == [STEPS - 2]
     assert_bitwise_equal(saved_params(workdir, STEPS), saved_params(reference, STEPS))
 
 
