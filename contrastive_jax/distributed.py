@@ -35,6 +35,8 @@ import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
+from contrastive_jax.config_lib import ConfigError
+
 
 def initialize(
     *,
@@ -56,9 +58,17 @@ def initialize(
         timeout, which aborts with a fatal-error dump, is set to
         `jax_heartbeat_timeout(heartbeat_timeout_seconds)`, later than the watchdog's.
 
+    Raises:
+      ConfigError: `heartbeat_timeout_seconds` < 2 (checked before anything starts).
+
     With no settings and `auto_detect=False` this is a single-process run and nothing
     is started.
     """
+    if not heartbeat_timeout_seconds >= 2:
+        raise ConfigError(
+            f"--heartbeat_timeout_seconds={heartbeat_timeout_seconds}: must be at least 2 (the "
+            "processes beat once a second); pass e.g. 30."
+        )
     explicit = (coordinator_address, num_processes, process_id)
     if all(value is None for value in explicit) and not auto_detect:
         return
@@ -113,11 +123,6 @@ class ProcessWatchdog:
     """
 
     def __init__(self, *, timeout_seconds: float, command: str, interval_seconds: float = 1.0):
-        if not timeout_seconds > interval_seconds:
-            raise ValueError(
-                f"--heartbeat_timeout_seconds={timeout_seconds} must exceed the "
-                f"{interval_seconds} s between heartbeats; pass e.g. 30."
-            )
         self.timeout_seconds = timeout_seconds
         self.interval_seconds = interval_seconds
         self.command = command

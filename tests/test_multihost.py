@@ -19,7 +19,7 @@ from subprocess_runs import (  # noqa: F401  (processes: a fixture)
 )
 
 from contrastive_jax import distributed, train
-from contrastive_jax.config_lib import override
+from contrastive_jax.config_lib import ConfigError, override
 
 
 def launch(processes, config, workdir, faults=(None, None), flags=()):  # noqa: F811
@@ -155,3 +155,8 @@ def test_a_lost_process_stops_the_others_with_one_line_and_all_resume(
     reference = str(tmp_path / "one")
     train.train_and_evaluate(override(load_config("default"), fields), reference)
     assert max_difference(saved_params(workdir, 8), saved_params(reference, 8)) < 1e-6
+
+
+def test_a_heartbeat_timeout_under_two_seconds_is_refused():
+    with pytest.raises(ConfigError, match="--heartbeat_timeout_seconds=1: must be at least 2"):
+        distributed.initialize(heartbeat_timeout_seconds=1)
