@@ -162,7 +162,8 @@ class ProcessWatchdog:
                     for key, value in self._client.key_value_dir_get(_HEARTBEATS)
                 }
             except Exception as e:  # the service, in process 0, is gone
-                self._stop_lost([0], f"its coordination service stopped answering: {e}")
+                first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+                self._stop_lost([0], f"its coordination service stopped answering: {first_line}")
             now = time.monotonic()
             for p, (last, _) in list(seen.items()):
                 if beats.get(p) == _EXITED:
