@@ -13,11 +13,14 @@ TPUs are used as they are).
 Multi-process (one process per host, or several on one machine): pass
 `--coordinator_address=HOST:PORT --num_processes=P --process_id=I` to every process, or
 `--distributed` alone where JAX detects them (Cloud TPU pod slices, SLURM, Open MPI).
-Only process 0 logs at INFO and writes metrics. SIGTERM (preemption) saves a checkpoint
-and exits with status 0; rerunning the same command resumes. See the README's "Multi-host" section.
+Only process 0 logs at INFO and writes metrics. When a process is lost, the others stop
+within `--heartbeat_timeout_seconds` with one line and status 75. SIGTERM (preemption)
+saves a checkpoint and exits with status 0; rerunning the same command resumes. See the
+README's "Multi-host" section.
 """
 
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -31,6 +34,9 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process: how
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process: this one's id, 0-based.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Multi-process with settings JAX detects (TPU pods, SLURM, MPI)."
+)
+_HEARTBEAT_TIMEOUT = flags.DEFINE_float(
+    "heartbeat_timeout_seconds", 30, "Multi-process: stop all when one is silent this long."
 )
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -67,13 +73,17 @@ def main(argv):
         num_processes=_NUM_PROCESSES.value,
         process_id=_PROCESS_ID.value,
         auto_detect=_DISTRIBUTED.value,
+        heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
     )
     if jax.process_index() != 0:
         logging.set_verbosity(logging.WARNING)
-    try:
-        train.train_and_evaluate(config, _WORKDIR.value)
-    except train.Preempted as e:
-        logging.warning("%s", e)  # a clean exit: the scheduler reruns the same command
+    with distributed.ProcessWatchdog(  # another process lost: one line, exit status 75
+        timeout_seconds=_HEARTBEAT_TIMEOUT.value, command=distributed.rerun_command(sys.argv)
+    ):
+        try:
+            train.train_and_evaluate(config, _WORKDIR.value)
+        except train.Preempted as e:
+            logging.warning("%s", e)  # a clean exit: the scheduler reruns the same command
 
 
 if __name__ == "__main__":

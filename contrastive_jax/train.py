@@ -149,6 +149,8 @@ def _train(
         )
     evaluator = evaluate.Evaluator(config, eval_mesh)
     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=start_step)
+    if start_step > 0:  # a machine-readable record of every resume, kept across resumes
+        writer.write(start_step, {"resumed_from_step": start_step})
     progress = tqdm.tqdm(
         total=num_steps, initial=start_step, desc="train",
         disable=not (lead and sys.stderr.isatty()),

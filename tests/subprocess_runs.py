@@ -165,11 +165,31 @@ def processes():
         launched.close()
 
 
+def metric_records(workdir: str) -> list[dict]:
+    """The lines of `<workdir>/metrics.jsonl`, parsed, in order."""
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
 def logged_losses(workdir: str) -> dict[int, float]:
     """`{step: train/loss}` from `<workdir>/metrics.jsonl`."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
+    return {row["step"]: row["train/loss"] for row in metric_records(workdir) if "train/loss" in row}
+
+
+def resumed_from_steps(workdir: str) -> list[int]:
+    """The step each resume of the run in `workdir` started from, in order (the
+    `resumed_from_step` records the trainer writes to metrics.jsonl; none: never resumed)."""
+    return [row["resumed_from_step"] for row in metric_records(workdir) if "resumed_from_step" in row]
+
+
+def checkpoint_steps(workdir: str) -> tuple[list[int], list[int]]:
+    """`(complete, partial)`: the steps of the finalized checkpoints in
+    `<workdir>/checkpoints` and of the writes cut off there (orbax's `<step>.*tmp*` dirs)."""
+    directory = os.path.join(workdir, "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    complete = sorted(int(name) for name in names if name.isdigit())
+    partial = sorted(int(name.split(".")[0]) for name in names if "tmp" in name)
+    return complete, partial
 
 
 def saved_params(workdir: str, step: int):

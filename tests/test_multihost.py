@@ -7,35 +7,39 @@ import time
 
 import pytest
 from subprocess_runs import (  # noqa: F401  (processes: a fixture)
+    checkpoint_steps,
     free_port,
     logged_losses,
     max_difference,
     processes,
+    resumed_from_steps,
     saved_params,
     tiny_fields,
     write_config,
 )
 
-from contrastive_jax import train
-from contrastive_jax.config_lib import override
+from contrastive_jax import distributed, train
+from contrastive_jax.config_lib import ConfigError, override
 
 
-def launch(processes, config, workdir, num_processes=2, fault=None):  # noqa: F811
-    """Starts `num_processes` trainer processes of 8 / num_processes CPU devices each."""
+def launch(processes, config, workdir, faults=(None, None), flags=()):  # noqa: F811
+    """Starts `len(faults)` trainer processes of 8 / len(faults) CPU devices each, process
+    i with `faults[i]` (see `subprocess_runs._DRIVER`; None: none) and `flags`."""
     address = f"127.0.0.1:{free_port()}"
     return [
         processes.start(
             config,
             workdir,
-            num_devices=8 // num_processes,
+            num_devices=8 // len(faults),
             flags=(
                 f"--coordinator_address={address}",
-                f"--num_processes={num_processes}",
+                f"--num_processes={len(faults)}",
                 f"--process_id={i}",
+                *flags,
             ),
             fault=fault,
         )
-        for i in range(num_processes)
+        for i, fault in enumerate(faults)
     ]
 
 
@@ -88,6 +92,7 @@ def test_sigterm_to_one_process_stops_all_at_one_step_and_resumes(
 
     for rank, (status, output) in enumerate(processes.wait(p) for p in launch(processes, config, workdir)):
         assert status == 0, f"process {rank}:\n{output[-4000:]}"
+    assert resumed_from_steps(workdir) == [stopped]
     reference = str(tmp_path / "one")
     train.train_and_evaluate(override(load_config("default"), fields), reference)
     assert max_difference(saved_params(workdir, 40), saved_params(reference, 40)) < 1e-5
@@ -98,11 +103,61 @@ def test_both_processes_killed_then_resumed(processes, load_config, digits_data_
     fields = tiny_fields(digits_data_dir)
     config = write_config(tmp_path / "tiny.py", fields)
     workdir = str(tmp_path / "two")
+    newest = []  # the newest complete checkpoint after each kill that left one
     for fault in ("batch:4:SIGKILL", "save:2:SIGKILL"):  # mid-run, then during a write
-        for status, _ in [processes.wait(p) for p in launch(processes, config, workdir, fault=fault)]:
+        for status, _ in [processes.wait(p) for p in launch(processes, config, workdir, (fault, fault))]:
             assert status == -signal.SIGKILL
+        newest += checkpoint_steps(workdir)[0][-1:]
     for rank, (status, output) in enumerate(processes.wait(p) for p in launch(processes, config, workdir)):
         assert status == 0, f"process {rank}:\n{output[-4000:]}"
+    # The write of checkpoint 2 is done when the second save starts: 2 at least was left.
+    assert resumed_from_steps(workdir) == newest and newest[-1] >= 2
     reference = str(tmp_path / "one")
     train.train_and_evaluate(override(load_config("default"), fields), reference)
     assert max_difference(saved_params(workdir, 8), saved_params(reference, 8)) < 1e-6
+
+
+HEARTBEAT_TIMEOUT = 6  # seconds; short to keep the test short (the default is 30)
+
+
+def test_a_lost_process_stops_the_others_with_one_line_and_all_resume(
+    processes, load_config, digits_data_dir, tmp_path  # noqa: F811
+):
+    fields = tiny_fields(digits_data_dir)
+    config = write_config(tmp_path / "tiny.py", fields)
+    workdir = str(tmp_path / "two")
+    flags = (f"--heartbeat_timeout_seconds={HEARTBEAT_TIMEOUT}",)
+    # Process 1 dies (SIGKILL) before step 5: after checkpoint 4 was started.
+    survivor, victim = launch(processes, config, workdir, (None, "batch:5:SIGKILL"), flags)
+    assert processes.wait(victim)[0] == -signal.SIGKILL
+    died = time.monotonic()
+    status, output = processes.wait(survivor)
+    noticed = time.monotonic() - died
+    assert status == distributed.LOST_PROCESS_EXIT_STATUS, output[-4000:]
+    # Within the timeout after its last beat (<= 1 s before it died), plus the exit.
+    assert HEARTBEAT_TIMEOUT - 1.5 < noticed < HEARTBEAT_TIMEOUT + 8, noticed
+    [line] = [line for line in output.splitlines() if "Lost process" in line]
+    assert line.startswith(f"Lost process 1 of 2 (no heartbeat for {HEARTBEAT_TIMEOUT} s)")
+    rerun = (
+        f"python -m contrastive_jax.main --config={config} --workdir={workdir} --coordinator_"
+        f"address=127.0.0.1:PORT --num_processes=2 '--process_id=<I>' {flags[0]}"
+    )
+    assert re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", line).endswith(rerun), line
+    assert "Traceback" not in output and "Fatal" not in output, output[-4000:]
+
+    complete, partial = checkpoint_steps(workdir)
+    assert complete[-1] in (2, 4) and set(partial) <= {4}, (complete, partial)
+    for rank, (status, output) in enumerate(
+        processes.wait(p) for p in launch(processes, config, workdir, flags=flags)
+    ):
+        assert status == 0, f"process {rank}:\n{output[-4000:]}"
+        assert "corrupt" not in output
+    assert resumed_from_steps(workdir) == [complete[-1]]  # the newest complete checkpoint
+    reference = str(tmp_path / "one")
+    train.train_and_evaluate(override(load_config("default"), fields), reference)
+    assert max_difference(saved_params(workdir, 8), saved_params(reference, 8)) < 1e-6
+
+
+def test_a_heartbeat_timeout_under_two_seconds_is_refused():
+    with pytest.raises(ConfigError, match="--heartbeat_timeout_seconds=1: must be at least 2"):
+        distributed.initialize(heartbeat_timeout_seconds=1)

@@ -20,8 +20,11 @@ import numpy as np
 import pytest
 from subprocess_runs import (  # noqa: F401  (processes: a fixture)
     assert_bitwise_equal,
+    checkpoint_steps,
     logged_losses,
+    metric_records,
     processes,
+    resumed_from_steps,
     saved_params,
     tiny_fields,
     write_config,
@@ -43,21 +46,26 @@ def reference(load_config, digits_data_dir, tmp_path_factory):
 
 def losses_once(workdir):
     """`{step: loss}`, checking that every step was logged once (resumes drop the rest)."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        steps = [json.loads(line)["step"] for line in f if "train/loss" in line]
+    steps = [row["step"] for row in metric_records(workdir) if "train/loss" in row]
     assert steps == sorted(set(steps)), steps
     return logged_losses(workdir)
 
 
 def run_until_done(processes, config, workdir, faults):  # noqa: F811
-    """Runs the trainer once per fault (each must stop it), then once to the end."""
+    """Runs the trainer once per fault (each must stop it), then once to the end.
+
+    Returns `(fault, status, output, (complete, partial))` per fault, the last two the
+    `checkpoint_steps` the stopped run left. Checks that every rerun resumed from the
+    newest complete checkpoint the run before it left, never from a partial write.
+    """
     reports = []
     for fault in faults:
         status, output = processes.wait(processes.start(config, workdir, num_devices=8, fault=fault))
-        tmp = glob.glob(os.path.join(workdir, "checkpoints", "*tmp*"))
-        reports.append((fault, status, output, tmp))
+        reports.append((fault, status, output, checkpoint_steps(workdir)))
     status, output = processes.wait(processes.start(config, workdir, num_devices=8))
     assert status == 0, output[-4000:]
+    newest = [complete[-1] for *_, (complete, _) in reports if complete]
+    assert resumed_from_steps(workdir) == newest
     return reports
 
 
@@ -75,10 +83,14 @@ def test_sigkill_mid_write_and_sigterm_then_resume_is_bitwise_identical(
             "batch:2:SIGTERM",  # preempted during step 2 after resuming
         ],
     )
-    (_, killed, output, tmp), (_, preempted, preempt_output, _) = reports
+    (_, killed, output, after_kill), (_, preempted, preempt_output, after_sigterm) = reports
     assert killed == -signal.SIGKILL, output[-3000:]
+    assert after_kill == ([2], [4])  # checkpoint 4 was cut off mid-write
     assert preempted == 0, preempt_output[-3000:]
     assert "SIGTERM: stopped after step" in preempt_output
+    assert after_sigterm[0] == [2, 4]  # resumed at 2, stopped after step 4 and saved it
+    # The reruns resumed from 2, not from the partial 4, then from the SIGTERM's 4.
+    assert resumed_from_steps(workdir) == [2, 4] and resumed_from_steps(reference) == []
     assert_bitwise_equal(saved_params(workdir, STEPS), saved_params(reference, STEPS))
     assert losses_once(workdir) == losses_once(reference)
     with open(os.path.join(workdir, "eval_results.json")) as f:
@@ -115,21 +127,28 @@ def test_sigkill_at_random_times_resumes_bitwise(
     metrics = os.path.join(workdir, "metrics.jsonl")
     rng = random.Random(0)
     kills = 0
+    complete = set()  # every complete checkpoint a run could have resumed from
     for _ in range(6):
+        complete |= set(checkpoint_steps(workdir)[0])
         logged = os.path.getsize(metrics) if os.path.exists(metrics) else 0
         process = processes.start(config, workdir, num_devices=8)
         while process.poll() is None and not (
             os.path.exists(metrics) and os.path.getsize(metrics) > logged
         ):
-            time.sleep(0.05)  # until this run has trained a step
+            time.sleep(0.05)  # until this run has written to the metrics
         time.sleep(rng.uniform(0, 1.5))
         if process.poll() is not None:
             break
         processes.kill(process)
         kills += 1
+    newest = max(checkpoint_steps(workdir)[0], default=None)
     status, output = processes.wait(processes.start(config, workdir, num_devices=8))
     assert status == 0, output[-3000:]
     assert kills >= 1
+    # Every resume started at a complete checkpoint, the last one at the newest.
+    resumes = resumed_from_steps(workdir)
+    assert set(resumes) <= complete | {newest} and resumes == sorted(resumes)
+    assert resumes[-1:] == ([newest] if newest is not None else [])
     straight = str(tmp_path / "straight")
     train.train_and_evaluate(override(load_config("default"), fields), straight)
     assert_bitwise_equal(saved_params(workdir, 16), saved_params(straight, 16))
@@ -186,7 +205,7 @@ def wrong_fingerprint(step_dir):
     "corrupt",
     [
         truncate_array_data,
-        pytest.param(flip_a_byte, marks=pytest.mark.slow),
+        flip_a_byte,
         delete_the_state,
         pytest.param(garble_the_position, marks=pytest.mark.slow),
         wrong_fingerprint,
@@ -205,6 +224,7 @@ def test_corrupt_latest_checkpoint_is_reported_and_skipped(
     moved = glob.glob(os.path.join(workdir, "checkpoints.corrupt", f"{STEPS}-*"))
     assert len(moved) == 1
     # Resumed from the previous checkpoint and redid the last steps exactly.
+    assert resumed_from_steps(workdir) == [STEPS - 2]
     assert_bitwise_equal(saved_params(workdir, STEPS), saved_params(reference, STEPS))
 
 

@@ -103,7 +103,6 @@ def test_ring_equals_dense(name, num_devices):
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", LOSSES)
 @pytest.mark.parametrize("num_devices", [2, 4])
 @pytest.mark.parametrize("mode", [{"collective": "ring"}, {"chunk_size": 16}], ids=str)
