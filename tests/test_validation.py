@@ -27,7 +27,7 @@ def build(config):
     "field, value, message",
     [
         # A global batch that does not divide over the devices or the micro-batches.
-        ("train.global_batch_size", 100, r"config.train.global_batch_size size 100 does not divide over 8 devices; use a multiple of 8 \(e.g. 96 or 104\)"),
+        ("train.global_batch_size", 100, r"config.train.global_batch_size is 100, which does not divide over 8 devices; use a multiple of 8 \(e.g. 96 or 104\)"),
         ("train.micro_batch_size", 24, r"config.train.micro_batch_size=24 must be a positive divisor of config.train.global_batch_size=64 and a multiple of the 8 devices \(e.g. 16\)"),
         ("train.micro_batch_size", 4, r"config.train.micro_batch_size=4 must be a multiple of the 8 devices"),
         # Unknown names list the valid ones.
