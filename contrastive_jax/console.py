@@ -193,9 +193,10 @@ class Progress:
 
 
 def eval_line(step: int, results: Mapping[str, float]) -> str:
-    """`eval at step S: a_to_b/R@1 0.4333, ...` (the headline metrics only)."""
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in headline(results).items())
-    return f"eval at step {step}: {shown or 'no headline metrics'} (all: metrics.jsonl)"
+    """`eval at step S: a_to_b/R@1 0.433, ...` (the headline metrics; all of them go to
+    metrics.jsonl)."""
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in headline(results).items())
+    return f"eval at step {step}: {shown or 'see metrics.jsonl'}"
 
 
 def summary(workdir: str, step: int, results: Mapping[str, float], *, seconds: float) -> str:

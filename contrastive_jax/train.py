@@ -127,7 +127,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     mesh = sharding.make_mesh()
     trainer = build(config, mesh)
     workdir = prepare_workdir(workdir)
-    logging.info("%s", console.run_line(config, mesh, workdir))
     tf.config.set_visible_devices([], "GPU")  # tf.data only; keep accelerators for JAX.
     ckpt = checkpoint.Checkpointer(
         os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep
@@ -137,6 +136,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         ds = _train_batches(config, opened_at)
         init, abstract_state = trainer.init_state(ds.element_spec)
         start_step, state = ckpt.restore_latest(config, abstract_state)
+        logging.info("%s", console.run_line(config, mesh, workdir))  # the config is usable
         if state is None:
             state = init()
         elif (done := _finished_results(workdir, start_step, config)) is not None:

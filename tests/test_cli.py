@@ -1,0 +1,285 @@
+"""The command line as a person meets it, with real processes: one-line errors, quiet
+logs and a summary, Ctrl-C that saves, and every command of the READMEs.
+
+Mistakes found while parsing the flags are run as `python -m contrastive_jax.main`
+(they exit before JAX or TensorFlow are imported, in well under a second). Mistakes found
+later (the config checks, the workdir, a resume) are run by `forked_cli`: a server
+process imports the slow modules once (JAX's backend is not started) and forks one child
+per case, which runs the command line's entry point `main.run()` with that case's
+arguments; each case is its own process with its own exit status and stderr.
+"""
+
+import json
+import os
+import re
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from subprocess_runs import ROOT, processes, tiny_fields, write_config  # noqa: F401
+from test_validation import (  # noqa: F401  (trained: a fixture)
+    ANOTHER_DATA_ORDER,
+    ANOTHER_MODEL,
+    BAD_COMBINATIONS,
+    BAD_VALUES,
+    bad_value_fields,
+    trained,
+)
+
+# The environment of a person's shell: none of the settings tests/conftest.py makes.
+USER_ENV = {
+    k: v for k, v in os.environ.items()
+    if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL", "CONTRASTIVE_JAX_VERBOSE")
+}
+
+
+def cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    """`python -m contrastive_jax.main ARGS` from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "contrastive_jax.main", *args], cwd=ROOT, env=env or USER_ENV,
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def assert_one_line_error(status, stdout, stderr, message, *, exit_status=2):
+    """Exit status 2, nothing on stdout, and stderr exactly `error: ...` matching `message`."""
+    assert (status, stdout) == (exit_status, ""), stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert re.search(message, lines[0]), lines[0]
+
+
+def flag(field, value) -> str:
+    """`--config.<field>=<value>` as typed on the command line."""
+    text = ",".join(map(str, value)).join("()") if isinstance(value, tuple) else value
+    return f"--config.{field}={text}"
+
+
+# --- mistakes in the flags: found before JAX starts -----------------------------------
+
+DEFAULT = "--config=configs/default.py"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # The issue's example: a typo'd field (it was an escaped string with a literal \n).
+        ([DEFAULT, "--workdir=w", "--config.train.global_batch_sise=128"],
+         r'^error: --config.train.global_batch_sise: configs/default.py has no field '
+         r'\'global_batch_sise\'. Did you mean "global_batch_size" instead of "global_batch_sise"\?$'),
+        ([DEFAULT, "--workdir=w", "--config.trian.global_batch_size=128"],
+         r'has no field \'trian\'. Did you mean "train" instead of "trian"\?'),
+        # A missing config file (it was "Failed loading config file config_config").
+        (["--config=config_config", "--workdir=w"],
+         r"^error: --config=config_config: no such file \(in .*\); pass a config file such as "
+         r"configs/default.py \(configs/ holds clip_coco.py, default.py, "),
+        (["--config=configs", "--workdir=w", "--config.loss.temperature=0.1"],
+         r"--config=configs: is a directory"),
+        (["--config=README.md", "--workdir=w"],
+         r"--config=README.md: not a Python file \(.*line \d+\); a config file defines get_config\(\)"),
+        ([DEFAULT, "--workdir=w", "--config.train.global_batch_size=abc"],
+         r"^error: flag --config.train.global_batch_size=abc: invalid literal for int\(\)"),
+        ([DEFAULT], r"^error: Missing --workdir: pass a directory .* e.g. --workdir=runs/default\.$"),
+        (["--workdir=w"], r"^error: Missing --config: pass a config file, e.g. --config=configs/default.py\.$"),
+        ([DEFAULT, "--wrkdir=w"], r"^error: Unknown command line flag 'wrkdir'. Did you mean: workdir \?$"),
+        ([DEFAULT, "--workdir=w", "extra"], r"^error: Unexpected arguments \['extra'\]"),
+        ([DEFAULT, "--workdir=w", "--num_processes=2", "--process_id=2"],
+         r"--process_id must be below --num_processes"),
+        ([DEFAULT, "--workdir=w", "--num_processes=0"], r"--num_processes=0: 0 is not a positive integer"),
+    ],
+)
+def test_flag_mistake_is_one_line_and_exit_status_2(args, message):
+    result = cli(*args)
+    assert_one_line_error(result.returncode, result.stdout, result.stderr, message)
+
+
+def test_verbose_shows_the_traceback_of_a_flag_mistake():
+    result = cli(DEFAULT, "--workdir=w", "--config.train.global_batch_sise=128", "--verbose")
+    assert result.returncode == 2
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert result.stderr.splitlines()[-1].startswith("error: --config.train.global_batch_sise:")
+
+
+def test_a_crash_in_a_config_file_keeps_its_traceback(tmp_path):
+    config = tmp_path / "broken.py"
+    config.write_text("def get_config():\n    raise RuntimeError('bug in the config')\n")
+    result = cli(f"--config={config}", "--workdir=w")
+    assert result.returncode == 1
+    assert "Traceback (most recent call last):" in result.stderr
+    assert result.stderr.rstrip().endswith("RuntimeError: bug in the config")
+
+
+# --- mistakes found later: forked from a server that imported the slow modules ---------
+
+_FORK_SERVER = textwrap.dedent(
+    """
+    import json, os, sys, traceback
+    from contrastive_jax import main, train, trainer  # the slow imports; JAX does not start
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # this case's process: `python -m contrastive_jax.main ARGS`
+            for name, stream in (("stdout", 1), ("stderr", 2)):
+                with open(request[name], "w") as f:
+                    os.dup2(f.fileno(), stream)
+            os.environ.update(request["env"])
+            sys.argv = [main.__file__, *request["args"]]
+            exec(request["setup"])
+            try:
+                main.run()
+                status = 0
+            except SystemExit as e:
+                status = e.code if isinstance(e.code, int) else int(e.code is not None)
+            except BaseException:
+                traceback.print_exc()
+                status = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+    """
+)
+# Run in every forked case: the train step must not be compiled for a mistake.
+NO_COMPILE = (
+    "trainer.Trainer.jit_train_step = lambda *a: sys.exit('error: the train step was compiled')"
+)
+
+
+class ForkedCli:
+    """Runs the command line's entry point in a fresh child of the server per case."""
+
+    def __init__(self, directory):
+        self._directory = directory
+        self._server = subprocess.Popen(
+            [sys.executable, "-c", _FORK_SERVER], cwd=ROOT, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )
+        self._runs = 0
+
+    def __call__(self, *args, setup=NO_COMPILE, env=None, timeout=120):
+        """`(exit status, stdout, stderr)` of one run with `args`."""
+        self._runs += 1
+        out, err = (os.path.join(self._directory, f"{self._runs}.{s}") for s in ("out", "err"))
+        request = {"args": args, "setup": setup, "env": env or {}, "stdout": out, "stderr": err}
+        self._server.stdin.write(json.dumps(request) + "\n")
+        self._server.stdin.flush()
+        if not select.select([self._server.stdout], [], [], timeout)[0]:
+            self.close()
+            pytest.fail(f"no exit within {timeout} s: {args}")
+        status = int(self._server.stdout.readline())
+        with open(out) as o, open(err) as e:
+            return status, o.read(), e.read()
+
+    def close(self):
+        if self._server.poll() is None:
+            os.killpg(self._server.pid, signal.SIGKILL)
+        self._server.wait()
+
+
+@pytest.fixture(scope="module")
+def forked_cli(tmp_path_factory):
+    runner = ForkedCli(str(tmp_path_factory.mktemp("forked")))
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_config(digits_data_dir, tmp_path_factory):
+    """A config file: the default config shrunk (tests/subprocess_runs.tiny_fields)."""
+    return write_config(tmp_path_factory.mktemp("config") / "tiny.py", tiny_fields(digits_data_dir))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [(bad_value_fields(f, v), m) for f, v, m in BAD_VALUES] + BAD_COMBINATIONS + [
+        ({"train.global_batch_size": 2048},  # checked when the data are opened
+         r"config.train.global_batch_size=2048 is larger than the 1437 examples of split 'train'"),
+    ],
+)
+def test_bad_config_is_one_line_and_exit_status_2(forked_cli, tiny_config, tmp_path, fields, message):
+    args = [f"--config={tiny_config}", f"--workdir={tmp_path / 'run'}"]
+    status, stdout, stderr = forked_cli(*args, *(flag(k, v) for k, v in fields.items()))
+    assert_one_line_error(status, stdout, stderr, message)
+
+
+@pytest.mark.parametrize(
+    "workdir, message",
+    [
+        ("a_file/run", r"--workdir=.*a_file/run cannot be created or written \(Not a directory\); "
+                       "pass a directory you can write to"),
+        ("", r"^error: Missing --workdir"),
+    ],
+)
+def test_bad_workdir_is_one_line(forked_cli, tiny_config, tmp_path, workdir, message):
+    (tmp_path / "a_file").write_text("")
+    status, stdout, stderr = forked_cli(f"--config={tiny_config}", f"--workdir={tmp_path / workdir if workdir else ''}")
+    assert_one_line_error(status, stdout, stderr, message)
+
+
+@pytest.fixture(scope="module")
+def trained_config(digits_data_dir, tmp_path_factory):
+    """A config that continues the `trained` workdir's run (at step 2) to step 4."""
+    return write_config(
+        tmp_path_factory.mktemp("config") / "longer.py",
+        tiny_fields(digits_data_dir, train__num_train_steps=4),
+    )
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [(f, v, rf"^error: Cannot resume onto another model\. checkpoint 2 in .* holds a state of "
+            rf"another structure.*{m}.*Set them back to resume, or use a new --workdir")
+     for f, v, m in ANOTHER_MODEL]
+    + [(f, v, rf"^error: Cannot resume from checkpoint 2: it was written with config\.{f}=.*Set "
+              rf"--config\.{f}=.*, or use a new --workdir\.$")
+       for f, v in ANOTHER_DATA_ORDER],
+)
+def test_resume_mismatch_is_one_line(forked_cli, trained, trained_config, field, value, message):
+    before = sorted(os.listdir(os.path.join(trained, "checkpoints")))
+    status, stdout, stderr = forked_cli(
+        f"--config={trained_config}", f"--workdir={trained}", flag(field, value)
+    )
+    assert_one_line_error(status, stdout, stderr, message)
+    assert sorted(os.listdir(os.path.join(trained, "checkpoints"))) == before
+
+
+def test_verbose_flag_and_variable_show_the_traceback(forked_cli, tiny_config, tmp_path):
+    args = [f"--config={tiny_config}", f"--workdir={tmp_path}", "--config.loss.temperature=0"]
+    for extra, env in (["--verbose"], {}), ([], {"CONTRASTIVE_JAX_VERBOSE": "1"}):
+        status, _, stderr = forked_cli(*args, *extra, env=env)
+        assert status == 2
+        assert "Traceback (most recent call last):" in stderr
+        assert "contrastive_jax.config_lib.ConfigError: config.loss.temperature=0.0" in stderr
+        assert stderr.splitlines()[-1] == "error: config.loss.temperature=0.0 must be > 0 (e.g. 0.07)."
+
+
+def test_a_crash_keeps_its_traceback(forked_cli, tiny_config, tmp_path):
+    crash = "def boom(*a): raise RuntimeError('a bug')\ntrainer.Trainer.init_state = boom"
+    status, stdout, stderr = forked_cli(f"--config={tiny_config}", f"--workdir={tmp_path}", setup=crash)
+    assert (status, stdout) == (1, "")
+    assert "Traceback (most recent call last):" in stderr
+    assert stderr.rstrip().endswith("RuntimeError: a bug")
+
+
+def test_ctrl_c_before_training_exits_without_a_traceback(forked_cli, tiny_config, tmp_path):
+    interrupt = textwrap.dedent(
+        """
+        real_init_state = trainer.Trainer.init_state
+        def init_state(*a):
+            os.kill(os.getpid(), __import__("signal").SIGINT)
+            return real_init_state(*a)
+        trainer.Trainer.init_state = init_state
+        """
+    )
+    args = [f"--config={tiny_config}", f"--workdir={tmp_path}"]
+    status, stdout, stderr = forked_cli(*args, setup=interrupt)
+    assert_one_line_error(
+        status, stdout, stderr, r"^error: Interrupted \(Ctrl-C\). To resume, run: .*-m "
+        rf"contrastive_jax.main --config={tiny_config} --workdir={tmp_path}$", exit_status=130,
+    )
