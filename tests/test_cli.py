@@ -283,3 +283,194 @@ def test_ctrl_c_before_training_exits_without_a_traceback(forked_cli, tiny_confi
         status, stdout, stderr, r"^error: Interrupted \(Ctrl-C\). To resume, run: .*-m "
         rf"contrastive_jax.main --config={tiny_config} --workdir={tmp_path}$", exit_status=130,
     )
+
+
+# --- a run's output: a few short lines, a summary, a rerun that is already done ---------
+
+STEP_LINE = r"step (\d+): loss \d+\.\d{4}, [\d,]+ examples/s, ETA \w+ \(\d+% of 40\)"
+EVAL_LINE = (
+    r"eval at step (\d+): a_to_b/R@1 (0\.\d{3}), b_to_a/R@1 0\.\d{3}, retrieval/R@1 0\.\d{3}, "
+    r"retrieval/MAP@R 0\.\d{3}, knn_top1 0\.\d{3}, linear_probe 0\.\d{3}"
+)
+
+
+def test_run_prints_a_few_short_lines_a_summary_and_a_rerun_is_already_done(tiny_config, tmp_path):
+    """The default run's cadence (1,000 steps logged every 50, evaluated and saved every
+    500: 20 step lines, 2 evaluations) on the tiny model: 40 steps logged every 2."""
+    workdir = str(tmp_path / "run")
+    args = [
+        f"--config={tiny_config}", f"--workdir={workdir}", "--config.train.num_train_steps=40",
+        "--config.train.log_every_steps=2", "--config.eval.every_steps=20",
+        "--config.checkpoint.every_steps=20", "--config.eval.knn_k=1",
+        "--config.eval.linear_probe=True",
+    ]
+    result = cli(*args, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stderr.splitlines()
+    assert lines[0] == (
+        f"cpu: 8 devices, 1 process; global batch 64 (8 per device); 40 steps; workdir {workdir}"
+    )
+    steps = [int(m.group(1)) for line in lines if (m := re.fullmatch(STEP_LINE, line))]
+    evals = [m for line in lines if (m := re.fullmatch(EVAL_LINE, line))]
+    assert steps == list(range(2, 41, 2)) and [int(m.group(1)) for m in evals] == [20, 40]
+    assert len(lines) == 1 + len(steps) + len(evals) <= 30, result.stderr  # nothing else
+    assert max(map(len, lines)) <= 150
+    with open(os.path.join(workdir, "eval_results.json")) as f:
+        final = json.load(f)
+    assert evals[-1].group(2) == f"{final['a_to_b/R@1']:.3f}"
+    summary = result.stdout.splitlines()
+    assert summary[0].startswith(f"{workdir}: trained to step 40 (this command: ")
+    for name in ("a_to_b/R@1", "b_to_a/R@1", "retrieval/MAP@R", "knn_top1", "linear_probe"):
+        assert re.search(rf"^  {re.escape(name)} +{final[name]:.4f}  \w", result.stdout, re.M), name
+    for path in ("checkpoints/", "metrics.jsonl", "tensorboard/", "eval_results.json"):
+        assert re.search(rf"^  \w+ +{re.escape(os.path.join(workdir, path))} ", result.stdout, re.M)
+        assert os.path.exists(os.path.join(workdir, path))
+
+    files = {p: os.stat(os.path.join(workdir, p)).st_mtime_ns for p in ("eval_results.json", "metrics.jsonl")}
+    started = time.perf_counter()
+    again = cli(*args)
+    print(f"rerun of a finished run: {time.perf_counter() - started:.1f} s")
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.splitlines() == [lines[0], (
+        f"Already done: {workdir} holds step 40 of 40 and its evaluation; nothing to train. "
+        "Raise --config.train.num_train_steps to train longer, or use a new --workdir."
+    )]
+    assert again.stdout.splitlines()[2:] == summary[2:]  # the same table
+    assert files == {p: os.stat(os.path.join(workdir, p)).st_mtime_ns for p in files}
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20", "40"]
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------
+
+
+def logged_steps(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [row["step"] for row in map(json.loads, f) if "train/loss" in row]
+
+
+def test_ctrl_c_saves_the_step_and_prints_the_command_that_resumes(processes, tiny_config, tmp_path):  # noqa: F811
+    workdir = str(tmp_path / "run")
+    interrupted = processes.start(  # Ctrl-C just before step 3 (of 8; saves every 2)
+        tiny_config, workdir, num_devices=8, fault="batch:3:SIGINT", stderr=subprocess.PIPE
+    )
+    status, stdout, stderr = processes.wait_apart(interrupted)
+    assert (status, stdout) == (130, ""), stderr[-3000:]
+    lines = stderr.splitlines()
+    assert "Ctrl-C: finishing the current step, then saving a checkpoint (press Ctrl-C again " \
+           "to abort at once)." in lines
+    assert lines[-2] == f"Ctrl-C: stopped after step 3 and saved it in {workdir}/checkpoints. To resume, run:"
+    python = os.path.relpath(sys.executable, ROOT)
+    command = f"{python} -m contrastive_jax.main --config={tiny_config} --workdir={workdir}"
+    assert lines[-1] == f"  {command}"
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "3"]
+    assert logged_steps(workdir) == [1, 2, 3]
+
+    resumed = subprocess.run(
+        shlex.split(command), cwd=ROOT, env=USER_ENV, capture_output=True, text=True, timeout=240
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resumed from {workdir}/checkpoints at step 3." in resumed.stderr.splitlines()
+    assert logged_steps(workdir) == list(range(1, 9))  # steps 4-8 added, none twice
+    with open(os.path.join(workdir, "eval_results.json")) as f:
+        assert json.load(f)["step"] == 8
+
+
+def test_second_ctrl_c_aborts_at_once(processes, tiny_config, tmp_path):  # noqa: F811
+    workdir = str(tmp_path / "run")
+    aborted = processes.start(
+        tiny_config, workdir, num_devices=8, fault="batch:3:SIGINT+SIGINT", stderr=subprocess.PIPE
+    )
+    status, stdout, stderr = processes.wait_apart(aborted)
+    assert status == -signal.SIGINT, stderr[-3000:]
+    assert stderr.splitlines()[-1] == "Ctrl-C again: aborting now, without saving."
+    assert "3" not in os.listdir(os.path.join(workdir, "checkpoints"))
+    assert max(logged_steps(workdir)) == 2  # step 3 never ran
+
+
+# --- every command in the READMEs ---------------------------------------------------
+
+READMES = ("README.md", "experiments/README.md")
+# Values for the variables the READMEs' commands use (set by a loop or the cluster).
+SHELL_VARIABLES = {"PORT": "12355", "i": "0", "SCRATCH": "/scratch", "TPU_NAME": "tpu", "ZONE": "zone"}
+
+
+def readme_commands(*, inline: bool = True) -> list[tuple[str, str]]:
+    """`(readme, command)` for every command in the READMEs' ```bash blocks (and inline
+    code): continuation lines joined, `&&` chains split, variables filled in."""
+    commands = []
+    for readme in READMES:
+        with open(os.path.join(ROOT, readme)) as f:
+            text = f.read()
+        blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+        in_text = re.findall(r"`((?:\S*python3?|\S*pip|\S*pytest) [^`]*)`", text)
+        for block in blocks + (in_text if inline else []):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                line = re.sub(r"\s+#.*", "", line).strip().strip('"&').strip()
+                for part in line.split("&&"):
+                    part = re.sub(r"\$(\w+)", lambda m: SHELL_VARIABLES[m.group(1)], part).strip()
+                    if part and not part.startswith("#"):
+                        commands.append((readme, part))
+    return commands
+
+
+def python_commands():
+    """`(readme, arguments after the interpreter)` of every command that runs Python."""
+    found = []
+    for readme, command in readme_commands(inline=False):
+        words = shlex.split(command.removeprefix("srun "))
+        if any(w.endswith(("python", "python3")) for w in words[:1]) and words[1:3] != ["-m", "venv"]:
+            found.append(pytest.param(words, id=f"{readme}: {command[:70]}"))
+    return found
+
+
+def test_readme_commands_use_the_virtual_environment():
+    """After the set-up command nothing is activated: every command names `.venv/bin/`."""
+    seen = set()
+    for readme, command in readme_commands():
+        for word in re.findall(r"(?:^|\s)(\S*(?:python3?|pip|pytest))(?=\s)", command):
+            seen.add(word)
+            assert word in (".venv/bin/python", ".venv/bin/pip", ".venv/bin/pytest") or (
+                word == "python3" and " -m venv .venv" in command
+            ), f"{readme}: {command}"
+    assert {".venv/bin/python", ".venv/bin/pip", ".venv/bin/pytest", "python3"} <= seen
+
+
+def test_readme_test_command_is_what_ci_runs():
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci = [line for line in f if line.startswith("python3 -m venv")][0].strip()
+    test_command = [c for _, c in readme_commands() if "pytest" in c]
+    assert test_command == [".venv/bin/pytest -n 2"]
+    readme_setup = [line for line in open(os.path.join(ROOT, "README.md")) if "pytest -n 2" in line]
+    assert readme_setup[0].strip() == ci.replace("install -q -e", "install -e")
+
+
+@pytest.mark.parametrize("words", python_commands())
+def test_readme_python_command_parses(words):
+    """contrastive_jax.main: the flags and the config as written (`--only_check_args`);
+    other modules and scripts: they exist, `--help` runs and lists every option used."""
+    assert words[0] == ".venv/bin/python"
+    if words[1:3] == ["-m", "contrastive_jax.main"]:
+        result = cli(*words[3:], "--only_check_args")
+        assert (result.returncode, result.stderr) == (0, ""), result.stderr
+        return
+    script = words[2].replace(".", os.sep) + ".py" if words[1] == "-m" else words[1]
+    assert os.path.isfile(os.path.join(ROOT, script)), script
+    entry = words[1:3] if words[1] == "-m" else words[1:2]
+    result = subprocess.run(
+        [sys.executable, *entry, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    for option in [w.split("=")[0] for w in words if w.startswith("--")]:
+        assert option in result.stdout, option
+
+
+@pytest.mark.slow
+def test_readme_demo_runs_as_written():
+    command = ".venv/bin/python -m contrastive_jax.demo"
+    assert command in [c for _, c in readme_commands()]
+    result = subprocess.run(
+        [sys.executable, *shlex.split(command)[1:]], cwd=ROOT, env=USER_ENV,
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "batch_prototype_cross_entropy" in result.stdout  # the last loss
