@@ -219,12 +219,11 @@ def summary(workdir: str, step: int, results: Mapping[str, float], *, seconds: f
 
 
 def exit_with_error(message: str, *, verbose: bool, status: int = USAGE_ERROR):
-    """Prints `error: <message>` as one line on stderr (after the traceback of the
-    exception being handled, when verbose) and exits with `status`."""
+    """Prints `error: <message>` on stderr (after the traceback of the exception being
+    handled, when verbose) and exits with `status`."""
     if verbose:
         traceback.print_exc()
-    one_line = " ".join(str(message).split())
-    print(f"error: {one_line}", file=sys.stderr, flush=True)
+    print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
 
 

@@ -99,7 +99,9 @@ def _flag_error(error: Exception, argv: list[str]) -> str | None:
     """A person's message for an exception parsing the flags (None: not a flag mistake)."""
     config_path = _config_path(argv)
     if isinstance(error, flags.Error):
-        message = str(error)  # absl's "flag --workdir=None: " before our validators' text
+        message = str(error)
+        if "Error whilst parsing config file" in message:  # the config's code raised
+            return None  # absl's "flag --workdir=None: " before our validators' text
         return message[message.index("Missing --"):] if "Missing --" in message else message
     if isinstance(error, OSError) and config_path is not None:
         configs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")

@@ -9,7 +9,9 @@ per case, which runs the command line's entry point `main.run()` with that case'
 arguments; each case is its own process with its own exit status and stderr.
 """
 
+import io
 import json
+import logging
 import os
 import re
 import select
@@ -22,6 +24,7 @@ import time
 
 import pytest
 from subprocess_runs import ROOT, processes, tiny_fields, write_config  # noqa: F401
+from contrastive_jax import console
 from test_validation import (  # noqa: F401  (trained: a fixture)
     ANOTHER_DATA_ORDER,
     ANOTHER_MODEL,
@@ -92,6 +95,7 @@ DEFAULT = "--config=configs/default.py"
          r"--process_id must be below --num_processes"),
         ([DEFAULT, "--workdir=w", "--num_processes=0"], r"--num_processes=0: 0 is not a positive integer"),
     ],
+    ids=lambda value: " ".join(a for a in value if a != DEFAULT) if isinstance(value, list) else "",
 )
 def test_flag_mistake_is_one_line_and_exit_status_2(args, message):
     result = cli(*args)
@@ -105,13 +109,15 @@ def test_verbose_shows_the_traceback_of_a_flag_mistake():
     assert result.stderr.splitlines()[-1].startswith("error: --config.train.global_batch_sise:")
 
 
-def test_a_crash_in_a_config_file_keeps_its_traceback(tmp_path):
+@pytest.mark.parametrize("error", ["RuntimeError", "ValueError"])  # ValueError: a flags.Error
+def test_a_crash_in_a_config_file_keeps_its_traceback(tmp_path, error):
     config = tmp_path / "broken.py"
-    config.write_text("def get_config():\n    raise RuntimeError('bug in the config')\n")
+    config.write_text(f"def get_config():\n    raise {error}('bug in the config')\n")
     result = cli(f"--config={config}", "--workdir=w")
     assert result.returncode == 1
     assert "Traceback (most recent call last):" in result.stderr
-    assert result.stderr.rstrip().endswith("RuntimeError: bug in the config")
+    assert f"{error}: bug in the config" in result.stderr
+    assert "error: " not in result.stderr
 
 
 # --- mistakes found later: forked from a server that imported the slow modules ---------
@@ -197,9 +203,13 @@ def tiny_config(digits_data_dir, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "fields, message",
-    [(bad_value_fields(f, v), m) for f, v, m in BAD_VALUES] + BAD_COMBINATIONS + [
-        ({"train.global_batch_size": 2048},  # checked when the data are opened
-         r"config.train.global_batch_size=2048 is larger than the 1437 examples of split 'train'"),
+    [
+        pytest.param(fields, message, id=",".join(f"{k}={v}" for k, v in fields.items()))
+        for fields, message in [(bad_value_fields(f, v), m) for f, v, m in BAD_VALUES]
+        + BAD_COMBINATIONS + [
+            ({"train.global_batch_size": 2048},  # checked when the data are opened
+             r"config.train.global_batch_size=2048 is larger than the 1437 examples of split 'train'"),
+        ]
     ],
 )
 def test_bad_config_is_one_line_and_exit_status_2(forked_cli, tiny_config, tmp_path, fields, message):
@@ -338,6 +348,37 @@ def test_run_prints_a_few_short_lines_a_summary_and_a_rerun_is_already_done(tiny
     assert again.stdout.splitlines()[2:] == summary[2:]  # the same table
     assert files == {p: os.stat(os.path.join(workdir, p)).st_mtime_ns for p in files}
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20", "40"]
+
+
+def test_progress_lines_off_a_terminal(caplog):
+    progress = console.Progress(total_steps=400, start_step=100, enabled=True)
+    with caplog.at_level(logging.INFO):
+        progress.log(110, {"train/loss": 5.0}, seconds_per_step=None)  # compiled: not timed
+        progress.log(200, {"train/loss": 1.23456, "train/examples_per_second": 2560.0},
+                     seconds_per_step=12.5)
+    assert [r.getMessage() for r in caplog.records] == [
+        "step 110: loss 5.0000",
+        "step 200: loss 1.2346, 2,560 examples/s, ETA 41m40s (50% of 400)",  # 200 * 12.5 s
+    ]
+
+
+def test_progress_on_a_terminal_is_one_bar(monkeypatch, caplog):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    progress = console.Progress(total_steps=4, start_step=1, enabled=True)
+    with caplog.at_level(logging.INFO):
+        for step in (2, 3, 4):
+            progress.step_done()
+            progress.log(step, {"train/loss": 1.5, "train/examples_per_second": 1e3}, seconds_per_step=1.0)
+        progress.message("eval at step 4: a_to_b/R@1 0.500")
+        progress.close()
+    shown = sys.stderr.getvalue()
+    assert "train: 100%" in shown and "4/4" in shown and "loss 1.5000, 1,000 examples/s" in shown
+    assert "eval at step 4: a_to_b/R@1 0.500\n" in shown
+    assert not caplog.records  # no log lines beside the bar
 
 
 # --- Ctrl-C ---------------------------------------------------------------------------
