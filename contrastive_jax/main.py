@@ -101,7 +101,8 @@ def _flag_error(error: Exception, argv: list[str]) -> str | None:
     if isinstance(error, flags.Error):
         message = str(error)
         if "Error whilst parsing config file" in message:  # the config's code raised
-            return None  # absl's "flag --workdir=None: " before our validators' text
+            return None
+        # absl puts "flag --workdir=None: " before our validators' text.
         return message[message.index("Missing --"):] if "Missing --" in message else message
     if isinstance(error, OSError) and config_path is not None:
         configs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
@@ -157,7 +158,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv):
-    config, verbose = _CONFIG.value, console.verbose_requested(argv) or _VERBOSE.value
+    config, verbose = _CONFIG.value, _VERBOSE.value or console.verbose_requested(sys.argv)
     if not verbose:
         console.quiet_logs()
     simulate_cpu_devices(config.num_simulated_devices)

@@ -277,6 +277,24 @@ def test_a_crash_keeps_its_traceback(forked_cli, tiny_config, tmp_path):
     assert stderr.rstrip().endswith("RuntimeError: a bug")
 
 
+def test_non_finite_loss_is_one_line_naming_the_checkpoint(forked_cli, tiny_config, tmp_path):
+    nan_loss = textwrap.dedent(
+        """
+        import dataclasses, jax, jax.numpy as jnp
+        from contrastive_jax import losses
+        def nan_loss(outputs, labels, loss_config):
+            return jax.lax.pmean(jnp.nan * outputs["za"].sum(), "data"), {}
+        losses.LOSSES["clip"] = dataclasses.replace(losses.LOSSES["clip"], fn=nan_loss)
+        """
+    )
+    args = [f"--config={tiny_config}", f"--workdir={tmp_path}", "--config.train.num_train_steps=4"]
+    status, stdout, stderr = forked_cli(*args, setup=nan_loss)
+    assert_one_line_error(
+        status, stdout, stderr.split("\n", 1)[1],  # after the run's first line
+        r"^error: Loss is nan at step 1; training stopped. Last good checkpoint: none", exit_status=1,
+    )
+
+
 def test_ctrl_c_before_training_exits_without_a_traceback(forked_cli, tiny_config, tmp_path):
     interrupt = textwrap.dedent(
         """
