@@ -1,7 +1,7 @@
 """What a person at a terminal sees of a run: quiet logs, progress, the summary, errors.
 
 `python -m contrastive_jax.main` (see `main.py`) uses all of it; the training loop uses
-`run_line`, `Progress` and `headline`, so a run from Python logs the same short lines.
+`run_line`, `Progress` and `eval_line`, so a run from Python logs the same short lines.
 
 * Logs: `quiet_logs` keeps INFO from contrastive_jax only (orbax, TFDS, JAX and
   absl INFO hidden), without absl's prefix; `filtered_native_stderr` drops the C++
