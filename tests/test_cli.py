@@ -25,13 +25,12 @@ import time
 import pytest
 from subprocess_runs import ROOT, processes, tiny_fields, write_config  # noqa: F401
 from contrastive_jax import console
-from test_validation import (  # noqa: F401  (trained: a fixture)
+from test_validation import (
     ANOTHER_DATA_ORDER,
     ANOTHER_MODEL,
     BAD_COMBINATIONS,
     BAD_VALUES,
     bad_value_fields,
-    trained,
 )
 
 # The environment of a person's shell: none of the settings tests/conftest.py makes.

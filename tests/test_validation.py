@@ -127,15 +127,6 @@ def test_bad_workdir_fails_before_any_work(config, tmp_path, monkeypatch):
 # --- resuming onto a checkpoint that does not fit -----------------------------------
 
 
-@pytest.fixture(scope="session")  # also used by tests/test_cli.py
-def trained(load_config, digits_data_dir, tmp_path_factory):
-    """A workdir holding checkpoint 2 of the tiny config."""
-    workdir = str(tmp_path_factory.mktemp("trained"))
-    fields = tiny_fields(digits_data_dir, train__num_train_steps=2)
-    train.train_and_evaluate(override(load_config("default"), fields), workdir)
-    return workdir
-
-
 # (field, value, message): a change of the model on resume, and the change the error names.
 ANOTHER_MODEL = [
     ("model.embed_dim", 32, r"config.model.embed_dim: 16 -> 32"),
