@@ -139,8 +139,12 @@ _FORK_SERVER = textwrap.dedent(
             try:
                 main.run()
                 status = 0
-            except SystemExit as e:
-                status = e.code if isinstance(e.code, int) else int(e.code is not None)
+            except SystemExit as e:  # as the interpreter does: a message exits with 1
+                if e.code is None or isinstance(e.code, int):
+                    status = e.code or 0
+                else:
+                    print(e.code, file=sys.stderr)
+                    status = 1
             except BaseException:
                 traceback.print_exc()
                 status = 1
