@@ -49,12 +49,17 @@ def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def check_batch_divides(global_batch_size: int, num_devices: int, name: str = "batch") -> None:
-    """Raises a ValueError when the global batch does not split evenly over devices."""
+def check_batch_divides(
+    global_batch_size: int, num_devices: int, name: str = "the batch size"
+) -> None:
+    """Raises a ValueError when the global batch does not split evenly over devices.
+
+    `name` says what the number is, e.g. "config.train.global_batch_size".
+    """
     if global_batch_size % num_devices:
         lower = global_batch_size - global_batch_size % num_devices
         raise ValueError(
-            f"{name} size {global_batch_size} does not divide over {num_devices} devices; "
+            f"{name} is {global_batch_size}, which does not divide over {num_devices} devices; "
             f"use a multiple of {num_devices} (e.g. {lower or num_devices} or "
             f"{lower + num_devices})."
         )
@@ -85,7 +90,7 @@ def shard_loss(
     def sharded(*arrays, **hyperparameters):
         for index, array in enumerate(arrays):
             if index not in replicated_argnums:
-                check_batch_divides(np.shape(array)[0], num_devices, f"argument {index}'s batch")
+                check_batch_divides(np.shape(array)[0], num_devices, f"argument {index}'s batch size")
         array_kwargs = {
             k: v for k, v in hyperparameters.items() if isinstance(v, (jax.Array, np.ndarray))
         }

@@ -20,9 +20,9 @@ Multi-process runs (`distributed.initialize`) train on one global batch per step
 the number of processes (see `input_pipeline`).
 """
 
+import json
 import math
 import os
-import sys
 import tempfile
 import time
 
@@ -30,11 +30,11 @@ import jax
 import ml_collections
 import numpy as np
 import tensorflow as tf
-import tqdm
 from absl import logging
 
 from contrastive_jax import (
     checkpoint,
+    console,
     distributed,
     evaluate,
     input_pipeline,
@@ -43,11 +43,23 @@ from contrastive_jax import (
 )
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.sharding import DATA_AXIS
-from contrastive_jax.trainer import Trainer, build
+from contrastive_jax.trainer import Trainer, as_config_error, build
 
 
 class Preempted(Exception):
-    """Training stopped at a SIGTERM after saving a checkpoint; rerun to resume."""
+    """Training stopped at a SIGTERM after saving a checkpoint; rerun to resume.
+
+    Attributes:
+      step: the step saved.
+      directory: the checkpoint directory it was saved in.
+    """
+
+    def __init__(self, step: int, directory: str):
+        super().__init__(
+            f"SIGTERM: stopped after step {step} and saved it in {directory}; rerun the "
+            "same command to resume."
+        )
+        self.step, self.directory = step, directory
 
 
 def prepare_workdir(workdir: str | os.PathLike | None) -> str:
@@ -75,12 +87,13 @@ def prepare_workdir(workdir: str | os.PathLike | None) -> str:
 
 def _train_batches(config: ml_collections.ConfigDict, start_step: int):
     """This process's rows of the global batches, from the `start_step`-th on."""
-    return input_pipeline.train_dataset(
-        config,
-        start_step=start_step,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
+    with as_config_error():  # e.g. a batch larger than the split
+        return input_pipeline.train_dataset(
+            config,
+            start_step=start_step,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
 
 
 def _global_batch(batch: dict[str, np.ndarray], data_sharding) -> dict[str, jax.Array]:
@@ -91,6 +104,11 @@ def _global_batch(batch: dict[str, np.ndarray], data_sharding) -> dict[str, jax.
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Trains (resuming from `workdir` if it holds a checkpoint) and evaluates.
+
+    Logs a first line (backend, devices, batch), a short line per logging step and the
+    headline metrics of each evaluation (`console`). A run that already reached
+    `config.train.num_train_steps` and holds its evaluation returns that evaluation
+    without training or evaluating again.
 
     Args:
       config: the experiment config (see configs/default.py).
@@ -118,8 +136,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         ds = _train_batches(config, opened_at)
         init, abstract_state = trainer.init_state(ds.element_spec)
         start_step, state = ckpt.restore_latest(config, abstract_state)
+        logging.info("%s", console.run_line(config, mesh, workdir))  # the config is usable
         if state is None:
             state = init()
+        elif (done := _finished_results(workdir, start_step, config)) is not None:
+            return done
         else:
             logging.info("Resumed from %s at step %d.", ckpt.directory, start_step)
         if start_step != opened_at:  # the newest checkpoint was corrupt: an older one
@@ -127,6 +148,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         return _train(trainer, ckpt, state, abstract_state, ds, start_step, workdir)
     finally:  # also on errors: finish the saves already started
         ckpt.close()
+
+
+def _finished_results(workdir: str, start_step: int, config) -> dict[str, float] | None:
+    """The saved evaluation when the run already trained its steps and evaluated them."""
+    path = os.path.join(workdir, "eval_results.json")
+    if start_step < config.train.num_train_steps or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        results = json.load(f)
+    if results.pop("step", None) != start_step:
+        return None
+    logging.info(
+        "Already done: %s holds step %d of %d and its evaluation; nothing to train. Raise "
+        "--config.train.num_train_steps to train longer, or use a new --workdir.",
+        console.display_path(workdir), start_step, config.train.num_train_steps,
+    )
+    return results
 
 
 def _train(
@@ -147,21 +185,19 @@ def _train(
         local_state = lambda state: jax.tree.map(  # noqa: E731
             lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)), state
         )
-    evaluator = evaluate.Evaluator(config, eval_mesh)
+    with as_config_error():  # e.g. an empty evaluation split
+        evaluator = evaluate.Evaluator(config, eval_mesh)
     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=start_step)
     if start_step > 0:  # a machine-readable record of every resume, kept across resumes
         writer.write(start_step, {"resumed_from_step": start_step})
-    progress = tqdm.tqdm(
-        total=num_steps, initial=start_step, desc="train",
-        disable=not (lead and sys.stderr.isatty()),
-    )
+    progress = console.Progress(total_steps=num_steps, start_step=start_step, enabled=lead)
     batches = ds.as_numpy_iterator()
-    window: list[dict[str, float]] = []
-    window_start = time.perf_counter()
+    window: list[dict[str, float]] = []  # the metrics of the steps since the last log
+    timer_start, timed_steps = time.perf_counter(), 0  # steps finished since timer_start
 
     def record(step: int, metrics) -> None:
         """Fetches a finished step's metrics, stops on a non-finite loss, logs every k."""
-        nonlocal window_start
+        nonlocal timer_start, timed_steps
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not math.isfinite(values["loss"]):
             last = ckpt.latest_step()
@@ -172,17 +208,21 @@ def _train(
                 "or set config.optim.grad_clip_norm, then rerun to resume from it."
             )
         window.append(values)
+        if step == start_step + 1:  # it compiled the step: time the steps after it
+            timer_start, timed_steps = time.perf_counter(), 0
+        else:
+            timed_steps += 1
         if step % config.train.log_every_steps == 0 or step == num_steps:
-            elapsed = time.perf_counter() - window_start
             scalars = {f"train/{k}": float(np.mean([w[k] for w in window])) for k in window[0]}
-            scalars["train/examples_per_second"] = (
-                len(window) * config.train.global_batch_size / elapsed
-            )
+            seconds_per_step = (time.perf_counter() - timer_start) / max(timed_steps, 1)
+            if timed_steps:
+                scalars["train/examples_per_second"] = (
+                    config.train.global_batch_size / seconds_per_step
+                )
             writer.write(step, scalars)
-            progress.set_postfix(loss=f"{scalars['train/loss']:.4f}")
-            logging.info("step %d: %s", step, scalars)
+            progress.log(step, scalars, seconds_per_step=seconds_per_step if timed_steps else None)
             window.clear()
-            window_start = time.perf_counter()
+            timer_start, timed_steps = time.perf_counter(), 0
 
     def every(k: int, step: int) -> bool:
         return step == num_steps or (k > 0 and step % k == 0)
@@ -197,7 +237,7 @@ def _train(
                 if pending is not None:
                     record(*pending)  # step t-1's metrics, read after dispatching step t
                 pending = (step, metrics)
-                progress.update(1)
+                progress.step_done()
                 preempted = preemption.reached(step)
                 save = preempted or every(config.checkpoint.every_steps, step)
                 run_eval = not preempted and every(config.eval.every_steps, step)
@@ -211,17 +251,15 @@ def _train(
                 if run_eval:
                     results = evaluator(local_state(state))
                     writer.write(step, {f"eval/{k}": v for k, v in results.items()})
-                    logging.info("eval at step %d: %s", step, results)
+                    progress.message(console.eval_line(step, results))
         if start_step >= num_steps:  # already trained: evaluate the restored state
             results = evaluator(local_state(state))
     finally:
         progress.close()
         writer.close()
     if preempted:
-        raise Preempted(
-            f"SIGTERM: stopped after step {step} and saved it in {ckpt.directory}; rerun the "
-            "same command to resume."
-        )
+        raise Preempted(step, ckpt.directory)
     if lead:
-        evaluate.write_json(os.path.join(workdir, "eval_results.json"), num_steps, results)
+        final_step = max(start_step, num_steps)  # a run resumed past its steps: the state's
+        evaluate.write_json(os.path.join(workdir, "eval_results.json"), final_step, results)
     return results

@@ -196,7 +196,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
     Raises:
       ConfigError: a field with a bad or inconsistent value; the message names it and a fix.
     """
-    with _as_config_error():
+    with as_config_error():
         train, loss_config = config.train, config.loss
         for name, least in _COUNTS.items():
             group, field = name.split(".")
@@ -226,9 +226,9 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
 
 
 @contextlib.contextmanager
-def _as_config_error():
-    """Re-raises the ValueError of a config check in `input_pipeline` or `sharding` as the
-    ConfigError it is."""
+def as_config_error():
+    """Re-raises the ValueError of a config check in `input_pipeline`, `sharding` or
+    `evaluate` as the ConfigError it is."""
     try:
         yield
     except ConfigError:

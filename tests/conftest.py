@@ -58,3 +58,18 @@ def cmudict_data_dir(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("tfds_cmudict"))
     tfds.builder("cmudict", data_dir=data_dir).download_and_prepare()
     return data_dir
+
+
+@pytest.fixture(scope="session")
+def trained(load_config, digits_data_dir, tmp_path_factory):
+    """A workdir holding checkpoint 2 of the tiny config (`subprocess_runs.tiny_fields`);
+    tests resume from it but must not change it (copy it first)."""
+    from subprocess_runs import tiny_fields
+
+    from contrastive_jax import train
+    from contrastive_jax.config_lib import override
+
+    workdir = str(tmp_path_factory.mktemp("trained"))
+    fields = tiny_fields(digits_data_dir, train__num_train_steps=2)
+    train.train_and_evaluate(override(load_config("default"), fields), workdir)
+    return workdir

@@ -22,15 +22,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Runs contrastive_jax.main after arranging, from FAULT="<what>:<n>:<signal>", for this
 # process to send itself <signal> at the n-th call of <what>: "batch" (before the step
 # t = resume step + n is dispatched) or "save" (right after the n-th checkpoint save
-# returned, while orbax is still writing it in the background).
+# returned, while orbax is still writing it in the background). "SIGINT+SIGINT" sends
+# two signals, one after the other.
 _DRIVER = textwrap.dedent(
     """
     import os, signal
-    from absl import app
     from contrastive_jax import checkpoint, main, train
 
     what, n, sig = os.environ["FAULT"].split(":")
     calls = {"n": 0}
+
+    def send():
+        for name in sig.split("+"):
+            os.kill(os.getpid(), getattr(signal, name))
 
     def arm(owner, name, before):
         real = getattr(owner, name)
@@ -39,10 +43,10 @@ _DRIVER = textwrap.dedent(
             calls["n"] += 1
             hit = calls["n"] == int(n)
             if hit and before:
-                os.kill(os.getpid(), getattr(signal, sig))
+                send()
             out = real(*args, **kwargs)
             if hit and not before:
-                os.kill(os.getpid(), getattr(signal, sig))
+                send()
             return out
 
         setattr(owner, name, wrapped)
@@ -51,7 +55,7 @@ _DRIVER = textwrap.dedent(
         arm(train, "_global_batch", before=True)
     else:
         arm(checkpoint.Checkpointer, "save", before=False)
-    app.run(main.main)
+    main.run()
     """
 )
 
@@ -103,9 +107,13 @@ class Processes:
         self._running: list[subprocess.Popen] = []
 
     def start(
-        self, config: str, workdir: str, *, num_devices: int, flags=(), fault: str | None = None
+        self, config: str, workdir: str, *, num_devices: int, flags=(), fault: str | None = None,
+        stderr=subprocess.STDOUT,
     ) -> subprocess.Popen:
-        """`python -m contrastive_jax.main` (or the fault driver) on `num_devices` CPU devices."""
+        """`python -m contrastive_jax.main` (or the fault driver) on `num_devices` CPU devices.
+
+        Its stderr goes with its stdout, unless `stderr=subprocess.PIPE` (see `wait_apart`).
+        """
         env = dict(
             os.environ,
             XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}",
@@ -122,7 +130,7 @@ class Processes:
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=stderr,
             text=True,
             start_new_session=True,
         )
@@ -131,13 +139,20 @@ class Processes:
 
     def wait(self, process: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
         """The exit status and output of `process` (killed after `timeout` seconds)."""
+        status, output, _ = self.wait_apart(process, timeout)
+        return status, output
+
+    def wait_apart(
+        self, process: subprocess.Popen, timeout: float = 240
+    ) -> tuple[int, str, str | None]:
+        """The exit status, stdout and stderr (None if merged) of `process`."""
         try:
-            output, _ = process.communicate(timeout=timeout)
+            output, errors = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill(process)
-            output, _ = process.communicate()
-            pytest.fail(f"process timed out after {timeout} s:\n{output[-3000:]}")
-        return process.returncode, output
+            output, errors = process.communicate()
+            pytest.fail(f"process timed out after {timeout} s:\n{output[-3000:]}\n{errors}")
+        return process.returncode, output, errors
 
     def kill(self, process: subprocess.Popen) -> None:
         """SIGKILLs the process's whole session (it and any children)."""

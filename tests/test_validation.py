@@ -23,50 +23,59 @@ def build(config):
     return trainer.build(config, sharding.make_mesh())
 
 
-@pytest.mark.parametrize(
-    "field, value, message",
-    [
-        # A global batch that does not divide over the devices or the micro-batches.
-        ("train.global_batch_size", 100, r"config.train.global_batch_size size 100 does not divide over 8 devices; use a multiple of 8 \(e.g. 96 or 104\)"),
-        ("train.micro_batch_size", 24, r"config.train.micro_batch_size=24 must be a positive divisor of config.train.global_batch_size=64 and a multiple of the 8 devices \(e.g. 16\)"),
-        ("train.micro_batch_size", 4, r"config.train.micro_batch_size=4 must be a multiple of the 8 devices"),
-        # Unknown names list the valid ones.
-        ("loss.name", "clipp", r"config.loss.name='clipp'; use one of \['arcface', 'bce', 'clip', "),
-        ("model.encoder_a", "vit", r"config.model.encoder_a='vit'.*\['cnn', "),
-        ("data.name", "mnist_typo", r"config.data.name='mnist_typo' is not a known dataset; use one of \["),
-        ("optim.name", "adam", r"config.optim.name='adam'; use one of \('adamw', "),
-        ("data.task", "pair", r"config.data.task='pair' is not a task; use one of \('pairs', "),
-        ("train.micro_batch_method", "cache", r"config.train.micro_batch_method='cache'; use one of"),
-        # Values out of range.
-        ("loss.temperature", 0.0, r"config.loss.temperature=0.0 must be > 0"),
-        ("loss.temperature", -0.1, r"config.loss.temperature=-0.1 must be > 0"),
-        ("loss.chunk_size", 48, r"config.loss.chunk_size=48 does not divide the 64 logit columns of the global batch; use a divisor such as 32"),
-        ("loss.chunk_size", -8, r"config.loss.chunk_size=-8 does not divide"),
-        ("train.num_train_steps", 0, r"config.train.num_train_steps=0 must be >= 1"),
-        # Inconsistent choices.
-        ("loss.name", "softmax_ce", r"num_classes=0 with config.loss.name='softmax_ce'"),
-    ],
-)
+# (field, value, message): one bad config value and the error naming it and a fix.
+# tests/test_cli.py runs each through the command line too.
+BAD_VALUES = [
+    # A global batch that does not divide over the devices or the micro-batches.
+    ("train.global_batch_size", 100, r"config.train.global_batch_size is 100, which does not divide over 8 devices; use a multiple of 8 \(e.g. 96 or 104\)"),
+    ("train.micro_batch_size", 24, r"config.train.micro_batch_size=24 must be a positive divisor of config.train.global_batch_size=64 and a multiple of the 8 devices \(e.g. 16\)"),
+    ("train.micro_batch_size", 4, r"config.train.micro_batch_size=4 must be a multiple of the 8 devices"),
+    # Unknown names list the valid ones.
+    ("loss.name", "clipp", r"config.loss.name='clipp'; use one of \['arcface', 'bce', 'clip', "),
+    ("model.encoder_a", "vit", r"config.model.encoder_a='vit'.*\['cnn', "),
+    ("data.name", "mnist_typo", r"config.data.name='mnist_typo' is not a known dataset; use one of \["),
+    ("optim.name", "adam", r"config.optim.name='adam'; use one of \('adamw', "),
+    ("data.task", "pair", r"config.data.task='pair' is not a task; use one of \('pairs', "),
+    ("train.micro_batch_method", "cache", r"config.train.micro_batch_method='cache'; use one of"),
+    # Values out of range.
+    ("loss.temperature", 0.0, r"config.loss.temperature=0.0 must be > 0"),
+    ("loss.temperature", -0.1, r"config.loss.temperature=-0.1 must be > 0"),
+    ("loss.chunk_size", 48, r"config.loss.chunk_size=48 does not divide the 64 logit columns of the global batch; use a divisor such as 32"),
+    ("loss.chunk_size", -8, r"config.loss.chunk_size=-8 does not divide"),
+    ("train.num_train_steps", 0, r"config.train.num_train_steps=0 must be >= 1"),
+    # Inconsistent choices.
+    ("loss.name", "softmax_ce", r"num_classes=0 with config.loss.name='softmax_ce'"),
+]
+
+
+def bad_value_fields(field, value) -> dict:
+    """The fields a `BAD_VALUES` case sets (a micro-batch method needs micro-batches)."""
+    needs = {"train.micro_batch_method": {"train.micro_batch_size": 32}}
+    return needs.get(field, {}) | {field: value}
+
+
+@pytest.mark.parametrize("field, value, message", BAD_VALUES)
 def test_bad_value_names_the_field_and_a_fix(config, field, value, message):
-    if field == "train.micro_batch_method":
-        config.train.micro_batch_size = 32
     with pytest.raises(ConfigError, match=message):
-        build(override(config, {field: value}))
+        build(override(config, bad_value_fields(field, value)))
 
 
-def test_chunk_size_with_the_ring_must_divide_the_per_device_columns(config):
-    config.loss.collective = "ring"
-    config.loss.chunk_size = 16  # divides N = 64 but not the ring's 64 / 8 = 8 columns
-    with pytest.raises(ConfigError, match=r"chunk_size=16 does not divide the 8 logit columns each device holds with the ring; use a divisor such as 8"):
-        build(config)
-    config.loss.chunk_size = 4
-    build(config)
+# (fields, message): settings that do not fit together. tests/test_cli.py runs them too.
+BAD_COMBINATIONS = [
+    # chunk 16 divides N = 64 but not the ring's 64 / 8 = 8 columns per device.
+    ({"loss.collective": "ring", "loss.chunk_size": 16}, r"chunk_size=16 does not divide the 8 logit columns each device holds with the ring; use a divisor such as 8"),
+    ({"data.task": "labeled"}, r"config.loss.name='clip' needs paired inputs but config.data.task is 'labeled'"),
+]
 
 
-def test_pair_loss_on_labeled_task_is_rejected(config):
-    config.data.task = "labeled"
-    with pytest.raises(ConfigError, match="config.loss.name='clip' needs paired inputs but config.data.task is 'labeled'"):
-        build(config)
+@pytest.mark.parametrize("fields, message", BAD_COMBINATIONS)
+def test_settings_that_do_not_fit_together_are_rejected(config, fields, message):
+    with pytest.raises(ConfigError, match=message):
+        build(override(config, fields))
+
+
+def test_ring_chunk_size_that_divides_the_per_device_columns_builds(config):
+    build(override(config, {"loss.collective": "ring", "loss.chunk_size": 4}))
 
 
 def test_misspelled_field_is_rejected_with_a_suggestion(config, tmp_path):
@@ -118,23 +127,15 @@ def test_bad_workdir_fails_before_any_work(config, tmp_path, monkeypatch):
 # --- resuming onto a checkpoint that does not fit -----------------------------------
 
 
-@pytest.fixture(scope="module")
-def trained(load_config, digits_data_dir, tmp_path_factory):
-    """A workdir holding checkpoint 2 of the tiny config."""
-    workdir = str(tmp_path_factory.mktemp("trained"))
-    fields = tiny_fields(digits_data_dir, train__num_train_steps=2)
-    train.train_and_evaluate(override(load_config("default"), fields), workdir)
-    return workdir
+# (field, value, message): a change of the model on resume, and the change the error names.
+ANOTHER_MODEL = [
+    ("model.embed_dim", 32, r"config.model.embed_dim: 16 -> 32"),
+    ("model.mlp_hidden_dims", (32, 32), r"config.model.mlp_hidden_dims: \[32\] -> \[32, 32\]"),
+    ("optim.name", "sgd", r"config.optim.name: 'adamw' -> 'sgd'"),
+]
 
 
-@pytest.mark.parametrize(
-    "field, value, message",
-    [
-        ("model.embed_dim", 32, r"config.model.embed_dim: 16 -> 32"),
-        ("model.mlp_hidden_dims", (32, 32), r"config.model.mlp_hidden_dims: \[32\] -> \[32, 32\]"),
-        ("optim.name", "sgd", r"config.optim.name: 'adamw' -> 'sgd'"),
-    ],
-)
+@pytest.mark.parametrize("field, value, message", ANOTHER_MODEL)
 def test_resume_onto_another_model_is_refused(trained, config, field, value, message):
     config = override(config, {field: value, "train.num_train_steps": 4})
     with pytest.raises(checkpoint.IncompatibleCheckpointError) as error:
@@ -147,10 +148,11 @@ def test_resume_onto_another_model_is_refused(trained, config, field, value, mes
     assert isinstance(error.value, ConfigError)
 
 
-@pytest.mark.parametrize(
-    "field, value",
-    [("data.seed", 1), ("seed", 3), ("train.global_batch_size", 32), ("data.task", "views")],
-)
+# (field, value): a change of the data stream or RNG on resume.
+ANOTHER_DATA_ORDER = [("data.seed", 1), ("seed", 3), ("train.global_batch_size", 32), ("data.task", "views")]
+
+
+@pytest.mark.parametrize("field, value", ANOTHER_DATA_ORDER)
 def test_resume_with_another_data_order_is_refused(trained, config, field, value):
     config = override(config, {field: value, "train.num_train_steps": 4})
     with pytest.raises(ConfigError, match=rf"Cannot resume from checkpoint 2: it was written with config.{field}=.*so the data order and RNG would not continue it. Set --config.{field}=.*, or use a new --workdir"):
