@@ -24,7 +24,6 @@ catches SIGTERM itself) agrees on the first step every process can still reach.
 import math
 import os
 import re
-import shlex
 import signal
 import sys
 import threading
@@ -35,6 +34,7 @@ import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
+from contrastive_jax import console
 from contrastive_jax.config_lib import ConfigError
 
 
@@ -99,7 +99,7 @@ def rerun_command(argv: Sequence[str]) -> str:
     """The command line that resumes this run in every process, from this one's `argv`
     (`sys.argv` of `python -m contrastive_jax.main`); this process's id becomes `<I>`."""
     args = [re.sub(r"^(--process_id=).*", r"\1<I>", arg) for arg in argv[1:]]
-    return shlex.join(["python", "-m", "contrastive_jax.main", *args])
+    return console.rerun_command([argv[0], *args])
 
 
 class ProcessWatchdog:
