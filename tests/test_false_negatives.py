@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from contrastive_jax import losses, sharding
-from contrastive_jax.demo import compare
+from contrastive_jax.sharding import compare_with_single_device
 from contrastive_jax.losses import false_negatives
 
 
@@ -49,7 +49,7 @@ def test_equals_the_reference_and_clip_without_shared_ids():
 def test_sharded_equals_single_device(num_devices):
     a, b = embeddings(32, 8, 2), embeddings(32, 8, 3)
     groups = jnp.stack([jnp.arange(32) // 2, jnp.arange(32) % 5], axis=1)
-    single, sharded, grad_difference = compare(
+    single, sharded, grad_difference = compare_with_single_device(
         false_negatives.clip_loss_masking_false_negatives, (a, b, groups), {"temperature": 0.1},
         sharding.make_mesh(num_devices),
     )

@@ -9,7 +9,7 @@ import pytest
 from jax.test_util import check_grads
 
 from contrastive_jax import losses
-from contrastive_jax.demo import loss_examples
+from contrastive_jax.losses.examples import loss_examples
 
 E = jnp.eye(2)
 LOG_1P_E_INV = math.log1p(math.exp(-1.0))  # log(1 + 1/e)

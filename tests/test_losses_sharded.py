@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from contrastive_jax import sharding
-from contrastive_jax.demo import compare, loss_examples
+from contrastive_jax.losses.examples import loss_examples
+from contrastive_jax.sharding import compare_with_single_device
 
 GLOBAL_BATCH = 32
 DIM = 16
@@ -27,7 +28,7 @@ def _close(actual, expected):
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_shard_map_equals_single_device(name, num_devices):
     loss_fn, arrays, hyperparameters = EXAMPLES[name]
-    single, sharded, grad_difference = compare(
+    single, sharded, grad_difference = compare_with_single_device(
         loss_fn, arrays, hyperparameters, sharding.make_mesh(num_devices)
     )
     _close(sharded, single)

@@ -1,0 +1,59 @@
+"""One small example of every loss that takes `axis_name`: the inputs the demo prints
+and the sharded-equals-single-device tests check."""
+
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax.losses._common import l2_normalize
+from contrastive_jax.losses.contrastive import (
+    clip_loss,
+    infonce_loss,
+    npairs_loss,
+    ntxent_loss,
+    siglip_loss,
+    supcon_loss,
+)
+from contrastive_jax.losses.metric import (
+    batch_prototype_cross_entropy_loss,
+    contrastive_loss,
+    multi_similarity_loss,
+    triplet_loss,
+)
+
+
+def loss_examples(global_batch: int, dim: int, seed: int = 0):
+    """``{name: (loss_fn, arrays, hyperparameters)}`` for every loss taking ``axis_name``.
+
+    Embeddings ``[N, D]`` are random unit vectors; labels ``[N]`` are sorted, so they
+    are unevenly spread over devices (some devices see one class only).
+    """
+    key_a, key_b, key_labels = jax.random.split(jax.random.key(seed), 3)
+    a = l2_normalize(jax.random.normal(key_a, (global_batch, dim)))
+    b = l2_normalize(a + 0.5 * jax.random.normal(key_b, (global_batch, dim)))
+    labels = jnp.sort(jax.random.randint(key_labels, (global_batch,), 0, 5))
+    return {
+        "infonce": (infonce_loss, (a, b), {"temperature": 0.1}),
+        "clip": (clip_loss, (a, b), {"temperature": 0.07}),
+        "siglip": (siglip_loss, (a, b), {"temperature": 0.1, "bias": -10.0}),
+        "ntxent": (ntxent_loss, (a, b), {"temperature": 0.2}),
+        "npairs": (npairs_loss, (a, b), {"l2_reg": 0.002}),
+        "supcon": (supcon_loss, (a, labels), {"temperature": 0.1}),
+        "contrastive": (contrastive_loss, (a, labels), {"margin": 1.0}),
+        "triplet_batch_all": (triplet_loss, (a, labels), {"margin": 0.2}),
+        "triplet_batch_hard": (
+            triplet_loss,
+            (a, labels),
+            {"margin": 0.2, "mining": "batch_hard"},
+        ),
+        "triplet_semi_hard": (
+            triplet_loss,
+            (a, labels),
+            {"margin": 0.2, "mining": "semi_hard"},
+        ),
+        "multi_similarity": (multi_similarity_loss, (a, labels), {"mining_margin": 0.1}),
+        "batch_prototype_cross_entropy": (
+            batch_prototype_cross_entropy_loss,
+            (a, labels),
+            {"num_classes": 5, "temperature": 0.5},
+        ),
+    }
