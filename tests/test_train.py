@@ -159,6 +159,12 @@ def test_step_metrics_match_the_loss_library(config):
     expected = losses.clip_loss(outputs["za"], outputs["zb"], temperature=outputs["temperature"])
     new_state, metrics = jax.jit(trainer.train_step)(state, batch)
     assert float(metrics["loss"]) == pytest.approx(float(expected), rel=1e-5)
+    # The in-batch metrics come from the loss's own statistics, and equal the library's.
+    in_batch = losses.contrastive_metrics(
+        outputs["za"], outputs["zb"], temperature=outputs["temperature"]
+    )
+    for key, value in in_batch.items():
+        assert float(metrics[key]) == pytest.approx(float(value), rel=1e-5, abs=1e-6), key
     assert float(metrics["temperature"]) == pytest.approx(0.07, rel=1e-5)
     assert float(metrics["learning_rate"]) == 0.0  # warmup starts at 0
     assert int(new_state.step) == 1
