@@ -268,10 +268,12 @@ def _check_chunk_size(loss: ml_collections.ConfigDict, global_batch_size: int, n
         return
     ring = loss.collective == "ring"
     columns = global_batch_size // num_devices if ring else global_batch_size
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1 or columns % chunk:
-        divisor = losses.logit_stats.divisor_at_most(
-            columns, chunk if isinstance(chunk, int) else columns
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise ConfigError(
+            f"config.loss.chunk_size={chunk!r} must be a positive int, 'auto' or None."
         )
+    if columns % chunk:
+        divisor = losses.logit_stats.divisor_at_most(columns, chunk)
         raise ConfigError(
             f"config.loss.chunk_size={chunk!r} does not divide the {columns} logit columns "
             f"{'each device holds with the ring' if ring else 'of the global batch'}; use a "

@@ -41,7 +41,8 @@ def build(config):
         ("loss.temperature", 0.0, r"config.loss.temperature=0.0 must be > 0"),
         ("loss.temperature", -0.1, r"config.loss.temperature=-0.1 must be > 0"),
         ("loss.chunk_size", 48, r"config.loss.chunk_size=48 does not divide the 64 logit columns of the global batch; use a divisor such as 32"),
-        ("loss.chunk_size", -8, r"config.loss.chunk_size=-8 does not divide"),
+        ("loss.chunk_size", -8, r"config.loss.chunk_size=-8 must be a positive int, 'auto' or None"),
+        ("loss.chunk_size", "big", r"config.loss.chunk_size='big' must be a positive int, 'auto' or None"),
         ("train.num_train_steps", 0, r"config.train.num_train_steps=0 must be >= 1"),
         # Inconsistent choices.
         ("loss.name", "softmax_ce", r"num_classes=0 with config.loss.name='softmax_ce'"),
@@ -61,6 +62,15 @@ def test_chunk_size_with_the_ring_must_divide_the_per_device_columns(config):
         build(config)
     config.loss.chunk_size = 4
     build(config)
+
+
+def test_chunk_size_auto_is_a_config_value_the_trainer_takes(load_config, digits_data_dir):
+    config = load_config("default")  # typed fields, as on the command line
+    config.data.data_dir = digits_data_dir
+    for collective in ("all_gather", "ring"):
+        config.loss.chunk_size = "auto"  # chosen from N, D and the device when traced
+        config.loss.collective = collective
+        assert build(config).config.loss.chunk_size == "auto"
 
 
 def test_pair_loss_on_labeled_task_is_rejected(config):
