@@ -63,9 +63,12 @@ def get_config() -> ml_collections.ConfigDict:
     loss.triplet_mining = "batch_all"  # "triplet": "batch_all", "batch_hard" or "semi_hard".
     loss.label_smoothing = 0.0  # "softmax_ce" label smoothing.
     loss.focal_gamma = 2.0  # "focal": focusing parameter gamma >= 0 (0: softmax CE).
-    # Softmax / sigmoid losses and in-batch metrics stream over column blocks of
-    # chunk_size examples: memory O(N * D + B * chunk) instead of O(B * N).
-    loss.chunk_size = ml_collections.config_dict.placeholder(int)  # None: dense.
+    # Softmax / sigmoid losses stream over tiles of chunk_size rows by chunk_size
+    # columns: memory O(N * D + chunk^2) instead of O(B * N), the same result. An int
+    # must divide N (N / devices with the ring); "auto" picks the largest divisor of
+    # the columns up to 512 on CPU (1024 when D > 256) or 2048 on GPU/TPU, dense when
+    # they fit in one tile (losses.logit_stats.auto_chunk_size); None: dense [B, N].
+    loss.chunk_size = ml_collections.config_dict.placeholder(object)  # int, "auto" or None.
     loss.collective = "all_gather"  # "all_gather" or "ring" (ppermute; never holds all of b).
 
     config.optim = optim = ml_collections.ConfigDict()

@@ -261,16 +261,22 @@ def _check_loss_inputs(loss: losses.Loss, config: ml_collections.ConfigDict) -> 
 
 
 def _check_chunk_size(loss: ml_collections.ConfigDict, global_batch_size: int, num_devices: int):
-    """A streamed loss's column blocks must tile its logits: N columns, N / devices with a ring."""
+    """A streamed loss's tiles must tile its logits: N columns, N / devices with a ring.
+    `"auto"` picks a divisor itself (`losses.logit_stats.auto_chunk_size`)."""
     chunk = loss.chunk_size
-    if not chunk:  # None or 0: dense logits
+    if chunk is None or chunk == "auto":
         return
     ring = loss.collective == "ring"
     columns = global_batch_size // num_devices if ring else global_batch_size
-    if chunk < 1 or columns % chunk:
-        divisor = max(d for d in range(1, min(max(chunk, 1), columns) + 1) if columns % d == 0)
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ConfigError(
-            f"config.loss.chunk_size={chunk} does not divide the {columns} logit columns "
+            f"config.loss.chunk_size={chunk!r} must be a positive int, 'auto' or None."
+        )
+    if columns % chunk:
+        divisor = losses.logit_stats.divisor_at_most(columns, chunk)
+        raise ConfigError(
+            f"config.loss.chunk_size={chunk!r} does not divide the {columns} logit columns "
             f"{'each device holds with the ring' if ring else 'of the global batch'}; use a "
-            f"divisor such as {divisor}, or None for dense logits."
+            f"divisor such as {divisor}, 'auto' (chosen from N, D and the device), or None "
+            "for dense logits."
         )

@@ -19,9 +19,9 @@ skipped there); the ring table always uses 8 simulated CPU devices and compares 
 per-device compiled memory for the all-gather and ring collectives. Writes
 ``results.json``, ``results.md`` and ``results.png`` to ``--out``.
 
-Hook for the trainer's step (phase 2): the "train step / loss" ratio needs
-``contrastive_jax.train.build()``; add a ``"train_step"`` worker timing one step of the
-default towers on the same mesh and a row in ``evaluate_targets``.
+The whole train step beside the loss's own forward and backward (the "train step ÷
+loss" ratio, default towers, 8 devices) is ``experiments/bench_grad_cache.py``, which
+builds the real step.
 """
 
 from __future__ import annotations

@@ -153,3 +153,41 @@ def test_train_step_with_grad_cache_equals_the_full_batch_step(load_config, digi
     _, accumulated_metrics = _train_step_result(config, 16, "accumulate")
     # Each micro-batch scores 16 columns, not 64: a different (lower) loss.
     assert accumulated_metrics["loss"] < metrics["loss"] - 1e-3
+
+
+def _bench_module():
+    """`experiments/bench_grad_cache.py`, imported."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
+    return importlib.import_module("bench_grad_cache")
+
+
+def test_benchmark_times_calls_in_turns_and_once_when_slow():
+    bench_grad_cache = _bench_module()
+    calls = []
+    seconds = bench_grad_cache.time_in_turns(
+        {"step": lambda: calls.append("step"), "loss": lambda: calls.append("loss")}, repeats=2
+    )
+    assert calls == ["step", "loss"] * 3  # a warm-up round, then two timed rounds
+    assert set(seconds) == {"step", "loss"}
+    calls.clear()
+    bench_grad_cache.time_in_turns({"step": lambda: calls.append("step")}, budget_s=-1.0)
+    assert calls == ["step"]  # slower than the budget: the first call is the measurement
+
+
+@pytest.mark.slow
+def test_quick_benchmark_reports_the_step_beside_the_loss(tmp_path):
+    import json
+
+    bench_grad_cache = _bench_module()
+    bench_grad_cache.main(["--quick", "--out", str(tmp_path)])
+    points = json.loads((tmp_path / "results.json").read_text())
+    assert {(p["global_batch"], p["method"]) for p in points} == {
+        (n, m) for n in (1024, 2048) for m in ("full", "grad_cache")
+    }
+    for p in points:  # the step includes the loss, so it takes longer than the loss alone
+        assert p["step_over_loss"] > 1 and p["step_over_matmul_limit"] > 0
+    assert "step ÷ loss" in (tmp_path / "results.md").read_text()

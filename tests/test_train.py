@@ -1,9 +1,11 @@
-"""The trainer: sharded step = single-device step, resume = uninterrupted, failures."""
+"""The trainer: sharded step = single-device step, resume = uninterrupted, failures; the
+compiled step does the loss's N^2 work only, and the ring gathers no global batch."""
 
 import dataclasses
 import json
 import math
 import os
+import re
 
 import chex
 import jax
@@ -159,6 +161,12 @@ def test_step_metrics_match_the_loss_library(config):
     expected = losses.clip_loss(outputs["za"], outputs["zb"], temperature=outputs["temperature"])
     new_state, metrics = jax.jit(trainer.train_step)(state, batch)
     assert float(metrics["loss"]) == pytest.approx(float(expected), rel=1e-5)
+    # The in-batch metrics come from the loss's own statistics, and equal the library's.
+    in_batch = losses.contrastive_metrics(
+        outputs["za"], outputs["zb"], temperature=outputs["temperature"]
+    )
+    for key, value in in_batch.items():
+        assert float(metrics[key]) == pytest.approx(float(value), rel=1e-5, abs=1e-6), key
     assert float(metrics["temperature"]) == pytest.approx(0.07, rel=1e-5)
     assert float(metrics["learning_rate"]) == 0.0  # warmup starts at 0
     assert int(new_state.step) == 1
@@ -253,3 +261,110 @@ def test_non_finite_loss_stops_and_names_the_last_checkpoint(config, tmp_path, m
     with pytest.raises(FloatingPointError, match=r"at step 5.*Last good checkpoint: step 4"):
         train.train_and_evaluate(override(config, {"train.num_train_steps": 8}), workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4"]
+
+
+# Compiled-HLO checks: N = 96 (12 rows per device, tiles of 24 columns), so that no
+# array of the tiny towers (`config`: widths 16 and 32) has a dimension among the
+# logits' (12, 24, 96): a matrix with both dimensions among them is a block of logits
+# or of their gradient.
+NUM_DEVICES = 8
+N = 96
+LOGIT_DIMS = {N // NUM_DEVICES, 24, N}
+# One HLO instruction with an array result: `%name = f32[12,96]{1,0} op(%x, %y), ...`.
+_INSTRUCTION = re.compile(r"%([\w.-]+) = \w+\[([\d,]*)\]\S* ([\w-]+)\(([^)]*)\)")
+
+
+def compiled_step(config):
+    """The jitted train step of `config` at N = 96 on 8 devices, compiled for abstract
+    inputs (`build(config, mesh).jit_train_step(...).lower(...).compile()`)."""
+    config = override(config, {"train.global_batch_size": N})
+    run = build(config, sharding.make_mesh(NUM_DEVICES))
+    spec = input_pipeline.train_dataset(config).element_spec
+    _, abstract = run.init_state(spec)
+    batch = {
+        key: jax.ShapeDtypeStruct(
+            (N, *spec[key].shape[1:]), spec[key].dtype.as_numpy_dtype,
+            sharding=sharding.data_sharding(run.mesh),
+        )
+        for key in ("a", "b")
+    }
+    return run.jit_train_step(abstract).lower(abstract, batch).compile()
+
+
+def compiled_loss_gradient(config):
+    """The configured loss's value and gradient (wrt `za`, `zb` and the scalars) alone,
+    on N embeddings, compiled like the step."""
+    config = override(config, {"train.global_batch_size": N})
+    run = build(config, sharding.make_mesh(NUM_DEVICES))
+    dim = config.model.embed_dim
+    batched = {
+        key: jax.ShapeDtypeStruct((N, dim), np.float32, sharding=sharding.data_sharding(run.mesh))
+        for key in ("za", "zb")
+    }
+    scalars = {"temperature"} | (run.loss.inputs & {"bias"})
+    shared = {key: jax.ShapeDtypeStruct((), np.float32) for key in scalars}
+
+    def loss(batched, shared):
+        return run.global_loss(batched, shared, None)[0]
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(batched, shared).compile()
+
+
+def instructions(compiled, opcode):
+    """`(result dims, [operand dims])` of every `opcode` instruction in the compiled HLO
+    (operands with array results; instruction names are unique in a module)."""
+    parsed = _INSTRUCTION.findall(compiled.as_text())
+    dims = {name: tuple(int(d) for d in shape.split(",") if d) for name, shape, _, _ in parsed}
+    return [
+        (dims[name], [dims[o] for o in re.findall(r"%([\w.-]+)", operands) if o in dims])
+        for name, _, op, operands in parsed
+        if op == opcode
+    ]
+
+
+def logit_dots(compiled):
+    """How many dot instructions read or write a block of logits (N^2 work each)."""
+    is_logits = lambda dims: len(dims) == 2 and set(dims) <= LOGIT_DIMS  # noqa: E731
+    return sum(
+        any(is_logits(dims) for dims in [result, *operands])
+        for result, operands in instructions(compiled, "dot")
+    )
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip"])
+@pytest.mark.parametrize("chunk_size", [None, 24])
+def test_step_does_the_losss_n2_work_only(config, name, chunk_size):
+    """The step's logit matmuls are the loss's own forward and backward: the metrics
+    come from its statistics, not from another pass."""
+    config = override(config, {"loss.name": name, "loss.chunk_size": chunk_size})
+    own = logit_dots(compiled_loss_gradient(config))
+    assert own >= 2  # the logits and at least one gradient product
+    assert logit_dots(compiled_step(config)) == own
+
+
+@pytest.mark.parametrize("micro_batch_size", [48])
+def test_grad_cached_step_pays_for_the_loss_once(config, micro_batch_size):
+    """Gradient caching embeds twice but computes the streamed loss's forward and
+    backward once."""
+    config = override(config, {
+        "loss.chunk_size": 24, "train.micro_batch_size": micro_batch_size,
+    })
+    assert logit_dots(compiled_step(config)) == logit_dots(compiled_loss_gradient(config))
+
+
+def gathers_of_the_global_batch(compiled):
+    """The all-gathers whose result has N rows."""
+    return [result for result, _ in instructions(compiled, "all-gather")
+            if result and result[0] == N]
+
+
+def test_ring_step_gathers_no_global_batch_and_needs_less_memory(config):
+    config = override(config, {"model.embed_dim": 256})  # the gathered [N, D] dominates
+    ring = compiled_step(override(config, {"loss.collective": "ring"}))
+    gathered = compiled_step(config)
+    assert gathers_of_the_global_batch(gathered)  # the check sees the all-gather mode's
+    assert gathers_of_the_global_batch(ring) == []
+    ring_bytes = ring.memory_analysis().temp_size_in_bytes
+    gathered_bytes = gathered.memory_analysis().temp_size_in_bytes
+    assert ring_bytes < gathered_bytes
+

@@ -41,7 +41,8 @@ BAD_VALUES = [
     ("loss.temperature", 0.0, r"config.loss.temperature=0.0 must be > 0"),
     ("loss.temperature", -0.1, r"config.loss.temperature=-0.1 must be > 0"),
     ("loss.chunk_size", 48, r"config.loss.chunk_size=48 does not divide the 64 logit columns of the global batch; use a divisor such as 32"),
-    ("loss.chunk_size", -8, r"config.loss.chunk_size=-8 does not divide"),
+    ("loss.chunk_size", -8, r"config.loss.chunk_size=-8 must be a positive int, 'auto' or None"),
+    ("loss.chunk_size", "big", r"config.loss.chunk_size='big' must be a positive int, 'auto' or None"),
     ("train.num_train_steps", 0, r"config.train.num_train_steps=0 must be >= 1"),
     # Inconsistent choices.
     ("loss.name", "softmax_ce", r"num_classes=0 with config.loss.name='softmax_ce'"),
@@ -76,6 +77,15 @@ def test_settings_that_do_not_fit_together_are_rejected(config, fields, message)
 
 def test_ring_chunk_size_that_divides_the_per_device_columns_builds(config):
     build(override(config, {"loss.collective": "ring", "loss.chunk_size": 4}))
+
+
+def test_chunk_size_auto_is_a_config_value_the_trainer_takes(load_config, digits_data_dir):
+    config = load_config("default")  # typed fields, as on the command line
+    config.data.data_dir = digits_data_dir
+    for collective in ("all_gather", "ring"):
+        config.loss.chunk_size = "auto"  # chosen from N, D and the device when traced
+        config.loss.collective = collective
+        assert build(config).config.loss.chunk_size == "auto"
 
 
 def test_misspelled_field_is_rejected_with_a_suggestion(config, tmp_path):

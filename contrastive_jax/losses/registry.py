@@ -11,6 +11,12 @@ Model outputs (see `models.TwoTower`): `za`, `zb` [B, D] L2-normalised; `logits`
 (classifier head); `temperature`, `bias` scalars and `proxies` [C, D] (replicated).
 `label` [B] int comes from the data.
 
+The pair losses "clip", "infonce" and "siglip" also return the in-batch retrieval
+metrics (`losses.contrastive_metrics`) from their own statistics, so a train step does
+no N^2 work beyond the loss's forward and backward; "ntxent" and "npairs" log no pair
+metrics (their statistics are not the a -> b ones, and computing them would cost another
+N^2 pass each step). Evaluation (`evaluate.py`) measures retrieval for every loss.
+
 Not registered: `batch_prototype_cross_entropy_loss` needs the number of training
 classes, which label-only losses do not configure.
 """
@@ -29,7 +35,6 @@ from contrastive_jax.losses.classification import (
 )
 from contrastive_jax.losses.contrastive import (
     clip_loss,
-    contrastive_metrics,
     infonce_loss,
     npairs_loss,
     ntxent_loss,
@@ -81,25 +86,14 @@ class Loss:
         return "bias" in self.inputs
 
 
-def pair_metrics(outputs: Outputs, loss_config: ml_collections.ConfigDict) -> Metrics:
-    """In-batch retrieval metrics of a paired batch (`losses.contrastive_metrics`, no
-    gradient): the one place the trainer computes them."""
-    frozen = jax.lax.stop_gradient({k: outputs[k] for k in ("za", "zb", "temperature")})
-    return contrastive_metrics(
-        frozen["za"],
-        frozen["zb"],
-        temperature=frozen["temperature"],
-        axis_name=DATA_AXIS,
-        chunk_size=loss_config.chunk_size,
-    )
-
-
-def _streamed_pair_loss(loss_fn, *extra: str) -> Loss:
+def _streamed_pair_loss(loss_fn, *extra: str, metrics: bool = True) -> Loss:
     """A softmax / sigmoid pair loss with its streaming options; `extra` outputs are
-    passed by name (SigLIP's `bias`)."""
+    passed by name (SigLIP's `bias`). With `metrics`, the loss returns the in-batch
+    retrieval metrics (`losses.contrastive_metrics`) from its own statistics
+    (`return_metrics=True`): no N^2 work beyond the loss's forward and backward."""
 
     def fn(o, labels, c):
-        value = loss_fn(
+        result = loss_fn(
             o["za"],
             o["zb"],
             temperature=o["temperature"],
@@ -107,8 +101,9 @@ def _streamed_pair_loss(loss_fn, *extra: str) -> Loss:
             chunk_size=c.chunk_size,
             collective=c.collective,
             **{name: o[name] for name in extra},
+            **({"return_metrics": True} if metrics else {}),
         )
-        return value, pair_metrics(o, c)
+        return result if metrics else (result, {})
 
     return Loss(fn, frozenset({"za", "zb", "temperature", *extra}))
 
@@ -129,10 +124,12 @@ def _per_example_loss(value_fn, *outputs: str) -> Loss:
 LOSSES: Mapping[str, Loss] = {
     "clip": _streamed_pair_loss(clip_loss),
     "infonce": _streamed_pair_loss(infonce_loss),
-    "ntxent": _streamed_pair_loss(ntxent_loss),
+    # No in-batch retrieval metrics: NT-Xent's statistics are over its 2N x 2N views
+    # matrix, not the a -> b logits, and any other source is another N^2 pass per step.
+    "ntxent": _streamed_pair_loss(ntxent_loss, metrics=False),
     "siglip": _streamed_pair_loss(siglip_loss, "bias"),
-    "npairs": Loss(
-        lambda o, y, c: (npairs_loss(o["za"], o["zb"], axis_name=DATA_AXIS), pair_metrics(o, c)),
+    "npairs": Loss(  # no in-batch metrics, as NT-Xent: they would be another N^2 pass
+        lambda o, y, c: (npairs_loss(o["za"], o["zb"], axis_name=DATA_AXIS), {}),
         frozenset({"za", "zb"}),
     ),
     "supcon": _label_loss(
