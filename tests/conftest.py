@@ -15,16 +15,21 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 import pytest  # noqa: E402
 
 
+def _prepared(name: str, tmp_path_factory) -> str:
+    """A fresh TFDS data_dir holding the local dataset `name`, prepared."""
+    import tensorflow_datasets as tfds
+
+    import contrastive_jax.datasets  # noqa: F401  (registers the builders)
+
+    data_dir = str(tmp_path_factory.mktemp(f"tfds_{name}"))
+    tfds.builder(name, data_dir=data_dir).download_and_prepare()
+    return data_dir
+
+
 @pytest.fixture(scope="session")
 def digits_data_dir(tmp_path_factory):
     """A TFDS data_dir holding `sklearn_digits`, prepared once per test session."""
-    import tensorflow_datasets as tfds
-
-    import contrastive_jax.datasets  # noqa: F401
-
-    data_dir = str(tmp_path_factory.mktemp("tfds"))
-    tfds.builder("sklearn_digits", data_dir=data_dir).download_and_prepare()
-    return data_dir
+    return _prepared("sklearn_digits", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -51,13 +56,7 @@ def load_config():
 @pytest.fixture(scope="session")
 def cmudict_data_dir(tmp_path_factory):
     """A TFDS data_dir holding `cmudict`, prepared once per test session (~15 s)."""
-    import tensorflow_datasets as tfds
-
-    import contrastive_jax.datasets  # noqa: F401
-
-    data_dir = str(tmp_path_factory.mktemp("tfds_cmudict"))
-    tfds.builder("cmudict", data_dir=data_dir).download_and_prepare()
-    return data_dir
+    return _prepared("cmudict", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
