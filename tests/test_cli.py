@@ -79,7 +79,7 @@ DEFAULT = "--config=configs/default.py"
         # A missing config file (it was "Failed loading config file config_config").
         (["--config=config_config", "--workdir=w"],
          r"^error: --config=config_config: no such file \(in .*\); pass a config file such as "
-         r"configs/default.py \(configs/ holds clip_coco.py, default.py, "),
+         r"configs/default.py \(configs/ holds clip_coco.py, .*default.py, "),
         (["--config=configs", "--workdir=w", "--config.loss.temperature=0.1"],
          r"--config=configs: is a directory"),
         (["--config=README.md", "--workdir=w"],

@@ -139,7 +139,7 @@ def test_a_lost_process_stops_the_others_with_one_line_and_all_resume(
     [line] = [line for line in output.splitlines() if "Lost process" in line]
     assert line.startswith(f"Lost process 1 of 2 (no heartbeat for {HEARTBEAT_TIMEOUT} s)")
     rerun = (
-        f"python -m contrastive_jax.main --config={config} --workdir={workdir} --coordinator_"
+        f" -m contrastive_jax.main --config={config} --workdir={workdir} --coordinator_"
         f"address=127.0.0.1:PORT --num_processes=2 '--process_id=<I>' {flags[0]}"
     )
     assert re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", line).endswith(rerun), line
