@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -131,7 +132,7 @@ class Trainer:
             return batched, shared, updates
 
         def loss_of_outputs(batched, shared, inputs):
-            return self.global_loss(batched, shared, inputs.get("label"))
+            return self.global_loss(batched, shared, self.loss_data(inputs))
 
         if train.micro_batch_size:
             (loss, metrics, updates), grads = MICRO_BATCH_METHODS[train.micro_batch_method](
@@ -160,8 +161,22 @@ class Trainer:
         )
         return state, metrics
 
+    def loss_data(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """The data fields the loss reads (`losses.registry.DATA_FIELDS`) from a batch:
+        `label` [N]; `groups` [N, K], the source's id keys stacked."""
+        data = {}
+        if self.loss.labels:
+            data["label"] = batch["label"]
+        if self.loss.groups:
+            id_keys = input_pipeline.SOURCES[self.config.data.name].id_keys
+            data["groups"] = jnp.stack([batch[key] for key in id_keys], axis=-1)
+        return data
+
     def global_loss(
-        self, batched: dict[str, jax.Array], shared: dict[str, jax.Array], labels: jax.Array | None
+        self,
+        batched: dict[str, jax.Array],
+        shared: dict[str, jax.Array],
+        data: dict[str, jax.Array],
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The configured loss over the global batch, and its metrics plus `temperature`.
 
@@ -169,16 +184,16 @@ class Trainer:
           batched: model outputs sharded over the data axis (`za`, `zb` [N, D], `logits`
             [N, C]).
           shared: replicated model outputs (`temperature`, `bias`, `proxies` [C, D]).
-          labels: [N] int or None.
+          data: the data fields the loss reads (`loss_data`), each [N, ...].
         """
 
-        def per_device(batched, shared, labels):
-            loss, metrics = self.loss.fn({**batched, **shared}, labels, self.config.loss)
+        def per_device(batched, shared, data):
+            loss, metrics = self.loss.fn({**batched, **shared, **data}, self.config.loss)
             return loss, dict(metrics, temperature=shared["temperature"])
 
         return jax.shard_map(
             per_device, mesh=self.mesh, in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS)), out_specs=P()
-        )(batched, shared, labels)
+        )(batched, shared, data)
 
 
 def _numpy_dtype(dtype) -> np.dtype:
@@ -250,6 +265,13 @@ def _check_loss_inputs(loss: losses.Loss, config: ml_collections.ConfigDict) -> 
         raise ConfigError(
             f"config.loss.name={name!r} needs labels but {config.data.name!r} has none; use "
             f"one of {pair_losses}."
+        )
+    if loss.groups and not input_pipeline.SOURCES[config.data.name].id_keys:
+        grouped = sorted(k for k, v in input_pipeline.SOURCES.items() if v.id_keys)
+        raise ConfigError(
+            f"config.loss.name={name!r} masks in-batch false negatives by the dataset's "
+            f"grouping ids, but {config.data.name!r} has none; use 'clip', or a dataset "
+            f"with ids: {grouped}."
         )
     if loss.classifier != (config.model.num_classes > 0):
         classifier_losses = sorted(k for k, v in losses.LOSSES.items() if v.classifier)

@@ -54,11 +54,13 @@ FULL = dict(config="default", batch_sizes=[16, 32, 64, 128, 256, 512, 1024], see
             steps=500, metric="a_to_b/R@1")
 QUICK = dict(config="default", batch_sizes=[16, 64], seeds=[0], steps=4, metric="a_to_b/R@1")
 # The cmudict study: 5 batch sizes x 2 seeds x (3 LR rules at fixed epochs + 1 at fixed steps),
-# only fixed epochs with sqrt at N = 65,536 (see ALL_SERIES_UP_TO): 34 runs.
+# only fixed epochs with sqrt at N = 65,536 (see ALL_SERIES_UP_TO): 34 runs; and the
+# false-negative-masking series (fixed epochs, sqrt) at N <= MASKED_UP_TO: 8 more.
+MASKED_LOSS = "clip_masking_false_negatives"  # the registry's CLIP loss masking them
 CMUDICT = dict(config="cmudict_clip", batch_sizes=[256, 1024, 4096, 16384, 65536], seeds=[0, 1],
-               steps=30, epochs=2.0, metric="a_to_b/R@1")
+               steps=30, epochs=2.0, metric="a_to_b/R@1", masked_loss=MASKED_LOSS)
 CMUDICT_QUICK = dict(config="cmudict_clip", batch_sizes=[256, 512], seeds=[0], steps=2, epochs=0.25,
-                     metric="a_to_b/R@1")
+                     metric="a_to_b/R@1", masked_loss=MASKED_LOSS)
 # --quick on cmudict: small slices of the splits, so CI loads and evaluates fast.
 CMUDICT_QUICK_OVERRIDES = {"data.train_split": "train[:2048]", "eval.split": "test[:1024]"}
 
@@ -75,7 +77,7 @@ LAMB_FROM = 16384  # "linear" at N >= this trains with LAMB instead of AdamW
 WARMUP_EPOCHS = 0.25  # linear warmup length in epochs, at every N
 MICRO_BATCH = 8192  # N above this: gradient caching in micro-batches of this size ...
 LOSS_CHUNK = 4096  # ... and the loss streamed over column blocks of this size
-MASKED_UP_TO = 16384  # the false-negative-masking series stops here (dense [B, N] logits)
+MASKED_UP_TO = 16384  # the false-negative-masking series stops here (time: see ALL_SERIES_UP_TO)
 # A step at N = 65,536 takes minutes on the 2-core machine (the N^2 loss, gradient caching),
 # so above ALL_SERIES_UP_TO only these (budget, rule) series run, to stay within 90 min.
 ALL_SERIES_UP_TO = 16384
@@ -107,8 +109,8 @@ def study_runs(base, batch_sizes: Sequence[int], seeds: Sequence[int], *, epochs
 
     Args:
       masked_loss: a loss name in the trainer's registry that masks in-batch false
-        negatives out of the softmax: adds the series "fixed epochs, sqrt, false
-        negatives masked" at N <= `MASKED_UP_TO` (its logits are dense [B, N]).
+        negatives out of the softmax (`MASKED_LOSS`), or None: adds the series "fixed
+        epochs, sqrt, false negatives masked" at N <= `MASKED_UP_TO`.
 
     Each run's tags: `series` (`"fixed epochs, sqrt"`, ...), `budget`, `scaling`,
     `optimizer`, `loss`, `batch_size`, `seed`, `steps`, `epochs` (examples seen /
@@ -323,13 +325,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--study", choices=("digits", "cmudict"), default="digits",
                         help="digits: one budget (--steps or --epochs); cmudict: the study above")
     parser.add_argument("--masked-loss", help="cmudict: the trainer's loss name that masks in-batch false "
-                        "negatives; adds a series with it")
+                        f"negatives, for the series with it (default {MASKED_LOSS}; 'none': no such series)")
     args = parser.parse_args(argv)
     if args.study == "cmudict":
         args = sweep.resolve(args, "batch_size_sweep_cmudict", CMUDICT, CMUDICT_QUICK)
         run_study(args.config, args.batch_sizes, args.seeds, args.out, steps=args.steps, epochs=args.epochs,
                   metric=args.metric, data_dir=args.data_dir,
-                  overrides=CMUDICT_QUICK_OVERRIDES if args.quick else None, masked_loss=args.masked_loss)
+                  overrides=CMUDICT_QUICK_OVERRIDES if args.quick else None,
+                  masked_loss=None if args.masked_loss == "none" else args.masked_loss)
     else:
         args = sweep.resolve(args, "batch_size_sweep", FULL, QUICK)
         quick = {"eval.linear_probe": False} if args.quick else {}

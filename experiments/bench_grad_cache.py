@@ -147,7 +147,7 @@ def _compiled_loss(run, global_batch: int, rng):
     shared = {"temperature": np.float32(run.config.loss.temperature)}
 
     def loss(batched, shared):
-        return run.global_loss(batched, shared, None)[0]
+        return run.global_loss(batched, shared, {})[0]
 
     compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(embeddings, shared).compile()
     return compiled, (embeddings, shared)

@@ -1,4 +1,6 @@
-"""The CLIP loss masking in-batch false negatives: reference values, sharded = single device."""
+"""CLIP masking in-batch false negatives (`clip_loss(false_negative_ids=...)`): a NumPy
+reference, dense = tiled = ring, sharded = single device, gradients against `jax.grad` of
+a dense masked reference."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +8,7 @@ import numpy as np
 import pytest
 
 from contrastive_jax import losses, sharding
-from contrastive_jax.sharding import compare_with_single_device
-from contrastive_jax.losses import false_negatives
+from contrastive_jax.losses import _common
 
 
 def embeddings(n, d, seed):
@@ -27,37 +28,73 @@ def reference(a, b, groups, temperature):
     return total / n
 
 
-def test_mask_marks_shared_ids_but_not_the_own_pair():
-    groups = jnp.array([[0, 0], [0, 1], [1, 2], [2, 2]])  # rows 0-1 share id 0, 2-3 id 2
-    mask = false_negatives.false_negative_mask(groups, groups, jnp.arange(4))
-    expected = np.array([[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0]], bool)
-    np.testing.assert_array_equal(mask, expected)
+def dense_reference(a, b, groups, temperature):
+    """The same loss in jnp on the whole [N, N] logits (for `jax.grad`)."""
+    shared = jnp.any(groups[:, None, :] == groups[None, :, :], axis=-1)
+    false_negatives = shared & ~jnp.eye(len(a), dtype=bool)
+    positive = jnp.sum(a * b, axis=1) / temperature
+    per_row = 0.0
+    for query, keys in ((a, b), (b, a)):
+        logits = jnp.where(false_negatives, _common.MASK_VALUE, query @ keys.T / temperature)
+        per_row = per_row + 0.5 * (jax.nn.logsumexp(logits, axis=1) - positive)
+    return jnp.mean(per_row)
 
 
-def test_equals_the_reference_and_clip_without_shared_ids():
+def masked_clip(a, b, groups, **kwargs):
+    return losses.clip_loss(a, b, false_negative_ids=groups, **kwargs)
+
+
+# rows 0-1 share a word id, rows 10-11 too; id 1 of row i is i % 7 (pronunciations).
+GROUPS = jnp.stack([jnp.array([0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9] * 2) + 10 * (jnp.arange(24) >= 12),
+                    jnp.arange(24) % 7], axis=1)
+STREAMING = {
+    "dense": {},
+    "tiled": {"chunk_size": 4},
+    "tiled-bf16": {"chunk_size": 4, "matmul_dtype": "bfloat16"},
+}
+
+
+@pytest.mark.parametrize("streaming", list(STREAMING))
+def test_equals_the_reference_in_value_and_gradient(streaming):
+    a, b = embeddings(24, 8, 0), embeddings(24, 8, 1)
+    options = STREAMING[streaming]
+    tolerance = 2e-2 if "matmul_dtype" in options else 1e-5
+    value, grads = jax.value_and_grad(masked_clip, argnums=(0, 1))(a, b, GROUPS, temperature=0.1, **options)
+    assert float(value) == pytest.approx(reference(a, b, GROUPS, 0.1), rel=tolerance)
+    expected = jax.grad(dense_reference, argnums=(0, 1))(a, b, GROUPS, 0.1)
+    for got, want in zip(grads, expected):
+        np.testing.assert_allclose(got, want, atol=tolerance * float(jnp.max(jnp.abs(want))))
+
+
+def test_one_dimensional_ids_and_distinct_ids():
     a, b = embeddings(12, 8, 0), embeddings(12, 8, 1)
-    groups = jnp.stack([jnp.array([0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9]), jnp.arange(12) % 7], axis=1)
-    loss = false_negatives.clip_loss_masking_false_negatives(a, b, groups, temperature=0.1)
-    assert float(loss) == pytest.approx(reference(a, b, groups, 0.1), rel=1e-5)
-    distinct = jnp.stack([jnp.arange(12), jnp.arange(12)], axis=1)
-    unmasked = false_negatives.clip_loss_masking_false_negatives(a, b, distinct, temperature=0.1)
+    words = jnp.array([0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9])
+    loss = masked_clip(a, b, words, temperature=0.1)
+    assert float(loss) == pytest.approx(reference(a, b, words[:, None], 0.1), rel=1e-5)
+    unmasked = masked_clip(a, b, jnp.arange(12), temperature=0.1)
     assert float(unmasked) == pytest.approx(float(losses.clip_loss(a, b, temperature=0.1)), rel=1e-6)
     assert float(loss) < float(unmasked)  # fewer negatives in the softmax
 
 
-@pytest.mark.parametrize("num_devices", [2, 8])
-def test_sharded_equals_single_device(num_devices):
-    a, b = embeddings(32, 8, 2), embeddings(32, 8, 3)
-    groups = jnp.stack([jnp.arange(32) // 2, jnp.arange(32) % 5], axis=1)
-    single, sharded, grad_difference = compare_with_single_device(
-        false_negatives.clip_loss_masking_false_negatives, (a, b, groups), {"temperature": 0.1},
-        sharding.make_mesh(num_devices),
-    )
-    assert sharded == pytest.approx(single, rel=1e-5)
-    assert grad_difference < 1e-6
+@pytest.mark.parametrize("options", [{}, {"chunk_size": 3}, {"collective": "ring"},
+                                     {"collective": "ring", "chunk_size": 3}],
+                         ids=["all_gather", "all_gather-tiled", "ring", "ring-tiled"])
+@pytest.mark.parametrize("num_devices", [2, 4])
+def test_sharded_equals_the_single_device_reference(options, num_devices):
+    a, b = embeddings(24, 8, 2), embeddings(24, 8, 3)
+    sharded = sharding.shard_loss(masked_clip, sharding.make_mesh(num_devices))
+    value, grads = jax.jit(jax.value_and_grad(
+        lambda a, b: sharded(a, b, GROUPS, temperature=0.1, **options), argnums=(0, 1)
+    ))(a, b)
+    assert float(value) == pytest.approx(reference(a, b, GROUPS, 0.1), rel=1e-5)
+    expected = jax.grad(dense_reference, argnums=(0, 1))(a, b, GROUPS, 0.1)
+    for got, want in zip(grads, expected):
+        np.testing.assert_allclose(got, want, atol=1e-6)
 
 
-def test_bad_groups_shape_is_rejected():
+def test_bad_ids_are_rejected():
     a = embeddings(4, 8, 0)
-    with pytest.raises(ValueError, match=r"groups must have shape \[B, K\] = \[4, K\]"):
-        false_negatives.clip_loss_masking_false_negatives(a, a, jnp.arange(4), temperature=0.1)
+    with pytest.raises(ValueError, match=r"false_negative_ids must be ints of shape \[B\] or \[B, K\] with B = 4"):
+        masked_clip(a, a, jnp.arange(5), temperature=0.1)
+    with pytest.raises(ValueError, match="false_negative_ids must be ints"):
+        masked_clip(a, a, jnp.ones(4), temperature=0.1)

@@ -129,7 +129,7 @@ def test_cmudict_study_grid_scales_the_learning_rate_and_warmup_in_epochs(load_c
     assert tags["epochs", "sqrt", 65536, 0].overrides["train.micro_batch_size"] == 8192
     assert tags["epochs", "sqrt", 65536, 0].overrides["loss.chunk_size"] == 4096
     assert "train.micro_batch_size" not in tags["epochs", "none", 256, 0].overrides
-    # The false-negative-masking series: its loss, only up to N = 16,384 (dense logits).
+    # The false-negative-masking series: its loss, only up to N = 16,384.
     masked = batch_size_sweep.study_runs(base, [256, 65536], [0], epochs=3, steps=40, train_size=121_490,
                                          masked_loss="clip_masked")
     extra = [r for r in masked if r.tags["loss"] == "clip_masked"]
@@ -148,14 +148,17 @@ def test_false_negative_fraction():
     assert batch_size_sweep.false_negative_fraction({"id": np.arange(100)}, 50) == 0.0
 
 
-@pytest.mark.slow  # 8 runs: about 2 minutes on an idle 2-core machine
+@pytest.mark.slow  # 10 runs: about 2 minutes on an idle 2-core machine
 def test_cmudict_study_quick(tmp_path, cmudict_data_dir):
     batch_size_sweep.main(["--study", "cmudict", "--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir])
     records = json.loads((tmp_path / "results.json").read_text())
     expected = COMMON + ["metric_vs_batch.png", "loss_curves.png", "temperature_vs_batch.png", "mi_bound.png",
                          "false_negatives_vs_batch.png"]
     assert all((tmp_path / name).stat().st_size > 0 for name in expected)
-    assert len(records) == 2 * 4  # 2 batch sizes x (3 rules at fixed epochs + sqrt at fixed steps)
+    # 2 batch sizes x (3 rules at fixed epochs + sqrt at fixed steps + sqrt masking false negatives)
+    assert len(records) == 2 * 5
+    masked = [r for r in records if r["loss"] == batch_size_sweep.MASKED_LOSS]
+    assert {r["series"] for r in masked} == {"fixed epochs, sqrt, false negatives masked"}
     assert all(0 <= r["a_to_b/R@1"] <= 1 and 0 <= r["b_to_a/R@1"] <= 1 for r in records)
     fractions = {r["batch_size"]: r["false_negative_fraction"] for r in records}
     assert 0 <= fractions[256] <= fractions[512] < 1  # (2,048 quick pairs: few repeats)

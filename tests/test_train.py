@@ -95,8 +95,8 @@ def test_sharded_step_comparison_sees_a_gradient_scaled_by_the_device_count(conf
     clip = losses.LOSSES["clip"]
     for factor in (8, 1 / 8):
 
-        def scaled_gradient(outputs, labels, loss_config, factor=factor):
-            loss, metrics = clip.fn(outputs, labels, loss_config)
+        def scaled_gradient(inputs, loss_config, factor=factor):
+            loss, metrics = clip.fn(inputs, loss_config)
             scale = factor ** (jax.lax.axis_size(DATA_AXIS) > 1)
             return jax.lax.stop_gradient(loss) + scale * (loss - jax.lax.stop_gradient(loss)), metrics
 
@@ -118,11 +118,13 @@ def random_outputs(num_examples, num_classes=5, dim=16, seed=0):
         "bias": jnp.float32(-2.0),
     }
     labels = jnp.sort(jax.random.randint(keys[4], (num_examples,), 0, num_classes))
-    return outputs, labels
+    # pairs 2k, 2k + 1 share a word id; every 7th shares a pronunciation id
+    groups = jnp.stack([jnp.arange(num_examples) // 2, jnp.arange(num_examples) % 7], axis=1)
+    return outputs, {"label": labels, "groups": groups}
 
 
 # One of each kind runs by default (the library's sharded tests cover the kernels); all with -m slow.
-DEFAULT_REGISTRY_CHECKS = ("siglip", "supcon", "focal", "cosface")
+DEFAULT_REGISTRY_CHECKS = ("siglip", "supcon", "focal", "cosface", "clip_masking_false_negatives")
 
 
 @pytest.mark.parametrize("name", [
@@ -134,9 +136,9 @@ def test_every_registered_loss_spans_the_global_batch_and_reads_only_its_inputs(
     outputs its entry declares (reading another raises KeyError), and the temperature
     (which every model has; the trainer logs it)."""
     loss = losses.LOSSES[name]
-    all_outputs, labels = random_outputs(64)
+    all_outputs, all_data = random_outputs(64)
     outputs = {k: v for k, v in all_outputs.items() if k in loss.inputs | {"temperature"}}
-    assert loss.labels or "label" not in loss.inputs
+    data = {k: v for k, v in all_data.items() if k in loss.inputs}
     results = []
     for num_devices in (1, 8):
         trainer = Trainer(config, sharding.make_mesh(num_devices), None, None, None, loss)
@@ -144,7 +146,7 @@ def test_every_registered_loss_spans_the_global_batch_and_reads_only_its_inputs(
         def value(outputs, trainer=trainer):
             batched = {k: v for k, v in outputs.items() if k in ("za", "zb", "logits")}
             shared = {k: v for k, v in outputs.items() if k not in batched}
-            return trainer.global_loss(batched, shared, labels if loss.labels else None)[0]
+            return trainer.global_loss(batched, shared, data)[0]
 
         results.append(jax.jit(jax.value_and_grad(value))(outputs))
     (value_1, grads_1), (value_8, grads_8) = jax.device_get(results)
@@ -253,8 +255,8 @@ def test_non_finite_loss_stops_and_names_the_last_checkpoint(config, tmp_path, m
     workdir = str(tmp_path)
     train.train_and_evaluate(override(config, {"train.num_train_steps": 4}), workdir)
 
-    def nan_loss(outputs, labels, loss_config):
-        return jax.lax.pmean(jnp.nan * outputs["za"].sum(), DATA_AXIS), {}
+    def nan_loss(inputs, loss_config):
+        return jax.lax.pmean(jnp.nan * inputs["za"].sum(), DATA_AXIS), {}
 
     clip = losses.LOSSES["clip"]
     monkeypatch.setitem(losses.LOSSES, "clip", dataclasses.replace(clip, fn=nan_loss))
@@ -305,7 +307,7 @@ def compiled_loss_gradient(config):
     shared = {key: jax.ShapeDtypeStruct((), np.float32) for key in scalars}
 
     def loss(batched, shared):
-        return run.global_loss(batched, shared, None)[0]
+        return run.global_loss(batched, shared, {})[0]
 
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(batched, shared).compile()
 

@@ -66,6 +66,7 @@ BAD_COMBINATIONS = [
     # chunk 16 divides N = 64 but not the ring's 64 / 8 = 8 columns per device.
     ({"loss.collective": "ring", "loss.chunk_size": 16}, r"chunk_size=16 does not divide the 8 logit columns each device holds with the ring; use a divisor such as 8"),
     ({"data.task": "labeled"}, r"config.loss.name='clip' needs paired inputs but config.data.task is 'labeled'"),
+    ({"loss.name": "clip_masking_false_negatives"}, r"masks in-batch false negatives by the dataset's grouping ids, but 'sklearn_digits' has none; use 'clip', or a dataset with ids: \['cmudict'\]"),
 ]
 
 

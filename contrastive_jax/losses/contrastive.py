@@ -72,6 +72,16 @@ def _paired_logits(x: jax.Array, y: jax.Array, temperature) -> jax.Array:
     return jnp.sum(_common.at_least_float32(x) * _common.at_least_float32(y), axis=1) / temperature
 
 
+def _check_group_ids(ids: jax.Array, batch_size: int) -> None:
+    if ids.ndim not in (1, 2) or ids.shape[0] != batch_size or not jnp.issubdtype(
+        ids.dtype, jnp.integer
+    ):
+        raise ValueError(
+            f"false_negative_ids must be ints of shape [B] or [B, K] with B = {batch_size} "
+            f"(one row per pair), got {ids.dtype} {ids.shape}."
+        )
+
+
 def _check_paired(a, b, names, temperature, axis_name) -> None:
     _common.check_pair(a, b, *names)
     _common.check_temperature(temperature)
@@ -205,6 +215,7 @@ def clip_loss(
     collective: str = "all_gather",
     matmul_dtype: str | None = None,
     return_metrics: bool = False,
+    false_negative_ids: jax.Array | None = None,
 ):
     """Symmetric CLIP / CLAP loss over the N x N similarity ``a @ b.T / temperature``.
 
@@ -224,6 +235,13 @@ def clip_loss(
       {streaming_args}
       return_metrics: also return :func:`contrastive_metrics` from the loss's own
         statistics, without gradient and without more N^2 work.
+      false_negative_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or
+        None. Pairs j != i sharing any id with pair i are in-batch false negatives
+        (cmudict: a homophone shares the pronunciation id, an alternate pronunciation
+        the word id): their pair is as right for row i as its own, so pushing them
+        apart contradicts the data. They are left out of both of row i's softmaxes
+        (and column i's), in every form (dense, tiled, ring); with all ids distinct
+        the loss is the plain one.
 
     Returns:
       Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch (both
@@ -231,9 +249,14 @@ def clip_loss(
       the local b's); with ``return_metrics``, ``(loss, metrics)``.
     """
     _check_paired(a, b, ("a", "b"), temperature, axis_name)
-    ids = RowIds(_local_ids(a.shape[0], axis_name), None)
+    if false_negative_ids is not None:
+        _check_group_ids(false_negative_ids, a.shape[0])
+    ids = RowIds(_local_ids(a.shape[0], axis_name), false_negative_ids)
+    spec = _ROWS_AND_COLUMNS._replace(
+        best=return_metrics, exclude_shared_label=false_negative_ids is not None
+    )
     stats = logit_stats.pair_stats(
-        _ROWS_AND_COLUMNS._replace(best=return_metrics), a, b, ids, ids,
+        spec, a, b, ids, ids,
         temperature=temperature, axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
     )

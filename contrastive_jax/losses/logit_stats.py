@@ -159,6 +159,9 @@ class PairSpec(NamedTuple):
       row_logsumexp: compute ``row_lse: [B]``.
       col_logsumexp: compute ``col_lse`` for this device's ``y`` rows.
       exclude_self: leave pairs with equal ids (a row with itself) out of the softmax.
+      exclude_shared_label: leave pairs with equal labels but different ids (another
+        example sharing a class, or any of ``K`` group ids for labels ``[B, K]``) out
+        of the softmax: in-batch false negatives.
       pair_terms: ``fn(logits, same_id, same_label) -> dict name -> [B, c]`` of
         elementwise terms, each summed over the row into ``row_sums[name]``
         (``same_label`` is None without labels). Must be elementwise in the columns.
@@ -168,6 +171,7 @@ class PairSpec(NamedTuple):
     row_logsumexp: bool = False
     col_logsumexp: bool = False
     exclude_self: bool = False
+    exclude_shared_label: bool = False
     pair_terms: Callable | None = None
     best: bool = False
 
@@ -183,10 +187,11 @@ class PairStats(NamedTuple):
 
 
 class RowIds(NamedTuple):
-    """Who the rows of one side are: global indices and optional class labels."""
+    """Who the rows of one side are: global indices and optional labels."""
 
     index: jax.Array  # [B] int; equal indices on the two sides = the same example
-    label: jax.Array | None  # [B] int, or None
+    # [B] int class labels, or [B, K] int group ids (equal when any of the K is), or None
+    label: jax.Array | None
 
 
 class _Running(NamedTuple):
@@ -238,12 +243,21 @@ def _tile_logits(x_scaled, y, bias, dtype) -> jax.Array:
 def _tile_masks(rows: RowIds, cols: RowIds):
     """``same_id, same_label: [b, c]`` booleans (``same_label`` None without labels)."""
     same_id = rows.index[:, None] == cols.index[None, :]
-    same_label = None if rows.label is None else rows.label[:, None] == cols.label[None, :]
+    same_label = None
+    if rows.label is not None:
+        same_label = rows.label[:, None] == cols.label[None, :]
+        if same_label.ndim == 3:  # [b, c, K] group ids: equal when any id is
+            same_label = jnp.any(same_label, axis=-1)
     return same_id, same_label
 
 
-def _softmax_logits(spec, logits, same_id):
-    return jnp.where(same_id, _common.MASK_VALUE, logits) if spec.exclude_self else logits
+def _softmax_logits(spec, logits, same_id, same_label):
+    """The logits the softmaxes see: excluded pairs (see :class:`PairSpec`) masked."""
+    excluded = same_id if spec.exclude_self else None
+    if spec.exclude_shared_label:
+        false_negatives = same_label & ~same_id
+        excluded = false_negatives if excluded is None else excluded | false_negatives
+    return logits if excluded is None else jnp.where(excluded, _common.MASK_VALUE, logits)
 
 
 def _pair_terms(spec, logits, same_id, same_label) -> dict:
@@ -264,7 +278,7 @@ def _side(softmax_logits, logits, other_index, axis, *, lse: bool, best: bool, s
 def _tile_stats(spec, logits, rows, cols) -> tuple[_Running, _Running]:
     """The row and column statistics of one tile of logits ``[b, c]``."""
     same_id, same_label = _tile_masks(rows, cols)
-    softmax_logits = _softmax_logits(spec, logits, same_id)
+    softmax_logits = _softmax_logits(spec, logits, same_id, same_label)
     terms = _pair_terms(spec, logits, same_id, same_label)
     row = _side(softmax_logits, logits, cols.index, 1, lse=spec.row_logsumexp, best=spec.best,
                 sums={name: jnp.sum(t, axis=1) for name, t in terms.items()})
@@ -291,7 +305,7 @@ def _row_objective(spec, logits, rows, cols) -> jax.Array:
     same_id, same_label = _tile_masks(rows, cols)
     total = sum(jnp.sum(t, axis=1) for t in _pair_terms(spec, logits, same_id, same_label).values())
     if spec.row_logsumexp:
-        total = total + jax.nn.logsumexp(_softmax_logits(spec, logits, same_id), axis=1)
+        total = total + jax.nn.logsumexp(_softmax_logits(spec, logits, same_id, same_label), axis=1)
     return total
 
 
@@ -307,7 +321,7 @@ def _logit_gradient(spec, logits, rows, cols, lse, cotangents) -> jax.Array:
     same_id, same_label = _tile_masks(rows, cols)
 
     def surrogate(logits):
-        softmax_logits = _softmax_logits(spec, logits, same_id)
+        softmax_logits = _softmax_logits(spec, logits, same_id, same_label)
         total = 0.0
         if spec.row_logsumexp:
             total += jnp.sum(g_row[:, None] * jnp.exp(softmax_logits - row_lse[:, None]))
@@ -715,7 +729,8 @@ def pair_total(
         total = jnp.sum(per_row)
     elif setup.ring_axis is not None and spec.row_logsumexp:
         merged = aux_spec._replace(row_logsumexp=True, pair_terms=spec.pair_terms,
-                                   exclude_self=spec.exclude_self)
+                                   exclude_self=spec.exclude_self,
+                                   exclude_shared_label=spec.exclude_shared_label)
         row_aux, col_aux = _two_pass(merged, setup.plan, setup.ring_axis, x, setup.y, rows,
                                      setup.cols, setup.params)
         per_row = row_aux.lse + sum(row_aux.sums.values())

@@ -1,15 +1,18 @@
 """The losses the trainer can train with (`config.loss.name`), and what each one reads.
 
-Each entry is a `Loss`: a function of one device's model outputs, labels and
-`config.loss`, called inside `jax.shard_map` over `sharding.DATA_AXIS` so that it spans
+Each entry is a `Loss`: a function of one device's inputs (model outputs and data
+fields) and `config.loss`, called inside `jax.shard_map` over `sharding.DATA_AXIS` so that it spans
 the global batch, and the set of inputs it reads. The trainer derives its checks from
 the inputs (a pair loss needs task "pairs" or "views", a label loss a dataset with
-labels, a classifier loss `config.model.num_classes > 0`, "bias" makes the model learn
-SigLIP's logit bias), so adding a loss touches this file only.
+labels, a grouping loss a dataset with id keys, a classifier loss
+`config.model.num_classes > 0`, "bias" makes the model learn SigLIP's logit bias), so
+adding a loss touches this file only.
 
 Model outputs (see `models.TwoTower`): `za`, `zb` [B, D] L2-normalised; `logits` [B, C]
 (classifier head); `temperature`, `bias` scalars and `proxies` [C, D] (replicated).
-`label` [B] int comes from the data.
+From the data: `label` [B] int; `groups` [B, K] int, the dataset's id keys
+(`input_pipeline.Source.id_keys`: cmudict's word and pronunciation ids), which mark
+in-batch false negatives for "clip_masking_false_negatives".
 
 The pair losses "clip", "infonce" and "siglip" also return the in-batch retrieval
 metrics (`losses.contrastive_metrics`) from their own statistics, so a train step does
@@ -47,8 +50,9 @@ from contrastive_jax.sharding import DATA_AXIS
 
 Outputs = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
-# (one device's outputs, its labels [B] or None, config.loss) -> (global loss, metrics).
-LossFn = Callable[[Outputs, jax.Array | None, ml_collections.ConfigDict], tuple[jax.Array, Metrics]]
+# (one device's model outputs and data fields, config.loss) -> (global loss, metrics).
+LossFn = Callable[[Outputs, ml_collections.ConfigDict], tuple[jax.Array, Metrics]]
+DATA_FIELDS = ("label", "groups")  # the inputs that come from the data, not the model
 CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
 
 
@@ -59,7 +63,7 @@ class Loss:
     Attributes:
       fn: returns the scalar loss over the global batch (the same on every device) and
         scalar metrics.
-      inputs: the model outputs and `"label"` that `fn` reads.
+      inputs: the model outputs and data fields (`DATA_FIELDS`) that `fn` reads.
     """
 
     fn: LossFn
@@ -76,6 +80,11 @@ class Loss:
         return "label" in self.inputs
 
     @property
+    def groups(self) -> bool:
+        """Needs a dataset with id keys (`groups`)."""
+        return "groups" in self.inputs
+
+    @property
     def classifier(self) -> bool:
         """Needs the classifier head (`config.model.num_classes > 0`)."""
         return bool(self.inputs & CLASSIFIER_OUTPUTS)
@@ -86,13 +95,14 @@ class Loss:
         return "bias" in self.inputs
 
 
-def _streamed_pair_loss(loss_fn, *extra: str, metrics: bool = True) -> Loss:
-    """A softmax / sigmoid pair loss with its streaming options; `extra` outputs are
-    passed by name (SigLIP's `bias`). With `metrics`, the loss returns the in-batch
-    retrieval metrics (`losses.contrastive_metrics`) from its own statistics
-    (`return_metrics=True`): no N^2 work beyond the loss's forward and backward."""
+def _streamed_pair_loss(loss_fn, metrics: bool = True, **extra: str) -> Loss:
+    """A softmax / sigmoid pair loss with its streaming options; `extra` maps its
+    keyword arguments to the inputs passed to them (SigLIP's `bias="bias"`). With
+    `metrics`, the loss returns the in-batch retrieval metrics
+    (`losses.contrastive_metrics`) from its own statistics (`return_metrics=True`): no
+    N^2 work beyond the loss's forward and backward."""
 
-    def fn(o, labels, c):
+    def fn(o, c):
         result = loss_fn(
             o["za"],
             o["zb"],
@@ -100,36 +110,39 @@ def _streamed_pair_loss(loss_fn, *extra: str, metrics: bool = True) -> Loss:
             axis_name=DATA_AXIS,
             chunk_size=c.chunk_size,
             collective=c.collective,
-            **{name: o[name] for name in extra},
+            **{argument: o[name] for argument, name in extra.items()},
             **({"return_metrics": True} if metrics else {}),
         )
         return result if metrics else (result, {})
 
-    return Loss(fn, frozenset({"za", "zb", "temperature", *extra}))
+    return Loss(fn, frozenset({"za", "zb", "temperature", *extra.values()}))
 
 
 def _label_loss(value_fn, *outputs: str) -> Loss:
-    """A loss spanning the global batch by itself (`axis_name`), on `za` and labels."""
-    return Loss(lambda o, y, c: (value_fn(o, y, c), {}), frozenset({"za", "label", *outputs}))
+    """A loss spanning the global batch by itself (`axis_name`), on `za` and labels:
+    `value_fn(o, y, c)` with `y = o["label"]`."""
+    return Loss(lambda o, c: (value_fn(o, o["label"], c), {}), frozenset({"za", "label", *outputs}))
 
 
 def _per_example_loss(value_fn, *outputs: str) -> Loss:
     """The global-batch mean of per-example losses `value_fn(o, y, c)` [B]."""
     return Loss(
-        lambda o, y, c: (jax.lax.pmean(value_fn(o, y, c).mean(), DATA_AXIS), {}),
+        lambda o, c: (jax.lax.pmean(value_fn(o, o["label"], c).mean(), DATA_AXIS), {}),
         frozenset({"label", *outputs}),
     )
 
 
 LOSSES: Mapping[str, Loss] = {
     "clip": _streamed_pair_loss(clip_loss),
+    # CLIP with in-batch false negatives (pairs sharing a group id) out of the softmaxes.
+    "clip_masking_false_negatives": _streamed_pair_loss(clip_loss, false_negative_ids="groups"),
     "infonce": _streamed_pair_loss(infonce_loss),
     # No in-batch retrieval metrics: NT-Xent's statistics are over its 2N x 2N views
     # matrix, not the a -> b logits, and any other source is another N^2 pass per step.
     "ntxent": _streamed_pair_loss(ntxent_loss, metrics=False),
-    "siglip": _streamed_pair_loss(siglip_loss, "bias"),
+    "siglip": _streamed_pair_loss(siglip_loss, bias="bias"),
     "npairs": Loss(  # no in-batch metrics, as NT-Xent: they would be another N^2 pass
-        lambda o, y, c: (npairs_loss(o["za"], o["zb"], axis_name=DATA_AXIS), {}),
+        lambda o, c: (npairs_loss(o["za"], o["zb"], axis_name=DATA_AXIS), {}),
         frozenset({"za", "zb"}),
     ),
     "supcon": _label_loss(
