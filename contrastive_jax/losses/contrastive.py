@@ -98,19 +98,20 @@ def _row_logit_totals(x: jax.Array, y: jax.Array, temperature, axis_name) -> jax
 
 def _retrieval_metrics(a, b, stats, positive, temperature, axis_name) -> dict[str, jax.Array]:
     """:func:`contrastive_metrics` from a loss's statistics (``row_lse`` of ``a @ b.T / T``,
-    ``row_best``, ``col_best``) and its positive logits ``[B]``: no N^2 work."""
+    ``row_best_negative``, ``col_best_negative``) and its positive logits ``[B]``: no N^2
+    work. Top-1 is right when the pair's logit beats every other candidate's (a tie
+    counts as wrong)."""
     a, b, stats, positive, temperature = jax.lax.stop_gradient(
         (a, b, stats, positive, temperature)
     )
-    ids = _local_ids(a.shape[0], axis_name)
     num_columns = a.shape[0] * (1 if axis_name is None else jax.lax.axis_size(axis_name))
     negative = (_row_logit_totals(a, b, temperature, axis_name) - positive) / max(
         num_columns - 1, 1
     )
     mean = lambda x: _common.global_mean(x, axis_name)  # noqa: E731
     return {
-        "accuracy_a_to_b": mean((stats.row_best == ids).astype(positive.dtype)),
-        "accuracy_b_to_a": mean((stats.col_best == ids).astype(positive.dtype)),
+        "accuracy_a_to_b": mean((positive > stats.row_best_negative).astype(positive.dtype)),
+        "accuracy_b_to_a": mean((positive > stats.col_best_negative).astype(positive.dtype)),
         "positive_logit": mean(positive),
         "negative_logit": mean(negative),
         "logsumexp": mean(stats.row_lse),
@@ -311,7 +312,11 @@ def siglip_loss(
     loss = _common.global_mean(jnp.full((a.shape[0],), -total / a.shape[0]), axis_name)
 
     def metrics():
-        without_bias = aux._replace(row_lse=aux.row_lse - bias)
+        without_bias = aux._replace(
+            row_lse=aux.row_lse - bias,
+            row_best_negative=aux.row_best_negative - bias,
+            col_best_negative=aux.col_best_negative - bias,
+        )
         positive = _paired_logits(a, b, temperature)
         return _retrieval_metrics(a, b, without_bias, positive, temperature, axis_name)
 

@@ -9,8 +9,10 @@ per local row ``i`` (and, for the symmetric CLIP loss, per column ``j``):
 * ``col_lse[j]``: logsumexp over the column, for each of this device's ``y`` rows;
 * ``row_sums[name][i]``: sums over the row of named elementwise pair terms (SupCon's
   positive logits, SigLIP's log-sigmoids);
-* ``row_best[i]`` / ``col_best[j]``: the global index of the largest logit of the row
-  (column), for the in-batch retrieval metrics.
+* ``row_best_negative[i]`` / ``col_best_negative[j]``: the largest logit of the row
+  (column) among its candidates other than its own pair, for the in-batch retrieval
+  metrics (top-1 is right when the pair's own logit beats it). A masked max, not an
+  argmax: XLA's CPU argmax (a variadic reduce) costs about twice a D=64 tile's matmul.
 
 :func:`pair_stats` computes them; :func:`pair_total` computes the sum over the rows of
 ``row_lse + sum(row_sums)`` with its gradient in the same pass. The :class:`Streaming`
@@ -62,7 +64,6 @@ MATMUL_DTYPES = (None, "bfloat16", "float32")
 # (1 MiB) stays in a core's L2 cache with room for the operands (measured best at
 # D=64 on a 2-core EPYC); accelerators want larger matmuls to fill their units.
 AUTO_TILE = {"cpu": 512, "gpu": 2048, "tpu": 2048}
-_INT_MAX = jnp.iinfo(jnp.int32).max
 
 
 class Streaming(NamedTuple):
@@ -165,7 +166,8 @@ class PairSpec(NamedTuple):
       pair_terms: ``fn(logits, same_id, same_label) -> dict name -> [B, c]`` of
         elementwise terms, each summed over the row into ``row_sums[name]``
         (``same_label`` is None without labels). Must be elementwise in the columns.
-      best: compute ``row_best`` and ``col_best`` (argmax of each row and column).
+      best: compute ``row_best_negative`` and ``col_best_negative`` (the largest logit
+        of each row and column other than the own pair's, equal ids).
     """
 
     row_logsumexp: bool = False
@@ -182,8 +184,8 @@ class PairStats(NamedTuple):
     row_lse: jax.Array | None  # [B]
     col_lse: jax.Array | None  # [B_y], one per local row of y
     row_sums: dict[str, jax.Array]  # each [B]
-    row_best: jax.Array | None  # [B] int: global column index of the row's largest logit
-    col_best: jax.Array | None  # [B_y] int: global row index of the column's largest logit
+    row_best_negative: jax.Array | None  # [B]: the row's largest logit but its own pair's
+    col_best_negative: jax.Array | None  # [B_y]: the same for each local column
 
 
 class RowIds(NamedTuple):
@@ -198,8 +200,7 @@ class _Running(NamedTuple):
     """One side's (rows' or columns') statistics over the tiles seen so far."""
 
     lse: jax.Array | None
-    best_logit: jax.Array | None
-    best_index: jax.Array | None
+    best_negative: jax.Array | None
     sums: dict[str, jax.Array]
 
 
@@ -264,13 +265,12 @@ def _pair_terms(spec, logits, same_id, same_label) -> dict:
     return {} if spec.pair_terms is None else dict(spec.pair_terms(logits, same_id, same_label))
 
 
-def _side(softmax_logits, logits, other_index, axis, *, lse: bool, best: bool, sums) -> _Running:
-    """One side's statistics of a tile, reducing over ``axis`` (1: rows, 0: columns)."""
-    best_at = jnp.argmax(logits, axis=axis) if best else None
+def _side(softmax_logits, negative_logits, axis, *, lse: bool, sums) -> _Running:
+    """One side's statistics of a tile, reducing over ``axis`` (1: rows, 0: columns);
+    ``negative_logits`` is None without ``spec.best``."""
     return _Running(
         lse=jax.nn.logsumexp(softmax_logits, axis=axis) if lse else None,
-        best_logit=jnp.max(logits, axis=axis) if best else None,
-        best_index=other_index[best_at] if best else None,
+        best_negative=None if negative_logits is None else jnp.max(negative_logits, axis=axis),
         sums=sums,
     )
 
@@ -280,21 +280,18 @@ def _tile_stats(spec, logits, rows, cols) -> tuple[_Running, _Running]:
     same_id, same_label = _tile_masks(rows, cols)
     softmax_logits = _softmax_logits(spec, logits, same_id, same_label)
     terms = _pair_terms(spec, logits, same_id, same_label)
-    row = _side(softmax_logits, logits, cols.index, 1, lse=spec.row_logsumexp, best=spec.best,
+    negative_logits = jnp.where(same_id, -jnp.inf, logits) if spec.best else None
+    row = _side(softmax_logits, negative_logits, 1, lse=spec.row_logsumexp,
                 sums={name: jnp.sum(t, axis=1) for name, t in terms.items()})
-    col = _side(softmax_logits, logits, rows.index, 0, lse=spec.col_logsumexp, best=spec.best,
-                sums={})
+    col = _side(softmax_logits, negative_logits, 0, lse=spec.col_logsumexp, sums={})
     return row, col
 
 
 def _merge(a: _Running, b: _Running) -> _Running:
-    """The statistics of two disjoint sets of candidates combined (``a`` first on ties)."""
-    better = None if a.best_logit is None else b.best_logit > a.best_logit
-    pick = lambda new, old: None if better is None else jnp.where(better, new, old)  # noqa: E731
+    """The statistics of two disjoint sets of candidates combined."""
     return _Running(
         lse=None if a.lse is None else jnp.logaddexp(a.lse, b.lse),
-        best_logit=pick(b.best_logit, a.best_logit),
-        best_index=pick(b.best_index, a.best_index),
+        best_negative=None if a.best_negative is None else jnp.maximum(a.best_negative, b.best_negative),
         sums={name: a.sums[name] + b.sums[name] for name in a.sums},
     )
 
@@ -432,8 +429,7 @@ def _running_init(like, *, lse: bool, best: bool, sum_names=()) -> _Running:
     fill = lambda value, dt=dtype: jnp.full_like(like[:, 0], value, dt)  # noqa: E731
     return _Running(
         lse=fill(-jnp.inf) if lse else None,
-        best_logit=fill(-jnp.inf) if best else None,
-        best_index=fill(0, jnp.int32) if best else None,
+        best_negative=fill(-jnp.inf) if best else None,
         sums={name: fill(0.0) for name in sum_names},
     )
 
@@ -634,20 +630,16 @@ def _columns_over_devices(col: _Running, setup: _Setup, local_cols: int, axis_na
         if lse is not None:
             shift = jax.lax.pmax(jax.lax.stop_gradient(lse), axis_name)
             lse = shift + jnp.log(jax.lax.psum(jnp.exp(lse - shift), axis_name))
-        best_index = col.best_index
-        if best_index is not None:
-            best_logit = jax.lax.stop_gradient(col.best_logit)
-            best = jax.lax.pmax(best_logit, axis_name)
-            best_index = jax.lax.pmin(
-                jnp.where(best_logit == best, best_index, _INT_MAX), axis_name
-            )
-        col = col._replace(lse=lse, best_index=best_index)
+        best_negative = col.best_negative
+        if best_negative is not None:
+            best_negative = jax.lax.pmax(jax.lax.stop_gradient(best_negative), axis_name)
+        col = col._replace(lse=lse, best_negative=best_negative)
     start = _common.row_offset(local_cols, axis_name)
     return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, local_cols), col)
 
 
 def _to_stats(row: _Running, col: _Running) -> PairStats:
-    return PairStats(row.lse, col.lse, row.sums, row.best_index, col.best_index)
+    return PairStats(row.lse, col.lse, row.sums, row.best_negative, col.best_negative)
 
 
 def pair_stats(
@@ -677,7 +669,7 @@ def pair_stats(
     Returns:
       :class:`PairStats`: ``row_lse: [B]``, ``col_lse: [B_y]`` (the logsumexp of each
       local candidate's column over all devices' rows), ``row_sums``: dict of ``[B]``,
-      ``row_best: [B]``, ``col_best: [B_y]``.
+      ``row_best_negative: [B]``, ``col_best_negative: [B_y]``.
     """
     local_cols = y.shape[0]
     setup = _setup(x, y, cols, temperature, bias, axis_name, streaming)
