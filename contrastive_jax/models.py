@@ -221,6 +221,35 @@ class TextTransformer(nn.Module):
         return jnp.sum(x * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
 
 
+class Conv1D(nn.Module):
+    """A 'SAME' 1-D convolution written as one matmul over `kernel_size` shifted copies
+    of the input (im2col): `[B, L, C]` -> `[B, L, features]`, the same numbers as
+    `nn.Conv` with the same `kernel` `[k, C, features]` and `bias`.
+
+    Why not `nn.Conv`: XLA's CPU backend computes a convolution's kernel gradient inside
+    a loop (gradient caching's scan over micro-batches) with a slow generic emitter,
+    65x slower than the same gradient outside one (0.91 s vs 14 ms for 512 x 28 x 64
+    here); a matmul is fast in both places.
+    """
+
+    features: int
+    kernel_size: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        k, length = self.kernel_size, x.shape[1]
+        kernel = self.param(
+            "kernel", nn.initializers.lecun_normal(), (k, x.shape[-1], self.features)
+        )
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        left = (k - 1) // 2  # 'SAME': as nn.Conv pads
+        padded = jnp.pad(x, ((0, 0), (left, k - 1 - left), (0, 0)))
+        shifted = jnp.concatenate([padded[:, i : i + length] for i in range(k)], axis=-1)
+        kernel, bias = kernel.astype(self.dtype), bias.astype(self.dtype)
+        return shifted.astype(self.dtype) @ kernel.reshape(-1, self.features) + bias[None, None, :]
+
+
 class TextCNN(nn.Module):
     """1-D convolutions over token embeddings (0 = padding), mean- and max-pooled over
     the real tokens. Fast on CPUs, for short sequences (spellings, phonemes).
@@ -243,7 +272,7 @@ class TextCNN(nn.Module):
         valid = (tokens > 0)[..., None]  # [B, L, 1]
         x = nn.Embed(self.vocab_size, self.features[0], dtype=self.dtype)(tokens)
         for width in self.features:
-            y = nn.gelu(nn.Conv(width, (self.kernel_size,), dtype=self.dtype)(x * valid))
+            y = nn.gelu(Conv1D(width, self.kernel_size, dtype=self.dtype)(x * valid))
             x = x + y if y.shape == x.shape else y
         x = x * valid
         count = jnp.maximum(jnp.sum(valid, axis=1), 1).astype(x.dtype)  # [B, 1]

@@ -2,6 +2,8 @@
 
 import math
 
+import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -149,3 +151,20 @@ def test_text_cnn_ignores_padding_and_depends_on_every_real_token():
         np.testing.assert_allclose(changed[1], out[1], rtol=1e-6)
     # An all-padding row is finite.
     assert np.all(np.isfinite(cnn.apply(variables, jnp.zeros((1, 5), jnp.int32))))
+
+
+@pytest.mark.parametrize("kernel_size", [1, 3, 4])
+def test_conv1d_equals_flax_conv_in_value_and_gradient(kernel_size):
+    x = jax.random.normal(jax.random.key(0), (5, 7, 6))
+    conv = models.Conv1D(features=8, kernel_size=kernel_size)
+    params = conv.init(jax.random.key(1), x)
+    params["params"]["bias"] = jax.random.normal(jax.random.key(2), (8,))
+    flax_conv = nn.Conv(8, (kernel_size,), padding="SAME")
+
+    def loss(module, params, x):
+        return jnp.sum(jnp.sin(module.apply(params, x)))
+
+    np.testing.assert_allclose(conv.apply(params, x), flax_conv.apply(params, x), atol=1e-5)
+    grads = jax.grad(loss, argnums=(1, 2))(conv, params, x)
+    expected = jax.grad(loss, argnums=(1, 2))(flax_conv, params, x)
+    chex.assert_trees_all_close(grads, expected, atol=1e-5)
