@@ -47,6 +47,7 @@ import tensorflow_datasets as tfds
 
 import contrastive_jax.datasets  # noqa: F401  (registers the local datasets with tfds)
 from contrastive_jax.datasets import cmudict
+from contrastive_jax.config_lib import ConfigError
 
 TASKS = ("pairs", "views", "labeled")
 # Byte-level text tokens: 1 + the UTF-8 byte value; 0 pads. No vocabulary file needed.
@@ -97,7 +98,7 @@ SOURCES: Mapping[str, Source] = {
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
     """The number of examples each process reads per step."""
     if global_batch_size % process_count:
-        raise ValueError(
+        raise ConfigError(
             f"config.train.global_batch_size={global_batch_size} does not divide over "
             f"{process_count} processes; use a multiple of {process_count}."
         )
@@ -159,14 +160,14 @@ def load_split(
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if class_range is not None:
         if not source.label_key:
-            raise ValueError(
+            raise ConfigError(
                 f"a class range was given but config.data.name={data.name!r} has no labels."
             )
         lo, hi = class_range
         ds = ds.filter(lambda ex: (ex["label"] >= lo) & (ex["label"] < hi))
     chunks = list(tfds.as_numpy(ds.batch(4096)))
     if not chunks:
-        raise ValueError(f"split {split!r} of {data.name!r} (classes {class_range}) is empty.")
+        raise ConfigError(f"split {split!r} of {data.name!r} (classes {class_range}) is empty.")
     return {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}
 
 
@@ -255,31 +256,31 @@ def _augments(data: ml_collections.ConfigDict) -> bool:
 
 
 def check_data_config(data: ml_collections.ConfigDict) -> None:
-    """Raises ValueError for an unknown `config.data.task` or `config.data.name`, and for
+    """Raises ConfigError for an unknown `config.data.task` or `config.data.name`, and for
     settings a sequence-pair dataset cannot use (another task, image augmentations, a
     `text_max_length` that would truncate)."""
     if data.task not in TASKS:
-        raise ValueError(f"config.data.task={data.task!r} is not a task; use one of {TASKS}.")
+        raise ConfigError(f"config.data.task={data.task!r} is not a task; use one of {TASKS}.")
     if data.name not in SOURCES:
-        raise ValueError(
+        raise ConfigError(
             f"config.data.name={data.name!r} is not a known dataset; use one of "
             f"{sorted(SOURCES)} or add it to input_pipeline.SOURCES."
         )
     source = SOURCES[data.name]
     if source.sequence_keys:
         if data.task != "pairs":
-            raise ValueError(
+            raise ConfigError(
                 f"config.data.name={data.name!r} holds sequence pairs; set "
                 f"config.data.task='pairs' (not {data.task!r})."
             )
         if _augments(data):
-            raise ValueError(
+            raise ConfigError(
                 f"config.data.augment applies to images and {data.name!r} has none; set "
                 "config.data.augment.noise_std=0.0 (and crop_min_area=1.0, flip=False, "
                 "color_jitter=0.0)."
             )
     if data.text_max_length < source.max_text_length:
-        raise ValueError(
+        raise ConfigError(
             f"config.data.text_max_length={data.text_max_length} would truncate {data.name!r}, "
             f"whose longest text is {source.max_text_length} tokens; set it to at least "
             f"{source.max_text_length}."
@@ -291,18 +292,18 @@ def _labeled_indices(labels: np.ndarray, batch_size: int, m: int, seed: tf.Tenso
     classes, counts = np.unique(labels, return_counts=True)
     num_classes_per_batch = batch_size // m
     if batch_size % m:
-        raise ValueError(
+        raise ConfigError(
             f"config.train.global_batch_size={batch_size} is not a multiple of "
             f"config.data.examples_per_class={m}; use a multiple of {m}."
         )
     if num_classes_per_batch > len(classes):
-        raise ValueError(
+        raise ConfigError(
             f"a batch of {batch_size} with config.data.examples_per_class={m} needs "
             f"{num_classes_per_batch} classes but the split has {len(classes)}; raise "
             "examples_per_class or lower the global batch size."
         )
     if counts.min() < m:
-        raise ValueError(
+        raise ConfigError(
             f"class {classes[counts.argmin()]} has {counts.min()} examples, fewer than "
             f"config.data.examples_per_class={m}; lower examples_per_class."
         )
@@ -363,7 +364,7 @@ def train_dataset(
 
     if data.task == "labeled":
         if "label" not in arrays:
-            raise ValueError(
+            raise ConfigError(
                 f"config.data.task='labeled' needs labels but {data.name!r} has none; "
                 "use task 'pairs' or 'views'."
             )
@@ -372,7 +373,7 @@ def train_dataset(
         )
     else:
         if global_batch_size > n:
-            raise ValueError(
+            raise ConfigError(
                 f"config.train.global_batch_size={global_batch_size} is larger than the {n} "
                 f"examples of split {data.train_split!r}, so a batch would repeat examples "
                 "(false negatives); lower config.train.global_batch_size."

@@ -175,7 +175,7 @@ class ViT(nn.Module):
     def __call__(self, x, *, train: bool = False):
         p = self.patch_size
         if x.shape[1] % p or x.shape[2] % p:
-            raise ValueError(
+            raise ConfigError(
                 f"image size {x.shape[1:3]} is not a multiple of config.model.patch_size={p}; "
                 "pick a patch size that divides config.data.image_size."
             )

@@ -15,6 +15,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from contrastive_jax.config_lib import ConfigError
+
 DATA_AXIS = "data"
 
 
@@ -27,7 +29,7 @@ def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
     available = jax.device_count()
     num_devices = available if num_devices is None else num_devices
     if not 1 <= num_devices <= available:
-        raise ValueError(
+        raise ConfigError(
             f"num_devices must be in [1, {available}] (the devices JAX sees), got "
             f"{num_devices}. On CPU, simulate more with "
             f"XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing JAX."
@@ -53,13 +55,13 @@ def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
 def check_batch_divides(
     global_batch_size: int, num_devices: int, name: str = "the batch size"
 ) -> None:
-    """Raises a ValueError when the global batch does not split evenly over devices.
+    """Raises a ConfigError when the global batch does not split evenly over devices.
 
     `name` says what the number is, e.g. "config.train.global_batch_size".
     """
     if global_batch_size % num_devices:
         lower = global_batch_size - global_batch_size % num_devices
-        raise ValueError(
+        raise ConfigError(
             f"{name} is {global_batch_size}, which does not divide over {num_devices} devices; "
             f"use a multiple of {num_devices} (e.g. {lower or num_devices} or "
             f"{lower + num_devices})."

@@ -43,7 +43,7 @@ from contrastive_jax import (
 )
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.sharding import DATA_AXIS
-from contrastive_jax.trainer import Trainer, as_config_error, build
+from contrastive_jax.trainer import Trainer, build
 
 
 class Preempted(Exception):
@@ -87,13 +87,12 @@ def prepare_workdir(workdir: str | os.PathLike | None) -> str:
 
 def _train_batches(config: ml_collections.ConfigDict, start_step: int):
     """This process's rows of the global batches, from the `start_step`-th on."""
-    with as_config_error():  # e.g. a batch larger than the split
-        return input_pipeline.train_dataset(
-            config,
-            start_step=start_step,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
-        )
+    return input_pipeline.train_dataset(
+        config,
+        start_step=start_step,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
 
 
 def _global_batch(batch: dict[str, np.ndarray], data_sharding) -> dict[str, jax.Array]:
@@ -185,8 +184,7 @@ def _train(
         local_state = lambda state: jax.tree.map(  # noqa: E731
             lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)), state
         )
-    with as_config_error():  # e.g. an empty evaluation split
-        evaluator = evaluate.Evaluator(config, eval_mesh)
+    evaluator = evaluate.Evaluator(config, eval_mesh)
     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=start_step)
     if start_step > 0:  # a machine-readable record of every resume, kept across resumes
         writer.write(start_step, {"resumed_from_step": start_step})

@@ -8,7 +8,6 @@ field and a fix. `train.train_and_evaluate` runs the loop; tests and benchmarks 
 `build` and the raw `Trainer.train_step` directly.
 """
 
-import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
@@ -211,45 +210,32 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
     Raises:
       ConfigError: a field with a bad or inconsistent value; the message names it and a fix.
     """
-    with as_config_error():
-        train, loss_config = config.train, config.loss
-        for name, least in _COUNTS.items():
-            group, field = name.split(".")
-            if config[group][field] < least:
-                raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
-        input_pipeline.check_data_config(config.data)
-        loss = losses.registry.get(loss_config.name)
-        _check_loss_inputs(loss, config)
-        num_devices = mesh.shape[DATA_AXIS]
-        sharding.check_batch_divides(
-            train.global_batch_size, num_devices, "config.train.global_batch_size"
-        )
-        input_pipeline.per_process_batch_size(train.global_batch_size, jax.process_count())
-        _check_chunk_size(loss_config, train.global_batch_size, num_devices)
-        if train.micro_batch_size:
-            if train.micro_batch_method not in MICRO_BATCH_METHODS:
-                raise ConfigError(
-                    f"config.train.micro_batch_method={train.micro_batch_method!r}; use "
-                    f"one of {sorted(MICRO_BATCH_METHODS)}."
-                )
-            grad_cache.check_micro_batches(
-                train.global_batch_size, train.micro_batch_size, num_devices
+    train, loss_config = config.train, config.loss
+    for name, least in _COUNTS.items():
+        group, field = name.split(".")
+        if config[group][field] < least:
+            raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
+    input_pipeline.check_data_config(config.data)
+    loss = losses.registry.get(loss_config.name)
+    _check_loss_inputs(loss, config)
+    num_devices = mesh.shape[DATA_AXIS]
+    sharding.check_batch_divides(
+        train.global_batch_size, num_devices, "config.train.global_batch_size"
+    )
+    input_pipeline.per_process_batch_size(train.global_batch_size, jax.process_count())
+    _check_chunk_size(loss_config, train.global_batch_size, num_devices)
+    if train.micro_batch_size:
+        if train.micro_batch_method not in MICRO_BATCH_METHODS:
+            raise ConfigError(
+                f"config.train.micro_batch_method={train.micro_batch_method!r}; use "
+                f"one of {sorted(MICRO_BATCH_METHODS)}."
             )
-        model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
-        tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
+        grad_cache.check_micro_batches(
+            train.global_batch_size, train.micro_batch_size, num_devices
+        )
+    model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
+    tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
     return Trainer(config, mesh, model, tx, schedule, loss)
-
-
-@contextlib.contextmanager
-def as_config_error():
-    """Re-raises the ValueError of a config check in `input_pipeline`, `sharding` or
-    `evaluate` as the ConfigError it is."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
 
 
 def _check_loss_inputs(loss: losses.Loss, config: ml_collections.ConfigDict) -> None:

@@ -103,7 +103,8 @@ def test_ring_equals_dense(name, num_devices):
     )
 
 
-@pytest.mark.parametrize("name", LOSSES)
+# CLIP (both directions, the two-pass kernel) by default; every loss with -m slow.
+@pytest.mark.parametrize("name", [n if n == "clip" else pytest.param(n, marks=pytest.mark.slow) for n in LOSSES])
 @pytest.mark.parametrize("num_devices", [2, 4])
 @pytest.mark.parametrize("mode", [{"collective": "ring"}, {"chunk_size": 16}], ids=str)
 def test_more_device_counts(name, num_devices, mode):
