@@ -229,7 +229,7 @@ class Conv1D(nn.Module):
     Why not `nn.Conv`: XLA's CPU backend computes a convolution's kernel gradient inside
     a loop (gradient caching's scan over micro-batches) with a slow generic emitter,
     65x slower than the same gradient outside one (0.91 s vs 14 ms for 512 x 28 x 64
-    here); a matmul is fast in both places.
+    here; jax-ml/jax#12868, open); a matmul is fast in both places.
     """
 
     features: int
