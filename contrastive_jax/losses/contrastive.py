@@ -39,7 +39,8 @@ from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, docu
 _ROWS = PairSpec(row_logsumexp=True)
 _ROWS_AND_COLUMNS = PairSpec(row_logsumexp=True, col_logsumexp=True)
 _ROWS_NOT_SELF = PairSpec(row_logsumexp=True, exclude_self=True)
-# What the in-batch metrics read: the row logsumexps and each row's and column's argmax.
+# What the in-batch metrics read: the row logsumexps and each row's and column's largest
+# logit other than its own pair's.
 _METRICS = PairSpec(row_logsumexp=True, best=True)
 _NO_METRICS = PairSpec()
 
