@@ -208,7 +208,8 @@ def plot(records: Sequence[dict], metric: str) -> dict:
     first = [r for r in records if r.get("series") == series[0]]
     title = "Training loss per batch size (mean over seeds)" + (f": {series[0]}" if series[0] else "")
     fig, ax = sweep.new_figure(title, width=6)
-    for n, color in zip(sizes, sweep.colors(len(sizes))):
+    first_sizes = sorted({r["batch_size"] for r in first})  # a series may skip the largest N
+    for n, color in zip(first_sizes, sweep.colors(len(first_sizes))):
         steps, loss = sweep.mean_curve([r for r in first if r["batch_size"] == n], "train/loss")
         ax.plot(steps, loss, color=color, label=f"N={n}")
         ax.axhline(math.log(n), color=color, linestyle=":", linewidth=0.8)

@@ -164,3 +164,17 @@ def test_cmudict_study_quick(tmp_path, cmudict_data_dir):
     fractions = {r["batch_size"]: r["false_negative_fraction"] for r in records}
     assert 0 <= fractions[256] <= fractions[512] < 1  # (2,048 quick pairs: few repeats)
     assert "fixed epochs, sqrt" in (tmp_path / "summary.md").read_text()
+
+
+def test_study_figures_when_the_first_series_skips_the_largest_batch():
+    """At N = 65,536 only one series runs; the loss-curve figure plots the first series'
+    own batch sizes."""
+    def record(series, n, seed):
+        return {"series": series, "batch_size": n, "seed": seed, "steps": 4, "a_to_b/R@1": 0.5,
+                "train/loss": 1.0 + seed, "train/temperature": 0.05,
+                "curves": {"train/loss": [[1, 2.0], [4, 1.0 + seed]]}}
+    records = [record("fixed epochs, none", n, s) for n in (256, 512) for s in (0, 1)]
+    records += [record("fixed epochs, sqrt", n, s) for n in (256, 512, 65536) for s in (0, 1)]
+    figures = batch_size_sweep.plot(records, "a_to_b/R@1")
+    assert {"metric_vs_batch", "loss_curves", "temperature_vs_batch", "mi_bound"} <= set(figures)
+    assert len(figures["loss_curves"].axes[0].get_lines()) == 2 * 2  # 2 sizes: curve + log N line
