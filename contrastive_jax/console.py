@@ -36,7 +36,10 @@ INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT, the shell's convent
 
 # The headline evaluation metrics (those the data give), with what they measure.
 HEADLINE_METRICS = {
-    "a_to_b/R@1": "Recall@1 retrieving b from a (digits: top half -> bottom half)",
+    "a_to_b/R@1": (
+        "Recall@1 retrieving b from a (digits: top -> bottom half; cmudict: spelling -> "
+        "pronunciation)"
+    ),
     "b_to_a/R@1": "Recall@1 retrieving a from b",
     "retrieval/R@1": "Recall@1 of a same-class neighbour (leave-one-out)",
     "retrieval/MAP@R": "MAP@R, same-class retrieval",
