@@ -161,8 +161,8 @@ class Trainer:
         return state, metrics
 
     def loss_data(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        """The data fields the loss reads (`losses.registry.DATA_FIELDS`) from a batch:
-        `label` [N]; `groups` [N, K], the source's id keys stacked."""
+        """The data fields the loss reads (see `losses.registry`) from a batch: `label`
+        [N]; `groups` [N, K], the source's id keys stacked."""
         data = {}
         if self.loss.labels:
             data["label"] = batch["label"]

@@ -52,7 +52,6 @@ Outputs = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
 # (one device's model outputs and data fields, config.loss) -> (global loss, metrics).
 LossFn = Callable[[Outputs, ml_collections.ConfigDict], tuple[jax.Array, Metrics]]
-DATA_FIELDS = ("label", "groups")  # the inputs that come from the data, not the model
 CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
 
 
@@ -63,7 +62,7 @@ class Loss:
     Attributes:
       fn: returns the scalar loss over the global batch (the same on every device) and
         scalar metrics.
-      inputs: the model outputs and data fields (`DATA_FIELDS`) that `fn` reads.
+      inputs: the model outputs and data fields (`label`, `groups`) that `fn` reads.
     """
 
     fn: LossFn
