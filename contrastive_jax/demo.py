@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 
+from contrastive_jax.simulated_devices import with_device_count
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -21,10 +23,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dim", type=int, default=32)
     args = parser.parse_args(argv)
     if "jax" not in sys.modules:
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "")
-            + f" --xla_force_host_platform_device_count={args.devices}"
-        )
+        os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), args.devices)
     from contrastive_jax.losses.examples import loss_examples
     from contrastive_jax.sharding import compare_with_single_device, make_mesh
 

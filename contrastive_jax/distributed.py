@@ -34,7 +34,7 @@ import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
-from contrastive_jax import console
+from contrastive_jax import compat, console
 from contrastive_jax.config_lib import ConfigError
 
 
@@ -131,8 +131,7 @@ class ProcessWatchdog:
 
     def __enter__(self) -> "ProcessWatchdog":
         if jax.process_count() > 1:
-            # The coordination service's client; public API has no accessor (orbax uses it too).
-            self._client = jax._src.distributed.global_state.client
+            self._client = compat.distributed_client()
             self._thread = threading.Thread(target=self._watch, name="ProcessWatchdog", daemon=True)
             self._thread.start()
         return self

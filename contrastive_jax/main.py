@@ -37,6 +37,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from contrastive_jax import console
+from contrastive_jax.simulated_devices import simulate_cpu_devices
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file, e.g. configs/default.py."
@@ -74,19 +75,6 @@ flags.register_multi_flags_validator(
     lambda f: None in (f["num_processes"], f["process_id"]) or f["process_id"] < f["num_processes"],
     "--process_id must be below --num_processes (ids are 0 ... num_processes - 1).",
 )
-
-
-def simulate_cpu_devices(num_devices: int) -> None:
-    """Asks XLA for `num_devices` CPU devices, unless XLA_FLAGS already sets a count.
-
-    Call it before JAX starts (before its first use in the process); 1 or fewer: no-op.
-    Also used by the sweep drivers under `experiments/` and the Colab notebook.
-    """
-    xla_flags = os.environ.get("XLA_FLAGS", "")
-    if num_devices > 1 and "xla_force_host_platform_device_count" not in xla_flags:
-        os.environ["XLA_FLAGS"] = (
-            f"{xla_flags} --xla_force_host_platform_device_count={num_devices}"
-        ).strip()
 
 
 def _config_path(argv: list[str]) -> str | None:

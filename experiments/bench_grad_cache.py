@@ -67,7 +67,7 @@ def time_in_turns(calls: dict, *, repeats: int = REPEATS, budget_s: float = BUDG
 def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
     """Compiles and times one train step; returns its figures (runs in a subprocess)."""
     sys.path.insert(0, str(ROOT))
-    from contrastive_jax.main import simulate_cpu_devices
+    from contrastive_jax.simulated_devices import simulate_cpu_devices
 
     simulate_cpu_devices(NUM_DEVICES)
     import jax

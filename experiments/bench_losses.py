@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from contrastive_jax.simulated_devices import device_count_env
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "experiments" / "results" / "bench_losses"
 GRAD_CACHE_RESULTS = REPO / "experiments" / "results" / "bench_grad_cache"
@@ -249,8 +251,7 @@ def spawn(spec: dict, *, devices: int = 1, timeout_s: float = 1800) -> dict:
     """Runs one point in a fresh Python process (so its peak RSS is the point's own)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
     if devices > 1:  # simulated devices are CPU devices, whatever the default backend
-        env["JAX_PLATFORMS"] = "cpu"
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        env = device_count_env(devices, env)
     try:
         proc = subprocess.run(
             [sys.executable, __file__, "--worker", json.dumps(spec)],

@@ -33,8 +33,8 @@ import matplotlib.figure
 import ml_collections
 import numpy as np
 
-from contrastive_jax import main as cli
 from contrastive_jax.config_lib import override
+from contrastive_jax.simulated_devices import simulate_cpu_devices
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"  # committed results: <sweep>/{*.csv,*.json,*.png}
@@ -144,7 +144,7 @@ def run_grid(
       One record per run: `name`, its tags, the final evaluation's metrics, the last
       logged `train/loss` and `train/temperature`, and `curves`.
     """
-    cli.simulate_cpu_devices(base.num_simulated_devices)
+    simulate_cpu_devices(base.num_simulated_devices)
     from contrastive_jax import train  # JAX starts after XLA_FLAGS is final.
 
     curve_keys = tuple(curve_keys)

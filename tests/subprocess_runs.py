@@ -17,6 +17,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from contrastive_jax.simulated_devices import device_count_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Runs contrastive_jax.main after arranging, from FAULT="<what>:<n>:<signal>", for this
@@ -114,12 +116,7 @@ class Processes:
 
         Its stderr goes with its stdout, unless `stderr=subprocess.PIPE` (see `wait_apart`).
         """
-        env = dict(
-            os.environ,
-            XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}",
-            JAX_PLATFORMS="cpu",
-            TF_CPP_MIN_LOG_LEVEL="3",
-        )
+        env = dict(device_count_env(num_devices), TF_CPP_MIN_LOG_LEVEL="3")
         entry = ["-m", "contrastive_jax.main"]
         if fault is not None:
             env["FAULT"] = fault

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from contrastive_jax import losses
+from contrastive_jax import compat, losses
 from contrastive_jax.losses.examples import loss_examples
 
 E = jnp.eye(2)
@@ -168,7 +168,7 @@ def test_triplet_gradients_are_the_analytic_ones():
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_check_grads_against_finite_differences(name):
     loss_fn, arrays, hyperparameters = EXAMPLES[name]
-    with jax.enable_x64(True):
+    with compat.enable_x64():
         arrays64 = [x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in arrays]
         check_grads(
             lambda x: loss_fn(x, *arrays64[1:], **hyperparameters),
@@ -183,7 +183,7 @@ def test_proxy_losses_check_grads():
     z = unit(2, (6, 4))
     labels = jnp.array([0, 1, 2, 0, 1, 2])
     weights = jax.random.normal(jax.random.key(3), (3, 4))
-    with jax.enable_x64(True):
+    with compat.enable_x64():
         z, weights = z.astype(jnp.float64), weights.astype(jnp.float64)
         for fn, kw in [
             (losses.proxy_nca_loss, {"temperature": 0.2}),
@@ -244,7 +244,7 @@ def test_focal_loss_gradient_matches_a_float64_reference(gamma):
     cases = [confident_and_wrong_rows(m) for m in (0.0, 5.0, 17.0, 30.0)] + [(random_logits, random_labels)]
     for logits, labels in cases:
         value, grad = jax.value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=gamma).sum())(logits)
-        with jax.enable_x64(True):
+        with compat.enable_x64():
             logits64 = jnp.asarray(np.asarray(logits, np.float64))
             ref_value, ref_grad = jax.value_and_grad(lambda x: focal_reference(x, labels, gamma).sum())(logits64)
             check_grads(lambda x: losses.focal_loss(x, labels, gamma=gamma), (logits64,), order=1, modes=("rev",), eps=1e-6)

@@ -1,56 +1,87 @@
-"""experiments/colab_tpu.ipynb runs headless (nbclient) on 8 simulated CPU devices.
+"""experiments/colab_tpu.ipynb runs headless (nbclient) on 1 and on 8 simulated CPU devices.
 
-The assertions read what the notebook measured (its `notebook_results.json`): the devices
-it found, the sharded-vs-one-device loss check, and the short training run's loss curve
-and retrieval metrics.
+The assertions read what the notebook measured (its `notebook_results.json`): what its
+first cell installed and kept, the devices it found, the sharded-vs-one-device loss
+check, the short training run, and the one-chip memory figures and large-batch run.
+
+CI runs this file in two environments: the newest versions, and a venv built from
+`constraints/minimum.txt` like Colab's TPU runtime (jax 0.7.2, no TensorFlow, no
+ml-collections), where the first notebook run must install what is missing, CPU-only,
+without touching jax or numpy. It needs no TensorFlow itself: the notebook prepares the
+TFDS data in this module's own data_dir.
 """
 
+import importlib.metadata
+import importlib.util
 import json
+import os
 import pathlib
 
-import jax
 import nbclient
 import nbformat
 import numpy as np
 import pytest
 
+from contrastive_jax.simulated_devices import with_device_count
+
 NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "colab_tpu.ipynb"
+# What the environment had before any notebook ran (the first run installs what is missing).
+STACK_BEFORE = {d: importlib.metadata.version(d) for d in ("jax", "jaxlib", "numpy")}
+TENSORFLOW_BEFORE = importlib.util.find_spec("tensorflow") is not None
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory, digits_data_dir):
-    """``(notebook outputs, notebook_results.json)`` of one quick run."""
+def data_dir(tmp_path_factory):
+    """One TFDS data_dir for the module's runs: the first run prepares the datasets."""
+    return str(tmp_path_factory.mktemp("notebook_tfds"))
+
+
+@pytest.fixture(scope="module", params=[1, 8], ids=["1-device", "8-devices"])
+def executed(request, tmp_path_factory, data_dir):
+    """``(device count, notebook outputs, notebook_results.json)`` of one quick run."""
     out = tmp_path_factory.mktemp("notebook")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("CONTRASTIVE_JAX_NOTEBOOK_QUICK", "1")
         env.setenv("CONTRASTIVE_JAX_NOTEBOOK_OUT", str(out))
-        env.setenv("CONTRASTIVE_JAX_DATA_DIR", digits_data_dir)
+        env.setenv("CONTRASTIVE_JAX_DATA_DIR", data_dir)
+        env.setenv("XLA_FLAGS", with_device_count(os.environ.get("XLA_FLAGS", ""), request.param))
         nbclient.NotebookClient(
-            notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+            notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
         ).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
-    return outputs, json.loads((out / "notebook_results.json").read_text())
+    return request.param, outputs, json.loads((out / "notebook_results.json").read_text())
 
 
-def test_notebook_finds_the_devices_and_installs_nothing_here(executed):
-    outputs, results = executed
-    assert (results["backend"], results["device_count"], results["process_count"]) == ("cpu", jax.device_count(), 1)
+def test_notebook_installs_only_what_is_missing_and_keeps_the_stack(executed):
+    devices, outputs, results = executed
+    setup = results["setup"]
+    for distribution, version in STACK_BEFORE.items():
+        assert setup["kept"][distribution] == version == importlib.metadata.version(distribution)
+    if devices == 1 and not TENSORFLOW_BEFORE:  # the first run in a Colab-TPU-like venv
+        assert "tensorflow-cpu" in setup["installed"] and setup["install_seconds"] > 0
     text = "".join(o.get("text", "") for o in outputs)
-    assert f"found {jax.device_count()} CPU device(s)" in text
-    assert "installed: nothing" in text  # every dependency is importable in the test venv
+    installed = ", ".join(setup["installed"]) or "nothing"
+    assert f"installed: {installed}" in text
+
+
+def test_notebook_finds_the_devices(executed):
+    devices, outputs, results = executed
+    assert (results["backend"], results["device_count"], results["process_count"]) == ("cpu", devices, 1)
+    assert f"found {devices} CPU device(s)" in "".join(o.get("text", "") for o in outputs)
 
 
 def test_notebook_sharded_loss_equals_one_device(executed):
-    check = executed[1]["sharded_check"]
-    assert check["devices"] == jax.device_count() and check["global_batch"] == 16 * jax.device_count()
+    devices, _, results = executed
+    check = results["sharded_check"]
+    assert check["devices"] == devices and check["global_batch"] == 16 * devices
     assert np.isfinite(check["single_device_loss"]) and check["single_device_loss"] > 0
     assert check["sharded_loss"] == pytest.approx(check["single_device_loss"], rel=1e-6)
     assert check["max_abs_grad_difference"] < 1e-6
 
 
 def test_notebook_short_training_learns(executed):
-    outputs, results = executed
+    _, outputs, results = executed
     run = results["train"]
     assert run["global_batch_size"] == 256
     assert run["steps"] == list(range(2, run["num_train_steps"] + 1, 2))  # logged every 40 // 20 steps
@@ -58,3 +89,17 @@ def test_notebook_short_training_learns(executed):
     assert last < first - 0.5, (first, last)  # nats; it starts near 6.3
     assert run["eval"]["a_to_b/R@1"] > 10 / 360 and run["eval"]["b_to_a/R@1"] > 10 / 360  # chance: 1/360
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1  # the loss curve, inline
+
+
+def test_notebook_one_chip_memory_and_large_batch(executed):
+    devices, _, results = executed
+    memory = results["memory"]
+    # Dense: the [N, N] logits and their gradient, 16 GiB each at N = 65,536.
+    assert memory["dense_gib"] > 2 * memory["global_batch"] ** 2 * 4 / 2**30 * 0.99
+    # Streamed: O(N D + chunk^2): the two 16 MiB inputs, their gradients and a few 16 MiB tiles.
+    assert memory["streamed_gib"] < 0.25 and memory["streamed_gib"] * 100 < memory["dense_gib"]
+    large = results["large_batch"]
+    assert (large["global_batch_size"], large["micro_batch_size"], large["num_train_steps"]) == (1024, 256, 4)
+    assert len(large["loss"]) == 4 and all(np.isfinite(large["loss"]))
+    assert large["loss"][-1] < large["loss"][0]  # 4 steps of sqrt-scaled AdamW: the loss goes down
+    assert 0 <= large["eval"]["a_to_b/R@1"] <= 1

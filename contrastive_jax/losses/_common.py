@@ -11,6 +11,8 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from contrastive_jax import compat
+
 # Masked logits use a large finite negative rather than -inf, so that a row whose every
 # candidate is masked still has a finite logsumexp and finite gradients.
 MASK_VALUE = -1e9
@@ -107,14 +109,6 @@ def row_offset(local_batch: int, axis_name) -> jax.Array | int:
     return jax.lax.axis_index(axis_name) * local_batch
 
 
-def _varying_axes(x: jax.Array) -> frozenset:
-    """Mesh axes along which ``x`` is typed as varying (JAX's shard_map ``vma`` typing)."""
-    aval = jax.typeof(x)
-    if hasattr(aval, "vma"):  # jax < 0.10
-        return aval.vma
-    return aval.manual_axis_type.varying
-
-
 def _sum_loss_over_devices(x: jax.Array, axis_name) -> jax.Array:
     """Sum of a per-device loss share ``x`` over ``axis_name``, with exact gradients.
 
@@ -130,7 +124,7 @@ def _sum_loss_over_devices(x: jax.Array, axis_name) -> jax.Array:
     if axis_name is None:
         return x
     total = jax.lax.psum(x, axis_name)
-    if axis_name in _varying_axes(x):
+    if axis_name in compat.varying_axes(x):
         return total
     return x + jax.lax.stop_gradient(total - x)
 

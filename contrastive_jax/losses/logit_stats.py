@@ -56,6 +56,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from contrastive_jax import compat
 from contrastive_jax.losses import _common
 
 COLLECTIVES = ("all_gather", "ring")
@@ -570,12 +571,10 @@ def _match_varying(tree, like, axis_name):
     A replicated temperature gets a per-device gradient share inside the custom VJP;
     casting it to varying first lets JAX sum those shares over the devices.
     """
-    if axis_name is None or axis_name not in _common._varying_axes(like):
+    if axis_name is None or axis_name not in compat.varying_axes(like):
         return tree
     return jax.tree.map(
-        lambda a: a
-        if axis_name in _common._varying_axes(a)
-        else jax.lax.pcast(a, axis_name, to="varying"),
+        lambda a: a if axis_name in compat.varying_axes(a) else compat.cast_varying(a, axis_name),
         tree,
     )
 

@@ -1,0 +1,56 @@
+"""The JAX APIs that moved within the supported range, each behind one function.
+
+contrastive_jax supports jax 0.7.2 (what Colab's runtimes ship; `constraints/minimum.txt`)
+up to the newest release; CI tests both ends. Everything that differs between them is
+here, and nowhere else checks a version:
+
+- shard_map's varying-axis typing: jax < 0.10 keeps it in ``aval.vma``, jax ≥ 0.10 in
+  ``aval.manual_axis_type.varying``.
+- Marking a value as varying over an axis: ``jax.lax.pvary`` (jax 0.7.2 has only it),
+  later ``jax.lax.pcast(x, axis, to="varying")``.
+- float64 in a scope: ``jax.experimental.enable_x64()`` (jax 0.7.2), later
+  ``jax.enable_x64(True)``.
+- The coordination service's client, which has no public accessor (orbax reads the same
+  private attribute).
+"""
+
+import jax
+
+
+def varying_axes(x: jax.Array) -> frozenset:
+    """Mesh axes over which ``x`` is typed as varying inside ``jax.shard_map``.
+
+    Empty outside shard_map, under ``pmap`` and with ``check_vma=False``.
+    """
+    aval = jax.typeof(x)
+    if hasattr(aval, "vma"):  # jax < 0.10
+        return frozenset(aval.vma)
+    return frozenset(aval.manual_axis_type.varying)
+
+
+def cast_varying(x: jax.Array, axis_name) -> jax.Array:
+    """``x``, typed as varying over ``axis_name`` (its value unchanged).
+
+    A replicated value used in a per-device computation gets per-device gradient shares;
+    typed as varying, its transpose sums those shares over the devices.
+    """
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, axis_name, to="varying")
+    return jax.lax.pvary(x, axis_name)
+
+
+def distributed_client():
+    """The multi-process coordination service's key-value client (None before
+    ``jax.distributed.initialize``)."""
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def enable_x64():
+    """A context manager within which JAX computes in float64 (the tests' references)."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax import experimental
+
+    return experimental.enable_x64()
