@@ -131,9 +131,20 @@ def _flag_error(error: Exception, argv: list[str]) -> str | None:
     return None
 
 
+def _make_config_siblings_importable(config_path: str | None) -> None:
+    """A config in a `configs/` folder builds on its siblings (`from configs import
+    default`): puts that folder's parent on `sys.path`, wherever the command runs from."""
+    if config_path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(config_path))
+    if os.path.basename(folder) == "configs" and os.path.dirname(folder) not in sys.path:
+        sys.path.insert(0, os.path.dirname(folder))
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parsing (which loads the config and applies `--config.x` overrides), with
     a person's mistake as one line and exit status 2."""
+    _make_config_siblings_importable(_config_path(argv))
     try:
         remaining = flags.FLAGS(argv)
         _CONFIG.value.get("seed")  # a config file that failed to load raises here

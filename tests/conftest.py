@@ -1,12 +1,19 @@
 """Test configuration: 8 simulated CPU devices, set before JAX is imported."""
 
 import os
+import tempfile
 
 from contrastive_jax.simulated_devices import with_device_count  # noqa: E402  (JAX-free)
 
 os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), 8)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the session's workers and every process the tests
+# start (the CLI and resume tests compile the same tiny train step dozens of times).
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "contrastive_jax_test_jax_cache")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import jax  # noqa: E402
 

@@ -108,6 +108,16 @@ def test_verbose_shows_the_traceback_of_a_flag_mistake():
     assert result.stderr.splitlines()[-1].startswith("error: --config.train.global_batch_sise:")
 
 
+def test_a_variant_config_loads_by_absolute_path_from_another_directory(tmp_path):
+    """`configs/cmudict_clip.py` imports `configs.default`: found from any directory."""
+    result = subprocess.run(
+        [sys.executable, "-m", "contrastive_jax.main", f"--config={ROOT}/configs/cmudict_clip.py",
+         "--workdir=w", "--only_check_args"], cwd=tmp_path, env=USER_ENV, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+
+
 @pytest.mark.parametrize("error", ["RuntimeError", "ValueError"])  # ValueError: a flags.Error
 def test_a_crash_in_a_config_file_keeps_its_traceback(tmp_path, error):
     config = tmp_path / "broken.py"
