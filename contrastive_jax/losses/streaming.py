@@ -1,0 +1,108 @@
+"""How a softmax / sigmoid loss computes its logits: dense, in tiles, or around a ring.
+
+The options (:class:`Streaming`), their documentation shared by every streamed loss
+(:func:`document_streaming`), and how ``chunk_size`` resolves to a tile edge
+(:func:`auto_chunk_size`, :func:`check_divides`). The result never depends on them (to
+round-off); :mod:`contrastive_jax.losses.logit_stats` carries them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+
+COLLECTIVES = ("all_gather", "ring")
+MATMUL_DTYPES = (None, "bfloat16", "float32")
+# Tile edge chunk_size="auto" aims for, by platform: on CPU a float32 [512, 512] tile
+# (1 MiB) stays in a core's L2 cache with room for the operands (measured best at
+# D=64 on a 2-core EPYC); accelerators want larger matmuls to fill their units.
+AUTO_TILE = {"cpu": 512, "gpu": 2048, "tpu": 2048}
+
+
+class Streaming(NamedTuple):
+    """How a loss computes its logits; the result does not depend on it (to round-off).
+
+    Attributes:
+      chunk_size: None for the dense ``[B, N]`` logits; an int ``c`` streams tiles of
+        up to ``c`` rows by ``c`` columns (``c`` must divide the candidate columns, or
+        each device's shard with the ring); ``"auto"``: see :func:`auto_chunk_size`.
+      collective: ``"all_gather"``, or ``"ring"`` with an ``axis_name``.
+      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
+    """
+
+    chunk_size: int | str | None = None
+    collective: str = "all_gather"
+    matmul_dtype: str | None = None
+
+    def check(self, axis_name) -> None:
+        """Rejects unknown options, or ``"ring"`` without a device axis."""
+        if self.collective not in COLLECTIVES:
+            raise ValueError(f"collective must be one of {COLLECTIVES}, got {self.collective!r}.")
+        if self.collective == "ring" and axis_name is None:
+            raise ValueError(
+                "collective='ring' passes shards between devices and needs axis_name (call "
+                "the loss inside jax.shard_map, e.g. contrastive_jax.sharding.shard_loss); "
+                "on a single device use collective='all_gather' (the default)."
+            )
+        if self.matmul_dtype not in MATMUL_DTYPES:
+            raise ValueError(
+                f"matmul_dtype must be one of {MATMUL_DTYPES}, got {self.matmul_dtype!r}."
+            )
+        chunk = self.chunk_size
+        if chunk is not None and chunk != "auto" and (
+            not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1
+        ):
+            raise ValueError(f"chunk_size must be a positive int, 'auto' or None, got {chunk!r}.")
+
+
+STREAMING_ARGS_DOC = """chunk_size: None for the dense ``[B, N]`` logits; an int ``c`` streams tiles of
+        up to ``c`` rows by ``c`` columns, O(N D + c^2) memory (one-pass InfoNCE and
+        NT-Xent: stripes of ``c`` whole rows, O(N D + c N)), the same result (``c``
+        must divide N, or B with the ring); ``"auto"`` picks ``c`` from N, D and the
+        device (:func:`contrastive_jax.losses.logit_stats.auto_chunk_size`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass
+        the candidates' shards around the devices instead of gathering them.
+      matmul_dtype: None computes similarities in the embeddings' dtype;
+        ``"bfloat16"`` casts the matmul operands to bfloat16 and accumulates in
+        float32 (logits, logsumexps and gradient sums stay float32)."""
+
+
+def document_streaming(fn: Callable) -> Callable:
+    """Fills ``{streaming_args}`` in ``fn``'s docstring with the :class:`Streaming` options."""
+    fn.__doc__ = fn.__doc__.replace("{streaming_args}", STREAMING_ARGS_DOC)
+    return fn
+
+
+def divisor_at_most(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is at most ``limit`` (>= 1)."""
+    return max(d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0)
+
+
+def check_divides(chunk_size: int, num_columns: int, what: str) -> None:
+    """Requires ``chunk_size`` to divide ``num_columns``; the message names a divisor."""
+    if num_columns % chunk_size:
+        raise ValueError(
+            f"chunk_size={chunk_size} must divide the {num_columns} candidate columns "
+            f"({what}); use a divisor such as chunk_size="
+            f"{divisor_at_most(num_columns, chunk_size)}, or chunk_size=None for the dense "
+            f"loss."
+        )
+
+
+def auto_chunk_size(num_columns: int, dim: int, platform: str | None = None) -> int | None:
+    """The tile edge ``chunk_size="auto"`` uses for ``num_columns`` candidates of width ``dim``.
+
+    The largest divisor of ``num_columns`` at most ``AUTO_TILE[platform]`` (CPU 512,
+    doubled for ``dim > 256`` where the tile's matmul dominates and larger matmuls run
+    faster; GPU/TPU 2048; ``platform`` defaults to ``jax.devices()[0].platform``).
+    None (dense) when all columns fit in one tile: one tile is the dense computation.
+    """
+    platform = platform or jax.devices()[0].platform
+    target = AUTO_TILE.get(platform, AUTO_TILE["gpu"])
+    if platform == "cpu" and dim > 256:
+        target *= 2
+    if num_columns <= target:
+        return None
+    return divisor_at_most(num_columns, target)

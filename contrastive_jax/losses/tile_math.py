@@ -1,0 +1,249 @@
+"""One tile's math: the logits of ``[b]`` rows against ``[c]`` columns, the statistics
+a loss needs from them, and their gradient.
+
+Both the dense path (one tile holding every column) and the streamed sweeps
+(:mod:`contrastive_jax.losses.tile_sweeps`) evaluate these functions, so each loss's
+math is written once. Shapes: ``x [B, D]`` rows, ``y [M, D]`` candidate columns, tiles
+``[b, c]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax.losses import _common
+
+
+class PairSpec(NamedTuple):
+    """Which statistics a loss needs from its logits (static, hashable).
+
+    Attributes:
+      row_logsumexp: compute ``row_lse: [B]``.
+      col_logsumexp: compute ``col_lse`` for this device's ``y`` rows.
+      exclude_self: leave pairs with equal ids (a row with itself) out of the softmax.
+      exclude_shared_label: leave pairs with equal labels but different ids (another
+        example sharing a class, or any of ``K`` group ids for labels ``[B, K]``) out
+        of the softmax: in-batch false negatives.
+      pair_terms: ``fn(logits, same_id, same_label) -> dict name -> [B, c]`` of
+        elementwise terms, each summed over the row into ``row_sums[name]``
+        (``same_label`` is None without labels). Must be elementwise in the columns.
+      best: compute ``row_best_negative`` and ``col_best_negative`` (the largest logit
+        of each row and column other than the own pair's, equal ids).
+    """
+
+    row_logsumexp: bool = False
+    col_logsumexp: bool = False
+    exclude_self: bool = False
+    exclude_shared_label: bool = False
+    pair_terms: Callable | None = None
+    best: bool = False
+
+
+class PairStats(NamedTuple):
+    """Statistics of the global logits (fields None, or ``{}``, when not requested)."""
+
+    row_lse: jax.Array | None  # [B]
+    col_lse: jax.Array | None  # [B_y], one per local row of y
+    row_sums: dict[str, jax.Array]  # each [B]
+    row_best_negative: jax.Array | None  # [B]: the row's largest logit but its own pair's
+    col_best_negative: jax.Array | None  # [B_y]: the same for each local column
+
+
+class RowIds(NamedTuple):
+    """Who the rows of one side are: global indices and optional labels."""
+
+    index: jax.Array  # [B] int; equal indices on the two sides = the same example
+    # [B] int class labels, or [B, K] int group ids (equal when any of the K is), or None
+    label: jax.Array | None
+
+
+class Running(NamedTuple):
+    """One side's (rows' or columns') statistics over the tiles seen so far."""
+
+    lse: jax.Array | None
+    best_negative: jax.Array | None
+    sums: dict[str, jax.Array]
+
+
+class Plan(NamedTuple):
+    """Static tiling of a streamed computation."""
+
+    tile_rows: int
+    tile_cols: int
+    matmul_dtype: jnp.dtype
+
+
+def scaled_rows(x, temperature) -> jax.Array:
+    """``x / temperature`` in float32 (or wider): the temperature folded into the rows."""
+    return _common.at_least_float32(x) / temperature
+
+
+def _product(a, b, contract: int, dtype) -> jax.Array:
+    """``a`` contracted over axis ``contract`` with ``b``'s axis 0 (the other axis of
+    ``b`` when ``contract`` is 1 and ``b`` is ``[c, D]``), ``dtype`` operands, float32
+    accumulation."""
+    accumulate = jnp.promote_types(dtype, jnp.float32)
+    return jax.lax.dot_general(
+        a.astype(dtype), b.astype(dtype), (((contract,), (0,)), ((), ())),
+        preferred_element_type=accumulate,
+    )
+
+
+def tile_logits(x_scaled, y, bias, dtype) -> jax.Array:
+    """Logits ``[b, c]``: ``(x / T) . y (+ bias)`` from ``dtype`` operands, in float32."""
+    accumulate = jnp.promote_types(dtype, jnp.float32)
+    logits = jax.lax.dot_general(
+        x_scaled.astype(dtype), y.astype(dtype), (((1,), (1,)), ((), ())),
+        preferred_element_type=accumulate,
+    )
+    return logits if bias is None else logits + bias
+
+
+def _tile_masks(rows: RowIds, cols: RowIds):
+    """``same_id, same_label: [b, c]`` booleans (``same_label`` None without labels)."""
+    same_id = rows.index[:, None] == cols.index[None, :]
+    same_label = None
+    if rows.label is not None:
+        same_label = rows.label[:, None] == cols.label[None, :]
+        if same_label.ndim == 3:  # [b, c, K] group ids: equal when any id is
+            same_label = jnp.any(same_label, axis=-1)
+    return same_id, same_label
+
+
+def _softmax_logits(spec, logits, same_id, same_label):
+    """The logits the softmaxes see: excluded pairs (see :class:`PairSpec`) masked."""
+    excluded = same_id if spec.exclude_self else None
+    if spec.exclude_shared_label:
+        false_negatives = same_label & ~same_id
+        excluded = false_negatives if excluded is None else excluded | false_negatives
+    return logits if excluded is None else jnp.where(excluded, _common.MASK_VALUE, logits)
+
+
+def _pair_terms(spec, logits, same_id, same_label) -> dict:
+    return {} if spec.pair_terms is None else dict(spec.pair_terms(logits, same_id, same_label))
+
+
+def _side(softmax_logits, negative_logits, axis, *, lse: bool, sums) -> Running:
+    """One side's statistics of a tile, reducing over ``axis`` (1: rows, 0: columns);
+    ``negative_logits`` is None without ``spec.best``."""
+    return Running(
+        lse=jax.nn.logsumexp(softmax_logits, axis=axis) if lse else None,
+        best_negative=None if negative_logits is None else jnp.max(negative_logits, axis=axis),
+        sums=sums,
+    )
+
+
+def tile_stats(spec, logits, rows, cols) -> tuple[Running, Running]:
+    """The row and column statistics of one tile of logits ``[b, c]``."""
+    same_id, same_label = _tile_masks(rows, cols)
+    softmax_logits = _softmax_logits(spec, logits, same_id, same_label)
+    terms = _pair_terms(spec, logits, same_id, same_label)
+    negative_logits = jnp.where(same_id, -jnp.inf, logits) if spec.best else None
+    row = _side(softmax_logits, negative_logits, 1, lse=spec.row_logsumexp,
+                sums={name: jnp.sum(t, axis=1) for name, t in terms.items()})
+    col = _side(softmax_logits, negative_logits, 0, lse=spec.col_logsumexp, sums={})
+    return row, col
+
+
+def merge(a: Running, b: Running) -> Running:
+    """The statistics of two disjoint sets of candidates combined."""
+    return Running(
+        lse=None if a.lse is None else jnp.logaddexp(a.lse, b.lse),
+        best_negative=None if a.best_negative is None else jnp.maximum(a.best_negative, b.best_negative),
+        sums={name: a.sums[name] + b.sums[name] for name in a.sums},
+    )
+
+
+def row_objective(spec, logits, rows, cols) -> jax.Array:
+    """Per-row ``[b]``: the row's logsumexp (the tile must hold the whole row) plus the
+    row sums of its pair terms -- what :func:`pair_total` adds up."""
+    same_id, same_label = _tile_masks(rows, cols)
+    total = sum(jnp.sum(t, axis=1) for t in _pair_terms(spec, logits, same_id, same_label).values())
+    if spec.row_logsumexp:
+        total = total + jax.nn.logsumexp(_softmax_logits(spec, logits, same_id, same_label), axis=1)
+    return total
+
+
+def tile_logit_gradient(spec, logits, rows, cols, lse, cotangents) -> jax.Array:
+    """``G: [b, c]``, the derivative of ``sum g . stats`` in the tile's logits.
+
+    The derivative of ``g_i logsumexp_j(s_ij)`` in ``s_ij`` is ``g_i`` times the softmax
+    weight ``exp(s_ij - row_lse_i)``; ``lse = (row_lse [b], col_lse [c])`` holds the
+    final logsumexps (constants), so each tile's share is exact without the others.
+    """
+    row_lse, col_lse = lse
+    g_row, g_col, g_sums = cotangents
+    same_id, same_label = _tile_masks(rows, cols)
+
+    def surrogate(logits):
+        softmax_logits = _softmax_logits(spec, logits, same_id, same_label)
+        total = 0.0
+        if spec.row_logsumexp:
+            total += jnp.sum(g_row[:, None] * jnp.exp(softmax_logits - row_lse[:, None]))
+        if spec.col_logsumexp:
+            total += jnp.sum(g_col[None, :] * jnp.exp(softmax_logits - col_lse[None, :]))
+        for name, term in _pair_terms(spec, logits, same_id, same_label).items():
+            total += jnp.sum(g_sums[name][:, None] * term)
+        return total
+
+    return jax.grad(surrogate)(logits)
+
+
+def accumulate_gradients(grads, logit_gradient, x_scaled, y, dtype, with_bias):
+    """Adds one tile's ``G y`` (rows), ``G^T x / T`` (columns) and ``sum G`` (bias)."""
+    dx, dbias, dy = grads
+    dx = dx + _product(logit_gradient, y, 1, dtype)
+    dy = dy + _product(logit_gradient, x_scaled, 0, dtype)
+    if with_bias:
+        dbias = dbias + jnp.sum(logit_gradient, axis=1)
+    return dx, dbias, dy
+
+
+def input_gradients(x, y, params, dx_unscaled, dy, dbias_rows):
+    """The custom VJPs' gradients from the accumulated ``G y``, ``G^T x / T``, ``sum G``.
+
+    ``d/dx = G y / T``; the logits are linear in ``1 / T``, so ``d/dT = -(1/T) sum_i
+    x_i . d/dx_i`` needs no pass over the tiles.
+    """
+    temperature, bias = params
+    dx = dx_unscaled / temperature
+    d_temperature = -jnp.sum(_common.at_least_float32(x) * dx) / temperature
+    d_bias = None if bias is None else jnp.sum(dbias_rows)
+    return dx.astype(x.dtype), dy.astype(y.dtype), None, None, (d_temperature, d_bias)
+
+
+def _running_init(like, *, lse: bool, best: bool, sum_names=()) -> Running:
+    """Empty statistics, one per row of ``like`` (typed like it inside shard_map)."""
+    dtype = _common.at_least_float32(like[:1, 0]).dtype
+    fill = lambda value, dt=dtype: jnp.full_like(like[:, 0], value, dt)  # noqa: E731
+    return Running(
+        lse=fill(-jnp.inf) if lse else None,
+        best_negative=fill(-jnp.inf) if best else None,
+        sums={name: fill(0.0) for name in sum_names},
+    )
+
+
+def _pair_term_names(spec, rows) -> tuple[str, ...]:
+    if spec.pair_terms is None:
+        return ()
+    logits = jax.ShapeDtypeStruct((1, 1), jnp.float32)
+    mask = jax.ShapeDtypeStruct((1, 1), jnp.bool_)
+    return tuple(jax.eval_shape(spec.pair_terms, logits, mask, None if rows.label is None else mask))
+
+
+def stats_init(spec, x, y, rows) -> tuple[Running, Running]:
+    return (
+        _running_init(x, lse=spec.row_logsumexp, best=spec.best,
+                      sum_names=_pair_term_names(spec, rows)),
+        _running_init(y, lse=spec.col_logsumexp, best=spec.best),
+    )
+
+
+def zero_gradients(x, y):
+    """``(G y [B, D], sum G [B], G^T x / T [M, D])`` accumulators in float32 or wider."""
+    dtype = _common.at_least_float32(x[:1, :1]).dtype
+    return jnp.zeros_like(x, dtype), jnp.zeros_like(x[:, 0], dtype), jnp.zeros_like(y, dtype)
