@@ -233,7 +233,9 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         grad_cache.check_micro_batches(
             train.global_batch_size, train.micro_batch_size, num_devices
         )
-    model = models.create_model(config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE)
+    model = models.create_model(
+        config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE, learned_bias=loss.learned_bias
+    )
     tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
     return Trainer(config, mesh, model, tx, schedule, loss)
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contrastive_jax import models
+from contrastive_jax import encoders, losses, models
 
 
 def num_params(module, *inputs):
@@ -21,10 +21,10 @@ def num_params(module, *inputs):
     "module, reference",
     [
         # torchvision resnet18 / resnet50 (11,689,512 / 25,557,032) less the 1000-way fc.
-        (models.ResNet((2, 2, 2, 2), models._BasicBlock), 11_689_512 - 513_000),
-        (models.ResNet((3, 4, 6, 3), models._BottleneckBlock), 25_557_032 - 2_049_000),
+        (encoders.ResNet((2, 2, 2, 2), encoders.BasicBlock), 11_689_512 - 513_000),
+        (encoders.ResNet((3, 4, 6, 3), encoders.BottleneckBlock), 25_557_032 - 2_049_000),
         # timm vit_base_patch16_224 (86,567,656) less the 1000-way head.
-        (models.ViT(768, 12, 12, 3072, patch_size=16), 86_567_656 - 769_000),
+        (encoders.ViT(768, 12, 12, 3072, patch_size=16), 86_567_656 - 769_000),
     ],
 )
 def test_encoders_match_reference_parameter_counts(module, reference):
@@ -52,7 +52,9 @@ def test_two_tower_outputs(config):
 
 def test_siglip_temperature_and_bias(config):
     config.loss.name, config.loss.temperature = "siglip", 0.1
-    model = models.create_model(config, text_vocab_size=257)
+    model = models.create_model(
+        config, text_vocab_size=257, learned_bias=losses.LOSSES["siglip"].learned_bias
+    )
     x = jnp.zeros((2, 4, 8, 1))
     variables = model.init(jax.random.key(0), x, x)
     assert variables["params"][models.TEMPERATURE_PARAM] == pytest.approx(math.log(10))
@@ -117,7 +119,7 @@ def test_classifier_head_and_text_tower(config):
     np.testing.assert_allclose(changed[1], out["zb"][1], rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", sorted(models.ENCODERS))
+@pytest.mark.parametrize("name", sorted(encoders.ENCODERS))
 def test_every_encoder_builds(config, name):
     config.model.encoder_a = name
     config.model.patch_size = 4
@@ -137,7 +139,7 @@ def test_unknown_encoder_names_the_field(config):
 
 
 def test_text_cnn_ignores_padding_and_depends_on_every_real_token():
-    cnn = models.TextCNN(vocab_size=257, features=(8, 8), out_dim=4)
+    cnn = encoders.TextCNN(vocab_size=257, features=(8, 8), out_dim=4)
     tokens = jnp.array([[5, 6, 7, 0, 0], [9, 0, 0, 0, 0]])
     variables = cnn.init(jax.random.key(0), tokens)
     out = cnn.apply(variables, tokens)
@@ -156,7 +158,7 @@ def test_text_cnn_ignores_padding_and_depends_on_every_real_token():
 @pytest.mark.parametrize("kernel_size", [1, 3, 4])
 def test_conv1d_equals_flax_conv_in_value_and_gradient(kernel_size):
     x = jax.random.normal(jax.random.key(0), (5, 7, 6))
-    conv = models.Conv1D(features=8, kernel_size=kernel_size)
+    conv = encoders.Conv1D(features=8, kernel_size=kernel_size)
     params = conv.init(jax.random.key(1), x)
     params["params"]["bias"] = jax.random.normal(jax.random.key(2), (8,))
     flax_conv = nn.Conv(8, (kernel_size,), padding="SAME")
