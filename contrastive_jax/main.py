@@ -193,16 +193,24 @@ def main(argv):
             results = train.train_and_evaluate(config, _WORKDIR.value)
         except ConfigError as e:
             console.exit_with_error(str(e), verbose=verbose)
-        except FloatingPointError as e:  # a non-finite loss: the message names the checkpoint
+        except FloatingPointError as e:  # a bad loss: the message names the checkpoint
             console.exit_with_error(str(e), verbose=verbose, status=1)
         except train.Preempted as e:
-            signal_name = "Ctrl-C" if ctrl_c.pressed else "SIGTERM"
-            print(
-                f"{signal_name}: stopped after step {e.step} and saved it in "
-                f"{console.display_path(e.directory)}. To resume, run:\n  "
-                f"{console.rerun_command(sys.argv)}",
-                file=sys.stderr, flush=True,
-            )
+            where = console.display_path(e.directory)
+            if jax.process_count() == 1:
+                signal_name = "Ctrl-C" if ctrl_c.pressed else "SIGTERM"
+                message = (
+                    f"{signal_name}: stopped after step {e.step} and saved it in {where}. To "
+                    f"resume, run:\n  {console.rerun_command(sys.argv)}"
+                )
+            else:  # one signalled process stops all; JAX does not say which one it was
+                message = (
+                    f"Stopped after step {e.step} with the other processes (a SIGTERM or "
+                    f"Ctrl-C reached one of them) and saved it in {where}. To resume, run all "
+                    f"processes, with I = 0 ... {jax.process_count() - 1}:\n  "
+                    f"{distributed.rerun_command(sys.argv)}"
+                )
+            print(message, file=sys.stderr, flush=True)
             sys.exit(console.INTERRUPTED if ctrl_c.pressed else 0)
         except KeyboardInterrupt:
             console.exit_with_error(
