@@ -163,15 +163,19 @@ def _does_not_fit(trainer: Trainer, element_spec, memory: StepMemory) -> str:
         measured.append((flags, needed))
         if sum(n <= memory.available for _, n in measured) == _SUGGESTIONS:
             break
-    fitting = [f"with {flags} it needs {format_bytes(n)}" for flags, n in measured if n <= memory.available]
+    fitting = [
+        f"with {flags} it needs {format_bytes(n)}" for flags, n in measured if n <= memory.available
+    ]
     if fitting:
         fix = "; ".join(fitting)
-    else:
-        flags, least = min(measured, key=lambda m: m[1], default=("", memory.needed))
+    elif measured:
+        flags, least = min(measured, key=lambda m: m[1])
         fix = (
-            f"none of the usual fixes fits (the least: {format_bytes(least)}"
-            + (f" with {flags}" if flags else "") + "); lower --config.train.global_batch_size"
+            f"none of the usual fixes is enough (the best: with {flags} it needs "
+            f"{format_bytes(least)}); lower --config.train.global_batch_size"
         )
+    else:
+        fix = "the config uses every fix already; lower --config.train.global_batch_size"
     return (
         f"The train step needs {format_bytes(memory.needed)} per device, the device has "
         f"{format_bytes(memory.available)} ({memory.source}); {fix}."
