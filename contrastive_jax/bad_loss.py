@@ -133,14 +133,13 @@ class LossGuard:
         )
         if self._train.on_bad_loss == "stop":
             raise FloatingPointError(f"{bad}; training stopped. {advice}")
-        window = self._train.rollback_window_steps
         recent = self._recent_bad_steps(bad.step)
         if len(recent) >= self._train.max_rollbacks:
-            steps = ", ".join(map(str, recent))
+            steps = ", ".join(map(str, [*recent, bad.step]))
             raise FloatingPointError(
-                f"{bad}, after {len(recent)} rollbacks within {window} steps (bad steps "
-                f"{steps}); training stopped (config.train.max_rollbacks="
-                f"{self._train.max_rollbacks}). {advice}"
+                f"{bad}, after {len(recent)} rollback{'s' if len(recent) > 1 else ''} within "
+                f"{self._train.rollback_window_steps} steps (bad steps {steps}); training "
+                f"stopped (config.train.max_rollbacks={self._train.max_rollbacks}). {advice}"
             )
 
     def _recent_bad_steps(self, step: int) -> list[int]:
