@@ -46,7 +46,9 @@ def check_config(train: ml_collections.ConfigDict) -> None:
         number below 1 in `inject_nan_at_batches`.
     """
     if train.on_bad_loss not in ON_BAD_LOSS:
-        raise ConfigError(f"config.train.on_bad_loss={train.on_bad_loss!r}; use one of {ON_BAD_LOSS}.")
+        raise ConfigError(
+            f"config.train.on_bad_loss={train.on_bad_loss!r}; use one of {ON_BAD_LOSS}."
+        )
     factor = train.loss_spike_factor
     if not (factor == 0 or factor > 1):
         raise ConfigError(
@@ -102,12 +104,14 @@ class LossGuard:
             if not math.isfinite(values.get(name, 0.0)):
                 raise BadLoss(step, f"{label} is {values[name]}")
         factor, recent = self._train.loss_spike_factor, self._recent
-        if factor and len(recent) == recent.maxlen and loss > factor * statistics.median(recent):
-            raise BadLoss(
-                step,
-                f"Loss is {loss:.4g}, above {factor:g} x the median {statistics.median(recent):.4g} "
-                f"of the last {recent.maxlen} steps,",
-            )
+        if factor and len(recent) == recent.maxlen:
+            median = statistics.median(recent)
+            if loss > factor * median:
+                raise BadLoss(
+                    step,
+                    f"Loss is {loss:.4g}, above {factor:g} x the median {median:.4g} of the "
+                    f"last {recent.maxlen} steps,",
+                )
         recent.append(loss)
 
     def saved(self) -> dict[str, Any]:

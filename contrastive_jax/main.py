@@ -4,12 +4,14 @@ Intentionally short (the only file that defines flags), so the logic can be impo
 elsewhere: `train.train_and_evaluate(config, workdir)`. Any config field can be
 overridden, e.g. `--config.loss.temperature=0.05 --config.train.num_train_steps=100`.
 
-What it prints: a first line (backend, devices, processes, batch), one line per logging
-step (a progress bar on a terminal), and at the end a summary table on stdout; INFO logs
-of other libraries are hidden unless `--verbose` (or CONTRASTIVE_JAX_VERBOSE=1). A bad
-config, flag, workdir or resume is one line on stderr (`error: ...`, naming the fix) and
-exit status 2, with the traceback only when verbose; a crash keeps its traceback. A run
-already trained to its last step says so and exits 0. The first Ctrl-C finishes the
+What it prints: a first line (backend, devices, processes, batch, the step's memory per
+device), one line per logging step (a progress bar on a terminal), and at the end a
+summary table on stdout; INFO logs of other libraries are hidden unless `--verbose` (or
+CONTRASTIVE_JAX_VERBOSE=1). A bad config, flag, workdir or resume, or a step that does
+not fit in the device's memory, is one line on stderr (`error: ...`, naming the fix)
+and exit status 2, with the traceback only when verbose; a crash keeps its traceback. A
+loss that went bad (and was not rolled back, see `bad_loss`) is one line and exit
+status 1. A run already trained to its last step says so and exits 0. The first Ctrl-C finishes the
 step, saves and prints the command that resumes (exit status 130); the second aborts.
 
 Simulated devices: when `config.num_simulated_devices` > 1 and XLA_FLAGS does not

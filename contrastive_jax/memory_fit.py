@@ -48,7 +48,8 @@ class StepMemory:
         return self.needed <= self.available
 
     def __str__(self) -> str:
-        return f"step needs {format_bytes(self.needed)} per device of {format_bytes(self.available)}"
+        needed, available = format_bytes(self.needed), format_bytes(self.available)
+        return f"step needs {needed} per device of {available}"
 
 
 def format_bytes(size: float) -> str:

@@ -4,7 +4,8 @@
     config --trainer.build--> Trainer (model, optimizer, loss; config checked, nothing read)
     <workdir>/checkpoints --Checkpointer.restore_latest--> state and its step s
     input_pipeline.train_dataset(config, start_step=s) --> this process's rows of each batch
-    Trainer.train_step (jitted once): forward, loss over the global batch in shard_map, optax
+    memory_fit.compile_train_step: compiled once; its memory per device checked (or exit 2)
+    Trainer.train_step (that executable): forward, loss over the global batch in shard_map, optax
     every k steps: metrics.jsonl / TensorBoard, a checkpoint, evaluate.Evaluator
 
 One pure `train_step`, jitted once with the state replicated, the batch split over a
@@ -13,7 +14,8 @@ One pure `train_step`, jitted once with the state replicated, the batch split ov
 
 Nothing lost: a run resumes from its newest good checkpoint (state, input position and
 RNG are all in it, so the resumed run reaches the uninterrupted run's parameters bit for
-bit); SIGTERM finishes the current step, saves and raises `Preempted`; a corrupt
+bit); SIGTERM finishes the current step, saves and raises `Preempted`; a bad loss stops
+or is rolled back to the newest checkpoint, skipping its batches (`bad_loss`); a corrupt
 checkpoint is reported and skipped for the previous one; resuming with another seed,
 batch or data, or onto another model, is refused with the fields that changed.
 Multi-process runs (`distributed.initialize`) train on one global batch per step whatever
@@ -181,7 +183,9 @@ def _finished_results(workdir: str, start_step: int, config) -> tuple[dict[str, 
     )
 
 
-def _roll_back(bad: bad_loss.BadLoss, guard: bad_loss.LossGuard, ckpt, init, abstract_state, config):
+def _roll_back(
+    bad: bad_loss.BadLoss, guard: bad_loss.LossGuard, ckpt, init, abstract_state, config
+):
     """`(step, state, record)` after a bad loss: the newest checkpoint's (or the initial
     state at step 0) and the rollback's record; FloatingPointError when it stops instead."""
     ckpt.wait()  # a save still being written is the newest checkpoint
@@ -273,7 +277,9 @@ def _train(
                         pending = None
                 except bad_loss.BadLoss as bad:
                     pending = None
-                    step, state, rollback = _roll_back(bad, guard, ckpt, init, abstract_state, config)
+                    step, state, rollback = _roll_back(
+                        bad, guard, ckpt, init, abstract_state, config
+                    )
                     writer.close()  # drop the lines of the steps undone, as a resume does
                     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=step)
                     writer.write(step, {

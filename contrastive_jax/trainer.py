@@ -21,7 +21,15 @@ import optax
 from flax.training import train_state
 from jax.sharding import PartitionSpec as P
 
-from contrastive_jax import bad_loss, grad_cache, input_pipeline, losses, models, optimizer, sharding
+from contrastive_jax import (
+    bad_loss,
+    grad_cache,
+    input_pipeline,
+    losses,
+    models,
+    optimizer,
+    sharding,
+)
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.sharding import DATA_AXIS
 

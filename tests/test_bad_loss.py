@@ -20,13 +20,14 @@ from contrastive_jax import bad_loss, train
 from contrastive_jax.config_lib import override
 
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
-# The batch step 5 reads is NaN: rolled back to checkpoint 4, skipping batches 5 and 6.
+# The batch step 6 reads is NaN: rolled back to checkpoint 4 (step 5 undone), skipping
+# the batches of the next 2 steps, 5 and 6.
 ROLLBACK = {
     "train.on_bad_loss": "rollback",
-    "train.inject_nan_at_batches": (5,),
+    "train.inject_nan_at_batches": (6,),
     "train.rollback_skip_batches": 2,
 }
-RECORD = {"bad_step": 5, "reason": "Loss is nan", "restored_step": 4, "skipped_batches": [5, 6]}
+RECORD = {"bad_step": 6, "reason": "Loss is nan", "restored_step": 4, "skipped_batches": [5, 6]}
 
 
 def rollbacks(workdir):
@@ -51,17 +52,18 @@ def test_a_nan_batch_rolls_back_and_skips_exactly_the_recorded_batches(
     records = metric_records(rolled_back)
     [rollback] = [r for r in records if "rollback/bad_step" in r]
     assert rollback == {
-        "step": 4, "rollback/bad_step": 5, "rollback/first_skipped_batch": 5,
+        "step": 4, "rollback/bad_step": 6, "rollback/first_skipped_batch": 5,
         "rollback/skipped_batches": 2,
     }
     losses = [r["step"] for r in records if "train/loss" in r]
-    assert losses == list(range(1, STEPS + 1))  # the undone steps' lines were dropped
+    assert losses == list(range(1, STEPS + 1))  # the undone step 5's line was dropped
     # The same parameters as a run that never saw the NaN and skips batches 5 and 6.
     skipping = str(tmp_path / "skipping")
     os.makedirs(skipping)
     with open(os.path.join(skipping, bad_loss.ROLLBACKS_FILE), "w") as f:
         json.dump([RECORD], f)
-    train.train_and_evaluate(override(load_config("default"), tiny_fields(digits_data_dir)), skipping)
+    config = override(load_config("default"), tiny_fields(digits_data_dir))
+    train.train_and_evaluate(config, skipping)
     assert_bitwise_equal(saved_params(skipping, STEPS), saved_params(rolled_back, STEPS))
 
 
@@ -71,13 +73,13 @@ def test_a_kill_after_a_rollback_resumes_bitwise_and_skips_the_same_batches(
 ):
     workdir = str(tmp_path / "run")
     config = write_config(tmp_path / "tiny.py", tiny_fields(digits_data_dir) | ROLLBACK)
-    # Batches dispatched: steps 1-6, then (rolled back to 4) step 5; killed before step 6.
+    # Batches dispatched: steps 1-7, then (rolled back to 4) step 5; killed before step 6.
     status, output = processes.wait(
-        processes.start(config, workdir, num_devices=8, fault="batch:8:SIGKILL")
+        processes.start(config, workdir, num_devices=8, fault="batch:9:SIGKILL")
     )
     assert status == -signal.SIGKILL, output[-3000:]
     line = (
-        "Rollback: Loss is nan at step 5; restored step 4 and skipping 2 batches (5-6); "
+        "Rollback: Loss is nan at step 6; restored step 4 and skipping 2 batches (5-6); "
         "rollback 1 of at most 3 within 1000 steps."
     )
     assert line in output.splitlines(), output[-3000:]
@@ -109,7 +111,8 @@ def test_too_many_rollbacks_stop_naming_the_bad_steps(load_config, digits_data_d
 
 
 def test_batch_numbers_leave_out_the_skipped_ones():
-    assert [bad_loss.batch_number(step, {3, 4, 9}) for step in range(1, 9)] == [1, 2, 5, 6, 7, 8, 10, 11]
+    numbers = [bad_loss.batch_number(step, {3, 4, 9}) for step in range(1, 9)]
+    assert numbers == [1, 2, 5, 6, 7, 8, 10, 11]
     assert bad_loss.batch_number(7, set()) == 7
 
 
@@ -123,7 +126,8 @@ def test_a_spike_is_a_loss_above_k_times_the_running_median(load_config, tmp_pat
     # Judged once 3 losses are in the window: 2.1 < 2 x 1.1 and 2.0 < 2 x 1.2 pass.
     for step, loss in enumerate([1.0, 1.2, 1.1, 2.1, 2.0], start=1):
         watch.check(step, {"loss": loss, "grad_norm": 1.0})
-    with pytest.raises(bad_loss.BadLoss, match=r"^Loss is 4.1, above 2 x the median 2 of the last 3"):
+    spike = r"^Loss is 4.1, above 2 x the median 2 of the last 3 steps, at step 6$"
+    with pytest.raises(bad_loss.BadLoss, match=spike):
         watch.check(6, {"loss": 4.1, "grad_norm": 1.0})  # the median of 1.1, 2.1, 2.0
     # A resumed guard judges as this one does: the window is saved with the checkpoint.
     resumed = guard(load_config, tmp_path, loss_spike_factor=2.0, loss_spike_window_steps=3)

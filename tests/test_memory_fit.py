@@ -58,8 +58,10 @@ def test_the_loop_runs_the_step_the_check_compiled_and_logs_its_memory(
 
     def only_lowered(self, abstract_state):
         jitted.append(real(self, abstract_state))
-        never_called = lambda *args: pytest.fail("the step was compiled a second time")  # noqa: E731
-        return type("Jitted", (), {"lower": jitted[-1].lower, "__call__": never_called})()
+        def called(*args):
+            pytest.fail("the step was compiled a second time")
+
+        return type("Jitted", (), {"lower": jitted[-1].lower, "__call__": called})()
 
     monkeypatch.setattr(trainer.Trainer, "jit_train_step", only_lowered)
     fields = tiny_fields(digits_data_dir, train__num_train_steps=2, train__memory_limit_gib=1)

@@ -183,7 +183,8 @@ def test_ctrl_c_to_one_process_stops_both_at_one_step_saving_once_and_both_resum
     rerun = "--num_processes=2 '--process_id=<I>'"  # the command for every process
     assert output_0.rstrip().endswith(rerun) and output_1.rstrip().endswith(rerun)
 
-    for rank, (status, output) in enumerate(processes.wait(p) for p in launch(processes, config, workdir)):
+    resumed = [processes.wait(p) for p in launch(processes, config, workdir)]
+    for rank, (status, output) in enumerate(resumed):
         assert status == 0, f"process {rank}:\n{output[-4000:]}"
     assert resumed_from_steps(workdir) == [stopped]
     assert checkpoint_steps(workdir)[0] == [stopped, 8]
