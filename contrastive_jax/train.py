@@ -112,9 +112,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     its memory per device checked against the device's (`memory_fit`). Logs a first line
     (backend, devices, batch, the step's memory per device), a short line per logging
     step, a line per rollback (`bad_loss`) and the headline metrics of each evaluation
-    (`console`). A run that already reached
-    `config.train.num_train_steps` and holds its evaluation returns that evaluation
-    without training or evaluating again.
+    (`console`). A run that already reached `config.train.num_train_steps` and holds its
+    evaluation returns that evaluation without compiling, training or evaluating again.
 
     Args:
       config: the experiment config (see configs/default.py).
@@ -166,7 +165,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         ckpt.close()
 
 
-def _finished_results(workdir: str, start_step: int, config) -> tuple[dict[str, float], str] | None:
+def _finished_results(
+    workdir: str, start_step: int, config
+) -> tuple[dict[str, float], str] | None:
     """The saved evaluation when the run already trained its steps and evaluated them,
     and the line that says so."""
     path = os.path.join(workdir, "eval_results.json")
@@ -235,7 +236,7 @@ def _train(
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         guard.check(step, values)
         window.append(values)
-        if step == start_step + 1:  # it compiled the step: time the steps after it
+        if step == start_step + 1:  # the first step warms up: time the steps after it
             timer_start, timed_steps = time.perf_counter(), 0
         else:
             timed_steps += 1
