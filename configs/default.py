@@ -89,6 +89,22 @@ def get_config() -> ml_collections.ConfigDict:
     # micro-batches' own losses (each sees m - 1 negatives, not N - 1).
     train.micro_batch_size = 0  # Examples per micro-batch (all devices); 0: no micro-batches.
     train.micro_batch_method = "grad_cache"  # "grad_cache" or "accumulate".
+    # Before the first step the compiled step's memory per device is checked against this
+    # (GiB); None: the accelerator's limit, or on CPU the host's available memory / devices.
+    train.memory_limit_gib = ml_collections.config_dict.placeholder(float)
+    # A bad loss: non-finite, or a spike (> loss_spike_factor x the running median).
+    # "stop": exit 1 naming the last good checkpoint; "rollback": restore the newest
+    # checkpoint, skip the batches of the next rollback_skip_batches steps (at least
+    # through the bad one; recorded in <workdir>/rollbacks.json) and go on (bad_loss.py).
+    train.on_bad_loss = "stop"  # "stop" or "rollback".
+    train.loss_spike_factor = 0.0  # k > 1: a loss above k x the running median is bad; 0: off.
+    train.loss_spike_window_steps = 100  # The running median's window, in steps.
+    train.rollback_skip_batches = 20  # Batches skipped per rollback (S).
+    train.max_rollbacks = 3  # Stop (exit 1) at a bad loss after this many rollbacks (R) ...
+    train.rollback_window_steps = 1000  # ... within this many steps (W).
+    # Fault injection for tests and drills: these batches' float inputs become NaN
+    # (batch t: what step t reads when nothing was skipped). (): none.
+    train.inject_nan_at_batches = ()
 
     config.eval = ev = ml_collections.ConfigDict()
     ev.split = "test"  # TFDS split evaluated (queries and gallery).

@@ -110,8 +110,9 @@ def filtered_native_stderr():
                     sys.stderr.write(line)
 
 
-def run_line(config, mesh, workdir: str) -> str:
-    """The first line of a run: backend, devices, processes, global and per-device batch."""
+def run_line(config, mesh, workdir: str, *, memory=None) -> str:
+    """The first line of a run: backend, devices, processes, global and per-device batch,
+    and `memory` (a `memory_fit.StepMemory`: the step's memory per device) when given."""
     import jax
 
     devices = mesh.devices.size
@@ -121,7 +122,8 @@ def run_line(config, mesh, workdir: str) -> str:
         f"{jax.default_backend()}: {devices} devices, {processes} "
         f"process{'es' if processes > 1 else ''}; global batch {batch:,} "
         f"({batch // devices:,} per device); {config.train.num_train_steps:,} steps; "
-        f"workdir {display_path(workdir)}"
+        + (f"{memory}; " if memory is not None else "")
+        + f"workdir {display_path(workdir)}"
     )
 
 

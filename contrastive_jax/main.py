@@ -4,12 +4,14 @@ Intentionally short (the only file that defines flags), so the logic can be impo
 elsewhere: `train.train_and_evaluate(config, workdir)`. Any config field can be
 overridden, e.g. `--config.loss.temperature=0.05 --config.train.num_train_steps=100`.
 
-What it prints: a first line (backend, devices, processes, batch), one line per logging
-step (a progress bar on a terminal), and at the end a summary table on stdout; INFO logs
-of other libraries are hidden unless `--verbose` (or CONTRASTIVE_JAX_VERBOSE=1). A bad
-config, flag, workdir or resume is one line on stderr (`error: ...`, naming the fix) and
-exit status 2, with the traceback only when verbose; a crash keeps its traceback. A run
-already trained to its last step says so and exits 0. The first Ctrl-C finishes the
+What it prints: a first line (backend, devices, processes, batch, the step's memory per
+device), one line per logging step (a progress bar on a terminal), and at the end a
+summary table on stdout; INFO logs of other libraries are hidden unless `--verbose` (or
+CONTRASTIVE_JAX_VERBOSE=1). A bad config, flag, workdir or resume, or a step that does
+not fit in the device's memory, is one line on stderr (`error: ...`, naming the fix)
+and exit status 2, with the traceback only when verbose; a crash keeps its traceback. A
+loss that went bad (and was not rolled back, see `bad_loss`) is one line and exit
+status 1. A run already trained to its last step says so and exits 0. The first Ctrl-C finishes the
 step, saves and prints the command that resumes (exit status 130); the second aborts.
 
 Simulated devices: when `config.num_simulated_devices` > 1 and XLA_FLAGS does not
@@ -192,16 +194,24 @@ def main(argv):
             results = train.train_and_evaluate(config, _WORKDIR.value)
         except ConfigError as e:
             console.exit_with_error(str(e), verbose=verbose)
-        except FloatingPointError as e:  # a non-finite loss: the message names the checkpoint
+        except FloatingPointError as e:  # a bad loss: the message names the checkpoint
             console.exit_with_error(str(e), verbose=verbose, status=1)
         except train.Preempted as e:
-            signal_name = "Ctrl-C" if ctrl_c.pressed else "SIGTERM"
-            print(
-                f"{signal_name}: stopped after step {e.step} and saved it in "
-                f"{console.display_path(e.directory)}. To resume, run:\n  "
-                f"{console.rerun_command(sys.argv)}",
-                file=sys.stderr, flush=True,
-            )
+            where = console.display_path(e.directory)
+            if jax.process_count() == 1:
+                signal_name = "Ctrl-C" if ctrl_c.pressed else "SIGTERM"
+                message = (
+                    f"{signal_name}: stopped after step {e.step} and saved it in {where}. To "
+                    f"resume, run:\n  {console.rerun_command(sys.argv)}"
+                )
+            else:  # one signalled process stops all; JAX does not say which one it was
+                message = (
+                    f"Stopped after step {e.step} with the other processes (a SIGTERM or "
+                    f"Ctrl-C reached one of them) and saved it in {where}. To resume, run all "
+                    f"processes, with I = 0 ... {jax.process_count() - 1}:\n  "
+                    f"{distributed.rerun_command(sys.argv)}"
+                )
+            print(message, file=sys.stderr, flush=True)
             sys.exit(console.INTERRUPTED if ctrl_c.pressed else 0)
         except KeyboardInterrupt:
             console.exit_with_error(

@@ -4,7 +4,8 @@
     config --trainer.build--> Trainer (model, optimizer, loss; config checked, nothing read)
     <workdir>/checkpoints --Checkpointer.restore_latest--> state and its step s
     input_pipeline.train_dataset(config, start_step=s) --> this process's rows of each batch
-    Trainer.train_step (jitted once): forward, loss over the global batch in shard_map, optax
+    memory_fit.compile_train_step: compiled once; its memory per device checked (or exit 2)
+    Trainer.train_step (that executable): forward, loss over the global batch in shard_map, optax
     every k steps: metrics.jsonl / TensorBoard, a checkpoint, evaluate.Evaluator
 
 One pure `train_step`, jitted once with the state replicated, the batch split over a
@@ -13,7 +14,8 @@ One pure `train_step`, jitted once with the state replicated, the batch split ov
 
 Nothing lost: a run resumes from its newest good checkpoint (state, input position and
 RNG are all in it, so the resumed run reaches the uninterrupted run's parameters bit for
-bit); SIGTERM finishes the current step, saves and raises `Preempted`; a corrupt
+bit); SIGTERM finishes the current step, saves and raises `Preempted`; a bad loss stops
+or is rolled back to the newest checkpoint, skipping its batches (`bad_loss`); a corrupt
 checkpoint is reported and skipped for the previous one; resuming with another seed,
 batch or data, or onto another model, is refused with the fields that changed.
 Multi-process runs (`distributed.initialize`) train on one global batch per step whatever
@@ -21,7 +23,6 @@ the number of processes (see `input_pipeline`).
 """
 
 import json
-import math
 import os
 import tempfile
 import time
@@ -33,11 +34,13 @@ import tensorflow as tf
 from absl import logging
 
 from contrastive_jax import (
+    bad_loss,
     checkpoint,
     console,
     distributed,
     evaluate,
     input_pipeline,
+    memory_fit,
     metric_writer,
     sharding,
 )
@@ -85,11 +88,12 @@ def prepare_workdir(workdir: str | os.PathLike | None) -> str:
     return workdir
 
 
-def _train_batches(config: ml_collections.ConfigDict, start_step: int):
-    """This process's rows of the global batches, from the `start_step`-th on."""
+def _train_batches(config: ml_collections.ConfigDict, first_batch: int) -> tf.data.Dataset:
+    """This process's rows of the global batches numbered `first_batch`, `first_batch + 1`,
+    ... (batch t: what step t reads when no batch was skipped, see `bad_loss`)."""
     return input_pipeline.train_dataset(
         config,
-        start_step=start_step,
+        start_step=first_batch - 1,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
@@ -104,10 +108,12 @@ def _global_batch(batch: dict[str, np.ndarray], data_sharding) -> dict[str, jax.
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Trains (resuming from `workdir` if it holds a checkpoint) and evaluates.
 
-    Logs a first line (backend, devices, batch), a short line per logging step and the
-    headline metrics of each evaluation (`console`). A run that already reached
-    `config.train.num_train_steps` and holds its evaluation returns that evaluation
-    without training or evaluating again.
+    Before the first step the train step is compiled (the executable the loop runs) and
+    its memory per device checked against the device's (`memory_fit`). Logs a first line
+    (backend, devices, batch, the step's memory per device), a short line per logging
+    step, a line per rollback (`bad_loss`) and the headline metrics of each evaluation
+    (`console`). A run that already reached `config.train.num_train_steps` and holds its
+    evaluation returns that evaluation without compiling, training or evaluating again.
 
     Args:
       config: the experiment config (see configs/default.py).
@@ -118,9 +124,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     Raises:
       ConfigError: the config, the workdir or the checkpoint to resume from cannot be
-        used (raised before compiling; the message names the field and a fix).
-      FloatingPointError: the loss became non-finite; the message names the step and the
-        last good checkpoint, which is left untouched.
+        used (raised before compiling; the message names the field and a fix), or the
+        train step does not fit in the device's memory (the message names settings that
+        fit).
+      FloatingPointError: the loss became non-finite or spiked and
+        `config.train.on_bad_loss` is "stop", or it rolled back too often; the message
+        names the step(s) and the last good checkpoint, which is left untouched.
       Preempted: SIGTERM arrived; the current step finished and was saved.
     """
     mesh = sharding.make_mesh()
@@ -130,27 +139,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     ckpt = checkpoint.Checkpointer(
         os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep
     )
+    guard = bad_loss.LossGuard(config, workdir, lead=jax.process_index() == 0)
     try:
         opened_at = ckpt.latest_step() or 0
-        ds = _train_batches(config, opened_at)
+        ds = _train_batches(config, guard.first_batch(opened_at))
         init, abstract_state = trainer.init_state(ds.element_spec)
         start_step, state = ckpt.restore_latest(config, abstract_state)
-        logging.info("%s", console.run_line(config, mesh, workdir))  # the config is usable
+        if state is not None and (done := _finished_results(workdir, start_step, config)):
+            logging.info("%s", console.run_line(config, mesh, workdir))
+            logging.info("%s", done[1])
+            return done[0]
+        step_fn, memory = memory_fit.compile_train_step(trainer, abstract_state, ds.element_spec)
+        logging.info("%s", console.run_line(config, mesh, workdir, memory=memory))
         if state is None:
             state = init()
-        elif (done := _finished_results(workdir, start_step, config)) is not None:
-            return done
         else:
+            guard.restore(ckpt.restore_position(start_step))
             logging.info("Resumed from %s at step %d.", ckpt.directory, start_step)
         if start_step != opened_at:  # the newest checkpoint was corrupt: an older one
-            ds = _train_batches(config, start_step)
-        return _train(trainer, ckpt, state, abstract_state, ds, start_step, workdir)
+            ds = _train_batches(config, guard.first_batch(start_step))
+        return _train(
+            trainer, step_fn, ckpt, guard, init, state, abstract_state, ds, start_step, workdir
+        )
     finally:  # also on errors: finish the saves already started
         ckpt.close()
 
 
-def _finished_results(workdir: str, start_step: int, config) -> dict[str, float] | None:
-    """The saved evaluation when the run already trained its steps and evaluated them."""
+def _finished_results(
+    workdir: str, start_step: int, config
+) -> tuple[dict[str, float], str] | None:
+    """The saved evaluation when the run already trained its steps and evaluated them,
+    and the line that says so."""
     path = os.path.join(workdir, "eval_results.json")
     if start_step < config.train.num_train_steps or not os.path.exists(path):
         return None
@@ -158,23 +177,40 @@ def _finished_results(workdir: str, start_step: int, config) -> dict[str, float]
         results = json.load(f)
     if results.pop("step", None) != start_step:
         return None
-    logging.info(
-        "Already done: %s holds step %d of %d and its evaluation; nothing to train. Raise "
-        "--config.train.num_train_steps to train longer, or use a new --workdir.",
-        console.display_path(workdir), start_step, config.train.num_train_steps,
+    return results, (
+        f"Already done: {console.display_path(workdir)} holds step {start_step} of "
+        f"{config.train.num_train_steps} and its evaluation; nothing to train. Raise "
+        "--config.train.num_train_steps to train longer, or use a new --workdir."
     )
-    return results
+
+
+def _roll_back(
+    bad: bad_loss.BadLoss, guard: bad_loss.LossGuard, ckpt, init, abstract_state, config
+):
+    """`(step, state, record)` after a bad loss: the newest checkpoint's (or the initial
+    state at step 0) and the rollback's record; FloatingPointError when it stops instead."""
+    ckpt.wait()  # a save still being written is the newest checkpoint
+    last = ckpt.latest_step()
+    guard.stop_unless_rolling_back(
+        bad, f"step {last} in {ckpt.directory}" if last is not None else "none"
+    )
+    step, state = ckpt.restore_latest(config, abstract_state)
+    guard.restore(ckpt.restore_position(step) if state is not None else None)
+    return step, init() if state is None else state, guard.roll_back(bad, step)
 
 
 def _train(
-    trainer: Trainer, ckpt: checkpoint.Checkpointer, state, abstract_state, ds, start_step: int,
-    workdir: str,
+    trainer: Trainer, step_fn, ckpt: checkpoint.Checkpointer, guard: bad_loss.LossGuard, init,
+    state, abstract_state, ds, start_step: int, workdir: str,
 ) -> dict[str, float]:
-    """The loop of `train_and_evaluate` from `start_step`; returns the final evaluation."""
+    """The loop of `train_and_evaluate` from `start_step`; returns the final evaluation.
+
+    `step_fn` is the compiled train step; `init()` the initial state (a rollback before
+    the first checkpoint restarts from it); `ds` the stream from `start_step`'s batch.
+    """
     config = trainer.config
     num_steps = config.train.num_train_steps
     lead = jax.process_index() == 0
-    step_fn = trainer.jit_train_step(abstract_state)
     data_sharding = sharding.data_sharding(trainer.mesh)
     # Evaluation runs whole in every process, on its own devices (the state is replicated).
     if jax.process_count() == 1:
@@ -189,24 +225,18 @@ def _train(
     if start_step > 0:  # a machine-readable record of every resume, kept across resumes
         writer.write(start_step, {"resumed_from_step": start_step})
     progress = console.Progress(total_steps=num_steps, start_step=start_step, enabled=lead)
-    batches = ds.as_numpy_iterator()
+    open_at = lambda number: _train_batches(config, number).as_numpy_iterator()  # noqa: E731
+    batches = guard.batches(start_step, open_at, opened=ds.as_numpy_iterator())
     window: list[dict[str, float]] = []  # the metrics of the steps since the last log
     timer_start, timed_steps = time.perf_counter(), 0  # steps finished since timer_start
 
     def record(step: int, metrics) -> None:
-        """Fetches a finished step's metrics, stops on a non-finite loss, logs every k."""
+        """Fetches a finished step's metrics, raises BadLoss on a bad one, logs every k."""
         nonlocal timer_start, timed_steps
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not math.isfinite(values["loss"]):
-            last = ckpt.latest_step()
-            where = f"step {last} in {ckpt.directory}" if last is not None else "none"
-            raise FloatingPointError(
-                f"Loss is {values['loss']} at step {step}; training stopped. Last good "
-                f"checkpoint: {where} (left untouched). Lower config.optim.learning_rate "
-                "or set config.optim.grad_clip_norm, then rerun to resume from it."
-            )
+        guard.check(step, values)
         window.append(values)
-        if step == start_step + 1:  # it compiled the step: time the steps after it
+        if step == start_step + 1:  # the first step warms up: time the steps after it
             timer_start, timed_steps = time.perf_counter(), 0
         else:
             timed_steps += 1
@@ -228,22 +258,42 @@ def _train(
     results = {}
     pending = None  # (step, metrics) dispatched but not yet read
     preempted = False
+    step, dispatched = start_step, 0  # dispatched: steps run, rolled back or not
     try:
         with distributed.Preemption() as preemption:
-            for step in range(start_step + 1, num_steps + 1):
+            while step < num_steps:
+                step, dispatched = step + 1, dispatched + 1
                 state, metrics = step_fn(state, _global_batch(next(batches), data_sharding))
-                if pending is not None:
-                    record(*pending)  # step t-1's metrics, read after dispatching step t
-                pending = (step, metrics)
-                progress.step_done()
-                preempted = preemption.reached(step)
-                save = preempted or every(config.checkpoint.every_steps, step)
-                run_eval = not preempted and every(config.eval.every_steps, step)
-                if save or run_eval:
-                    record(*pending)  # never save or evaluate a non-finite state
+                try:
+                    if pending is not None:
+                        record(*pending)  # step t-1's metrics, read after dispatching step t
+                    pending = (step, metrics)
+                    progress.step_done()
+                    # The same count in every process, never going back (unlike `step`).
+                    preempted = preemption.reached(dispatched)
+                    save = preempted or every(config.checkpoint.every_steps, step)
+                    run_eval = not preempted and every(config.eval.every_steps, step)
+                    if save or run_eval:
+                        record(*pending)  # never save or evaluate a bad state
+                        pending = None
+                except bad_loss.BadLoss as bad:
                     pending = None
+                    step, state, rollback = _roll_back(
+                        bad, guard, ckpt, init, abstract_state, config
+                    )
+                    writer.close()  # drop the lines of the steps undone, as a resume does
+                    writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=step)
+                    writer.write(step, {
+                        "rollback/bad_step": rollback["bad_step"],
+                        "rollback/first_skipped_batch": rollback["skipped_batches"][0],
+                        "rollback/skipped_batches": len(rollback["skipped_batches"]),
+                    })
+                    progress.message(guard.line(rollback))
+                    window.clear()
+                    batches = guard.batches(step, open_at)
+                    continue
                 if save:
-                    ckpt.save(step, state, checkpoint.position(config, step))
+                    ckpt.save(step, state, checkpoint.position(config, step) | guard.saved())
                 if preempted:
                     break
                 if run_eval:

@@ -21,7 +21,15 @@ import optax
 from flax.training import train_state
 from jax.sharding import PartitionSpec as P
 
-from contrastive_jax import grad_cache, input_pipeline, losses, models, optimizer, sharding
+from contrastive_jax import (
+    bad_loss,
+    grad_cache,
+    input_pipeline,
+    losses,
+    models,
+    optimizer,
+    sharding,
+)
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.sharding import DATA_AXIS
 
@@ -36,6 +44,10 @@ _COUNTS = {
     "train.log_every_steps": 1,
     "eval.every_steps": 0,
     "checkpoint.every_steps": 0,
+    "train.loss_spike_window_steps": 1,
+    "train.rollback_skip_batches": 1,
+    "train.max_rollbacks": 1,
+    "train.rollback_window_steps": 1,
 }
 # Model outputs with a batch dimension (split over the mesh); the rest are replicated.
 _BATCHED_OUTPUTS = ("za", "zb", "logits")
@@ -216,6 +228,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         if config[group][field] < least:
             raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
     input_pipeline.check_data_config(config.data)
+    bad_loss.check_config(train)
     loss = losses.registry.get(loss_config.name)
     _check_loss_inputs(loss, config)
     num_devices = mesh.shape[DATA_AXIS]

@@ -245,6 +245,25 @@ def test_bad_workdir_is_one_line(forked_cli, tiny_config, tmp_path, workdir, mes
     assert_one_line_error(status, stdout, stderr, message)
 
 
+def test_a_step_that_does_not_fit_is_one_line_naming_the_figures(forked_cli, tiny_config, tmp_path):
+    """A config that uses every fix already: one compile, and the batch is what is left.
+    (tests/test_memory_fit.py checks the settings a message proposes.)"""
+    every_fix = {
+        "loss.collective": "ring", "loss.chunk_size": 8, "train.micro_batch_size": 32,
+        "model.compute_dtype": "bfloat16", "train.memory_limit_gib": 2**-20,  # 1 KiB
+    }
+    args = [f"--config={tiny_config}", f"--workdir={tmp_path}"]
+    status, stdout, stderr = forked_cli(
+        *args, *(flag(k, v) for k, v in every_fix.items()), setup=""  # compiling is allowed
+    )
+    assert_one_line_error(
+        status, stdout, stderr,
+        r"^error: The train step needs \d+\.\d KiB per device, the device has 1\.0 KiB "
+        r"\(config.train.memory_limit_gib\); the config uses every fix already; lower "
+        r"--config.train.global_batch_size\.$",
+    )
+
+
 @pytest.fixture(scope="module")
 def trained_config(digits_data_dir, tmp_path_factory):
     """A config that continues the `trained` workdir's run (at step 2) to step 4."""
@@ -348,9 +367,9 @@ def test_run_prints_a_few_short_lines_a_summary_and_a_rerun_is_already_done(tiny
     result = cli(*args, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stderr.splitlines()
-    assert lines[0] == (
-        f"cpu: 8 devices, 1 process; global batch 64 (8 per device); 40 steps; workdir {workdir}"
-    )
+    run_line = "cpu: 8 devices, 1 process; global batch 64 (8 per device); 40 steps; "
+    memory = r"step needs \d+\.\d KiB per device of \d+\.\d GiB; "  # the compiled step's
+    assert re.fullmatch(re.escape(run_line) + memory + re.escape(f"workdir {workdir}"), lines[0])
     steps = [int(m.group(1)) for line in lines if (m := re.fullmatch(STEP_LINE, line))]
     evals = [m for line in lines if (m := re.fullmatch(EVAL_LINE, line))]
     assert steps == list(range(2, 41, 2)) and [int(m.group(1)) for m in evals] == [20, 40]
@@ -372,7 +391,7 @@ def test_run_prints_a_few_short_lines_a_summary_and_a_rerun_is_already_done(tiny
     again = cli(*args)
     print(f"rerun of a finished run: {time.perf_counter() - started:.1f} s")
     assert again.returncode == 0, again.stderr
-    assert again.stderr.splitlines() == [lines[0], (
+    assert again.stderr.splitlines() == [f"{run_line}workdir {workdir}", (  # nothing compiled
         f"Already done: {workdir} holds step 40 of 40 and its evaluation; nothing to train. "
         "Raise --config.train.num_train_steps to train longer, or use a new --workdir."
     )]

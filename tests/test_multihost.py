@@ -86,8 +86,8 @@ def test_sigterm_to_one_process_stops_all_at_one_step_and_resumes(
     outputs = [processes.wait(p) for p in launched]
     for rank, (status, output) in enumerate(outputs):
         assert status == 0, f"process {rank}:\n{output[-4000:]}"
-    stopped = int(re.search(r"SIGTERM: stopped after step (\d+)", outputs[0][1]).group(1))
-    assert f"stopped after step {stopped}" in outputs[1][1]  # the same step in both
+    stopped = int(re.search(r"Stopped after step (\d+) with the other", outputs[0][1]).group(1))
+    assert f"Stopped after step {stopped} with the other" in outputs[1][1]  # the same in both
     assert stopped < 40 and os.listdir(os.path.join(workdir, "checkpoints")) == [str(stopped)]
 
     for rank, (status, output) in enumerate(processes.wait(p) for p in launch(processes, config, workdir)):
@@ -161,3 +161,30 @@ def test_a_lost_process_stops_the_others_with_one_line_and_all_resume(
 def test_a_heartbeat_timeout_under_two_seconds_is_refused():
     with pytest.raises(ConfigError, match="--heartbeat_timeout_seconds=1: must be at least 2"):
         distributed.initialize(heartbeat_timeout_seconds=1)
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_one_process_stops_both_at_one_step_saving_once_and_both_resume(
+    processes, digits_data_dir, tmp_path  # noqa: F811
+):
+    fields = tiny_fields(digits_data_dir, checkpoint__every_steps=0)  # saves at the end only
+    config = write_config(tmp_path / "tiny.py", fields)
+    workdir = str(tmp_path / "two")
+    # Process 1 gets SIGINT (what Ctrl-C sends) before its step 3; process 0 gets nothing.
+    launched = launch(processes, config, workdir, faults=(None, "batch:3:SIGINT"))
+    (status_0, output_0), (status_1, output_1) = [processes.wait(p) for p in launched]
+    assert status_1 == 130, output_1[-4000:]  # 128 + SIGINT: the Ctrl-C'd process
+    assert status_0 == 0, output_0[-4000:]  # the other one was stopped, not interrupted
+    line = r"Stopped after step (\d+) with the other processes \(a SIGTERM or Ctrl-C reached one"
+    stopped = int(re.search(line, output_1).group(1))
+    assert int(re.search(line, output_0).group(1)) == stopped, output_0[-4000:]
+    assert 3 <= stopped < 8
+    assert checkpoint_steps(workdir) == ([stopped], [])  # one save, complete
+    rerun = "--num_processes=2 '--process_id=<I>'"  # the command for every process
+    assert output_0.rstrip().endswith(rerun) and output_1.rstrip().endswith(rerun)
+
+    resumed = [processes.wait(p) for p in launch(processes, config, workdir)]
+    for rank, (status, output) in enumerate(resumed):
+        assert status == 0, f"process {rank}:\n{output[-4000:]}"
+    assert resumed_from_steps(workdir) == [stopped]
+    assert checkpoint_steps(workdir)[0] == [stopped, 8]

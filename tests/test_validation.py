@@ -37,6 +37,7 @@ BAD_VALUES = [
     ("optim.name", "adam", r"config.optim.name='adam'; use one of \('adamw', "),
     ("data.task", "pair", r"config.data.task='pair' is not a task; use one of \('pairs', "),
     ("train.micro_batch_method", "cache", r"config.train.micro_batch_method='cache'; use one of"),
+    ("train.on_bad_loss", "rolback", r"config.train.on_bad_loss='rolback'; use one of \('stop', 'rollback'\)"),
     # Values out of range.
     ("loss.temperature", 0.0, r"config.loss.temperature=0.0 must be > 0"),
     ("loss.temperature", -0.1, r"config.loss.temperature=-0.1 must be > 0"),
@@ -44,6 +45,8 @@ BAD_VALUES = [
     ("loss.chunk_size", -8, r"config.loss.chunk_size=-8 must be a positive int, 'auto' or None"),
     ("loss.chunk_size", "big", r"config.loss.chunk_size='big' must be a positive int, 'auto' or None"),
     ("train.num_train_steps", 0, r"config.train.num_train_steps=0 must be >= 1"),
+    ("train.max_rollbacks", 0, r"config.train.max_rollbacks=0 must be >= 1"),
+    ("train.loss_spike_factor", 0.5, r"config.train.loss_spike_factor=0.5 must be > 1 \(a spike is a loss above that many times the running median\), or 0"),
     # Inconsistent choices.
     ("loss.name", "softmax_ce", r"num_classes=0 with config.loss.name='softmax_ce'"),
 ]
