@@ -135,3 +135,26 @@ def test_bad_state_settings_are_one_config_error_from_build(config, fields, mess
     with pytest.raises(ConfigError, match=message) as error:
         build(override(config, fields), sharding.make_mesh(8))
     assert "\n" not in str(error.value)
+
+
+def test_xbm_memory_joins_after_the_warm_up(config):
+    """Before `xbm_warmup_steps` the loss is the batch's alone; from then on the filled
+    memory slots are candidates too."""
+    config = override(config, STATE_FIELDS["xbm"] | {"loss.xbm_warmup_steps": 2})
+    trainer = build(config, sharding.make_mesh(8))
+    states, _, batches = run_steps(config, 8, num_steps=1)
+    state = states[0].loss_state  # the memory holds step 0's embeddings
+    outputs = trainer.model.apply(
+        {"params": states[0].params, "batch_stats": {}}, batches[0]["a"], None, train=False
+    )
+    batched = {"za": outputs["za"]}
+    shared = {"temperature": outputs["temperature"]}
+    data = {"label": batches[0]["label"]}
+
+    def loss_at(step, loss_state=state):
+        return float(trainer.stateful_loss(batched, shared, data, loss_state, step)[0])
+
+    empty = dict(state, labels=np.full_like(state["labels"], -1))
+    assert loss_at(1) == loss_at(1, empty)
+    assert loss_at(2) != pytest.approx(loss_at(2, empty), rel=1e-3)
+    assert loss_at(2, empty) == pytest.approx(loss_at(1, empty), rel=1e-6)
