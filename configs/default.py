@@ -70,6 +70,15 @@ def get_config() -> ml_collections.ConfigDict:
     # they fit in one tile (losses.logit_stats.auto_chunk_size); None: dense [B, N].
     loss.chunk_size = ml_collections.config_dict.placeholder(object)  # int, "auto" or None.
     loss.collective = "all_gather"  # "all_gather" or "ring" (ppermute; never holds all of b).
+    # Negatives beyond the batch (losses.beyond_batch, losses.memory).
+    loss.dcl_weight_sigma = ml_collections.config_dict.placeholder(float)  # "dcl": None: DCL; sigma (0.5): DCLW.
+    loss.sogclr_gamma = 0.9  # "sogclr": moving-average rate of u, in (0, 1] (1 on a first visit).
+    loss.sogclr_table_size = 0  # "sogclr": rows of the u table; 0: the training split's size.
+    loss.queue_size = 65536  # "moco_queue": K queued keys per tower, a multiple of N.
+    loss.queue_momentum = 0.0  # "moco_queue": 0: keys from the current encoder; m: its EMA.
+    loss.xbm_loss = "multi_similarity"  # "xbm": the base loss, one of losses.XBM_LOSSES.
+    loss.xbm_memory_size = 4096  # "xbm": M remembered embeddings, a multiple of N.
+    loss.xbm_warmup_steps = 0  # "xbm": steps before the memory joins the candidates.
 
     config.optim = optim = ml_collections.ConfigDict()
     optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".

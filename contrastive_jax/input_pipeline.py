@@ -328,6 +328,15 @@ def _labeled_indices(labels: np.ndarray, batch_size: int, m: int, seed: tf.Tenso
     return indices
 
 
+def train_split_size(data: ml_collections.ConfigDict) -> int:
+    """The number of examples of `config.data.train_split` (TFDS metadata; the dataset
+    is prepared if it is not yet, nothing is decoded). With a class range, an upper
+    bound on the examples kept."""
+    builder = tfds.builder(data.name, data_dir=data.data_dir)
+    builder.download_and_prepare()
+    return builder.info.splits[data.train_split].num_examples
+
+
 def num_examples(arrays: Mapping[str, np.ndarray]) -> int:
     """The number of examples in `load_split`'s (or `eval_arrays`') arrays."""
     return len(next(iter(arrays.values())))
@@ -349,7 +358,8 @@ def train_dataset(
     Returns:
       A dataset of dicts: `a` float32 [B, ...] (int32 [B, L] tokens for sequence pairs),
       `b` float32/int32 [B, ...] (pairs, views), `label` int32 [B] when the dataset has
-      labels, the source's id keys int32 [B] (B = per-process batch).
+      labels, the source's id keys int32 [B], and `index` int32 [B], each example's
+      position in the loaded split (SogCLR's per-example state) (B = per-process batch).
     """
     data = config.data
     check_data_config(data)
@@ -405,7 +415,8 @@ def train_dataset(
             ids,
             fn_output_signature=tf.int64,
         )
-        return _model_inputs(examples, data.task, data, seeds=seeds if _augments(data) else None)
+        inputs = _model_inputs(examples, data.task, data, seeds=seeds if _augments(data) else None)
+        return inputs | {"index": tf.cast(index, tf.int32)}
 
     ds = tf.data.Dataset.counter(start_step).map(
         batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True

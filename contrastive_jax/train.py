@@ -212,13 +212,15 @@ def _train(
     num_steps = config.train.num_train_steps
     lead = jax.process_index() == 0
     data_sharding = sharding.data_sharding(trainer.mesh)
-    # Evaluation runs whole in every process, on its own devices (the state is replicated).
+    # Evaluation runs whole in every process, on its own devices (the state is replicated;
+    # the loss's state, which may be split over the devices, is not evaluated).
     if jax.process_count() == 1:
-        eval_mesh, local_state = trainer.mesh, lambda state: state
+        eval_mesh, local_state = trainer.mesh, lambda state: state.replace(loss_state=None)
     else:
         eval_mesh = jax.sharding.Mesh(np.array(jax.local_devices()), (DATA_AXIS,))
         local_state = lambda state: jax.tree.map(  # noqa: E731
-            lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)), state
+            lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)),
+            state.replace(loss_state=None),
         )
     evaluator = evaluate.Evaluator(config, eval_mesh)
     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=start_step)

@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 import optax
 from flax.training import train_state
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import (
@@ -54,9 +55,11 @@ _BATCHED_OUTPUTS = ("za", "zb", "logits")
 
 
 class TrainState(train_state.TrainState):
-    """Flax's TrainState plus BatchNorm statistics (`{}` for models without BatchNorm)."""
+    """Flax's TrainState plus BatchNorm statistics (`{}` for models without BatchNorm)
+    and the loss's state (`losses.LossState`; None for losses without one)."""
 
     batch_stats: Any = None
+    loss_state: Any = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -69,6 +72,7 @@ class Trainer:
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     loss: losses.Loss
+    loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
 
     def init_state(
         self, element_spec: Mapping[str, Any]
@@ -86,16 +90,25 @@ class Trainer:
 
         def init(rng):
             variables = self.model.init({"params": rng}, dummy["a"], dummy.get("b"), train=False)
+            loss_state = self.loss.state and self.loss.state.init(
+                self.config, variables["params"], self.loss_table_size
+            )
             return TrainState.create(
                 apply_fn=self.model.apply,
                 params=variables["params"],
                 tx=self.tx,
                 batch_stats=variables.get("batch_stats", {}),
+                loss_state=loss_state,
             )
 
         rng = jax.random.key(self.config.seed)
         shapes = jax.eval_shape(init, rng)
         shardings = jax.tree.map(lambda _: sharding.replicated(self.mesh), shapes)
+        if self.loss.state is not None:
+            specs = self._loss_state_specs(shapes.loss_state)
+            shardings = shardings.replace(
+                loss_state=jax.tree.map(lambda p: NamedSharding(self.mesh, p), specs)
+            )
         abstract_state = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
         )
@@ -128,6 +141,7 @@ class Trainer:
         """
         train = self.config.train
         rng = jax.random.fold_in(jax.random.key(self.config.seed), state.step)
+        batch = self._with_momentum_keys(state, batch)
 
         def forward(params, inputs, micro_index):
             outputs, updates = state.apply_fn(
@@ -143,10 +157,16 @@ class Trainer:
             return batched, shared, updates
 
         def loss_of_outputs(batched, shared, inputs):
-            return self.global_loss(batched, shared, self.loss_data(inputs))
+            data = self.loss_data(inputs)
+            if self.loss.state is None:
+                loss, metrics = self.global_loss(batched, shared, data)
+                return loss, (metrics, state.loss_state)
+            return self.stateful_loss(batched, shared, data, state.loss_state, state.step)
 
         if train.micro_batch_size:
-            (loss, metrics, updates), grads = MICRO_BATCH_METHODS[train.micro_batch_method](
+            (loss, (metrics, loss_state), updates), grads = MICRO_BATCH_METHODS[
+                train.micro_batch_method
+            ](
                 forward,
                 loss_of_outputs,
                 state.params,
@@ -158,15 +178,18 @@ class Trainer:
 
             def full_batch_loss(params):
                 batched, shared, updates = forward(params, batch, 0)
-                loss, metrics = loss_of_outputs(batched, shared, batch)
-                return loss, (metrics, updates)
+                loss, aux = loss_of_outputs(batched, shared, batch)
+                return loss, (aux, updates)
 
-            (loss, (metrics, updates)), grads = jax.value_and_grad(
+            (loss, ((metrics, loss_state), updates)), grads = jax.value_and_grad(
                 full_batch_loss, has_aux=True
             )(state.params)
         learning_rate = self.schedule(state.step)
         state = state.apply_gradients(grads=grads, batch_stats=updates.get("batch_stats", {}))
         state = state.replace(params=models.clamp_temperature(state.params))
+        if self.loss.state is not None and self.loss.state.after_step is not None:
+            loss_state = self.loss.state.after_step(loss_state, state.params, self.config.loss)
+        state = state.replace(loss_state=loss_state)
         metrics = dict(
             metrics, loss=loss, grad_norm=optax.tree.norm(grads), learning_rate=learning_rate
         )
@@ -174,10 +197,13 @@ class Trainer:
 
     def loss_data(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """The data fields the loss reads (see `losses.registry`) from a batch: `label`
-        [N]; `groups` [N, K], the source's id keys stacked."""
-        data = {}
+        [N]; `groups` [N, K], the source's id keys stacked; `index` [N]; the momentum
+        encoder's `key_za`, `key_zb` [N, D] when the batch holds them."""
+        data = {k: batch[k] for k in ("key_za", "key_zb") if k in batch}
         if self.loss.labels:
             data["label"] = batch["label"]
+        if self.loss.indices:
+            data["index"] = batch["index"]
         if self.loss.groups:
             id_keys = input_pipeline.SOURCES[self.config.data.name].id_keys
             data["groups"] = jnp.stack([batch[key] for key in id_keys], axis=-1)
@@ -205,6 +231,57 @@ class Trainer:
         return jax.shard_map(
             per_device, mesh=self.mesh, in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS)), out_specs=P()
         )(batched, shared, data)
+
+
+    def stateful_loss(
+        self,
+        batched: dict[str, jax.Array],
+        shared: dict[str, jax.Array],
+        data: dict[str, jax.Array],
+        loss_state: dict[str, Any],
+        step: jax.Array,
+    ) -> tuple[jax.Array, tuple[dict[str, jax.Array], dict[str, Any]]]:
+        """`global_loss` for a loss with state: `(loss, (metrics, new loss state))`.
+
+        The state enters the shard_map split as `_loss_state_specs` says (queue and
+        memory rows over the devices, the rest replicated) and leaves the same way;
+        `step` is the state's step count (before this update).
+        """
+
+        def per_device(batched, shared, data, loss_state, step):
+            inputs = {**batched, **shared, **data, "state": loss_state, "step": step}
+            loss, metrics, loss_state = self.loss.fn(inputs, self.config.loss)
+            return loss, dict(metrics, temperature=shared["temperature"]), loss_state
+
+        specs = self._loss_state_specs(loss_state)
+        loss, metrics, loss_state = jax.shard_map(
+            per_device, mesh=self.mesh,
+            in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS), specs, P()), out_specs=(P(), P(), specs),
+        )(batched, shared, data, loss_state, step)
+        return loss, (metrics, loss_state)
+
+    def _loss_state_specs(self, loss_state: dict[str, Any]) -> dict[str, Any]:
+        """PartitionSpecs of the loss state's leaves: rows over the data axis for the
+        `LossState.sharded` names, replicated for the rest."""
+        return {
+            name: jax.tree.map(
+                lambda _, name=name: P(DATA_AXIS) if name in self.loss.state.sharded else P(),
+                value,
+            )
+            for name, value in loss_state.items()
+        }
+
+    def _with_momentum_keys(self, state: TrainState, batch: dict[str, jax.Array]):
+        """The batch with `key_za`, `key_zb`: the momentum encoder's embeddings (no
+        gradient, dropout off), when the loss state holds its parameters."""
+        if not state.loss_state or "ema_params" not in state.loss_state:
+            return batch
+        keys = state.apply_fn(
+            {"params": state.loss_state["ema_params"], "batch_stats": state.batch_stats},
+            batch["a"], batch.get("b"), train=False,
+        )
+        return dict(batch, key_za=jax.lax.stop_gradient(keys["za"]),
+                    key_zb=jax.lax.stop_gradient(keys["zb"]))
 
 
 def _numpy_dtype(dtype) -> np.dtype:
@@ -246,11 +323,39 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         grad_cache.check_micro_batches(
             train.global_batch_size, train.micro_batch_size, num_devices
         )
+    loss_table_size = _check_loss_state(loss, config)
     model = models.create_model(
         config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE, learned_bias=loss.learned_bias
     )
     tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
-    return Trainer(config, mesh, model, tx, schedule, loss)
+    return Trainer(config, mesh, model, tx, schedule, loss, loss_table_size)
+
+
+def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict) -> int:
+    """A loss with state: its own checks, one state update per step, and a per-example
+    table (`config.loss.sogclr_table_size`; 0: the training split's size) that holds
+    every example. Returns the table's rows (0 without one)."""
+    if loss.state is None:
+        return 0
+    loss.state.check(config)
+    name = config.loss.name
+    if config.train.micro_batch_size and config.train.micro_batch_method != "grad_cache":
+        raise ConfigError(
+            f"config.loss.name={name!r} updates its state once per step, from the whole "
+            f"batch; config.train.micro_batch_method={config.train.micro_batch_method!r} "
+            "computes a loss per micro-batch. Use 'grad_cache' (the exact full-batch loss)."
+        )
+    if not loss.indices:
+        return 0
+    examples = input_pipeline.train_split_size(config.data)
+    table = config.loss.sogclr_table_size or examples
+    if table < examples:
+        raise ConfigError(
+            f"config.loss.sogclr_table_size={table} is smaller than the {examples} examples "
+            f"of split {config.data.train_split!r}: every example needs its row. Use 0 (the "
+            f"split's size) or at least {examples}."
+        )
+    return table
 
 
 def _check_loss_inputs(loss: losses.Loss, config: ml_collections.ConfigDict) -> None:

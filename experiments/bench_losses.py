@@ -8,7 +8,10 @@ Times forward+backward (the value and the gradients of both sides) of ``clip_los
 (``chunk_size=None``), streamed (``chunk_size="auto"`` and fixed tiles), and streamed with
 bfloat16 matmuls (``matmul_dtype="bfloat16"``); when PyTorch is importable (``pip install
 -e '.[bench]'``), an open_clip-style ``ClipLoss`` (local loss) and SigLIP loss on the
-same inputs. Each point runs in a fresh subprocess, which reports the median time over
+same inputs. ``sogclr_loss`` (with its table's update) runs at the siglip/infonce sizes,
+and ``moco_queue_loss`` (with the enqueue) against a queue of K = 16 N keys (the full
+sweep: N = 4,096, K = 65,536, D = 64), dense and ``"auto"``; its useful flops are the
+queue's ``4 N K D`` (the queue has no gradient). Each point runs in a fresh subprocess, which reports the median time over
 repeats after a warm-up call, XLA's compiled ``memory_analysis()`` temp bytes, the
 process's peak RSS (CPU only), and the achieved GFLOP/s counting the useful ``6 N^2 D``
 flops, also as a fraction of a float32 ``jnp.dot`` peak measured in the same run. Points
@@ -47,7 +50,9 @@ GRAD_CACHE_RESULTS = REPO / "experiments" / "results" / "bench_grad_cache"
 TEMPERATURE = 0.07
 SIGLIP_BIAS = -10.0
 RING_DEVICES = 8
-LOSSES = ("clip", "siglip", "infonce")
+LOSSES = ("clip", "siglip", "infonce", "sogclr", "moco_queue")
+TORCH_LOSSES = ("clip", "siglip")  # the ones with an open_clip reference
+QUEUE_D = 64  # the queue's points: D = 64, K = 16 N (the issue's N = 4,096, K = 65,536)
 
 # Which points each sweep runs. clip: every N up to max_n_by_d[D] with the methods
 # below (the largest N streamed only); siglip and infonce at other_ns; torch wherever
@@ -55,18 +60,23 @@ LOSSES = ("clip", "siglip", "infonce")
 SWEEPS = {
     "quick": dict(ns=[1024, 2048], ds=[64], chunks=["auto", 256], big_n=2048,
                   max_n_by_d={64: 2048}, other_ns=[2048], bf16=True, ring_ns=[1024],
-                  peak_n=2048, budget_s=2.0),
+                  queue_ns=[1024], peak_n=2048, budget_s=2.0),
     "full": dict(ns=[4096, 8192, 16384, 32768, 65536], ds=[64, 512], chunks=["auto", 256],
                  big_n=32768, max_n_by_d={64: 65536, 512: 16384}, other_ns=[8192, 16384],
-                 bf16=True, ring_ns=[8192, 32768, 65536], peak_n=4096, budget_s=20.0),
+                 bf16=True, ring_ns=[8192, 32768, 65536], queue_ns=[4096], peak_n=4096,
+                 budget_s=20.0),
 }
 
 
 # ------------------------------------------------------------------ worker (subprocess)
 
 
-def _useful_flops(n: int, d: int) -> float:
-    """One N x N x D product forward, its two transposes backward."""
+def _useful_flops(point: dict) -> float:
+    """One N x N x D product forward, its two transposes backward; the queue's N x K x D
+    product forward and the queries' gradient (the queue has none)."""
+    n, d = point["n"], point["d"]
+    if point["loss"] == "moco_queue":
+        return 4.0 * n * point["queue"] * d
     return 6.0 * n * n * d
 
 
@@ -121,14 +131,33 @@ def _inputs(n: int, d: int):
     return tuple(x / np.linalg.norm(x, axis=1, keepdims=True) for x in (a, b))
 
 
-def _jax_loss(name: str, chunk, matmul_dtype):
+def _jax_loss(spec: dict):
+    """``loss(a, b) -> (value, state)``: the loss of a spec's point with its state's
+    update (SogCLR's table of N examples, all visited; the queue of ``spec["queue"]``
+    random keys, enqueued), so that the timing includes it."""
+    import jax
+    import jax.numpy as jnp
+
     from contrastive_jax import losses
 
+    name, n, d = spec["loss"], spec["n"], spec["d"]
+    options = dict(temperature=TEMPERATURE, chunk_size=spec["chunk"],
+                   matmul_dtype=spec.get("matmul_dtype"))
+    if name == "sogclr":
+        table = jnp.zeros((n, 2), jnp.float32)  # visited before: the moving average runs
+        return lambda a, b: losses.sogclr_loss(a, b, jnp.arange(n), table, **options)
+    if name == "moco_queue":
+        queue = losses.l2_normalize(jax.random.normal(jax.random.key(2), (spec["queue"], d)))
+
+        def moco(a, b):
+            value = losses.moco_queue_loss(a, b, queue, **options)
+            return value, losses.enqueue(queue, jnp.int32(0), b)
+
+        return moco
     fn = {"clip": losses.clip_loss, "siglip": losses.siglip_loss,
           "infonce": losses.infonce_loss}[name]
     extra = {"bias": SIGLIP_BIAS} if name == "siglip" else {}
-    return lambda a, b: fn(a, b, temperature=TEMPERATURE, chunk_size=chunk,
-                           matmul_dtype=matmul_dtype, **extra)
+    return lambda a, b: (fn(a, b, **options, **extra), None)
 
 
 def _worker_jax(spec: dict) -> dict:
@@ -137,14 +166,16 @@ def _worker_jax(spec: dict) -> dict:
     from contrastive_jax.losses import logit_stats
 
     n, d, chunk = spec["n"], spec["d"], spec["chunk"]
-    loss = _jax_loss(spec["loss"], chunk, spec.get("matmul_dtype"))
+    loss = _jax_loss(spec)
     shape = jax.ShapeDtypeStruct((n, d), jax.numpy.float32)
-    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(shape, shape).compile()
+    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)).lower(
+        shape, shape
+    ).compile()
     memory = compiled.memory_analysis()
     total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
     result = {"temp_bytes": memory.temp_size_in_bytes, "compiled_total_bytes": total}
     if chunk == "auto":
-        result["resolved_chunk"] = logit_stats.auto_chunk_size(n, d)
+        result["resolved_chunk"] = logit_stats.auto_chunk_size(spec.get("queue", n), d)
     if total > spec["max_memory_bytes"]:
         return result | {
             "skipped": f"needs {total / 2**30:.1f} GiB compiled > limit "
@@ -157,7 +188,7 @@ def _worker_jax(spec: dict) -> dict:
         budget_s=spec["budget_s"],
     )
     return result | {"seconds": seconds, "repeats": repeats, "warm_up": warmed,
-                     "value": float(compiled(a, b)[0])}
+                     "value": float(compiled(a, b)[0][0])}
 
 
 def _worker_torch(spec: dict) -> dict:
@@ -282,10 +313,14 @@ def torch_available() -> bool:
 
 
 def plan(sweep: dict, with_torch: bool) -> list[dict]:
-    """The points of a sweep: clip over N and D; siglip and infonce at ``other_ns``."""
+    """The points of a sweep: clip over N and D; siglip, infonce and sogclr at
+    ``other_ns``; the MoCo queue (K = 16 N, D = 64) at ``queue_ns``, dense and auto."""
     points = []
+    for n in sweep["queue_ns"]:
+        point = {"worker": "jax", "loss": "moco_queue", "n": n, "d": QUEUE_D, "queue": 16 * n}
+        points += [point | {"chunk": None}, point | {"chunk": "auto"}]
     for d in sweep["ds"]:
-        for loss in LOSSES:
+        for loss in (loss for loss in LOSSES if loss != "moco_queue"):
             ns = sweep["ns"] if loss == "clip" else sweep["other_ns"]
             for n in (n for n in ns if n <= sweep["max_n_by_d"][d]):
                 point = {"worker": "jax", "loss": loss, "n": n, "d": d}
@@ -295,7 +330,7 @@ def plan(sweep: dict, with_torch: bool) -> list[dict]:
                            if c == "auto" or (c < n and n < sweep["big_n"])]
                 if sweep["bf16"]:
                     points.append(point | {"chunk": "auto", "matmul_dtype": "bfloat16"})
-                if with_torch and loss != "infonce":
+                if with_torch and loss in TORCH_LOSSES:
                     points.append({"worker": "torch", "loss": loss, "n": n, "d": d})
     return points
 
@@ -307,7 +342,8 @@ def method(point: dict) -> str:
     name = "dense" if chunk is None else f"chunk {chunk}"
     if chunk == "auto":
         name = f"auto ({point.get('resolved_chunk') or 'dense'})"
-    return name + (" bf16" if point.get("matmul_dtype") else "")
+    queue = f" K={point['queue']:,}" if "queue" in point else ""
+    return name + (" bf16" if point.get("matmul_dtype") else "") + queue
 
 
 def slope(xs, ys) -> float | None:
@@ -524,7 +560,7 @@ def main(argv=None) -> None:
         if device["platform"] != "cpu":
             point.pop("peak_rss_bytes", None)  # host memory says nothing about the device
         if "seconds" in point:
-            point["gflops"] = _useful_flops(point["n"], point["d"]) / point["seconds"] / 1e9
+            point["gflops"] = _useful_flops(point) / point["seconds"] / 1e9
             status = (f"{point['seconds']:.3f} s x{point['repeats']}, "
                       f"{point['gflops']:.1f} GFLOP/s, temp {fmt_bytes(point.get('temp_bytes'))}, "
                       f"RSS {fmt_bytes(point.get('peak_rss_bytes'))}")

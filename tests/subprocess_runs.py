@@ -206,6 +206,12 @@ def checkpoint_steps(workdir: str) -> tuple[list[int], list[int]]:
 
 def saved_params(workdir: str, step: int):
     """The parameters of checkpoint `step` in `workdir`, as NumPy arrays."""
+    return saved_state(workdir, step)["params"]
+
+
+def saved_state(workdir: str, step: int):
+    """The whole train state of checkpoint `step` in `workdir` (parameters, optimizer
+    and loss state), as a tree of NumPy arrays."""
     import jax
 
     path = os.path.join(workdir, "checkpoints", str(step), "state")
@@ -215,7 +221,7 @@ def saved_params(workdir: str, step: int):
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
         checkpointer.metadata(path).item_metadata,
     )
-    return jax.device_get(checkpointer.restore(path, target)["params"])
+    return jax.device_get(checkpointer.restore(path, target))
 
 
 def max_difference(tree_a, tree_b) -> float:

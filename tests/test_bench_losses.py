@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -10,14 +11,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import bench_losses  # noqa: E402
 
-SPEC = {"n": 64, "d": 8, "max_memory_bytes": 2**30, "max_repeats": 1, "budget_s": 0.1}
+SPEC = {"n": 64, "d": 8, "max_memory_bytes": 2**30, "max_repeats": 1, "budget_s": 0.1,
+        "queue": 1024}  # moco_queue's K (the others ignore it)
 
 
 @pytest.mark.parametrize("loss", bench_losses.LOSSES)
 @pytest.mark.parametrize("chunk", [None, 16, "auto"])
 def test_jax_worker_times_a_loss_and_reports_its_memory(loss, chunk):
     result = bench_losses.run_worker(SPEC | {"worker": "jax", "loss": loss, "chunk": chunk})
-    assert result["seconds"] > 0 and result["temp_bytes"] > 0 and result["value"] > 0
+    assert result["seconds"] > 0 and result["temp_bytes"] > 0
+    assert math.isfinite(result["value"]) and result["value"] != 0  # SogCLR's may be < 0
     assert result["peak_rss_bytes"] > 2**20
 
 

@@ -14,9 +14,9 @@ from contrastive_jax import input_pipeline, losses, sharding, train, trainer
 from contrastive_jax.config_lib import override
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
-DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits")
+DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits", "dml_digits_xbm")
 REAL_DATA_CONFIGS = ("simclr_cifar10", "clip_coco", "siglip_coco", "dml_cub_ce")
-CMUDICT_CONFIGS = ("cmudict_clip",)
+CMUDICT_CONFIGS = ("cmudict_clip", "cmudict_dcl", "cmudict_sogclr", "cmudict_moco_queue")
 
 
 def test_the_expected_configs_exist():
@@ -41,9 +41,11 @@ def test_config_starts_with_its_command_and_comments_every_field(name):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_config_is_locked_and_valid_on_1_and_8_devices(load_config, name):
+def test_config_is_locked_and_valid_on_1_and_8_devices(load_config, request, name):
     config = load_config(name)
     assert config.is_locked  # a misspelled field raises
+    if losses.LOSSES[config.loss.name].indices:  # build reads the split's size: prepared data
+        config.data.data_dir = request.getfixturevalue("cmudict_data_dir")
     trainer.build(config, sharding.make_mesh(8))
     trainer.build(config, sharding.make_mesh(1))
 

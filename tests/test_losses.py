@@ -165,7 +165,9 @@ def test_triplet_gradients_are_the_analytic_ones():
     np.testing.assert_allclose(grad, jnp.stack([2 * (n - p), 2 * (p - a), 2 * (a - n)]), atol=1e-6)
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+# DCLW's positive weight carries no gradient (as in the paper): its gradient is not the
+# derivative of its value (test_beyond_batch.py checks it against jax.grad of the formula).
+@pytest.mark.parametrize("name", sorted(set(EXAMPLES) - {"dclw"}))
 def test_check_grads_against_finite_differences(name):
     loss_fn, arrays, hyperparameters = EXAMPLES[name]
     with compat.enable_x64():

@@ -39,14 +39,13 @@ def test_shard_map_equals_single_device(name, num_devices):
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_pmap_equals_single_device(name, num_devices):
     loss_fn, arrays, hyperparameters = EXAMPLES[name]
-    per_device = GLOBAL_BATCH // num_devices
 
     def local_loss(*local_arrays):
         return loss_fn(*local_arrays, **hyperparameters, axis_name="batch")
 
     values, grads = jax.pmap(
         jax.value_and_grad(local_loss), axis_name="batch", devices=jax.devices()[:num_devices]
-    )(*[x.reshape(num_devices, per_device, *x.shape[1:]) for x in arrays])
+    )(*[x.reshape(num_devices, -1, *x.shape[1:]) for x in arrays])  # queues split too
     single, single_grad = jax.value_and_grad(
         lambda x: loss_fn(x, *arrays[1:], **hyperparameters)
     )(arrays[0])

@@ -6,6 +6,7 @@ inside ``jax.shard_map`` or ``jax.pmap`` over that axis they span the global bat
 """
 
 from contrastive_jax.losses._common import l2_normalize
+from contrastive_jax.losses.beyond_batch import dcl_loss, sogclr_init_state, sogclr_loss
 from contrastive_jax.losses.classification import (
     binary_cross_entropy,
     focal_loss,
@@ -21,6 +22,13 @@ from contrastive_jax.losses.contrastive import (
     siglip_loss,
     supcon_loss,
 )
+from contrastive_jax.losses.memory import (
+    XBM_LOSSES,
+    enqueue,
+    moco_queue_loss,
+    momentum_update,
+    xbm_loss,
+)
 from contrastive_jax.losses.metric import (
     TRIPLET_MINING,
     batch_prototype_cross_entropy_loss,
@@ -29,12 +37,14 @@ from contrastive_jax.losses.metric import (
     triplet_loss,
 )
 from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
-from contrastive_jax.losses.registry import LOSSES, Loss
+from contrastive_jax.losses.registry import LOSSES, Loss, LossState
 
 __all__ = [
     "LOSSES",
     "Loss",
+    "LossState",
     "TRIPLET_MINING",
+    "XBM_LOSSES",
     "arcface_loss",
     "batch_prototype_cross_entropy_loss",
     "binary_cross_entropy",
@@ -42,16 +52,23 @@ __all__ = [
     "contrastive_loss",
     "contrastive_metrics",
     "cosface_loss",
+    "dcl_loss",
+    "enqueue",
     "focal_loss",
     "infonce_loss",
     "infonce_loss_floor",
     "l2_normalize",
+    "moco_queue_loss",
+    "momentum_update",
     "multi_similarity_loss",
     "npairs_loss",
     "ntxent_loss",
     "proxy_nca_loss",
     "siglip_loss",
+    "sogclr_init_state",
+    "sogclr_loss",
     "softmax_cross_entropy",
     "supcon_loss",
     "triplet_loss",
+    "xbm_loss",
 ]

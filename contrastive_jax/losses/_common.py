@@ -102,6 +102,11 @@ def gather_rows(x: jax.Array, axis_name) -> jax.Array:
     return jax.lax.all_gather(x, axis_name, axis=0, tiled=True)
 
 
+def global_batch_size(local_batch: int, axis_name) -> int:
+    """N: ``local_batch`` rows on each device of ``axis_name`` (B without one)."""
+    return local_batch * (1 if axis_name is None else jax.lax.axis_size(axis_name))
+
+
 def row_offset(local_batch: int, axis_name) -> jax.Array | int:
     """Global index of this device's first row: ``axis_index * B``."""
     if axis_name is None:

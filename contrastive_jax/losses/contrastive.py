@@ -59,7 +59,7 @@ def _sigmoid_terms(logits, same_id, same_label):
     return {"log_sigmoid": jax.nn.log_sigmoid(jnp.where(same_id, logits, -logits))}
 
 
-_SUPCON = PairSpec(row_logsumexp=True, exclude_self=True, pair_terms=_positive_terms)
+SUPCON = PairSpec(row_logsumexp=True, exclude_self=True, pair_terms=_positive_terms)
 _SIGLIP = PairSpec(pair_terms=_sigmoid_terms)
 
 
@@ -399,9 +399,15 @@ def supcon_loss(
     _common.check_axis_bound(axis_name)
     ids = RowIds(_local_ids(z.shape[0], axis_name), labels)
     stats = logit_stats.pair_stats(
-        _SUPCON, z, z, ids, ids, temperature=temperature, axis_name=axis_name,
+        SUPCON, z, z, ids, ids, temperature=temperature, axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
+    return supcon_from_stats(stats, axis_name)
+
+
+def supcon_from_stats(stats: logit_stats.PairStats, axis_name) -> jax.Array:
+    """SupCon's global mean from the statistics of its ``SUPCON`` spec (shared with the
+    cross-batch memory, whose candidates are the batch and the memory)."""
     num_positives = stats.row_sums["num_positives"]
     per_row = stats.row_lse - stats.row_sums["positive_logits"] / jnp.maximum(num_positives, 1.0)
     return _common.global_mean(per_row, axis_name, weights=num_positives > 0)

@@ -20,17 +20,27 @@ no N^2 work beyond the loss's forward and backward; "ntxent" and "npairs" log no
 metrics (their statistics are not the a -> b ones, and computing them would cost another
 N^2 pass each step). Evaluation (`evaluate.py`) measures retrieval for every loss.
 
+Losses with state (`Loss.state`: "sogclr", "moco_queue", "xbm") keep arrays across
+steps in `TrainState.loss_state` (checkpointed with the parameters): their `fn` also
+reads `state` (this device's part of it: rows of the `LossState.sharded` leaves, the
+others whole) and `step`, and returns the new state as a third value. "sogclr" reads
+`index` [B], each example's row in the training split (`input_pipeline.train_dataset`).
+
 Not registered: `batch_prototype_cross_entropy_loss` needs the number of training
 classes, which label-only losses do not configure.
 """
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.losses._common import l2_normalize
+from contrastive_jax.losses.beyond_batch import dcl_loss, sogclr_init_state, sogclr_loss
 from contrastive_jax.losses.classification import (
     binary_cross_entropy,
     focal_loss,
@@ -44,6 +54,13 @@ from contrastive_jax.losses.contrastive import (
     siglip_loss,
     supcon_loss,
 )
+from contrastive_jax.losses.memory import (
+    XBM_LOSSES,
+    enqueue,
+    moco_queue_loss,
+    momentum_update,
+    xbm_loss,
+)
 from contrastive_jax.losses.metric import contrastive_loss, multi_similarity_loss, triplet_loss
 from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
 from contrastive_jax.sharding import DATA_AXIS
@@ -52,7 +69,33 @@ Outputs = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
 # (one device's model outputs and data fields, config.loss) -> (global loss, metrics).
 LossFn = Callable[[Outputs, ml_collections.ConfigDict], tuple[jax.Array, Metrics]]
+# The same for a loss with state (`Outputs` also holds `state` and `step`): (global
+# loss, metrics, new state).
+StatefulLossFn = Callable[
+    [Outputs, ml_collections.ConfigDict], tuple[jax.Array, Metrics, dict[str, Any]]
+]
 CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LossState:
+    """What a loss keeps across steps, in `TrainState.loss_state`.
+
+    Attributes:
+      init: `(config, params, num_examples) -> {name: global array}`, the first state
+        (`num_examples`: the rows of a per-example table, see `trainer.build`).
+      sharded: the names whose arrays are split over the data axis by rows (the
+        queue, the memory); the others are replicated.
+      check: `(config) -> None`, raising ConfigError for settings the state cannot
+        take (run by `trainer.build`, before anything compiles).
+      after_step: `(state, params, config.loss) -> state` after the optimizer step
+        (the momentum encoder's update), or None.
+    """
+
+    init: Callable[[ml_collections.ConfigDict, Any, int], dict[str, Any]]
+    sharded: frozenset[str]
+    check: Callable[[ml_collections.ConfigDict], None]
+    after_step: Callable[[dict[str, Any], Any, ml_collections.ConfigDict], dict[str, Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,12 +104,15 @@ class Loss:
 
     Attributes:
       fn: returns the scalar loss over the global batch (the same on every device) and
-        scalar metrics.
-      inputs: the model outputs and data fields (`label`, `groups`) that `fn` reads.
+        scalar metrics; with `state`, also the new state (see the module docstring).
+      inputs: the model outputs and data fields (`label`, `groups`, `index`) that `fn`
+        reads.
+      state: what the loss keeps across steps, or None.
     """
 
-    fn: LossFn
+    fn: LossFn | StatefulLossFn
     inputs: frozenset[str]
+    state: LossState | None = None
 
     @property
     def pairs(self) -> bool:
@@ -82,6 +128,11 @@ class Loss:
     def groups(self) -> bool:
         """Needs a dataset with id keys (`groups`)."""
         return "groups" in self.inputs
+
+    @property
+    def indices(self) -> bool:
+        """Reads each example's index in the training split (`index`)."""
+        return "index" in self.inputs
 
     @property
     def classifier(self) -> bool:
@@ -131,6 +182,134 @@ def _per_example_loss(value_fn, *outputs: str) -> Loss:
     )
 
 
+def _streaming(c: ml_collections.ConfigDict) -> dict[str, Any]:
+    return {"axis_name": DATA_AXIS, "chunk_size": c.chunk_size, "collective": c.collective}
+
+
+def _check_multiple_of_batch(config: ml_collections.ConfigDict, field: str) -> None:
+    """`config.loss.<field>` rows of a ring buffer: a positive multiple of N."""
+    rows, batch = config.loss[field], config.train.global_batch_size
+    if rows < batch or rows % batch:
+        raise ConfigError(
+            f"config.loss.{field}={rows} must be a positive multiple of "
+            f"config.train.global_batch_size={batch} (the buffer holds whole global "
+            f"batches); use e.g. {batch * max(1, rows // batch)}."
+        )
+
+
+def _check_sogclr(config: ml_collections.ConfigDict) -> None:
+    if not 0 < config.loss.sogclr_gamma <= 1:
+        raise ConfigError(
+            f"config.loss.sogclr_gamma={config.loss.sogclr_gamma} must be in (0, 1] (0.9 in "
+            "the paper)."
+        )
+
+
+def _sogclr(o, c):
+    loss, log_u = sogclr_loss(
+        o["za"], o["zb"], o["index"], o["state"]["log_u"], temperature=o["temperature"],
+        gamma=c.sogclr_gamma, **_streaming(c),
+    )
+    return loss, {}, {"log_u": log_u}
+
+
+def _random_rows(config: ml_collections.ConfigDict, rows: int, salt: int) -> jax.Array:
+    """`[rows, embed_dim]` random unit vectors: a queue's or memory's first entries."""
+    key = jax.random.fold_in(jax.random.key(config.seed), salt)
+    return l2_normalize(jax.random.normal(key, (rows, config.model.embed_dim)))
+
+
+def _moco_init(config, params, num_examples):
+    del num_examples
+    state = {
+        "queue_a": _random_rows(config, config.loss.queue_size, 1),
+        "queue_b": _random_rows(config, config.loss.queue_size, 2),
+        "pointer": jnp.zeros((), jnp.int32),
+    }
+    if config.loss.queue_momentum > 0:
+        state["ema_params"] = params
+    return state
+
+
+def _check_moco(config: ml_collections.ConfigDict) -> None:
+    _check_multiple_of_batch(config, "queue_size")
+    momentum = config.loss.queue_momentum
+    if not 0 <= momentum < 1:
+        raise ConfigError(
+            f"config.loss.queue_momentum={momentum} must be in [0, 1): 0 takes the keys from "
+            "the current encoder, m (0.999 in MoCo) from its moving average."
+        )
+    if momentum > 0 and config.train.micro_batch_size:
+        raise ConfigError(
+            f"config.loss.queue_momentum={momentum} embeds the keys with the momentum encoder "
+            "over the whole batch, which micro-batches cannot split; set "
+            "config.train.micro_batch_size=0 or config.loss.queue_momentum=0."
+        )
+
+
+def _moco(o, c):
+    """Symmetric: a's queries against b's keys and queue, and b's against a's. Keys come
+    from the momentum encoder (`key_za`, `key_zb`) when the state holds one."""
+    state = o["state"]
+    keys_a, keys_b = o.get("key_za", o["za"]), o.get("key_zb", o["zb"])
+    streaming = dict(temperature=o["temperature"], **_streaming(c))
+    loss = 0.5 * (
+        moco_queue_loss(o["za"], keys_b, state["queue_b"], **streaming)
+        + moco_queue_loss(o["zb"], keys_a, state["queue_a"], **streaming)
+    )
+    (queue_a, queue_b), pointer = enqueue(
+        (state["queue_a"], state["queue_b"]), state["pointer"], (keys_a, keys_b),
+        axis_name=DATA_AXIS,
+    )
+    return loss, {}, dict(state, queue_a=queue_a, queue_b=queue_b, pointer=pointer)
+
+
+def _moco_after_step(state, params, c):
+    if "ema_params" not in state:
+        return state
+    ema = momentum_update(state["ema_params"], params, momentum=c.queue_momentum)
+    return dict(state, ema_params=ema)
+
+
+def _xbm_init(config, params, num_examples):
+    del params, num_examples
+    return {
+        "memory": _random_rows(config, config.loss.xbm_memory_size, 3),
+        "labels": jnp.full((config.loss.xbm_memory_size,), -1, jnp.int32),  # -1: empty
+        "pointer": jnp.zeros((), jnp.int32),
+    }
+
+
+def _check_xbm(config: ml_collections.ConfigDict) -> None:
+    if config.loss.xbm_loss not in XBM_LOSSES:
+        raise ConfigError(
+            f"config.loss.xbm_loss={config.loss.xbm_loss!r} is not a label-based loss the "
+            f"memory can extend; use one of {list(XBM_LOSSES)} (triplet mining needs every "
+            "candidate per anchor at once and does not stream)."
+        )
+    _check_multiple_of_batch(config, "xbm_memory_size")
+    if config.loss.xbm_warmup_steps < 0:
+        raise ConfigError(
+            f"config.loss.xbm_warmup_steps={config.loss.xbm_warmup_steps} must be >= 0."
+        )
+
+
+def _xbm(o, c):
+    """The memory joins the candidates after `xbm_warmup_steps` steps; it is filled
+    from the first step on."""
+    state = o["state"]
+    labels = jnp.where(o["step"] >= c.xbm_warmup_steps, state["labels"], -1)
+    loss = xbm_loss(
+        o["za"], o["label"], state["memory"], labels, loss=c.xbm_loss,
+        temperature=o["temperature"], margin=c.margin, **_streaming(c),
+    )
+    (memory, labels), pointer = enqueue(
+        (state["memory"], state["labels"]), state["pointer"], (o["za"], o["label"]),
+        axis_name=DATA_AXIS,
+    )
+    return loss, {}, {"memory": memory, "labels": labels, "pointer": pointer}
+
+
 LOSSES: Mapping[str, Loss] = {
     "clip": _streamed_pair_loss(clip_loss),
     # CLIP with in-batch false negatives (pairs sharing a group id) out of the softmaxes.
@@ -143,6 +322,38 @@ LOSSES: Mapping[str, Loss] = {
     "npairs": Loss(  # no in-batch metrics, as NT-Xent: they would be another N^2 pass
         lambda o, c: (npairs_loss(o["za"], o["zb"], axis_name=DATA_AXIS), {}),
         frozenset({"za", "zb"}),
+    ),
+    # Decoupled contrastive learning: the positive out of both softmaxes' denominators.
+    "dcl": Loss(
+        lambda o, c: (
+            dcl_loss(o["za"], o["zb"], temperature=o["temperature"],
+                     weight_sigma=c.dcl_weight_sigma, **_streaming(c)),
+            {},
+        ),
+        frozenset({"za", "zb", "temperature"}),
+    ),
+    # SogCLR: state log u [examples, 2], replicated.
+    "sogclr": Loss(
+        _sogclr,
+        frozenset({"za", "zb", "temperature", "index"}),
+        LossState(
+            init=lambda config, params, num_examples: {"log_u": sogclr_init_state(num_examples)},
+            sharded=frozenset(), check=_check_sogclr,
+        ),
+    ),
+    # MoCo queues of both towers' keys [K, D], split over the devices; a pointer; the
+    # momentum encoder's parameters when config.loss.queue_momentum > 0.
+    "moco_queue": Loss(
+        _moco,
+        frozenset({"za", "zb", "temperature"}),
+        LossState(init=_moco_init, sharded=frozenset({"queue_a", "queue_b"}),
+                  check=_check_moco, after_step=_moco_after_step),
+    ),
+    # Cross-batch memory [M, D] with labels [M], split over the devices; a pointer.
+    "xbm": Loss(
+        _xbm,
+        frozenset({"za", "label", "temperature"}),
+        LossState(init=_xbm_init, sharded=frozenset({"memory", "labels"}), check=_check_xbm),
     ),
     "supcon": _label_loss(
         lambda o, y, c: supcon_loss(

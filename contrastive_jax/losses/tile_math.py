@@ -54,11 +54,14 @@ class PairStats(NamedTuple):
 
 
 class RowIds(NamedTuple):
-    """Who the rows of one side are: global indices and optional labels."""
+    """Who the rows of one side are: global indices, optional labels and validity."""
 
     index: jax.Array  # [B] int; equal indices on the two sides = the same example
     # [B] int class labels, or [B, K] int group ids (equal when any of the K is), or None
     label: jax.Array | None
+    # [B] bool or None (all valid): False marks a column that is no candidate (an empty
+    # memory slot); every row treats it as it treats its own column (``same_id``).
+    valid: jax.Array | None = None
 
 
 class Running(NamedTuple):
@@ -106,6 +109,8 @@ def tile_logits(x_scaled, y, bias, dtype) -> jax.Array:
 def _tile_masks(rows: RowIds, cols: RowIds):
     """``same_id, same_label: [b, c]`` booleans (``same_label`` None without labels)."""
     same_id = rows.index[:, None] == cols.index[None, :]
+    if cols.valid is not None:
+        same_id = same_id | ~cols.valid[None, :]
     same_label = None
     if rows.label is not None:
         same_label = rows.label[:, None] == cols.label[None, :]

@@ -1,0 +1,199 @@
+"""Small batches, global objectives: decoupled contrastive learning and SogCLR.
+
+Both drop the positive from the softmax's denominator (the "negative-positive
+coupling" of InfoNCE, whose gradient shrinks as the positive wins), and both are
+symmetric two-tower losses over the ``N x N`` logits ``s_ij / T = a_i . b_j / T``
+of the global batch, streamed like :func:`~contrastive_jax.losses.clip_loss` (the
+same :mod:`~contrastive_jax.losses.logit_stats` statistics: each row's and each
+column's logsumexp over the ``N - 1`` negatives).
+
+* DCL (Yeh et al., ECCV 2022): ``L_i = -s_ii / T + log sum_{j != i} exp(s_ij / T)``.
+* SogCLR (Yuan et al., ICML 2022): the global contrastive objective, whose negatives
+  are the whole training set, estimated with a small batch and a per-example moving
+  average ``u_i`` of ``g_i = mean_{j != i} exp(s_ij / T)``. It keeps state: the
+  table ``u`` of every training example, one column per direction (a -> b rows,
+  b -> a columns), passed in and returned.
+
+Shapes: ``B`` local batch, ``N`` global batch, ``D`` embedding dimension, ``n`` the
+number of training examples (rows of SogCLR's table).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax.losses import _common, logit_stats
+from contrastive_jax.losses.contrastive import _check_paired, _local_ids, _paired_logits
+from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, document_streaming
+
+# Both directions' logsumexps over the negatives only: the pair's own logit left out.
+_NEGATIVES_BOTH_WAYS = PairSpec(row_logsumexp=True, col_logsumexp=True, exclude_self=True)
+
+
+def _negative_logsumexps(a, b, temperature, axis_name, streaming) -> tuple[jax.Array, jax.Array]:
+    """``(row_lse [B], col_lse [B])``: ``log sum_{j != i} exp(s_ij / T)`` for the local
+    a's (rows) and the local b's (columns), over the global batch."""
+    ids = RowIds(_local_ids(a.shape[0], axis_name), None)
+    stats = logit_stats.pair_stats(
+        _NEGATIVES_BOTH_WAYS, a, b, ids, ids, temperature=temperature, axis_name=axis_name,
+        streaming=streaming,
+    )
+    return stats.row_lse, stats.col_lse
+
+
+@document_streaming
+def dcl_loss(
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    temperature,
+    weight_sigma: float | None = None,
+    axis_name=None,
+    chunk_size: int | str | None = None,
+    collective: str = "all_gather",
+    matmul_dtype: str | None = None,
+) -> jax.Array:
+    """Decoupled contrastive loss (DCL; DCLW with ``weight_sigma``), symmetric.
+
+    Per pair i and direction: ``-w_i s_ii / T + log sum_{j != i} exp(s_ij / T)``, the
+    a -> b rows and the b -> a columns averaged (as :func:`clip_loss`). DCLW weights
+    the positive by ``w_i = 2 - exp(s_ii / sigma) / mean_k exp(s_kk / sigma)`` over the
+    global batch (cosines, without gradient); DCL has ``w_i = 1``.
+
+    Args:
+      a: ``[B, D]`` L2-normalised embeddings of modality A (or the first views).
+      b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
+      temperature: scalar > 0.
+      weight_sigma: None (DCL), or DCLW's sigma > 0 (0.5 in the paper).
+      axis_name: mesh axis of the global batch, or None.
+      {streaming_args}
+
+    Returns:
+      Scalar mean over the global batch and both directions.
+    """
+    _check_paired(a, b, ("a", "b"), temperature, axis_name)
+    row_lse, col_lse = _negative_logsumexps(
+        a, b, temperature, axis_name, Streaming(chunk_size, collective, matmul_dtype)
+    )
+    positive = _paired_logits(a, b, temperature)
+    if weight_sigma is not None:
+        _common.check_positive(weight_sigma, "weight_sigma")
+        cosine = jax.lax.stop_gradient(_paired_logits(a, b, 1.0))
+        scaled = jnp.exp(cosine / weight_sigma)
+        mean = jnp.mean(scaled) if axis_name is None else jax.lax.pmean(jnp.mean(scaled), axis_name)
+        positive = (2.0 - scaled / mean) * positive
+    return _common.global_mean(0.5 * (row_lse + col_lse) - positive, axis_name)
+
+
+def sogclr_init_state(num_examples: int) -> jax.Array:
+    """SogCLR's table for ``num_examples`` training examples: ``[n, 2]`` float32, all
+    ``-inf`` (never visited). It holds ``log u`` (see :func:`sogclr_loss`)."""
+    return jnp.full((num_examples, 2), -jnp.inf, jnp.float32)
+
+
+def _gather_replicated(tree, axis_name):
+    """Every device's rows ``[N, ...]`` of ``tree``'s ``[B, ...]`` leaves, typed as
+    replicated over ``axis_name`` (a ``psum`` of zeros but the local rows: exact)."""
+    if axis_name is None:
+        return tree
+    devices, offset = jax.lax.axis_size(axis_name), _common.row_offset(1, axis_name)
+
+    def gather(x):
+        placed = jnp.zeros((devices, *x.shape), x.dtype).at[offset].set(x)
+        return jax.lax.psum(placed, axis_name).reshape(-1, *x.shape[1:])
+
+    return jax.tree.map(gather, tree)
+
+
+def _last_occurrences(index: jax.Array) -> jax.Array:
+    """``[N]`` bool: True where ``index[k]`` does not occur again after ``k``."""
+    order = jnp.argsort(index, stable=True)
+    in_order = index[order]
+    last = jnp.append(in_order[1:] != in_order[:-1], True)
+    return jnp.zeros_like(last).at[order].set(last)
+
+
+@document_streaming
+def sogclr_loss(
+    a: jax.Array,
+    b: jax.Array,
+    index: jax.Array,
+    log_u: jax.Array,
+    *,
+    temperature,
+    gamma: float = 0.9,
+    axis_name=None,
+    chunk_size: int | str | None = None,
+    collective: str = "all_gather",
+    matmul_dtype: str | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """SogCLR's global contrastive loss (two modalities), and its updated state.
+
+    For example ``i`` (its dataset index ``index[i]``) and each direction, with the
+    pair's ``N - 1`` negatives ``j``: ``g_i = mean_j exp(s_ij / T)``; the moving average
+    ``u_i <- (1 - gamma) u_i + gamma g_i`` (``gamma = 1`` on the example's first
+    visit); the gradient is that of ``mean_j sg(exp(s_ij / T) / u_i) s_ij / T -
+    s_ii / T`` (the positive is not in the denominator), the two directions averaged.
+    The value is the estimate ``log u_i - s_ii / T`` of the global objective, averaged
+    alike (with ``gamma = 1`` it is DCL's value minus ``log(N - 1)``, with DCL's
+    gradient).
+
+    The table holds ``log u``, so no shift is needed for stability (LibAUC keeps ``u``
+    beside a running maximum ``b`` of the logits, ``u e^b`` being ``exp(log u)`` here).
+    Unlike LibAUC's ``GCLoss``, every device takes its positives from its own pairs
+    (the diagonal of the global logits) and ``g_i`` is a mean over the negatives.
+
+    Args:
+      a: ``[B, D]`` L2-normalised embeddings of modality A.
+      b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
+      index: ``[B]`` int dataset index of each pair, ``0 <= index < n``.
+      log_u: ``[n, 2]`` the table (replicated; :func:`sogclr_init_state`), column 0 the
+        a -> b direction, column 1 b -> a.
+      temperature: scalar > 0.
+      gamma: the moving average's rate in (0, 1] (0.9 in the paper).
+      axis_name: mesh axis of the global batch, or None.
+      {streaming_args}
+
+    Returns:
+      ``(loss, log_u)``: the scalar over the global batch, and the table with the
+      batch's rows updated (an index twice in a batch: its last occurrence is kept).
+      The table carries no gradient.
+    """
+    _check_paired(a, b, ("a", "b"), temperature, axis_name)
+    if index is None or jnp.shape(index) != (a.shape[0],) or not jnp.issubdtype(
+        jnp.result_type(index), jnp.integer
+    ):
+        raise ValueError(
+            f"sogclr_loss needs index: the [{a.shape[0]}] int dataset index of each pair "
+            f"(its row of the state table), got {None if index is None else jnp.shape(index)}."
+        )
+    if jnp.ndim(log_u) != 2 or jnp.shape(log_u)[1] != 2:
+        raise ValueError(f"log_u must have shape [n, 2], got {jnp.shape(log_u)}.")
+    if not 0 < gamma <= 1:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}.")
+    lse = jnp.stack(
+        _negative_logsumexps(a, b, temperature, axis_name,
+                             Streaming(chunk_size, collective, matmul_dtype)),
+        axis=1,
+    )  # [B, 2]
+    log_u = jax.lax.stop_gradient(log_u)
+    num_negatives = _common.global_batch_size(a.shape[0], axis_name) - 1
+    log_g = jax.lax.stop_gradient(lse) - math.log(num_negatives)
+    old = log_u[index]
+    new = jnp.where(
+        jnp.isfinite(old),
+        jnp.logaddexp(old + math.log1p(-gamma) if gamma < 1 else -jnp.inf, log_g + math.log(gamma)),
+        log_g,
+    )
+    # d/ds_ij of ratio * lse is exp(s_ij / T) / u / (N - 1): SogCLR's weighted negatives.
+    ratio = jnp.exp(log_g - new)
+    per_direction = new + ratio * (lse - jax.lax.stop_gradient(lse))
+    loss = _common.global_mean(
+        jnp.mean(per_direction, axis=1) - _paired_logits(a, b, temperature), axis_name
+    )
+    all_index, all_new = _gather_replicated((index, new), axis_name)
+    rows = jnp.where(_last_occurrences(all_index), all_index, log_u.shape[0])
+    return loss, log_u.at[rows].set(all_new, mode="drop")

@@ -1,0 +1,245 @@
+"""Negatives from earlier batches: a MoCo queue and a cross-batch memory (XBM).
+
+Both keep a ring buffer of the last ``K`` (queue) or ``M`` (memory) embeddings of the
+global batch, written after the loss and without gradient (:func:`enqueue`), and score
+the local rows against it as extra candidates. The buffer is an explicit argument,
+split over the devices like a batch: under ``axis_name`` each device passes its
+``[K / devices, D]`` rows, and the candidates are every device's rows (all-gathered,
+or passed around the ring with ``collective="ring"``). The logits against the buffer
+are ``[B, K]``; streamed (``chunk_size``) they exist one ``c x c`` tile at a time, with
+the statistics and gradients of the dense path (:mod:`~contrastive_jax.losses.logit_stats`).
+
+* MoCo (He et al., CVPR 2020): ``logits_i = [q_i . k_i, q_i . queue] / T``, a
+  ``1 + K``-way softmax whose class is the pair's own key. The keys come from the
+  current encoder or an exponential moving average of it (:func:`momentum_update`).
+* XBM (Wang et al., CVPR 2020; pytorch-metric-learning's ``CrossBatchMemory``): a
+  label-based loss whose anchors are the local rows and whose candidates are the
+  global batch (without the anchor itself) and the memory's filled slots.
+
+Shapes: ``B`` local batch, ``N`` global batch, ``D`` embedding dimension, ``K`` / ``M``
+the buffer's rows over all devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax.losses import _common, logit_stats
+from contrastive_jax.losses.contrastive import (
+    SUPCON,
+    _check_paired,
+    _local_ids,
+    _paired_logits,
+    supcon_from_stats,
+)
+from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, document_streaming
+
+# The label-based losses XBM extends to the memory (their per-anchor terms stream).
+XBM_LOSSES = ("contrastive", "multi_similarity", "supcon")
+_QUEUE = PairSpec(row_logsumexp=True)
+
+
+def _buffer_ids(buffer: jax.Array, global_batch: int, axis_name) -> jax.Array:
+    """Ids ``[K_local]`` of this device's buffer rows, distinct from the batch's ``[0, N)``."""
+    return global_batch + _common.row_offset(buffer.shape[0], axis_name) + jnp.arange(
+        buffer.shape[0]
+    )
+
+
+@document_streaming
+def moco_queue_loss(
+    queries: jax.Array,
+    keys: jax.Array,
+    queue: jax.Array,
+    *,
+    temperature,
+    axis_name=None,
+    chunk_size: int | str | None = None,
+    collective: str = "all_gather",
+    matmul_dtype: str | None = None,
+) -> jax.Array:
+    """MoCo's InfoNCE against a queue of earlier keys: ``-log softmax([q.k+, q.queue]/T)_0``.
+
+    Each query's candidates are its own key (the positive) and the ``K`` queued keys
+    (negatives); the batch's other keys are not candidates. The queue gets no gradient.
+
+    Args:
+      queries: ``[B, D]`` L2-normalised.
+      keys: ``[B, D]`` L2-normalised, row i the positive of ``queries[i]`` (from the
+        momentum encoder they carry no gradient; from the current one they do).
+      queue: ``[K_local, D]`` this device's rows of the queue (``[K, D]`` on one device).
+      temperature: scalar > 0.
+      axis_name: mesh axis of the batch and the queue, or None.
+      {streaming_args} Here the streamed columns are the queue's: ``chunk_size``
+        divides K (K / devices with the ring).
+
+    Returns:
+      Scalar mean over the global batch.
+    """
+    _check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
+    _common.check_embeddings(queue, "queue")
+    global_batch = _common.global_batch_size(queries.shape[0], axis_name)
+    stats = logit_stats.pair_stats(
+        _QUEUE, queries, jax.lax.stop_gradient(queue),
+        RowIds(_local_ids(queries.shape[0], axis_name), None),
+        RowIds(_buffer_ids(queue, global_batch, axis_name), None),
+        temperature=temperature, axis_name=axis_name,
+        streaming=Streaming(chunk_size, collective, matmul_dtype),
+    )
+    positive = _paired_logits(queries, keys, temperature)
+    return _common.global_mean(jnp.logaddexp(positive, stats.row_lse) - positive, axis_name)
+
+
+def _contrastive_terms(margin):
+    """The margin contrastive loss's pair terms on unit vectors (``d^2 = 2 - 2 s``)."""
+
+    def terms(cosines, not_candidate, same_label):
+        squared = jnp.maximum(2.0 - 2.0 * cosines, 0.0)
+        negative = jnp.square(jax.nn.relu(margin - _common.safe_sqrt(squared)))
+        cost = jnp.where(same_label, squared, negative)
+        return {
+            "cost": jnp.where(not_candidate, 0.0, cost),
+            "count": (~not_candidate).astype(jnp.float32),
+        }
+
+    return terms
+
+
+def _multi_similarity_terms(alpha, beta, base):
+    """Multi-similarity's per-pair exponentials, summed per anchor (no pair mining)."""
+
+    def terms(cosines, not_candidate, same_label):
+        positives = same_label & ~not_candidate
+        negatives = ~same_label & ~not_candidate
+        return {
+            "positive": jnp.where(positives, jnp.exp(-alpha * (cosines - base)), 0.0),
+            "negative": jnp.where(negatives, jnp.exp(beta * (cosines - base)), 0.0),
+        }
+
+    return terms
+
+
+@document_streaming
+def xbm_loss(
+    z: jax.Array,
+    labels: jax.Array,
+    memory: jax.Array,
+    memory_labels: jax.Array,
+    *,
+    loss: str,
+    temperature=None,
+    margin: float | None = None,
+    alpha: float = 2.0,
+    beta: float = 50.0,
+    base: float = 0.5,
+    axis_name=None,
+    chunk_size: int | str | None = None,
+    collective: str = "all_gather",
+    matmul_dtype: str | None = None,
+) -> jax.Array:
+    """A label-based loss whose candidates are the global batch and a cross-batch memory.
+
+    Each local row is an anchor; its candidates are the other ``N - 1`` rows of the
+    global batch and the memory's filled slots (``memory_labels >= 0``); with an empty
+    memory it is the plain loss on the batch. ``loss`` is one of ``XBM_LOSSES``:
+
+    * ``"supcon"``: :func:`supcon_loss`'s formula over the candidates (``temperature``).
+    * ``"contrastive"``: :func:`contrastive_loss` (``margin``), the anchor's mean over its
+      candidates, distances ``sqrt(2 - 2 cos)`` of unit vectors.
+    * ``"multi_similarity"``: :func:`multi_similarity_loss` without pair mining
+      (``alpha``, ``beta``, ``base``).
+
+    Args:
+      z: ``[B, D]`` L2-normalised embeddings.
+      labels: ``[B]`` int classes, >= 0.
+      memory: ``[M_local, D]`` this device's memory rows (``[M, D]`` on one device).
+      memory_labels: ``[M_local]`` their classes; -1 marks an empty slot (never a
+        candidate). The memory gets no gradient.
+      loss: the base loss, one of ``XBM_LOSSES``.
+      temperature, margin, alpha, beta, base: the base loss's hyperparameters.
+      axis_name: mesh axis of the batch and the memory, or None.
+      {streaming_args} Here the columns are the batch's and the memory's: ``chunk_size``
+        divides N + M (B + M / devices with the ring).
+
+    Returns:
+      Scalar over the anchors of the global batch (SupCon: those with a positive).
+    """
+    if loss not in XBM_LOSSES:
+        raise ValueError(f"xbm_loss's loss must be one of {XBM_LOSSES}, got {loss!r}.")
+    _common.check_embeddings(z, "z")
+    _common.check_labels(labels, z.shape[0])
+    _common.check_embeddings(memory, "memory")
+    _common.check_labels(memory_labels, memory.shape[0], "memory_labels")
+    _common.check_axis_bound(axis_name)
+    local_ids = _local_ids(z.shape[0], axis_name)
+    global_batch = _common.global_batch_size(z.shape[0], axis_name)
+    candidates = jnp.concatenate([z, jax.lax.stop_gradient(memory).astype(z.dtype)])
+    cols = RowIds(
+        jnp.concatenate([local_ids, _buffer_ids(memory, global_batch, axis_name)]),
+        jnp.concatenate([labels, memory_labels]),
+        jnp.concatenate([jnp.ones_like(labels, bool), memory_labels >= 0]),
+    )
+    if loss == "supcon":
+        _common.check_temperature(temperature)
+        spec = SUPCON
+    elif loss == "contrastive":
+        _common.check_positive(margin, "margin")
+        spec, temperature = PairSpec(pair_terms=_contrastive_terms(margin)), 1.0
+    else:
+        spec, temperature = PairSpec(pair_terms=_multi_similarity_terms(alpha, beta, base)), 1.0
+    stats = logit_stats.pair_stats(
+        spec, z, candidates, RowIds(local_ids, labels), cols, temperature=temperature,
+        axis_name=axis_name, streaming=Streaming(chunk_size, collective, matmul_dtype),
+    )
+    sums = stats.row_sums
+    if loss == "supcon":
+        return supcon_from_stats(stats, axis_name)
+    if loss == "contrastive":
+        per_row = sums["cost"] / jnp.maximum(sums["count"], 1.0)
+    else:
+        per_row = jnp.log1p(sums["positive"]) / alpha + jnp.log1p(sums["negative"]) / beta
+    return _common.global_mean(per_row, axis_name)
+
+
+def enqueue(buffers: Any, pointer: jax.Array, new: Any, *, axis_name=None) -> tuple[Any, jax.Array]:
+    """Writes the global batch's rows into ring buffers at ``pointer``, without gradient.
+
+    Global buffer row ``pointer + k`` (mod ``K``) gets global batch row ``k``; the
+    oldest rows are overwritten. Each device updates its own rows.
+
+    Args:
+      buffers: a pytree of ``[K_local, ...]`` arrays (this device's rows: the queue,
+        the memory and its labels).
+      pointer: int scalar, the global row the batch's first row goes to (replicated).
+      new: a pytree like ``buffers`` of ``[B, ...]`` local batch rows.
+      axis_name: mesh axis of the batch and the buffers, or None.
+
+    Returns:
+      ``(buffers, pointer)``: the updated rows, and ``(pointer + N) mod K``.
+    """
+    leaves = jax.tree.leaves(buffers)
+    local_rows, local_batch = leaves[0].shape[0], jax.tree.leaves(new)[0].shape[0]
+    devices = 1 if axis_name is None else jax.lax.axis_size(axis_name)
+    size, global_batch = local_rows * devices, local_batch * devices
+    if size % global_batch:
+        raise ValueError(
+            f"the buffer's {size} rows must be a multiple of the global batch {global_batch}."
+        )
+    gathered = _common.gather_rows(jax.lax.stop_gradient(new), axis_name)
+    position = (_common.row_offset(local_rows, axis_name) + jnp.arange(local_rows) - pointer) % size
+    written = position < global_batch
+    source = jnp.minimum(position, global_batch - 1)
+
+    def write(buffer, rows):
+        fresh = rows[source].astype(buffer.dtype)
+        return jnp.where(written.reshape(-1, *[1] * (buffer.ndim - 1)), fresh, buffer)
+
+    return jax.tree.map(write, buffers, gathered), (pointer + global_batch) % size
+
+
+def momentum_update(ema_params: Any, params: Any, *, momentum: float) -> Any:
+    """The momentum encoder's step: ``ema <- momentum * ema + (1 - momentum) * params``."""
+    return jax.tree.map(lambda e, p: momentum * e + (1.0 - momentum) * p, ema_params, params)

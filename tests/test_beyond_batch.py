@@ -1,0 +1,434 @@
+"""DCL, SogCLR, the MoCo queue and the cross-batch memory against direct references.
+
+Values against float64 NumPy written from the papers' formulas (SogCLR: a port of the
+math of LibAUC's ``GCLoss_v1``, two modalities, with its running-max shift), gradients
+against ``jax.grad`` of the dense references; the streamed forms (tiles, ring) and the
+sharded forms (state included) against the single-device dense one. The kernels'
+sharded == single-device value and gradient on 1/2/4/8 devices (shard_map and pmap)
+are in ``test_losses_sharded.py`` (``losses.examples`` holds DCL, DCLW, the queue and
+XBM).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax import losses, sharding
+from contrastive_jax.losses import _common
+from contrastive_jax.sharding import DATA_AXIS
+
+N, D, K = 16, 8, 32
+T = 0.2
+
+
+def _unit(seed, n, d=D):
+    return _common.l2_normalize(jax.random.normal(jax.random.key(seed), (n, d)))
+
+
+def _pairs(seed=0):
+    a = _unit(seed, N)
+    return a, _common.l2_normalize(a + 0.7 * _unit(seed + 100, N))
+
+
+def _close(actual, expected, rtol=1e-5):
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=rtol * 1e-2)
+
+
+def _grads_close(actual, expected, rtol=1e-5):
+    for got, want in zip(actual, expected):
+        scale = float(np.max(np.abs(np.asarray(want))))
+        assert float(np.max(np.abs(np.asarray(got) - np.asarray(want)))) <= rtol * scale
+
+
+def _float64(fn, *arrays):
+    """``fn`` of the arrays in float64, value and gradients (every array argument)."""
+    with jax.enable_x64(True):
+        arrays = [jnp.asarray(np.asarray(x, np.float64)) for x in arrays]
+        value, grads = jax.value_and_grad(fn, argnums=tuple(range(len(arrays))))(*arrays)
+        return float(value), [np.asarray(g) for g in grads]
+
+
+# ------------------------------------------------------------------------------ DCL
+
+
+def _dcl_numpy(a, b, temperature, sigma=None):
+    """DCL / DCLW pair by pair in float64, both directions averaged."""
+    s = np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
+    n = len(s)
+    weight = np.ones(n)
+    if sigma is not None:
+        e = np.exp(np.diag(s) / sigma)
+        weight = 2 - e / e.mean()
+    total = 0.0
+    for i in range(n):
+        for logits in (s[i], s[:, i]):
+            negatives = [logits[j] / temperature for j in range(n) if j != i]
+            total += -weight[i] * s[i, i] / temperature + np.log(np.sum(np.exp(negatives)))
+    return total / (2 * n)
+
+
+def _dcl_dense(a, b, temperature, sigma=None):
+    """The dense DCL in jnp (for jax.grad); DCLW's weight without gradient."""
+    s = a @ b.T / temperature
+    off = ~jnp.eye(len(s), dtype=bool)
+    row = jax.nn.logsumexp(jnp.where(off, s, -jnp.inf), axis=1)
+    col = jax.nn.logsumexp(jnp.where(off, s, -jnp.inf), axis=0)
+    weight = 1.0
+    if sigma is not None:
+        e = jax.lax.stop_gradient(jnp.exp(jnp.diag(s) * temperature / sigma))
+        weight = 2 - e / jnp.mean(e)
+    return jnp.mean(0.5 * (row + col) - weight * jnp.diag(s))
+
+
+@pytest.mark.parametrize("sigma", [None, 0.5])
+def test_dcl_matches_the_float64_reference_and_its_gradient(sigma):
+    a, b = _pairs()
+    value, grads = jax.value_and_grad(
+        lambda a, b: losses.dcl_loss(a, b, temperature=T, weight_sigma=sigma), argnums=(0, 1)
+    )(a, b)
+    _close(value, _dcl_numpy(a, b, T, sigma))
+    want_value, want_grads = _float64(functools.partial(_dcl_dense, temperature=T, sigma=sigma), a, b)
+    _close(value, want_value)
+    _grads_close(grads, want_grads)
+
+
+def test_dcl_drops_the_positive_from_the_denominator():
+    """DCL is InfoNCE's clip loss minus the positive's share of each softmax:
+    clip - dcl = mean over rows and columns of -log(1 - softmax_ii)."""
+    a, b = _pairs()
+    s = np.asarray(a, np.float64) @ np.asarray(b, np.float64).T / T
+    p_row = np.exp(np.diag(s) - np.log(np.exp(s).sum(1)))
+    p_col = np.exp(np.diag(s) - np.log(np.exp(s).sum(0)))
+    gap = -0.5 * (np.log1p(-p_row) + np.log1p(-p_col)).mean()
+    _close(losses.clip_loss(a, b, temperature=T) - losses.dcl_loss(a, b, temperature=T), gap, 1e-4)
+
+
+# --------------------------------------------------------------------------- SogCLR
+
+
+def _sogclr_numpy(a, b, index, u, shift, temperature, gamma):
+    """A port of the math of LibAUC's ``GCLoss_v1`` (two modalities), written from its
+    formula, with its two defects fixed: the positive is the pair's own (global
+    diagonal) and ``g`` is a mean over the ``N - 1`` negatives.
+
+    State per example and direction: ``u`` and the running maximum ``shift`` of the
+    logits (``u e^shift`` is the moving average; ``shift = -inf``: never visited).
+    Returns ``(value, weights [2, N, N], u, shift)``: the estimate ``log u + shift -
+    s_ii`` averaged over rows and directions, the surrogate's negative weights
+    ``exp(s_ij - shift_i) / u_i / (N - 1)`` (0 on the diagonal), and the new state
+    (reads before writes; an index twice: the last write wins).
+    """
+    s = np.asarray(a, np.float64) @ np.asarray(b, np.float64).T / temperature
+    n = len(s)
+    u, shift = u.copy(), shift.copy()
+    new_u, new_shift = np.zeros((n, 2)), np.zeros((n, 2))
+    weights = np.zeros((2, n, n))
+    value = 0.0
+    for direction, logits in enumerate((s, s.T)):
+        for i in range(n):
+            negatives = np.delete(logits[i], i)
+            old_u, old_shift = u[index[i], direction], shift[index[i], direction]
+            b_new = max(old_shift, negatives.max())
+            g = np.mean(np.exp(negatives - b_new))
+            if np.isfinite(old_shift):
+                u_i = (1 - gamma) * old_u * np.exp(old_shift - b_new) + gamma * g
+            else:
+                u_i = g
+            new_u[i, direction], new_shift[i, direction] = u_i, b_new
+            weights[direction, i] = np.exp(logits[i] - b_new) / u_i / (n - 1)
+            weights[direction, i, i] = 0.0
+            value += np.log(u_i) + b_new - logits[i, i]
+    for i in range(n):
+        u[index[i]], shift[index[i]] = new_u[i], new_shift[i]
+    return value / (2 * n), weights, u, shift
+
+
+def _sogclr_surrogate(a, b, weights, temperature):
+    """``mean_i, directions [sum_j w_ij s_ij - s_ii]`` with the reference's weights."""
+    s = a @ b.T / temperature
+    rows = jnp.sum(weights[0] * s, axis=1)
+    cols = jnp.sum(weights[1] * s.T, axis=1)
+    return jnp.mean(0.5 * (rows + cols) - jnp.diag(s))
+
+
+def _sogclr_steps(loss_fn, batches, table_size, gamma):
+    """Runs ``loss_fn`` over the batches, checking each step against the NumPy port."""
+    log_u = losses.sogclr_init_state(table_size)
+    u, shift = np.zeros((table_size, 2)), np.full((table_size, 2), -np.inf)
+    for a, b, index in batches:
+        (value, log_u), grads = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+            a, b, index, log_u
+        )
+        want, weights, u, shift = _sogclr_numpy(a, b, np.asarray(index), u, shift, T, gamma)
+        _close(value, want)
+        _, want_grads = _float64(
+            lambda a, b, w: _sogclr_surrogate(a, b, w, T), a, b, weights
+        )
+        _grads_close(grads, want_grads[:2])
+        visited = np.isfinite(shift)
+        assert np.array_equal(np.isfinite(np.asarray(log_u)), visited)
+        _close(np.asarray(log_u)[visited], np.log(u[visited]) + shift[visited])
+
+
+def _batches(steps, table_size, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for step in range(steps):
+        a, b = _pairs(seed + step)
+        index = rng.choice(table_size, N, replace=False)
+        if step == 2:
+            index[5] = index[11]  # an example twice in one batch: the last write wins
+        out.append((a, b, jnp.asarray(index, jnp.int32)))
+    return out
+
+
+def test_sogclr_matches_the_libauc_port_over_steps():
+    """Update, value and gradient over four steps that revisit examples (gamma = 0.9)."""
+    fn = lambda a, b, i, u: losses.sogclr_loss(a, b, i, u, temperature=T, gamma=0.9)  # noqa: E731
+    _sogclr_steps(jax.jit(fn), _batches(4, table_size=24), table_size=24, gamma=0.9)
+
+
+def test_sogclr_first_visit_is_dcl_minus_log_negatives():
+    """gamma = 1 on the first visit: u is this batch's negative mean, so the value is
+    DCL's minus log(N - 1) and the gradient is DCL's."""
+    a, b = _pairs()
+    index = jnp.arange(N)
+
+    def sog(a, b):
+        return losses.sogclr_loss(a, b, index, losses.sogclr_init_state(N), temperature=T)[0]
+
+    value, grads = jax.value_and_grad(sog, argnums=(0, 1))(a, b)
+    dcl_value, dcl_grads = jax.value_and_grad(
+        lambda a, b: losses.dcl_loss(a, b, temperature=T), argnums=(0, 1)
+    )(a, b)
+    _close(value, dcl_value - np.log(N - 1))
+    _grads_close(grads, dcl_grads)
+
+
+def _sharded_sogclr(mesh, **options):
+    fn = functools.partial(losses.sogclr_loss, temperature=T, gamma=0.9, **options)
+    return jax.shard_map(
+        lambda a, b, i, u: fn(a, b, i, u, axis_name=DATA_AXIS), mesh=mesh,
+        in_specs=(P(DATA_AXIS), P(DATA_AXIS), P(DATA_AXIS), P()), out_specs=(P(), P()),
+    )
+
+
+@pytest.mark.parametrize(
+    "num_devices, options",
+    [(1, {}), (2, {}), (4, {"chunk_size": 4}), (8, {}), (8, {"chunk_size": 2, "collective": "ring"})],
+)
+def test_sogclr_sharded_equals_single_device_with_its_state(num_devices, options):
+    fn = _sharded_sogclr(sharding.make_mesh(num_devices), **options)
+    _sogclr_steps(jax.jit(fn), _batches(3, table_size=24), table_size=24, gamma=0.9)
+
+
+def test_sogclr_without_index_is_an_error():
+    a, b = _pairs()
+    with pytest.raises(ValueError, match="sogclr_loss needs index"):
+        losses.sogclr_loss(a, b, None, losses.sogclr_init_state(N), temperature=T)
+
+
+# ------------------------------------------------------------------------ MoCo queue
+
+
+def _moco_numpy(q, k, queue, temperature):
+    """``-log softmax([q.k, q.queue] / T)_0`` per query, [B, 1 + K] logits, float64."""
+    q, k, queue = (np.asarray(x, np.float64) for x in (q, k, queue))
+    logits = np.concatenate([np.sum(q * k, 1, keepdims=True), q @ queue.T], axis=1) / temperature
+    top = logits.max(1, keepdims=True)
+    log_softmax = logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+    return -log_softmax[:, 0].mean()
+
+
+def _moco_dense(q, k, queue, temperature):
+    logits = jnp.concatenate([jnp.sum(q * k, 1, keepdims=True), q @ queue.T], axis=1) / temperature
+    return -jnp.mean(jax.nn.log_softmax(logits, axis=1)[:, 0])
+
+
+@pytest.mark.parametrize(
+    "num_devices, options",
+    [(None, {}), (None, {"chunk_size": 8}), (4, {"chunk_size": 4}), (8, {"collective": "ring", "chunk_size": 2})],
+)
+def test_moco_queue_matches_the_direct_softmax(num_devices, options):
+    (q, k), queue = _pairs(), _unit(7, K)
+    fn = functools.partial(losses.moco_queue_loss, temperature=T, **options)
+    if num_devices is not None:
+        fn = sharding.shard_loss(fn, sharding.make_mesh(num_devices))
+    value, grads = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))(q, k, queue)
+    _close(value, _moco_numpy(q, k, queue, T))
+    want_value, want_grads = _float64(functools.partial(_moco_dense, temperature=T), q, k, queue)
+    _close(value, want_value)
+    _grads_close(grads[:2], want_grads[:2])
+    assert not np.any(np.asarray(grads[2]))  # the queue is state: no gradient
+
+
+def test_streamed_queue_holds_one_tile_not_the_batch_by_queue_logits():
+    """Compiled temp memory of value and gradient: dense holds [B, K] logits, the
+    streamed loss far less."""
+    b, k = 64, 8192
+    q, queue = _unit(0, b), _unit(1, k)
+
+    def temp_bytes(chunk_size):
+        fn = jax.value_and_grad(
+            lambda q: losses.moco_queue_loss(q, q, queue, temperature=T, chunk_size=chunk_size)
+        )
+        return jax.jit(fn).lower(q).compile().memory_analysis().temp_size_in_bytes
+
+    logits_bytes = b * k * 4
+    assert temp_bytes(None) >= logits_bytes
+    assert temp_bytes(64) < logits_bytes / 4
+
+
+def _fifo(keys_per_step, size):
+    """The last ``size`` keys, newest overwriting oldest in a ring (NumPy)."""
+    queue, pointer = np.zeros((size, D)), 0
+    for keys in keys_per_step:
+        for row in np.asarray(keys):
+            queue[pointer] = row
+            pointer = (pointer + 1) % size
+    return queue, pointer
+
+
+@pytest.mark.parametrize("num_devices", [None, 4, 8])
+def test_enqueue_keeps_the_last_keys_and_wraps(num_devices):
+    steps = [_unit(20 + s, N) for s in range(3)]  # 48 keys into 32 rows: wraps once
+    enqueue = functools.partial(losses.enqueue, axis_name=None)
+    if num_devices is not None:
+        enqueue = jax.shard_map(
+            functools.partial(losses.enqueue, axis_name=DATA_AXIS),
+            mesh=sharding.make_mesh(num_devices),
+            in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS)), out_specs=(P(DATA_AXIS), P()),
+        )
+    queue, pointer = jnp.zeros((K, D)), jnp.int32(0)
+    for keys in steps:
+        queue, pointer = jax.jit(enqueue)(queue, pointer, keys)
+    want_queue, want_pointer = _fifo(steps, K)
+    np.testing.assert_array_equal(np.asarray(queue), want_queue.astype(np.float32))
+    assert int(pointer) == want_pointer
+
+
+def test_enqueue_rejects_a_queue_not_a_multiple_of_the_batch():
+    with pytest.raises(ValueError, match="multiple of the global batch 16"):
+        losses.enqueue(jnp.zeros((40, D)), jnp.int32(0), _unit(0, N))
+
+
+# ------------------------------------------------------------------------------- XBM
+
+
+def _xbm_numpy(z, labels, memory, memory_labels, loss, temperature=None, margin=None,
+               alpha=2.0, beta=50.0, base=0.5):
+    """Each anchor against every candidate pair (the batch but itself, the filled memory
+    slots), pair by pair, in float64."""
+    z, memory = np.asarray(z, np.float64), np.asarray(memory, np.float64)
+    labels, memory_labels = np.asarray(labels), np.asarray(memory_labels)
+    per_anchor, weights = [], []
+    for i in range(len(z)):
+        cands = [(z[j], labels[j]) for j in range(len(z)) if j != i]
+        cands += [(m, y) for m, y in zip(memory, memory_labels) if y >= 0]
+        s = np.array([z[i] @ c for c, _ in cands])
+        same = np.array([y == labels[i] for _, y in cands])
+        if loss == "supcon":
+            log_denominator = np.log(np.sum(np.exp(s / temperature)))
+            per_anchor.append(np.mean(log_denominator - s[same] / temperature) if same.any() else 0.0)
+            weights.append(float(same.any()))
+        elif loss == "contrastive":
+            d = np.sqrt(np.maximum(2 - 2 * s, 0))
+            per_anchor.append(np.mean(np.where(same, d**2, np.maximum(margin - d, 0) ** 2)))
+            weights.append(1.0)
+        else:
+            pos = np.log1p(np.sum(np.exp(-alpha * (s[same] - base)))) / alpha
+            neg = np.log1p(np.sum(np.exp(beta * (s[~same] - base)))) / beta
+            per_anchor.append(pos + neg)
+            weights.append(1.0)
+    return np.sum(np.array(per_anchor) * weights) / np.sum(weights)
+
+
+def _xbm_dense(z, memory, labels, memory_labels, loss, temperature=None, margin=None):
+    """The dense XBM in jnp on [B, N + M] similarities (for jax.grad)."""
+    cands = jnp.concatenate([z, memory])
+    all_labels = jnp.concatenate([labels, memory_labels])
+    s = z @ cands.T
+    n = len(z)
+    candidate = (jnp.arange(len(cands))[None, :] != jnp.arange(n)[:, None]) & (all_labels >= 0)[None, :]
+    same = labels[:, None] == all_labels[None, :]
+    pos, neg = same & candidate, ~same & candidate
+    if loss == "supcon":
+        lse = jax.nn.logsumexp(jnp.where(candidate, s / temperature, -jnp.inf), axis=1)
+        count = pos.sum(1)
+        per = lse - jnp.where(pos, s / temperature, 0).sum(1) / jnp.maximum(count, 1)
+        return jnp.sum(jnp.where(count > 0, per, 0)) / jnp.sum(count > 0)
+    if loss == "contrastive":
+        d2 = jnp.maximum(2 - 2 * s, 1e-12)
+        cost = jnp.where(same, d2, jax.nn.relu(margin - jnp.sqrt(d2)) ** 2)
+        return jnp.mean(jnp.sum(jnp.where(candidate, cost, 0), 1) / candidate.sum(1))
+    return jnp.mean(
+        jnp.log1p(jnp.where(pos, jnp.exp(-2.0 * (s - 0.5)), 0).sum(1)) / 2.0
+        + jnp.log1p(jnp.where(neg, jnp.exp(50.0 * (s - 0.5)), 0).sum(1)) / 50.0
+    )
+
+
+def _xbm_inputs():
+    z = _unit(3, N)
+    labels = jnp.arange(N) % 3
+    memory = _unit(4, K)
+    memory_labels = jnp.where(jnp.arange(K) % 4 == 1, -1, jnp.arange(K) % 4)
+    return z, labels, memory, memory_labels
+
+
+XBM_HYPER = {
+    "supcon": {"temperature": 0.3},
+    "contrastive": {"margin": 1.2},
+    "multi_similarity": {},
+}
+
+
+@pytest.mark.parametrize(
+    "num_devices, options",
+    [(None, {}), (None, {"chunk_size": 8}), (4, {}), (8, {"collective": "ring", "chunk_size": 2})],
+)
+@pytest.mark.parametrize("loss", losses.XBM_LOSSES)
+def test_xbm_matches_the_direct_pairs(loss, num_devices, options):
+    z, labels, memory, memory_labels = _xbm_inputs()
+    fn = functools.partial(losses.xbm_loss, loss=loss, **XBM_HYPER[loss], **options)
+    if num_devices is not None:
+        fn = sharding.shard_loss(fn, sharding.make_mesh(num_devices))
+    value, grad = jax.jit(jax.value_and_grad(fn))(z, labels, memory, memory_labels)
+    _close(value, _xbm_numpy(z, labels, memory, memory_labels, loss, **XBM_HYPER[loss]))
+    dense = lambda z, memory: _xbm_dense(  # noqa: E731
+        z, memory, labels, memory_labels, loss, **XBM_HYPER[loss]
+    )
+    want_value, want_grads = _float64(dense, z, memory)
+    _close(value, want_value)
+    _grads_close([grad], want_grads[:1], 1e-4)
+
+
+@pytest.mark.parametrize(
+    "loss, plain",
+    [
+        ("supcon", lambda z, y: losses.supcon_loss(z, y, temperature=0.3)),
+        ("contrastive", lambda z, y: losses.contrastive_loss(z, y, margin=1.2)),
+        ("multi_similarity", lambda z, y: losses.multi_similarity_loss(z, y)),
+    ],
+)
+def test_xbm_with_an_empty_memory_is_the_plain_loss(loss, plain):
+    """Gradients through the normalisation: XBM's contrastive distances assume unit
+    vectors (``2 - 2 cos``), the plain loss's do not, so only the tangent parts agree."""
+    z, labels, memory, _ = _xbm_inputs()
+    empty = jnp.full((K,), -1)
+    unit = _common.l2_normalize
+    got = jax.value_and_grad(
+        lambda z: losses.xbm_loss(unit(z), labels, memory, empty, loss=loss, **XBM_HYPER[loss])
+    )(z)
+    want = jax.value_and_grad(lambda z: plain(unit(z), labels))(z)
+    _close(got[0], want[0], 1e-4)
+    _grads_close([got[1]], [want[1]], 1e-4)
+
+
+def test_xbm_rejects_a_loss_that_is_not_label_based():
+    z, labels, memory, memory_labels = _xbm_inputs()
+    with pytest.raises(ValueError, match="loss must be one of"):
+        losses.xbm_loss(z, labels, memory, memory_labels, loss="clip")

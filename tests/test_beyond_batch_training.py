@@ -1,0 +1,160 @@
+"""The losses with state in the trainer: sharded steps equal one device's (state
+included), gradient caching equals the whole batch, the pipeline's example indices,
+the state's updates, and the config errors raised before anything compiles."""
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from contrastive_jax import input_pipeline, sharding
+from contrastive_jax.config_lib import ConfigError, override
+from contrastive_jax.trainer import build
+
+N = 64
+STATE_FIELDS = {
+    "sogclr": {"loss.name": "sogclr"},
+    "moco_queue": {"loss.name": "moco_queue", "loss.queue_size": 4 * N,
+                   "loss.queue_momentum": 0.9, "loss.chunk_size": 16},
+    "xbm": {"loss.name": "xbm", "data.task": "labeled", "data.examples_per_class": 8,
+            "loss.xbm_memory_size": 2 * N, "loss.xbm_warmup_steps": 1},
+}
+
+
+@pytest.fixture
+def config(load_config, digits_data_dir):
+    """The default config, tiny, without augmentation (the indices are checked on pixels)."""
+    return override(load_config("default"), {
+        "data.data_dir": digits_data_dir,
+        "data.augment.noise_std": 0.0,
+        "model.mlp_hidden_dims": (32,),
+        "model.encoder_dim": 32,
+        "model.embed_dim": 16,
+        "model.dropout_rate": 0.0,
+        "train.global_batch_size": N,
+        "optim.warmup_steps": 0,
+    })
+
+
+def run_steps(config, num_devices, num_steps=3):
+    """`(states after each step, losses, batches)`: `num_steps` jitted steps from the start."""
+    trainer = build(config, sharding.make_mesh(num_devices))
+    ds = input_pipeline.train_dataset(config)
+    init, abstract = trainer.init_state(ds.element_spec)
+    step = trainer.jit_train_step(abstract)
+    state, states, values, batches = init(), [], [], []
+    for batch in ds.take(num_steps).as_numpy_iterator():
+        state, metrics = step(state, batch)
+        states.append(jax.device_get(state))
+        values.append(float(metrics["loss"]))
+        batches.append(batch)
+    return states, values, batches
+
+
+@pytest.mark.parametrize("name", sorted(STATE_FIELDS))
+def test_sharded_steps_equal_one_device_with_the_state(config, name):
+    config = override(config, STATE_FIELDS[name])
+    (states_1, losses_1, _), (states_8, losses_8, _) = run_steps(config, 1), run_steps(config, 8)
+    np.testing.assert_allclose(losses_8, losses_1, rtol=1e-5)
+    for state_1, state_8 in zip(states_1, states_8):
+        chex.assert_trees_all_close(state_8.loss_state, state_1.loss_state, rtol=1e-4, atol=1e-6)
+    chex.assert_trees_all_close(states_8[-1].params, states_1[-1].params, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["sogclr", "moco_queue"])
+def test_grad_cache_equals_the_whole_batch_with_the_state(config, name):
+    config = override(config, STATE_FIELDS[name] | {"loss.queue_momentum": 0.0})
+    whole, whole_losses, _ = run_steps(config, 8, num_steps=2)
+    cached, cached_losses, _ = run_steps(
+        override(config, {"train.micro_batch_size": 16}), 8, num_steps=2
+    )
+    np.testing.assert_allclose(cached_losses, whole_losses, rtol=1e-5)
+    chex.assert_trees_all_close(cached[-1].loss_state, whole[-1].loss_state, rtol=1e-4, atol=1e-6)
+    chex.assert_trees_all_close(cached[-1].params, whole[-1].params, rtol=1e-4, atol=1e-6)
+
+
+def test_the_pipeline_gives_each_example_its_index(config):
+    """`index` is the example's row in the loaded split: its pixels are the batch's."""
+    arrays = input_pipeline.load_split(config.data, config.data.train_split)
+    for step, batch in enumerate(input_pipeline.train_dataset(config).take(2).as_numpy_iterator()):
+        images = arrays["image"][batch["index"]].astype(np.float32) / 255.0
+        np.testing.assert_array_equal(batch["a"], images[:, :4], err_msg=f"step {step}")
+        np.testing.assert_array_equal(batch["label"], arrays["label"][batch["index"]])
+
+
+def test_sogclr_table_rows_are_the_visited_examples(config):
+    states, _, batches = run_steps(override(config, STATE_FIELDS["sogclr"]), 8, num_steps=2)
+    table = states[-1].loss_state["log_u"]
+    visited = np.unique(np.concatenate([b["index"] for b in batches]))
+    assert table.shape == (1437, 2)  # the digits' training split
+    np.testing.assert_array_equal(np.flatnonzero(np.isfinite(table[:, 0])), visited)
+
+
+def test_moco_queue_takes_the_momentum_encoders_keys(config):
+    """After step s the queue's rows [s N, (s + 1) N) are that step's keys from the
+    moving average of the towers (before its update), and the average moves by (1 - m)."""
+    config = override(config, STATE_FIELDS["moco_queue"])
+    states, _, batches = run_steps(config, 8, num_steps=2)
+    trainer = build(config, sharding.make_mesh(1))
+    before, after = states[0], states[1]
+    keys = trainer.model.apply(
+        {"params": before.loss_state["ema_params"], "batch_stats": {}},
+        batches[1]["a"], batches[1]["b"], train=False,
+    )
+    np.testing.assert_allclose(after.loss_state["queue_b"][N : 2 * N], keys["zb"], atol=1e-5)
+    np.testing.assert_allclose(after.loss_state["queue_a"][N : 2 * N], keys["za"], atol=1e-5)
+    assert int(after.loss_state["pointer"]) == 2 * N
+    chex.assert_trees_all_close(
+        after.loss_state["ema_params"],
+        jax.tree.map(lambda e, p: 0.9 * e + 0.1 * p, before.loss_state["ema_params"], after.params),
+        rtol=1e-5, atol=1e-7,
+    )
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"loss.name": "moco_queue", "loss.queue_size": 1000},
+         "config.loss.queue_size=1000 must be a positive multiple of config.train.global_batch_size=64"),
+        ({"loss.name": "sogclr", "loss.sogclr_table_size": 1000},
+         "config.loss.sogclr_table_size=1000 is smaller than the 1437 examples"),
+        ({"loss.name": "xbm", "data.task": "labeled", "loss.xbm_loss": "triplet"},
+         "config.loss.xbm_loss='triplet' is not a label-based loss the memory can extend"),
+        ({"loss.name": "xbm", "data.task": "labeled", "loss.xbm_memory_size": 100},
+         "config.loss.xbm_memory_size=100 must be a positive multiple"),
+        ({"loss.name": "sogclr", "train.micro_batch_size": 16,
+          "train.micro_batch_method": "accumulate"},
+         "updates its state once per step"),
+        ({"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum": 0.99,
+          "train.micro_batch_size": 16},
+         "micro-batches cannot split"),
+        ({"loss.name": "sogclr", "loss.sogclr_gamma": 0.0}, "config.loss.sogclr_gamma=0.0"),
+    ],
+)
+def test_bad_state_settings_are_one_config_error_from_build(config, fields, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        build(override(config, fields), sharding.make_mesh(8))
+    assert "\n" not in str(error.value)
+
+
+def test_xbm_memory_joins_after_the_warm_up(config):
+    """Before `xbm_warmup_steps` the loss is the batch's alone; from then on the filled
+    memory slots are candidates too."""
+    config = override(config, STATE_FIELDS["xbm"] | {"loss.xbm_warmup_steps": 2})
+    trainer = build(config, sharding.make_mesh(8))
+    states, _, batches = run_steps(config, 8, num_steps=1)
+    state = states[0].loss_state  # the memory holds step 0's embeddings
+    outputs = trainer.model.apply(
+        {"params": states[0].params, "batch_stats": {}}, batches[0]["a"], None, train=False
+    )
+    batched = {"za": outputs["za"]}
+    shared = {"temperature": outputs["temperature"]}
+    data = {"label": batches[0]["label"]}
+
+    def loss_at(step, loss_state=state):
+        return float(trainer.stateful_loss(batched, shared, data, loss_state, step)[0])
+
+    empty = dict(state, labels=np.full_like(state["labels"], -1))
+    assert loss_at(1) == loss_at(1, empty)
+    assert loss_at(2) != pytest.approx(loss_at(2, empty), rel=1e-3)
+    assert loss_at(2, empty) == pytest.approx(loss_at(1, empty), rel=1e-6)
