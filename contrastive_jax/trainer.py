@@ -66,12 +66,17 @@ class TrainState(train_state.TrainState):
 class Trainer:
     """The parts of a run that `build` checked against each other and the mesh."""
 
-    config: ml_collections.ConfigDict
+    config: ml_collections.ConfigDict  # for the loop; the step reads only the fields below
     mesh: jax.sharding.Mesh
     model: models.TwoTower
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     loss: losses.Loss
+    loss_settings: losses.LossSettings
+    seed: int  # parameter init and dropout
+    micro_batch_size: int  # examples per micro-batch over all devices; 0: none
+    micro_batch_method: str  # a name in MICRO_BATCH_METHODS
+    id_keys: tuple[str, ...]  # the dataset's id keys, stacked into `groups`
     loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
 
     def init_state(
@@ -91,7 +96,7 @@ class Trainer:
         def init(rng):
             variables = self.model.init({"params": rng}, dummy["a"], dummy.get("b"), train=False)
             loss_state = self.loss.state and self.loss.state.init(
-                self.config, variables["params"], self.loss_table_size
+                self.loss_settings, variables["params"], self.loss_table_size
             )
             return TrainState.create(
                 apply_fn=self.model.apply,
@@ -101,7 +106,7 @@ class Trainer:
                 loss_state=loss_state,
             )
 
-        rng = jax.random.key(self.config.seed)
+        rng = jax.random.key(self.seed)
         shapes = jax.eval_shape(init, rng)
         shardings = jax.tree.map(lambda _: sharding.replicated(self.mesh), shapes)
         if self.loss.state is not None:
@@ -139,8 +144,7 @@ class Trainer:
         so a resumed run repeats an uninterrupted one. Returns the new state and scalar
         metrics (`loss`, `grad_norm`, `learning_rate`, `temperature`, the loss's own).
         """
-        train = self.config.train
-        rng = jax.random.fold_in(jax.random.key(self.config.seed), state.step)
+        rng = jax.random.fold_in(jax.random.key(self.seed), state.step)
         batch = self._with_momentum_keys(state, batch)
 
         def forward(params, inputs, micro_index):
@@ -163,15 +167,15 @@ class Trainer:
                 return loss, (metrics, state.loss_state)
             return self.stateful_loss(batched, shared, data, state.loss_state, state.step)
 
-        if train.micro_batch_size:
+        if self.micro_batch_size:
             (loss, (metrics, loss_state), updates), grads = MICRO_BATCH_METHODS[
-                train.micro_batch_method
+                self.micro_batch_method
             ](
                 forward,
                 loss_of_outputs,
                 state.params,
                 batch,
-                num_micro_batches=batch["a"].shape[0] // train.micro_batch_size,
+                num_micro_batches=batch["a"].shape[0] // self.micro_batch_size,
                 num_shards=self.mesh.shape[DATA_AXIS],
             )
         else:
@@ -188,7 +192,7 @@ class Trainer:
         state = state.apply_gradients(grads=grads, batch_stats=updates.get("batch_stats", {}))
         state = state.replace(params=models.clamp_temperature(state.params))
         if self.loss.state is not None and self.loss.state.after_step is not None:
-            loss_state = self.loss.state.after_step(loss_state, state.params, self.config.loss)
+            loss_state = self.loss.state.after_step(loss_state, state.params, self.loss_settings)
         state = state.replace(loss_state=loss_state)
         metrics = dict(
             metrics, loss=loss, grad_norm=optax.tree.norm(grads), learning_rate=learning_rate
@@ -205,8 +209,7 @@ class Trainer:
         if self.loss.indices:
             data["index"] = batch["index"]
         if self.loss.groups:
-            id_keys = input_pipeline.SOURCES[self.config.data.name].id_keys
-            data["groups"] = jnp.stack([batch[key] for key in id_keys], axis=-1)
+            data["groups"] = jnp.stack([batch[key] for key in self.id_keys], axis=-1)
         return data
 
     def global_loss(
@@ -225,7 +228,7 @@ class Trainer:
         """
 
         def per_device(batched, shared, data):
-            loss, metrics = self.loss.fn({**batched, **shared, **data}, self.config.loss)
+            loss, metrics = self.loss.fn({**batched, **shared, **data}, self.loss_settings)
             return loss, dict(metrics, temperature=shared["temperature"])
 
         return jax.shard_map(
@@ -250,7 +253,7 @@ class Trainer:
 
         def per_device(batched, shared, data, loss_state, step):
             inputs = {**batched, **shared, **data, "state": loss_state, "step": step}
-            loss, metrics, loss_state = self.loss.fn(inputs, self.config.loss)
+            loss, metrics, loss_state = self.loss.fn(inputs, self.loss_settings)
             return loss, dict(metrics, temperature=shared["temperature"]), loss_state
 
         specs = self._loss_state_specs(loss_state)
@@ -328,7 +331,15 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE, learned_bias=loss.learned_bias
     )
     tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
-    return Trainer(config, mesh, model, tx, schedule, loss, loss_table_size)
+    return Trainer(
+        config, mesh, model, tx, schedule, loss,
+        loss_settings=losses.LossSettings.from_config(config),
+        seed=config.seed,
+        micro_batch_size=train.micro_batch_size,
+        micro_batch_method=train.micro_batch_method,
+        id_keys=tuple(input_pipeline.SOURCES[config.data.name].id_keys),
+        loss_table_size=loss_table_size,
+    )
 
 
 def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict) -> int:

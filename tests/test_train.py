@@ -81,6 +81,28 @@ def assert_same_steps(single, sharded):
     chex.assert_trees_all_close(params_8, params_1, rtol=1e-4, atol=1e-6)
 
 
+class _Untouchable:
+    """A config that fails on any read."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"config.{name} read after trainer.build")
+
+
+@pytest.mark.parametrize("fields", [
+    {"loss.name": "siglip", "train.micro_batch_size": 32},  # bias, micro-batches
+    {"loss.name": "moco_queue", "loss.queue_size": 128, "loss.queue_momentum": 0.9},  # state, EMA
+])
+def test_build_reads_the_config_once_state_and_step_read_none(config, fields):
+    """Under the loop, the state's creation and the traced step read plain values that
+    `build` took from the config; no ConfigDict enters jitted or shard_map'ped code."""
+    config = override(config, fields)
+    ds = input_pipeline.train_dataset(config)
+    trainer = dataclasses.replace(build(config, sharding.make_mesh(8)), config=_Untouchable())
+    init, abstract = trainer.init_state(ds.element_spec)
+    state, metrics = trainer.jit_train_step(abstract)(init(), next(ds.as_numpy_iterator()))
+    assert np.isfinite(metrics["loss"]) and int(state.step) == 1
+
+
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
 def test_sharded_steps_equal_single_device_steps(config, loss):
     config = override(config, {"loss.name": loss})
@@ -95,8 +117,8 @@ def test_sharded_step_comparison_sees_a_gradient_scaled_by_the_device_count(conf
     clip = losses.LOSSES["clip"]
     for factor in (8, 1 / 8):
 
-        def scaled_gradient(inputs, loss_config, factor=factor):
-            loss, metrics = clip.fn(inputs, loss_config)
+        def scaled_gradient(inputs, settings, factor=factor):
+            loss, metrics = clip.fn(inputs, settings)
             scale = factor ** (jax.lax.axis_size(DATA_AXIS) > 1)
             return jax.lax.stop_gradient(loss) + scale * (loss - jax.lax.stop_gradient(loss)), metrics
 

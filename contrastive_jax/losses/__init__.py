@@ -37,11 +37,12 @@ from contrastive_jax.losses.metric import (
     triplet_loss,
 )
 from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
-from contrastive_jax.losses.registry import LOSSES, Loss, LossState
+from contrastive_jax.losses.registry import LOSSES, Loss, LossSettings, LossState
 
 __all__ = [
     "LOSSES",
     "Loss",
+    "LossSettings",
     "LossState",
     "TRIPLET_MINING",
     "XBM_LOSSES",

@@ -1,7 +1,7 @@
 """The losses the trainer can train with (`config.loss.name`), and what each one reads.
 
 Each entry is a `Loss`: a function of one device's inputs (model outputs and data
-fields) and `config.loss`, called inside `jax.shard_map` over `sharding.DATA_AXIS` so that it spans
+fields) and the `LossSettings` (`config.loss`'s values), called inside `jax.shard_map` over `sharding.DATA_AXIS` so that it spans
 the global batch, and the set of inputs it reads. The trainer derives its checks from
 the inputs (a pair loss needs task "pairs" or "views", a label loss a dataset with
 labels, a grouping loss a dataset with id keys, a classifier loss
@@ -67,14 +67,46 @@ from contrastive_jax.sharding import DATA_AXIS
 
 Outputs = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
-# (one device's model outputs and data fields, config.loss) -> (global loss, metrics).
-LossFn = Callable[[Outputs, ml_collections.ConfigDict], tuple[jax.Array, Metrics]]
+CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+    """The loss's hyperparameters as plain Python values: `trainer.build` reads them
+    from the config once (`from_config`), and the loss functions, traced inside the
+    step, read these, never a ConfigDict. Each field is `config.loss.<name>`, but for
+    `seed` and `embed_dim` (`config.seed`, `config.model.embed_dim`: a queue's or
+    memory's first entries)."""
+
+    chunk_size: int | str | None
+    collective: str
+    margin: float
+    triplet_mining: str
+    label_smoothing: float
+    focal_gamma: float
+    dcl_weight_sigma: float | None
+    sogclr_gamma: float
+    queue_size: int
+    queue_momentum: float
+    xbm_loss: str
+    xbm_memory_size: int
+    xbm_warmup_steps: int
+    seed: int
+    embed_dim: int
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "LossSettings":
+        """The settings of `config` (the whole experiment config)."""
+        own = {f.name for f in dataclasses.fields(cls)} - {"seed", "embed_dim"}
+        return cls(**{name: config.loss[name] for name in own}, seed=config.seed,
+                   embed_dim=config.model.embed_dim)
+
+
+# (one device's model outputs and data fields, settings) -> (global loss, metrics).
+LossFn = Callable[[Outputs, LossSettings], tuple[jax.Array, Metrics]]
 # The same for a loss with state (`Outputs` also holds `state` and `step`): (global
 # loss, metrics, new state).
-StatefulLossFn = Callable[
-    [Outputs, ml_collections.ConfigDict], tuple[jax.Array, Metrics, dict[str, Any]]
-]
-CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
+StatefulLossFn = Callable[[Outputs, LossSettings], tuple[jax.Array, Metrics, dict[str, Any]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,20 +114,20 @@ class LossState:
     """What a loss keeps across steps, in `TrainState.loss_state`.
 
     Attributes:
-      init: `(config, params, num_examples) -> {name: global array}`, the first state
-        (`num_examples`: the rows of a per-example table, see `trainer.build`).
+      init: `(settings, params, num_examples) -> {name: global array}`, the first
+        state (`num_examples`: the rows of a per-example table, see `trainer.build`).
       sharded: the names whose arrays are split over the data axis by rows (the
         queue, the memory); the others are replicated.
       check: `(config) -> None`, raising ConfigError for settings the state cannot
         take (run by `trainer.build`, before anything compiles).
-      after_step: `(state, params, config.loss) -> state` after the optimizer step
-        (the momentum encoder's update), or None.
+      after_step: `(state, params, settings) -> state` after the optimizer step (the
+        momentum encoder's update), or None.
     """
 
-    init: Callable[[ml_collections.ConfigDict, Any, int], dict[str, Any]]
+    init: Callable[[LossSettings, Any, int], dict[str, Any]]
     sharded: frozenset[str]
     check: Callable[[ml_collections.ConfigDict], None]
-    after_step: Callable[[dict[str, Any], Any, ml_collections.ConfigDict], dict[str, Any]] | None = None
+    after_step: Callable[[dict[str, Any], Any, LossSettings], dict[str, Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +214,7 @@ def _per_example_loss(value_fn, *outputs: str) -> Loss:
     )
 
 
-def _streaming(c: ml_collections.ConfigDict) -> dict[str, Any]:
+def _streaming(c: LossSettings) -> dict[str, Any]:
     return {"axis_name": DATA_AXIS, "chunk_size": c.chunk_size, "collective": c.collective}
 
 
@@ -213,20 +245,20 @@ def _sogclr(o, c):
     return loss, {}, {"log_u": log_u}
 
 
-def _random_rows(config: ml_collections.ConfigDict, rows: int, salt: int) -> jax.Array:
+def _random_rows(c: LossSettings, rows: int, salt: int) -> jax.Array:
     """`[rows, embed_dim]` random unit vectors: a queue's or memory's first entries."""
-    key = jax.random.fold_in(jax.random.key(config.seed), salt)
-    return l2_normalize(jax.random.normal(key, (rows, config.model.embed_dim)))
+    key = jax.random.fold_in(jax.random.key(c.seed), salt)
+    return l2_normalize(jax.random.normal(key, (rows, c.embed_dim)))
 
 
-def _moco_init(config, params, num_examples):
+def _moco_init(c: LossSettings, params, num_examples):
     del num_examples
     state = {
-        "queue_a": _random_rows(config, config.loss.queue_size, 1),
-        "queue_b": _random_rows(config, config.loss.queue_size, 2),
+        "queue_a": _random_rows(c, c.queue_size, 1),
+        "queue_b": _random_rows(c, c.queue_size, 2),
         "pointer": jnp.zeros((), jnp.int32),
     }
-    if config.loss.queue_momentum > 0:
+    if c.queue_momentum > 0:
         state["ema_params"] = params
     return state
 
@@ -271,11 +303,11 @@ def _moco_after_step(state, params, c):
     return dict(state, ema_params=ema)
 
 
-def _xbm_init(config, params, num_examples):
+def _xbm_init(c: LossSettings, params, num_examples):
     del params, num_examples
     return {
-        "memory": _random_rows(config, config.loss.xbm_memory_size, 3),
-        "labels": jnp.full((config.loss.xbm_memory_size,), -1, jnp.int32),  # -1: empty
+        "memory": _random_rows(c, c.xbm_memory_size, 3),
+        "labels": jnp.full((c.xbm_memory_size,), -1, jnp.int32),  # -1: empty
         "pointer": jnp.zeros((), jnp.int32),
     }
 
@@ -337,7 +369,7 @@ LOSSES: Mapping[str, Loss] = {
         _sogclr,
         frozenset({"za", "zb", "temperature", "index"}),
         LossState(
-            init=lambda config, params, num_examples: {"log_u": sogclr_init_state(num_examples)},
+            init=lambda c, params, num_examples: {"log_u": sogclr_init_state(num_examples)},
             sharded=frozenset(), check=_check_sogclr,
         ),
     ),
