@@ -23,7 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_simulated_devices = 8  # Simulated CPU devices; 1: no simulation.
 
     config.data = data = ml_collections.ConfigDict()
-    data.name = "sklearn_digits"  # A TFDS name listed in input_pipeline.SOURCES.
+    data.name = "sklearn_digits"  # A TFDS name listed in data_sources.SOURCES.
     data.data_dir = None  # TFDS data directory; None: TFDS's default (~/tensorflow_datasets).
     data.task = "pairs"  # "pairs" (two halves / image-text), "views" (SimCLR), "labeled".
     data.train_split = "train"  # TFDS split string used for training.

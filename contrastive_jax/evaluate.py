@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 from sklearn import linear_model
 
-from contrastive_jax import input_pipeline, sharding
+from contrastive_jax import data_sources, input_pipeline, sharding
 
 
 def cross_view_recall(
@@ -172,7 +172,7 @@ class Evaluator:
     """Embeds the evaluation (and, for probes, training) split and computes metrics.
 
     Which metrics depends on the data: paired inputs (`pairs`) get cross-view R@K both
-    ways (answers grouped by the dataset's `input_pipeline.Source.match_keys`) and
+    ways (answers grouped by the dataset's `data_sources.Source.match_keys`) and
     alignment; labelled eval data gets leave-one-out retrieval (R@K, MAP@R,
     R-precision); kNN and the linear probe run when every eval class is also a training
     class (not on a class-disjoint split); uniformity and collapse diagnostics always.
@@ -221,7 +221,7 @@ class Evaluator:
         z = self.embed(state, self._eval)
         out = {}
         if "zb" in z:
-            match_a, match_b = input_pipeline.SOURCES[self._config.data.name].match_keys or (None, None)
+            match_a, match_b = data_sources.SOURCES[self._config.data.name].match_keys or (None, None)
             for name, query, gallery, match in (("a_to_b", "za", "zb", match_a), ("b_to_a", "zb", "za", match_b)):
                 groups = self._eval[match] if match else None
                 recall = cross_view_recall(z[query], z[gallery], ks, groups=groups)

@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 from contrastive_jax import (
     bad_loss,
     grad_cache,
-    input_pipeline,
+    data_sources,
     losses,
     models,
     optimizer,
@@ -307,7 +307,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         group, field = name.split(".")
         if config[group][field] < least:
             raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
-    input_pipeline.check_data_config(config.data)
+    data_sources.check_data_config(config.data)
     bad_loss.check_config(train)
     loss = losses.registry.get(loss_config.name)
     _check_loss_inputs(loss, config)
@@ -315,7 +315,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
     sharding.check_batch_divides(
         train.global_batch_size, num_devices, "config.train.global_batch_size"
     )
-    input_pipeline.per_process_batch_size(train.global_batch_size, jax.process_count())
+    data_sources.per_process_batch_size(train.global_batch_size, jax.process_count())
     _check_chunk_size(loss_config, train.global_batch_size, num_devices)
     if train.micro_batch_size:
         if train.micro_batch_method not in MICRO_BATCH_METHODS:
@@ -328,7 +328,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         )
     loss_table_size = _check_loss_state(loss, config)
     model = models.create_model(
-        config, text_vocab_size=input_pipeline.TEXT_VOCAB_SIZE, learned_bias=loss.learned_bias
+        config, text_vocab_size=data_sources.TEXT_VOCAB_SIZE, learned_bias=loss.learned_bias
     )
     tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
     return Trainer(
@@ -337,7 +337,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         seed=config.seed,
         micro_batch_size=train.micro_batch_size,
         micro_batch_method=train.micro_batch_method,
-        id_keys=tuple(input_pipeline.SOURCES[config.data.name].id_keys),
+        id_keys=tuple(data_sources.SOURCES[config.data.name].id_keys),
         loss_table_size=loss_table_size,
     )
 
@@ -358,6 +358,8 @@ def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict) -> i
         )
     if not loss.indices:
         return 0
+    from contrastive_jax import input_pipeline  # TensorFlow, only for a per-example table
+
     examples = input_pipeline.train_split_size(config.data)
     table = config.loss.sogclr_table_size or examples
     if table < examples:
@@ -377,14 +379,14 @@ def _check_loss_inputs(loss: losses.Loss, config: ml_collections.ConfigDict) -> 
             f"config.loss.name={name!r} needs paired inputs but config.data.task is "
             "'labeled'; use task 'pairs' or 'views', or a label loss."
         )
-    if loss.labels and input_pipeline.SOURCES[config.data.name].label_key is None:
+    if loss.labels and data_sources.SOURCES[config.data.name].label_key is None:
         pair_losses = sorted(k for k, v in losses.LOSSES.items() if not v.labels)
         raise ConfigError(
             f"config.loss.name={name!r} needs labels but {config.data.name!r} has none; use "
             f"one of {pair_losses}."
         )
-    if loss.groups and not input_pipeline.SOURCES[config.data.name].id_keys:
-        grouped = sorted(k for k, v in input_pipeline.SOURCES.items() if v.id_keys)
+    if loss.groups and not data_sources.SOURCES[config.data.name].id_keys:
+        grouped = sorted(k for k, v in data_sources.SOURCES.items() if v.id_keys)
         raise ConfigError(
             f"config.loss.name={name!r} masks in-batch false negatives by the dataset's "
             f"grouping ids, but {config.data.name!r} has none; use 'clip', or a dataset "

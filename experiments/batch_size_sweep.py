@@ -304,11 +304,11 @@ def run_study(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out
     Every record also gets its N's `false_negative_fraction` (`false_negative_fraction`
     over the training split's `word_id` and `pronunciation_id`).
     """
-    from contrastive_jax import input_pipeline
+    from contrastive_jax import data_sources, input_pipeline
 
     base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     train = input_pipeline.load_split(base.data, base.data.train_split)
-    groups = {key: train[key] for key in input_pipeline.SOURCES[base.data.name].id_keys}
+    groups = {key: train[key] for key in data_sources.SOURCES[base.data.name].id_keys}
     runs = study_runs(base, batch_sizes, seeds, epochs=epochs, steps=steps,
                       train_size=input_pipeline.num_examples(train), masked_loss=masked_loss)
     fractions = {n: false_negative_fraction(groups, n) for n in batch_sizes}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contrastive_jax import input_pipeline
+from contrastive_jax import data_sources, input_pipeline
 from contrastive_jax.datasets import cmudict
 
 SIZES = {"train": 121_490, "test": 13_676}
@@ -81,6 +81,8 @@ def test_longest_sequences():
     entries = cmudict.entries()
     assert max(len(e.word.encode()) for e in entries) == cmudict.MAX_WORD_LENGTH
     assert max(len(e.phonemes) for e in entries) == cmudict.MAX_PHONEMES
+    longest = max(cmudict.MAX_WORD_LENGTH, cmudict.MAX_PHONEMES)
+    assert data_sources.SOURCES["cmudict"].max_text_length == longest  # the TensorFlow-free copy
 
 
 # Through the input pipeline: configs/cmudict_clip.py reading the (smaller) test split.
@@ -151,4 +153,4 @@ def test_bad_config_raises_a_clear_error(config, field, value, message):
         node = node[part]
     node[name] = value
     with pytest.raises(ValueError, match=message):
-        input_pipeline.check_data_config(config.data)
+        data_sources.check_data_config(config.data)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contrastive_jax import input_pipeline, losses, sharding, train, trainer
+from contrastive_jax import data_sources, input_pipeline, losses, sharding, train, trainer
 from contrastive_jax.config_lib import override
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
@@ -77,7 +77,7 @@ def test_real_data_config_builds_pipeline_and_model_on_mock_data(load_config, na
     assert evaluation["a"].shape[1:] == batch["a"].shape[1:]
     if config.data.task == "pairs":
         assert batch["b"].shape == (8, config.data.text_max_length)
-        assert batch["b"].dtype == np.int32 and batch["b"].max() < input_pipeline.TEXT_VOCAB_SIZE
+        assert batch["b"].dtype == np.int32 and batch["b"].max() < data_sources.TEXT_VOCAB_SIZE
     if config.data.task == "labeled":
         lo, hi = config.data.train_class_range
         assert np.all((batch["label"] >= lo) & (batch["label"] < hi))

@@ -6,6 +6,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 
 import chex
 import jax
@@ -79,6 +81,12 @@ def assert_same_steps(single, sharded):
         assert metrics_8["grad_norm"] == pytest.approx(metrics_1["grad_norm"], rel=1e-4)
         assert metrics_8["accuracy_a_to_b"] == metrics_1["accuracy_a_to_b"]
     chex.assert_trees_all_close(params_8, params_1, rtol=1e-4, atol=1e-6)
+
+
+def test_building_a_trainer_imports_no_tensorflow():
+    """The config checks and the step need no TensorFlow (only the data pipeline does)."""
+    code = "import sys, contrastive_jax.trainer; assert 'tensorflow' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 class _Untouchable:

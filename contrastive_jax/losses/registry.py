@@ -11,7 +11,7 @@ adding a loss touches this file only.
 Model outputs (see `models.TwoTower`): `za`, `zb` [B, D] L2-normalised; `logits` [B, C]
 (classifier head); `temperature`, `bias` scalars and `proxies` [C, D] (replicated).
 From the data: `label` [B] int; `groups` [B, K] int, the dataset's id keys
-(`input_pipeline.Source.id_keys`: cmudict's word and pronunciation ids), which mark
+(`data_sources.Source.id_keys`: cmudict's word and pronunciation ids), which mark
 in-batch false negatives for "clip_masking_false_negatives".
 
 The pair losses "clip", "infonce" and "siglip" also return the in-batch retrieval
