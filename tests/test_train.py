@@ -19,7 +19,7 @@ import pytest
 from contrastive_jax import checkpoint, input_pipeline, losses, optimizer, sharding, train
 from contrastive_jax.config_lib import override
 from contrastive_jax.sharding import DATA_AXIS
-from contrastive_jax.trainer import Trainer, build
+from contrastive_jax.trainer import build
 
 
 @pytest.fixture
@@ -171,7 +171,7 @@ def test_every_registered_loss_spans_the_global_batch_and_reads_only_its_inputs(
     data = {k: v for k, v in all_data.items() if k in loss.inputs}
     results = []
     for num_devices in (1, 8):
-        trainer = Trainer(config, sharding.make_mesh(num_devices), None, None, None, loss)
+        trainer = dataclasses.replace(build(config, sharding.make_mesh(num_devices)), loss=loss)
 
         def value(outputs, trainer=trainer):
             batched = {k: v for k, v in outputs.items() if k in ("za", "zb", "logits")}
