@@ -202,3 +202,22 @@ def test_every_package_module_is_in_the_reference():
             if module in ("contrastive_jax", "contrastive_jax.main", "contrastive_jax.demo"):
                 continue
             assert f".. automodule:: {module}\n" in text, f"docs/api.md lacks {module}"
+
+
+# --- the README: a front door ---------------------------------------------------------
+
+
+def front_door() -> str:
+    """The new README while it waits in `docs/` to replace `README.md`, then `README.md`."""
+    waiting = "docs/README_front_door.md"
+    return waiting if os.path.exists(os.path.join(ROOT, waiting)) else "README.md"
+
+
+def test_the_readme_is_short_and_its_links_and_figure_exist():
+    text = read(front_door())
+    assert len(text.splitlines()) <= 150
+    targets = re.findall(r"\]\(([^)#\s]+)\)", text)  # links and images, relative to the root
+    assert any(t.endswith(".png") for t in targets) and any(t.startswith("docs/") for t in targets)
+    for target in targets:
+        if "://" not in target:
+            assert os.path.exists(os.path.join(ROOT, target)), f"{front_door()}: {target}"
