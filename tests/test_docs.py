@@ -31,8 +31,8 @@ from contrastive_jax.simulated_devices import device_count_env
 
 DOCS = os.path.join(ROOT, "docs")
 BUILD_COMMAND = ".venv/bin/sphinx-build -W --keep-going -b html docs docs/_build/html"
-# The languages a page's code may be in; only `python` is Python that runs.
-FENCES = {"python", "bash", "text", "ipython", "console", "", "{toctree}", "{eval-rst}"}
+# The languages a page's code may be in (named, always); only `python` is code that runs.
+FENCES = {"python", "bash", "text", "ipython", "console", "{toctree}", "{eval-rst}"}
 DOCUMENTED = ("contrastive_jax.losses", "contrastive_jax.sharding", "contrastive_jax.trainer")
 SHELL_VARIABLES = {"PORT": "12355", "i": "0", "SCRATCH": "/scratch", "TPU_NAME": "tpu", "ZONE": "zone"}
 
