@@ -39,7 +39,8 @@ def cross_view_recall(
     """Recall@K of retrieving a match of query `za[i]` among all of `zb`.
 
     Args:
-      za: [n, D] queries; zb: [n, D] gallery, row i the pair of `za[i]`.
+      za: [n, D] queries.
+      zb: [n, D] gallery, row i the pair of `za[i]`.
       ks: the K values.
       groups: [n] ints or None. Gallery item j answers query i when `groups[j] ==
         groups[i]` (e.g. equal pronunciation strings); None: only item i does.
@@ -73,7 +74,8 @@ def retrieval_metrics(z: np.ndarray, labels: np.ndarray, ks: Sequence[int]) -> d
     """Leave-one-out retrieval within a labelled set.
 
     Args:
-      z: [n, D] embeddings; labels: [n] classes.
+      z: [n, D] embeddings.
+      labels: [n] classes.
       ks: the K values of Recall@K.
 
     Returns:

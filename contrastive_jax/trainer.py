@@ -83,12 +83,12 @@ class Trainer:
         self, element_spec: Mapping[str, Any]
     ) -> tuple[Callable[[], TrainState], TrainState]:
         """`(init, abstract_state)`: `init()` creates the initial state replicated over the
-        mesh; `abstract_state` holds its `jax.ShapeDtypeStruct`s with shardings (the
-        target for restoring a checkpoint onto this mesh).
+        mesh; `abstract_state` holds its `jax.ShapeDtypeStruct` leaves with shardings
+        (the target for restoring a checkpoint onto this mesh).
 
         Args:
           element_spec: shapes and dtypes of the inputs `a` [B, ...] and optional `b`
-            (the input pipeline's `element_spec`, or `jax.ShapeDtypeStruct`s).
+            (the input pipeline's `element_spec`, or `jax.ShapeDtypeStruct` values).
         """
         dummy = {k: np.zeros((1, *spec.shape[1:]), _numpy_dtype(spec.dtype))
                  for k, spec in element_spec.items() if k in ("a", "b")}

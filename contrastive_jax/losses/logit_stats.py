@@ -175,10 +175,13 @@ def pair_stats(
 
     Args:
       spec: which statistics (see :class:`PairSpec`).
-      x: ``[B, D]`` this device's rows; ``rows``: their ids ``[B]``.
-      y: ``[B_y, D]`` this device's candidates; ``cols``: their ids ``[B_y]``. The
-        candidates of every row are all devices' ``y`` (``N_y`` in all).
-      temperature: scalar > 0; bias: scalar added to the logits, or None.
+      x: ``[B, D]`` this device's rows.
+      y: ``[B_y, D]`` this device's candidates. The candidates of every row are all
+        devices' ``y`` (``N_y`` in all).
+      rows: the ids of ``x``'s rows (``[B]``).
+      cols: the ids of ``y``'s rows (``[B_y]``).
+      temperature: scalar > 0.
+      bias: scalar added to the logits, or None.
       axis_name: mesh axis of the global batch, or None.
       streaming: how to compute them (:class:`Streaming`); streamed statistics are
         differentiated in two passes (8 N^2 D flops).

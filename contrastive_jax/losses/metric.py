@@ -180,7 +180,9 @@ def multi_similarity_loss(
     Args:
       z: ``[B, D]`` L2-normalised embeddings.
       labels: ``[B]`` integer classes.
-      alpha, beta: positive and negative scales; base: similarity margin lambda.
+      alpha: positive scale.
+      beta: negative scale.
+      base: similarity margin lambda.
       mining_margin: None keeps every pair; epsilon (0.1 in the paper) keeps negatives
         with ``S_in + eps > min_p S_ip`` and positives with ``S_ip - eps < max_n S_in``.
       axis_name: mesh axis to gather over, or None.

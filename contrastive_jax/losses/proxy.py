@@ -62,8 +62,11 @@ def cosface_loss(
     """CosFace / large-margin cosine loss (Wang et al. 2018): target logit ``s (cos - m)``.
 
     Args:
-      z: ``[B, D]`` embeddings; labels: ``[B]`` classes; weights: ``[C, D]`` class
-        weights (both normalised inside); scale: s > 0 (e.g. 30-64); margin: m (e.g. 0.35).
+      z: ``[B, D]`` embeddings (normalised inside).
+      labels: ``[B]`` classes.
+      weights: ``[C, D]`` class weights (normalised inside).
+      scale: s > 0 (e.g. 30-64).
+      margin: m (e.g. 0.35).
 
     Returns:
       ``[B]`` per-example losses.
@@ -82,9 +85,11 @@ def arcface_loss(
     ``cos(theta) - m sin(m)`` (the reference implementation), keeping it monotonic.
 
     Args:
-      z: ``[B, D]`` embeddings; labels: ``[B]`` classes; weights: ``[C, D]`` class
-        weights (both normalised inside); scale: s > 0 (e.g. 64); margin: m in radians
-        (e.g. 0.5).
+      z: ``[B, D]`` embeddings (normalised inside).
+      labels: ``[B]`` classes.
+      weights: ``[C, D]`` class weights (normalised inside).
+      scale: s > 0 (e.g. 64).
+      margin: m in radians (e.g. 0.5).
 
     Returns:
       ``[B]`` per-example losses.

@@ -1,0 +1,223 @@
+"""The manual (`docs/`): its examples run, its commands parse, its API reference is whole.
+
+- Every ```python block of a page runs: the blocks of one page in order, as one script,
+  in a fresh process on 8 simulated CPU devices (set before JAX starts).
+- Every command of the pages' ```bash blocks (and inline code) names `.venv/bin/`, and
+  each Python command parses as `tests/test_cli.py` checks the README's (those already
+  in the READMEs are left to it).
+- Every public function and class of `losses`, `sharding` and `trainer` is documented:
+  its module has an `automodule` in `docs/api.md` that lists members, and it has a
+  docstring (autodoc leaves out members without one).
+
+The Sphinx build itself (`sphinx-build -W`, warnings and broken references are errors)
+runs in CI (`.ci/run`), not here: it needs the `docs` extra.
+"""
+
+import importlib
+import inspect
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+from subprocess_runs import ROOT
+from test_cli import readme_commands
+from test_cli import test_readme_python_command_parses as check_python_command
+
+from contrastive_jax.simulated_devices import device_count_env
+
+DOCS = os.path.join(ROOT, "docs")
+BUILD_COMMAND = ".venv/bin/sphinx-build -W --keep-going -b html docs docs/_build/html"
+# The languages a page's code may be in (named, always); only `python` is code that runs.
+FENCES = {"python", "bash", "text", "ipython", "console", "{toctree}", "{eval-rst}"}
+DOCUMENTED = ("contrastive_jax.losses", "contrastive_jax.sharding", "contrastive_jax.trainer")
+SHELL_VARIABLES = {"PORT": "12355", "i": "0", "SCRATCH": "/scratch", "TPU_NAME": "tpu", "ZONE": "zone"}
+
+
+def pages() -> list[str]:
+    """The manual's markdown pages, relative to the repository root; the new README
+    while it waits in `docs/` to replace `README.md` (then `README.md` itself)."""
+    found = []
+    for directory, subdirectories, files in os.walk(DOCS):
+        subdirectories[:] = sorted(d for d in subdirectories if not d.startswith(("_", ".")))
+        found += [os.path.relpath(os.path.join(directory, f), ROOT) for f in sorted(files) if f.endswith(".md")]
+    if not os.path.exists(os.path.join(DOCS, "README_front_door.md")):
+        found.append("README.md")
+    return found
+
+
+def read(page: str) -> str:
+    with open(os.path.join(ROOT, page)) as f:
+        return f.read()
+
+
+def code_blocks(text: str) -> list[tuple[str, int, str]]:
+    """`(language, line number, code)` of every fenced block of a page."""
+    return [
+        (m.group(1).strip(), text.count("\n", 0, m.start()) + 2, m.group(2))
+        for m in re.finditer(r"^[ \t]*```([^\n`]*)\n(.*?)^[ \t]*```", text, re.S | re.M)
+    ]
+
+
+def python_script(page: str) -> str:
+    """A page's ```python blocks, in order, as one script (each marked with its line)."""
+    return "".join(
+        f"# --- {page}, line {line}\n{code}\n"
+        for language, line, code in code_blocks(read(page)) if language == "python"
+    )
+
+
+def test_pages_use_known_code_languages():
+    for page in pages():
+        for language, line, _ in code_blocks(read(page)):
+            assert language in FENCES, f"{page}:{line}: ```{language} (Python examples use ```python)"
+
+
+@pytest.mark.parametrize("page", [p for p in pages() if python_script(p)])
+def test_page_examples_run(page, tmp_path):
+    script = tmp_path / "examples.py"
+    script.write_text(python_script(page))
+    env = device_count_env(8)  # before JAX starts: the child reads it at its first import
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    print(f"{page}: {time.perf_counter() - started:.1f} s")
+    assert result.returncode == 0, f"{page}:\n{result.stderr[-4000:]}"
+
+
+# --- commands -------------------------------------------------------------------------
+
+
+def page_commands(*, inline: bool = True) -> list[tuple[str, str]]:
+    """`(page, command)` for every command in the pages' ```bash blocks (and inline code),
+    parsed as `test_cli.readme_commands` parses the READMEs'."""
+    commands = []
+    for page in pages():
+        text = read(page)
+        blocks = [code for language, _, code in code_blocks(text) if language == "bash"]
+        in_text = re.findall(r"`((?:\S*python3?|\S*pip|\S*pytest|\S*sphinx-build) [^`]*)`", text)
+        for block in blocks + (in_text if inline else []):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                line = re.sub(r"\s+#.*", "", line).strip().strip('"&').strip()
+                for part in line.split("&&"):
+                    part = re.sub(r"\$(\w+)", lambda m: SHELL_VARIABLES[m.group(1)], part).strip()
+                    if part and not part.startswith("#"):
+                        commands.append((page, part))
+    return commands
+
+
+def test_page_commands_use_the_virtual_environment():
+    for page, command in page_commands():
+        for word in re.findall(r"(?:^|\s)(\S*(?:python3?|pip|pytest|sphinx-build))(?=\s|$)", command):
+            assert word in (
+                ".venv/bin/python", ".venv/bin/pip", ".venv/bin/pytest", ".venv/bin/sphinx-build"
+            ) or (word == "python3" and " -m venv .venv" in command) or word.startswith(
+                ("!pip", "%pip")
+            ), f"{page}: {command}"
+
+
+def test_the_build_command_is_what_ci_runs():
+    """The manual's build command, as the getting-started page gives it, runs in CI."""
+    assert ("docs/getting_started.md", BUILD_COMMAND) in page_commands()
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        assert BUILD_COMMAND in f.read()
+    with open(os.path.join(ROOT, ".gitignore")) as f:
+        assert "docs/_build/" in f.read().split()
+
+
+def _python_commands():
+    in_readmes = {c for _, c in readme_commands(inline=False)}
+    found, seen = [], set()
+    for page, command in page_commands(inline=False):
+        words = shlex.split(command.removeprefix("srun "))
+        if command in in_readmes or command in seen or words[1:3] == ["-m", "venv"]:
+            continue
+        if words[0].endswith(("python", "python3")):
+            seen.add(command)
+            found.append(pytest.param(words, id=f"{page}: {command[:70]}"))
+    return found
+
+
+@pytest.mark.parametrize("words", _python_commands())
+def test_page_python_command_parses(words):
+    check_python_command(words)
+
+
+# --- the API reference ----------------------------------------------------------------
+
+
+def documented_modules() -> set[str]:
+    """Modules with an `automodule` in `docs/api.md` that documents their members."""
+    text = read("docs/api.md")
+    found = set()
+    for m in re.finditer(r"^\.\. automodule:: (\S+)\n((?:[ \t]+:.*\n)*)", text, re.M):
+        if ":no-members:" not in m.group(2):
+            found.add(m.group(1))
+    return found
+
+
+def public_api(module_name: str) -> dict[str, object]:
+    """`__all__`, or the functions and classes the module defines without a leading `_`."""
+    module = importlib.import_module(module_name)
+    if hasattr(module, "__all__"):
+        return {name: getattr(module, name) for name in module.__all__}
+    return {
+        name: value for name, value in vars(module).items()
+        if not name.startswith("_") and (inspect.isfunction(value) or inspect.isclass(value))
+        and value.__module__ == module_name
+    }
+
+
+@pytest.mark.parametrize("module_name", DOCUMENTED)
+def test_public_api_is_in_the_reference(module_name):
+    assert module_name in documented_modules(), f"docs/api.md has no `.. automodule:: {module_name}`"
+    api = public_api(module_name)
+    assert api
+    for name, value in api.items():
+        if inspect.isfunction(value) or inspect.isclass(value):
+            assert inspect.getdoc(value), f"{module_name}.{name} has no docstring: not in the reference"
+        if inspect.isclass(value):
+            for method_name, method in vars(value).items():
+                if not method_name.startswith("_") and inspect.isfunction(method):
+                    assert inspect.getdoc(method), f"{module_name}.{name}.{method_name} has no docstring"
+
+
+def test_every_package_module_is_in_the_reference():
+    """A new module of the package gets its line in `docs/api.md` (`main` and `demo` are
+    the command lines, documented as commands)."""
+    text = read("docs/api.md")
+    package = os.path.join(ROOT, "contrastive_jax")
+    for directory, _, files in os.walk(package):
+        for file in files:
+            if not file.endswith(".py") or file.startswith("_") and file != "__init__.py":
+                continue
+            parts = os.path.relpath(os.path.join(directory, file), ROOT)[:-3].split(os.sep)
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            if module in ("contrastive_jax", "contrastive_jax.main", "contrastive_jax.demo"):
+                continue
+            assert f".. automodule:: {module}\n" in text, f"docs/api.md lacks {module}"
+
+
+# --- the README: a front door ---------------------------------------------------------
+
+
+def front_door() -> str:
+    """The new README while it waits in `docs/` to replace `README.md`, then `README.md`."""
+    waiting = "docs/README_front_door.md"
+    return waiting if os.path.exists(os.path.join(ROOT, waiting)) else "README.md"
+
+
+def test_the_readme_is_short_and_its_links_and_figure_exist():
+    text = read(front_door())
+    assert len(text.splitlines()) <= 150
+    targets = re.findall(r"\]\(([^)#\s]+)\)", text)  # links and images, relative to the root
+    assert any(t.endswith(".png") for t in targets) and any(t.startswith("docs/") for t in targets)
+    for target in targets:
+        if "://" not in target:
+            assert os.path.exists(os.path.join(ROOT, target)), f"{front_door()}: {target}"
