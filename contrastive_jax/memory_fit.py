@@ -131,7 +131,7 @@ def compile_train_step(
 
     Args:
       trainer: the run's `Trainer`.
-      abstract_state: the state's `jax.ShapeDtypeStruct`s with shardings.
+      abstract_state: the state as `jax.ShapeDtypeStruct` leaves with shardings.
       element_spec: the input pipeline's `element_spec` (this process's rows).
 
     Returns:

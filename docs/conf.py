@@ -35,7 +35,7 @@ extensions = [
 ]
 
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "README_front_door.md", "**/.ipynb_checkpoints"]
+exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
 root_doc = "index"
 
 # --- MyST and the notebook ----------------------------------------------------------
@@ -68,6 +68,7 @@ nitpick_ignore_regex = [
                    r"GradientTransformation|TrainState|Module|PyTree|np\.ndarray|"
                    r"ndarray|float|int|str|bool|None|NoneType|tuple|list|dict|set|"
                    r"frozenset|object|Exception|ValueError|RuntimeError|ArrayTree)")),
+    (r"py:class", r"Union\[.*"),  # `nn.Module | None` fields, as autodoc spells them
 ]
 
 # --- HTML ---------------------------------------------------------------------------

@@ -38,15 +38,12 @@ SHELL_VARIABLES = {"PORT": "12355", "i": "0", "SCRATCH": "/scratch", "TPU_NAME":
 
 
 def pages() -> list[str]:
-    """The manual's markdown pages, relative to the repository root; the new README
-    while it waits in `docs/` to replace `README.md` (then `README.md` itself)."""
+    """The manual's markdown pages and the README, relative to the repository root."""
     found = []
     for directory, subdirectories, files in os.walk(DOCS):
         subdirectories[:] = sorted(d for d in subdirectories if not d.startswith(("_", ".")))
         found += [os.path.relpath(os.path.join(directory, f), ROOT) for f in sorted(files) if f.endswith(".md")]
-    if not os.path.exists(os.path.join(DOCS, "README_front_door.md")):
-        found.append("README.md")
-    return found
+    return found + ["README.md"]
 
 
 def read(page: str) -> str:
@@ -207,17 +204,11 @@ def test_every_package_module_is_in_the_reference():
 # --- the README: a front door ---------------------------------------------------------
 
 
-def front_door() -> str:
-    """The new README while it waits in `docs/` to replace `README.md`, then `README.md`."""
-    waiting = "docs/README_front_door.md"
-    return waiting if os.path.exists(os.path.join(ROOT, waiting)) else "README.md"
-
-
 def test_the_readme_is_short_and_its_links_and_figure_exist():
-    text = read(front_door())
+    text = read("README.md")
     assert len(text.splitlines()) <= 150
     targets = re.findall(r"\]\(([^)#\s]+)\)", text)  # links and images, relative to the root
     assert any(t.endswith(".png") for t in targets) and any(t.startswith("docs/") for t in targets)
     for target in targets:
         if "://" not in target:
-            assert os.path.exists(os.path.join(ROOT, target)), f"{front_door()}: {target}"
+            assert os.path.exists(os.path.join(ROOT, target)), f"README.md: {target}"

@@ -15,7 +15,7 @@ per local row ``i`` (and, for the symmetric CLIP loss, per column ``j``):
   argmax: XLA's CPU argmax (a variadic reduce) costs about twice a D=64 tile's matmul.
 
 :func:`pair_stats` computes them; :func:`pair_total` computes the sum over the rows of
-``row_lse + sum(row_sums)`` with its gradient in the same pass. The :class:`Streaming`
+``row_lse + sum(row_sums)`` with its gradient in the same pass. The :class:`~contrastive_jax.losses.streaming.Streaming`
 options choose how, with the same numbers:
 
 * dense (``chunk_size=None``): the whole ``[B, M]`` block at once, differentiated by JAX
@@ -174,7 +174,7 @@ def pair_stats(
     """Statistics of the logits of the local rows against the global candidates.
 
     Args:
-      spec: which statistics (see :class:`PairSpec`).
+      spec: which statistics (see :class:`~contrastive_jax.losses.tile_math.PairSpec`).
       x: ``[B, D]`` this device's rows.
       y: ``[B_y, D]`` this device's candidates. The candidates of every row are all
         devices' ``y`` (``N_y`` in all).
@@ -183,11 +183,11 @@ def pair_stats(
       temperature: scalar > 0.
       bias: scalar added to the logits, or None.
       axis_name: mesh axis of the global batch, or None.
-      streaming: how to compute them (:class:`Streaming`); streamed statistics are
+      streaming: how to compute them (:class:`~contrastive_jax.losses.streaming.Streaming`); streamed statistics are
         differentiated in two passes (8 N^2 D flops).
 
     Returns:
-      :class:`PairStats`: ``row_lse: [B]``, ``col_lse: [B_y]`` (the logsumexp of each
+      :class:`~contrastive_jax.losses.tile_math.PairStats`: ``row_lse: [B]``, ``col_lse: [B_y]`` (the logsumexp of each
       local candidate's column over all devices' rows), ``row_sums``: dict of ``[B]``,
       ``row_best_negative: [B]``, ``col_best_negative: [B_y]``.
     """
@@ -228,7 +228,7 @@ def pair_total(
 
     Returns:
       ``(total, per_row, aux)``: the scalar (differentiable), its per-row terms ``[B]``
-      and the aux :class:`PairStats`, both with gradients stopped.
+      and the aux :class:`~contrastive_jax.losses.tile_math.PairStats`, both with gradients stopped.
     """
     if spec.col_logsumexp:
         raise ValueError("pair_total sums per-row terms; col_logsumexp needs pair_stats.")

@@ -61,7 +61,7 @@ STREAMING_ARGS_DOC = """chunk_size: None for the dense ``[B, N]`` logits; an int
         up to ``c`` rows by ``c`` columns, O(N D + c^2) memory (one-pass InfoNCE and
         NT-Xent: stripes of ``c`` whole rows, O(N D + c N)), the same result (``c``
         must divide N, or B with the ring); ``"auto"`` picks ``c`` from N, D and the
-        device (:func:`contrastive_jax.losses.logit_stats.auto_chunk_size`).
+        device (:func:`contrastive_jax.losses.streaming.auto_chunk_size`).
       collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass
         the candidates' shards around the devices instead of gathering them.
       matmul_dtype: None computes similarities in the embeddings' dtype;

@@ -165,7 +165,7 @@ def merge(a: Running, b: Running) -> Running:
 
 def row_objective(spec, logits, rows, cols) -> jax.Array:
     """Per-row ``[b]``: the row's logsumexp (the tile must hold the whole row) plus the
-    row sums of its pair terms -- what :func:`pair_total` adds up."""
+    row sums of its pair terms -- what :func:`~contrastive_jax.losses.logit_stats.pair_total` adds up."""
     same_id, same_label = _tile_masks(rows, cols)
     total = sum(jnp.sum(t, axis=1) for t in _pair_terms(spec, logits, same_id, same_label).values())
     if spec.row_logsumexp:

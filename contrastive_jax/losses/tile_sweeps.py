@@ -1,9 +1,9 @@
 """Sweeping the tiles: the double scan over row and column tiles, the ring that passes
 each device's candidates on, and the two custom VJPs built on them.
 
-* :func:`two_pass`: the streamed statistics (logsumexps, sums, best negatives); its
+* ``two_pass``: the streamed statistics (logsumexps, sums, best negatives); its
   backward pass sweeps the tiles again with the final logsumexps (8 N^2 D flops).
-* :func:`one_pass`: a sum of per-row terms whose gradient is formed in the forward pass
+* ``one_pass``: a sum of per-row terms whose gradient is formed in the forward pass
   (6 N^2 D flops).
 
 Each tile's math is :mod:`contrastive_jax.losses.tile_math`'s.
