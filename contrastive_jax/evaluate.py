@@ -206,7 +206,10 @@ class Evaluator:
         """`za` [n, D] (and `zb` [n, D] when `arrays` has `b`) for every example."""
         n = len(arrays["a"])
         pad = -n % self._batch_size
-        padded = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in arrays.items() if k in ("a", "b")}
+        padded = {
+            k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)])
+            for k, v in arrays.items() if k in ("a", "b")
+        }
         chunks = []
         for start in range(0, n + pad, self._batch_size):
             a = padded["a"][start : start + self._batch_size]

@@ -24,8 +24,8 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import (
     bad_loss,
-    grad_cache,
     data_sources,
+    grad_cache,
     losses,
     models,
     optimizer,

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import os
+import pathlib
 import resource
 import statistics
 import subprocess

@@ -11,7 +11,8 @@ bfloat16 matmuls (``matmul_dtype="bfloat16"``); when PyTorch is importable (``pi
 same inputs. ``sogclr_loss`` (with its table's update) runs at the siglip/infonce sizes,
 and ``moco_queue_loss`` (with the enqueue) against a queue of K = 16 N keys (the full
 sweep: N = 4,096, K = 65,536, D = 64), dense and ``"auto"``; its useful flops are the
-queue's ``4 N K D`` (the queue has no gradient). Each point runs in a fresh subprocess, which reports the median time over
+queue's ``4 N K D`` (the queue has no gradient). Each point runs in a fresh subprocess,
+which reports the median time over
 repeats after a warm-up call, XLA's compiled ``memory_analysis()`` temp bytes, the
 process's peak RSS (CPU only), and the achieved GFLOP/s counting the useful ``6 N^2 D``
 flops, also as a fraction of a float32 ``jnp.dot`` peak measured in the same run. Points
@@ -475,7 +476,8 @@ def write_markdown(path: Path, result: dict) -> None:
         if "error" in entry:
             lines.append(f"| {int(n):,} | {entry['error']} | | | | |")
             continue
-        cells = [fmt_bytes(entry[k]["temp_bytes"]) for k in ("all_gather", "all_gather chunked", "ring", "ring chunked")]
+        modes = ("all_gather", "all_gather chunked", "ring", "ring chunked")
+        cells = [fmt_bytes(entry[k]["temp_bytes"]) for k in modes]
         diff = entry.get("max_relative_difference")
         lines.append(f"| {int(n):,} | " + " | ".join(cells) + f" | {'-' if diff is None else f'{diff:.1e}'} |")
     lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]

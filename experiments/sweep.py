@@ -309,7 +309,9 @@ def float_list(text: str) -> list[float]:
     return [float(v) for v in text.split(",")]
 
 
-def resolve(args: argparse.Namespace, sweep_name: str, full: Mapping[str, Any], quick: Mapping[str, Any]) -> argparse.Namespace:
+def resolve(
+    args: argparse.Namespace, sweep_name: str, full: Mapping[str, Any], quick: Mapping[str, Any]
+) -> argparse.Namespace:
     """Fills the options left unset from the driver's `full` or `quick` preset, and --out."""
     preset = quick if args.quick else full
     for key, value in preset.items():

@@ -24,7 +24,6 @@ import time
 
 import pytest
 from subprocess_runs import ROOT, processes, tiny_fields, write_config  # noqa: F401
-from contrastive_jax import console
 from test_validation import (
     ANOTHER_DATA_ORDER,
     ANOTHER_MODEL,
@@ -32,6 +31,8 @@ from test_validation import (
     BAD_VALUES,
     bad_value_fields,
 )
+
+from contrastive_jax import console
 
 # The environment of a person's shell: none of the settings tests/conftest.py makes.
 USER_ENV = {

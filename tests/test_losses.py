@@ -89,8 +89,10 @@ def unit(key, shape):
         ),
         (
             lambda: losses.multi_similarity_loss(jnp.array([E[0], E[0], E[1]]), jnp.array([0, 0, 1])),
-            (2 * (0.5 * math.log1p(math.exp(-1.0)) + math.log1p(math.exp(-25.0)) / 50) + math.log1p(2 * math.exp(-25.0)) / 50)
-            / 3,
+            (
+                2 * (0.5 * math.log1p(math.exp(-1.0)) + math.log1p(math.exp(-25.0)) / 50)
+                + math.log1p(2 * math.exp(-25.0)) / 50
+            ) / 3,
         ),
         (lambda: losses.proxy_nca_loss(E[:1], jnp.array([0]), E, temperature=1.0), [math.log1p(math.exp(-2.0))]),
         (lambda: losses.cosface_loss(E[:1], jnp.array([0]), E, scale=1.0, margin=0.5), [math.log1p(math.exp(-0.5))]),
@@ -249,7 +251,9 @@ def test_focal_loss_gradient_matches_a_float64_reference(gamma):
         with compat.enable_x64():
             logits64 = jnp.asarray(np.asarray(logits, np.float64))
             ref_value, ref_grad = jax.value_and_grad(lambda x: focal_reference(x, labels, gamma).sum())(logits64)
-            check_grads(lambda x: losses.focal_loss(x, labels, gamma=gamma), (logits64,), order=1, modes=("rev",), eps=1e-6)
+            check_grads(
+                lambda x: losses.focal_loss(x, labels, gamma=gamma), (logits64,), order=1, modes=("rev",), eps=1e-6
+            )
         np.testing.assert_allclose(value, ref_value, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(grad, ref_grad, rtol=1e-4, atol=1e-6)
 
@@ -266,7 +270,9 @@ def test_permuting_pairs_leaves_clip_and_infonce_unchanged():
 
 def test_swapping_sides_leaves_clip_unchanged_but_not_infonce():
     a, b = unit(7, (10, 6)), unit(8, (10, 6))
-    np.testing.assert_allclose(losses.clip_loss(b, a, temperature=0.1), losses.clip_loss(a, b, temperature=0.1), rtol=1e-6)
+    np.testing.assert_allclose(
+        losses.clip_loss(b, a, temperature=0.1), losses.clip_loss(a, b, temperature=0.1), rtol=1e-6
+    )
     assert abs(float(losses.infonce_loss(b, a, temperature=0.1) - losses.infonce_loss(a, b, temperature=0.1))) > 1e-3
 
 

@@ -188,7 +188,8 @@ def test_step_metrics_match_the_loss_library(config):
     trainer, state, _, batch = make_state_and_batch(config, sharding.make_mesh(8))
     outputs = state.apply_fn(
         {"params": state.params, "batch_stats": state.batch_stats},
-        batch["a"], batch["b"], train=True, rngs={"dropout": jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 0), 0)},
+        batch["a"], batch["b"], train=True,
+        rngs={"dropout": jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 0), 0)},
     )
     expected = losses.clip_loss(outputs["za"], outputs["zb"], temperature=outputs["temperature"])
     new_state, metrics = jax.jit(trainer.train_step)(state, batch)

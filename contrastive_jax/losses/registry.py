@@ -1,8 +1,9 @@
 """The losses the trainer can train with (`config.loss.name`), and what each one reads.
 
 Each entry is a `Loss`: a function of one device's inputs (model outputs and data
-fields) and the `LossSettings` (`config.loss`'s values), called inside `jax.shard_map` over `sharding.DATA_AXIS` so that it spans
-the global batch, and the set of inputs it reads. The trainer derives its checks from
+fields) and the `LossSettings` (`config.loss`'s values), called inside `jax.shard_map`
+over `sharding.DATA_AXIS` so that it spans the global batch, and the set of inputs it
+reads. The trainer derives its checks from
 the inputs (a pair loss needs task "pairs" or "views", a label loss a dataset with
 labels, a grouping loss a dataset with id keys, a classifier loss
 `config.model.num_classes > 0`, "bias" makes the model learn SigLIP's logit bias), so
