@@ -151,8 +151,10 @@ def test_xbm_memory_joins_after_the_warm_up(config):
     shared = {"temperature": outputs["temperature"]}
     data = {"label": batches[0]["label"]}
 
+    stateful_loss = jax.jit(trainer.stateful_loss)  # one compile for the five calls
+
     def loss_at(step, loss_state=state):
-        return float(trainer.stateful_loss(batched, shared, data, loss_state, step)[0])
+        return float(stateful_loss(batched, shared, data, loss_state, np.int32(step))[0])
 
     empty = dict(state, labels=np.full_like(state["labels"], -1))
     assert loss_at(1) == loss_at(1, empty)
