@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from contrastive_jax import losses, sharding
+from contrastive_jax import compat, losses, sharding
 from contrastive_jax.losses import _common
 from contrastive_jax.sharding import DATA_AXIS
 
@@ -46,7 +46,7 @@ def _grads_close(actual, expected, rtol=1e-5):
 
 def _float64(fn, *arrays):
     """``fn`` of the arrays in float64, value and gradients (every array argument)."""
-    with jax.enable_x64(True):
+    with compat.enable_x64():
         arrays = [jnp.asarray(np.asarray(x, np.float64)) for x in arrays]
         value, grads = jax.value_and_grad(fn, argnums=tuple(range(len(arrays))))(*arrays)
         return float(value), [np.asarray(g) for g in grads]
