@@ -91,7 +91,7 @@ def get_config() -> ml_collections.ConfigDict:
     train.micro_batch_method = "grad_cache"  # "grad_cache" or "accumulate".
     # Before the first step the compiled step's memory per device is checked against this
     # (GiB); None: the accelerator's limit, or on CPU the host's available memory / devices.
-    train.memory_limit_gib = ml_collections.config_dict.placeholder(float)
+    train.memory_limit_gib = ml_collections.config_dict.placeholder(float)  # GiB per device.
     # A bad loss: non-finite, or a spike (> loss_spike_factor x the running median).
     # "stop": exit 1 naming the last good checkpoint; "rollback": restore the newest
     # checkpoint, skip the batches of the next rollback_skip_batches steps (at least
@@ -103,8 +103,8 @@ def get_config() -> ml_collections.ConfigDict:
     train.max_rollbacks = 3  # Stop (exit 1) at a bad loss after this many rollbacks (R) ...
     train.rollback_window_steps = 1000  # ... within this many steps (W).
     # Fault injection for tests and drills: these batches' float inputs become NaN
-    # (batch t: what step t reads when nothing was skipped). (): none.
-    train.inject_nan_at_batches = ()
+    # (batch t: what step t reads when nothing was skipped).
+    train.inject_nan_at_batches = ()  # Batch numbers; (): none.
 
     config.eval = ev = ml_collections.ConfigDict()
     ev.split = "test"  # TFDS split evaluated (queries and gallery).
