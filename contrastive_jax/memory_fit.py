@@ -4,7 +4,7 @@ against the device's before the first step.
 `compile_train_step` compiles the jitted train step for the global batch's shapes (the
 executable the loop then calls, so the check costs nothing when the step fits) and
 reads XLA's `memory_analysis()`: arguments + outputs - donated (aliased) buffers +
-temporaries, per device. The device's memory is `config.train.memory_limit_gib` when
+temporaries + generated code, per device. The device's memory is `config.train.memory_limit_gib` when
 set, else the accelerator's limit (`memory_stats()["bytes_limit"]`), else, on the CPU,
 the host's available memory shared by its simulated devices. A step that needs more is a
 `ConfigError` naming the figures and the settings that would fit, each measured by
@@ -61,7 +61,8 @@ def format_bytes(size: float) -> str:
 
 
 def needed_bytes(compiled: jax.stages.Compiled) -> int:
-    """Per-device bytes of a compiled step: arguments + outputs - aliased + temporaries."""
+    """Per-device bytes of a compiled step: arguments + outputs - aliased (donated) +
+    temporaries + generated code."""
     m = compiled.memory_analysis()
     return (
         m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes

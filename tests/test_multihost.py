@@ -1,5 +1,6 @@
 """Multi-process training: 2 processes x 4 CPU devices (gloo, 127.0.0.1) = 1 x 8."""
 
+import json
 import os
 import re
 import signal
@@ -188,3 +189,24 @@ def test_ctrl_c_to_one_process_stops_both_at_one_step_saving_once_and_both_resum
         assert status == 0, f"process {rank}:\n{output[-4000:]}"
     assert resumed_from_steps(workdir) == [stopped]
     assert checkpoint_steps(workdir)[0] == [stopped, 8]
+
+
+@pytest.mark.slow
+def test_two_processes_roll_back_together_like_one(
+    processes, load_config, digits_data_dir, tmp_path  # noqa: F811
+):
+    """A NaN batch: both processes restore checkpoint 4, skip the same batches, go on."""
+    fields = tiny_fields(
+        digits_data_dir, train__on_bad_loss="rollback", train__inject_nan_at_batches=(6,),
+        train__rollback_skip_batches=2,
+    )
+    workdir = str(tmp_path / "two")
+    launched = launch(processes, write_config(tmp_path / "tiny.py", fields), workdir)
+    for rank, (status, output) in enumerate(processes.wait(p) for p in launched):
+        assert status == 0, f"process {rank}:\n{output[-4000:]}"
+    with open(os.path.join(workdir, "rollbacks.json")) as f:
+        assert [r["skipped_batches"] for r in json.load(f)] == [[5, 6]]
+    reference = str(tmp_path / "one")
+    train.train_and_evaluate(override(load_config("default"), fields), reference)
+    assert logged_losses(workdir) == pytest.approx(logged_losses(reference), rel=1e-6)
+    assert max_difference(saved_params(workdir, 8), saved_params(reference, 8)) < 1e-6
