@@ -141,7 +141,8 @@ class Trainer:
         micro-batches' own losses (fewer negatives: a different objective).
 
         Pure: dropout randomness is `fold_in(fold_in(key(seed), state.step), micro_index)`,
-        so a resumed run repeats an uninterrupted one. Returns the new state and scalar
+        so a resumed run repeats an uninterrupted one. A loss with state
+        (`losses.LossState`) updates `state.loss_state` once, from the whole batch. Returns the new state and scalar
         metrics (`loss`, `grad_norm`, `learning_rate`, `temperature`, the loss's own).
         """
         rng = jax.random.fold_in(jax.random.key(self.seed), state.step)
@@ -234,7 +235,6 @@ class Trainer:
         return jax.shard_map(
             per_device, mesh=self.mesh, in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS)), out_specs=P()
         )(batched, shared, data)
-
 
     def stateful_loss(
         self,

@@ -1,6 +1,7 @@
 """The losses with state in the trainer: sharded steps equal one device's (state
-included), gradient caching equals the whole batch, the pipeline's example indices,
-the state's updates, and the config errors raised before anything compiles."""
+included), gradient caching equals the whole batch, the pipeline's example indices and
+the state's updates. Their config errors are in test_validation.py's BAD_COMBINATIONS
+(and through the command line in test_cli.py)."""
 
 import chex
 import jax
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from contrastive_jax import input_pipeline, sharding
-from contrastive_jax.config_lib import ConfigError, override
+from contrastive_jax.config_lib import override
 from contrastive_jax.trainer import build
 
 N = 64
@@ -109,32 +110,6 @@ def test_moco_queue_takes_the_momentum_encoders_keys(config):
         jax.tree.map(lambda e, p: 0.9 * e + 0.1 * p, before.loss_state["ema_params"], after.params),
         rtol=1e-5, atol=1e-7,
     )
-
-
-@pytest.mark.parametrize(
-    "fields, message",
-    [
-        ({"loss.name": "moco_queue", "loss.queue_size": 1000},
-         "config.loss.queue_size=1000 must be a positive multiple of config.train.global_batch_size=64"),
-        ({"loss.name": "sogclr", "loss.sogclr_table_size": 1000},
-         "config.loss.sogclr_table_size=1000 is smaller than the 1437 examples"),
-        ({"loss.name": "xbm", "data.task": "labeled", "loss.xbm_loss": "triplet"},
-         "config.loss.xbm_loss='triplet' is not a label-based loss the memory can extend"),
-        ({"loss.name": "xbm", "data.task": "labeled", "loss.xbm_memory_size": 100},
-         "config.loss.xbm_memory_size=100 must be a positive multiple"),
-        ({"loss.name": "sogclr", "train.micro_batch_size": 16,
-          "train.micro_batch_method": "accumulate"},
-         "updates its state once per step"),
-        ({"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum": 0.99,
-          "train.micro_batch_size": 16},
-         "micro-batches cannot split"),
-        ({"loss.name": "sogclr", "loss.sogclr_gamma": 0.0}, "config.loss.sogclr_gamma=0.0"),
-    ],
-)
-def test_bad_state_settings_are_one_config_error_from_build(config, fields, message):
-    with pytest.raises(ConfigError, match=message) as error:
-        build(override(config, fields), sharding.make_mesh(8))
-    assert "\n" not in str(error.value)
 
 
 def test_xbm_memory_joins_after_the_warm_up(config):

@@ -70,6 +70,14 @@ BAD_COMBINATIONS = [
     ({"loss.collective": "ring", "loss.chunk_size": 16}, r"chunk_size=16 does not divide the 8 logit columns each device holds with the ring; use a divisor such as 8"),
     ({"data.task": "labeled"}, r"config.loss.name='clip' needs paired inputs but config.data.task is 'labeled'"),
     ({"loss.name": "clip_masking_false_negatives"}, r"masks in-batch false negatives by the dataset's grouping ids, but 'sklearn_digits' has none; use 'clip', or a dataset with ids: \['cmudict'\]"),
+    # The losses with state (negatives beyond the batch).
+    ({"loss.name": "moco_queue", "loss.queue_size": 1000}, r"config.loss.queue_size=1000 must be a positive multiple of config.train.global_batch_size=64 \(the buffer holds whole global batches\); use e.g. 960"),
+    ({"loss.name": "sogclr", "loss.sogclr_table_size": 1000}, r"config.loss.sogclr_table_size=1000 is smaller than the 1437 examples of split 'train': every example needs its row. Use 0 \(the split's size\) or at least 1437"),
+    ({"loss.name": "sogclr", "loss.sogclr_gamma": 0.0}, r"config.loss.sogclr_gamma=0.0 must be in \(0, 1\]"),
+    ({"loss.name": "xbm", "data.task": "labeled", "loss.xbm_loss": "triplet"}, r"config.loss.xbm_loss='triplet' is not a label-based loss the memory can extend; use one of \['contrastive', 'multi_similarity', 'supcon'\]"),
+    ({"loss.name": "xbm", "data.task": "labeled", "loss.xbm_memory_size": 100}, r"config.loss.xbm_memory_size=100 must be a positive multiple of config.train.global_batch_size=64"),
+    ({"loss.name": "sogclr", "train.micro_batch_size": 16, "train.micro_batch_method": "accumulate"}, r"config.loss.name='sogclr' updates its state once per step, from the whole batch; config.train.micro_batch_method='accumulate'"),
+    ({"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum": 0.99, "train.micro_batch_size": 16}, r"config.loss.queue_momentum=0.99 embeds the keys with the momentum encoder over the whole batch, which micro-batches cannot split"),
 ]
 
 

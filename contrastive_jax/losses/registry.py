@@ -178,6 +178,11 @@ class Loss:
         return "bias" in self.inputs
 
 
+def _streaming(c: LossSettings) -> dict[str, Any]:
+    """The global batch's axis and the loss's streaming options, as keywords."""
+    return {"axis_name": DATA_AXIS, "chunk_size": c.chunk_size, "collective": c.collective}
+
+
 def _streamed_pair_loss(loss_fn, metrics: bool = True, **extra: str) -> Loss:
     """A softmax / sigmoid pair loss with its streaming options; `extra` maps its
     keyword arguments to the inputs passed to them (SigLIP's `bias="bias"`). With
@@ -190,9 +195,7 @@ def _streamed_pair_loss(loss_fn, metrics: bool = True, **extra: str) -> Loss:
             o["za"],
             o["zb"],
             temperature=o["temperature"],
-            axis_name=DATA_AXIS,
-            chunk_size=c.chunk_size,
-            collective=c.collective,
+            **_streaming(c),
             **{argument: o[name] for argument, name in extra.items()},
             **({"return_metrics": True} if metrics else {}),
         )
@@ -213,10 +216,6 @@ def _per_example_loss(value_fn, *outputs: str) -> Loss:
         lambda o, c: (jax.lax.pmean(value_fn(o, o["label"], c).mean(), DATA_AXIS), {}),
         frozenset({"label", *outputs}),
     )
-
-
-def _streaming(c: LossSettings) -> dict[str, Any]:
-    return {"axis_name": DATA_AXIS, "chunk_size": c.chunk_size, "collective": c.collective}
 
 
 def _check_multiple_of_batch(config: ml_collections.ConfigDict, field: str) -> None:
@@ -247,7 +246,7 @@ def _sogclr(o, c):
 
 
 def _random_rows(c: LossSettings, rows: int, salt: int) -> jax.Array:
-    """`[rows, embed_dim]` random unit vectors: a queue's or memory's first entries."""
+    """`[rows, embed_dim]` random unit vectors: a queue's first entries (MoCo's)."""
     key = jax.random.fold_in(jax.random.key(c.seed), salt)
     return l2_normalize(jax.random.normal(key, (rows, c.embed_dim)))
 
@@ -307,7 +306,7 @@ def _moco_after_step(state, params, c):
 def _xbm_init(c: LossSettings, params, num_examples):
     del params, num_examples
     return {
-        "memory": _random_rows(c, c.xbm_memory_size, 3),
+        "memory": jnp.zeros((c.xbm_memory_size, c.embed_dim)),
         "labels": jnp.full((c.xbm_memory_size,), -1, jnp.int32),  # -1: empty
         "pointer": jnp.zeros((), jnp.int32),
     }
