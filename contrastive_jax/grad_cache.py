@@ -167,3 +167,10 @@ def accumulated_value_and_grad(
         (jnp.mean(values), mean(metrics), jax.tree.map(lambda x: x[-1], aux)),
         jax.tree.map(lambda g: g / num_micro_batches, grads),
     )
+
+
+# config.train.micro_batch_method -> how a step is split into micro-batches.
+MICRO_BATCH_METHODS = {
+    "grad_cache": grad_cache_value_and_grad,
+    "accumulate": accumulated_value_and_grad,
+}

@@ -1,0 +1,140 @@
+"""The rules a config must follow before anything is read or compiled, each checked once.
+
+`check` runs them all, in the order `trainer.build` needs them (counts, data, the bad-loss
+settings, the loss's inputs, the batch over devices and processes, the streaming tiles,
+micro-batches, the loss's state), raising one `ConfigError` that names the field and a
+fix. The rules of one part live with it (`data_sources.check_data_config`,
+`bad_loss.check_config`, `grad_cache.check_micro_batches`, `sharding.check_batch_divides`,
+a loss's `LossState.check`); this module says which apply and when.
+"""
+
+import jax
+import ml_collections
+
+from contrastive_jax import bad_loss, data_sources, grad_cache, losses, sharding
+from contrastive_jax.config_lib import ConfigError
+
+# Count fields and their least value (every_steps 0: only at the end).
+_COUNTS = {
+    "train.num_train_steps": 1,
+    "train.log_every_steps": 1,
+    "eval.every_steps": 0,
+    "checkpoint.every_steps": 0,
+    "train.loss_spike_window_steps": 1,
+    "train.rollback_skip_batches": 1,
+    "train.max_rollbacks": 1,
+    "train.rollback_window_steps": 1,
+}
+
+
+def check(config: ml_collections.ConfigDict, loss: losses.Loss, num_devices: int) -> int:
+    """Checks `config` for `loss` on `num_devices` devices; returns the rows of the loss's
+    per-example state table (0 without one).
+
+    Raises:
+      ConfigError: a field with a bad or inconsistent value; the message names it and a fix.
+    """
+    train = config.train
+    for name, least in _COUNTS.items():
+        group, field = name.split(".")
+        if config[group][field] < least:
+            raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
+    data_sources.check_data_config(config.data)
+    bad_loss.check_config(train)
+    _check_loss_inputs(loss, config)
+    sharding.check_batch_divides(
+        train.global_batch_size, num_devices, "config.train.global_batch_size"
+    )
+    data_sources.per_process_batch_size(train.global_batch_size, jax.process_count())
+    _check_chunk_size(config.loss, train.global_batch_size, num_devices)
+    if train.micro_batch_size:
+        if train.micro_batch_method not in grad_cache.MICRO_BATCH_METHODS:
+            raise ConfigError(
+                f"config.train.micro_batch_method={train.micro_batch_method!r}; use "
+                f"one of {sorted(grad_cache.MICRO_BATCH_METHODS)}."
+            )
+        grad_cache.check_micro_batches(
+            train.global_batch_size, train.micro_batch_size, num_devices
+        )
+    return _check_loss_state(loss, config)
+
+
+def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict) -> int:
+    """A loss with state: its own checks, one state update per step, and a per-example
+    table (`config.loss.sogclr_table_size`; 0: the training split's size) that holds
+    every example. Returns the table's rows (0 without one)."""
+    if loss.state is None:
+        return 0
+    loss.state.check(config)
+    name = config.loss.name
+    if config.train.micro_batch_size and config.train.micro_batch_method != "grad_cache":
+        raise ConfigError(
+            f"config.loss.name={name!r} updates its state once per step, from the whole "
+            f"batch; config.train.micro_batch_method={config.train.micro_batch_method!r} "
+            "computes a loss per micro-batch. Use 'grad_cache' (the exact full-batch loss)."
+        )
+    if not loss.indices:
+        return 0
+    from contrastive_jax import input_pipeline  # TensorFlow, only for a per-example table
+
+    examples = input_pipeline.train_split_size(config.data)
+    table = config.loss.sogclr_table_size or examples
+    if table < examples:
+        raise ConfigError(
+            f"config.loss.sogclr_table_size={table} is smaller than the {examples} examples "
+            f"of split {config.data.train_split!r}: every example needs its row. Use 0 (the "
+            f"split's size) or at least {examples}."
+        )
+    return table
+
+
+def _check_loss_inputs(loss: losses.Loss, config: ml_collections.ConfigDict) -> None:
+    """The data and the model give the loss what it reads (`loss.inputs`)."""
+    name, task = config.loss.name, config.data.task
+    if loss.pairs and task == "labeled":
+        raise ConfigError(
+            f"config.loss.name={name!r} needs paired inputs but config.data.task is "
+            "'labeled'; use task 'pairs' or 'views', or a label loss."
+        )
+    if loss.labels and data_sources.SOURCES[config.data.name].label_key is None:
+        pair_losses = sorted(k for k, v in losses.LOSSES.items() if not v.labels)
+        raise ConfigError(
+            f"config.loss.name={name!r} needs labels but {config.data.name!r} has none; use "
+            f"one of {pair_losses}."
+        )
+    if loss.groups and not data_sources.SOURCES[config.data.name].id_keys:
+        grouped = sorted(k for k, v in data_sources.SOURCES.items() if v.id_keys)
+        raise ConfigError(
+            f"config.loss.name={name!r} masks in-batch false negatives by the dataset's "
+            f"grouping ids, but {config.data.name!r} has none; use 'clip', or a dataset "
+            f"with ids: {grouped}."
+        )
+    if loss.classifier != (config.model.num_classes > 0):
+        classifier_losses = sorted(k for k, v in losses.LOSSES.items() if v.classifier)
+        raise ConfigError(
+            f"config.model.num_classes={config.model.num_classes} with config.loss.name="
+            f"{name!r}: losses {classifier_losses} need a classifier head (num_classes = "
+            "the number of training classes), the others need num_classes=0."
+        )
+
+
+def _check_chunk_size(loss: ml_collections.ConfigDict, global_batch_size: int, num_devices: int):
+    """A streamed loss's tiles must tile its logits: N columns, N / devices with a ring.
+    `"auto"` picks a divisor itself (`losses.logit_stats.auto_chunk_size`)."""
+    chunk = loss.chunk_size
+    if chunk is None or chunk == "auto":
+        return
+    ring = loss.collective == "ring"
+    columns = global_batch_size // num_devices if ring else global_batch_size
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise ConfigError(
+            f"config.loss.chunk_size={chunk!r} must be a positive int, 'auto' or None."
+        )
+    if columns % chunk:
+        divisor = losses.logit_stats.divisor_at_most(columns, chunk)
+        raise ConfigError(
+            f"config.loss.chunk_size={chunk!r} does not divide the {columns} logit columns "
+            f"{'each device holds with the ring' if ring else 'of the global batch'}; use a "
+            f"divisor such as {divisor}, 'auto' (chosen from N, D and the device), or None "
+            "for dense logits."
+        )
