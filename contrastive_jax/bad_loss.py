@@ -46,9 +46,7 @@ def check_config(train: ml_collections.ConfigDict) -> None:
         number below 1 in `inject_nan_at_batches`.
     """
     if train.on_bad_loss not in ON_BAD_LOSS:
-        raise ConfigError(
-            f"config.train.on_bad_loss={train.on_bad_loss!r}; use one of {ON_BAD_LOSS}."
-        )
+        raise ConfigError(f"config.train.on_bad_loss={train.on_bad_loss!r}; use one of {ON_BAD_LOSS}.")
     factor = train.loss_spike_factor
     if not (factor == 0 or factor > 1):
         raise ConfigError(
@@ -162,7 +160,9 @@ class LossGuard:
         count = max(self._train.rollback_skip_batches, bad.step - restored_step)
         numbers = [batch_number(restored_step + 1 + i, self.skipped) for i in range(count)]
         record = {
-            "bad_step": bad.step, "reason": bad.reason, "restored_step": restored_step,
+            "bad_step": bad.step,
+            "reason": bad.reason,
+            "restored_step": restored_step,
             "skipped_batches": numbers,
         }
         self.rollbacks.append(record)
@@ -203,7 +203,6 @@ class LossGuard:
             while number in self.skipped:
                 number += 1
             stream = open_at(number)
-
 
     def line(self, record: Mapping[str, Any]) -> str:
         """The log line of the rollback `roll_back` just recorded."""

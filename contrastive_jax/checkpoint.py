@@ -107,8 +107,7 @@ class Checkpointer:
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int):
         if max_to_keep < 1:
             raise ConfigError(
-                f"config.checkpoint.max_to_keep={max_to_keep} must be >= 1 to keep a "
-                "checkpoint to resume from."
+                f"config.checkpoint.max_to_keep={max_to_keep} must be >= 1 to keep a checkpoint to resume from."
             )
         self.directory = os.path.abspath(directory)
         self._manager = ocp.CheckpointManager(
@@ -121,9 +120,7 @@ class Checkpointer:
             },
         )
 
-    def restore_latest(
-        self, config: ml_collections.ConfigDict, abstract_state: Any
-    ) -> tuple[int, Any | None]:
+    def restore_latest(self, config: ml_collections.ConfigDict, abstract_state: Any) -> tuple[int, Any | None]:
         """`(step, state)` of the newest intact checkpoint, or `(0, None)` when there is none.
 
         Corrupt checkpoints are reported and quarantined, and the previous one is tried.
@@ -148,7 +145,8 @@ class Checkpointer:
             return self.restore_state(step, abstract_state)
         except IncompatibleCheckpointError as e:
             changed = {
-                k: v for k, v in _changed_fields(saved, config).items()
+                k: v
+                for k, v in _changed_fields(saved, config).items()
                 if k.split(".")[1] in ("model", "loss", "optim", "data")
             }
             fields = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
@@ -180,8 +178,7 @@ class Checkpointer:
             value = self._manager.restore(step, args=args)[item]
         except Exception as e:  # any read or parse failure of a finalized checkpoint
             raise CorruptCheckpointError(
-                f"checkpoint {step} in {self.directory}: cannot read its {item!r} item "
-                f"({type(e).__name__}: {e})"
+                f"checkpoint {step} in {self.directory}: cannot read its {item!r} item ({type(e).__name__}: {e})"
             ) from e
         if not isinstance(value, dict):
             raise CorruptCheckpointError(
@@ -214,14 +211,12 @@ class Checkpointer:
             saved_layout = _layout(self._manager.item_metadata(step)["state"])
         except Exception as e:
             raise CorruptCheckpointError(
-                f"checkpoint {step} in {self.directory}: cannot read its state metadata "
-                f"({type(e).__name__}: {e})"
+                f"checkpoint {step} in {self.directory}: cannot read its state metadata ({type(e).__name__}: {e})"
             ) from e
         wanted = _layout(abstract_state)
         if saved_layout != wanted:
             differences = [
-                f"{name}: {saved_layout.get(name, 'absent')} in the checkpoint, "
-                f"{wanted.get(name, 'absent')} now"
+                f"{name}: {saved_layout.get(name, 'absent')} in the checkpoint, {wanted.get(name, 'absent')} now"
                 for name in sorted(set(saved_layout) | set(wanted))
                 if saved_layout.get(name) != wanted.get(name)
             ]
@@ -236,8 +231,7 @@ class Checkpointer:
             state = self._manager.restore(step, args=args)["state"]
         except Exception as e:  # truncated or missing files, undecodable chunks
             raise CorruptCheckpointError(
-                f"checkpoint {step} in {self.directory}: cannot read its state "
-                f"({type(e).__name__}: {e})"
+                f"checkpoint {step} in {self.directory}: cannot read its state ({type(e).__name__}: {e})"
             ) from e
         actual = fingerprint(state)
         if actual != expected:
@@ -259,7 +253,8 @@ class Checkpointer:
         destination = os.path.join(f"{self.directory}.corrupt", f"{step}-{int(time.time())}")
         logging.error(
             "Skipping corrupt %s; moved to %s. Resuming from the previous checkpoint.",
-            error, destination,
+            error,
+            destination,
         )
         if jax.process_index() == 0:
             os.makedirs(os.path.dirname(destination), exist_ok=True)
@@ -288,10 +283,7 @@ def _changed_fields(saved: Mapping[str, Any], config: ml_collections.ConfigDict)
     """`{"config.a.b": (value in the checkpoint, value now)}` for the fields that differ."""
     flat = lambda tree: traverse_util.flatten_dict({"config": tree}, sep=".")  # noqa: E731
     before, now = flat(saved.get("config", {})), flat(json.loads(config.to_json_best_effort()))
-    return {
-        k: (before.get(k), now.get(k))
-        for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)
-    }
+    return {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)}
 
 
 def _check_resume(saved: Mapping[str, Any], config: ml_collections.ConfigDict, step: int) -> None:

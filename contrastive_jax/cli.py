@@ -35,7 +35,7 @@ def flag_error(error: Exception, argv: list[str]) -> str | None:
         if "Error whilst parsing config file" in message:  # the config's code raised
             return None
         # absl puts "flag --workdir=None: " before our validators' text.
-        return message[message.index("Missing --"):] if "Missing --" in message else message
+        return message[message.index("Missing --") :] if "Missing --" in message else message
     if isinstance(error, OSError) and path is not None:
         configs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
         listed = sorted(f for f in os.listdir(configs) if f.endswith(".py")) if os.path.isdir(configs) else []
@@ -45,13 +45,13 @@ def flag_error(error: Exception, argv: list[str]) -> str | None:
             problem = f"cannot be loaded ({str(error).splitlines()[-1].strip()})"
         return (
             f"--config={path}: {problem} (in {os.getcwd()}); pass a config file such "
-            f"as configs/default.py" + (f" (configs/ holds {', '.join(listed)})" if listed else "")
-            + "."
+            f"as configs/default.py" + (f" (configs/ holds {', '.join(listed)})" if listed else "") + "."
         )
     if isinstance(error, SyntaxError) or getattr(error, "name", None) == "get_config":
         problem = (
             f"not a Python file ({error.msg}, line {error.lineno})"
-            if isinstance(error, SyntaxError) else "has no get_config()"
+            if isinstance(error, SyntaxError)
+            else "has no get_config()"
         )
         return (
             f"--config={path}: {problem}; a config file defines get_config() returning "
@@ -102,8 +102,14 @@ def parse_flags(argv: list[str], config_flag) -> list[str]:
 
 
 def run_training(
-    config, workdir: str, *, verbose: bool, coordinator_address: str | None,
-    num_processes: int | None, process_id: int | None, auto_detect: bool,
+    config,
+    workdir: str,
+    *,
+    verbose: bool,
+    coordinator_address: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    auto_detect: bool,
     heartbeat_timeout_seconds: float,
 ) -> None:
     """Trains and evaluates `config` in `workdir` as the command line does: quiet logs
@@ -161,7 +167,8 @@ def run_training(
         except KeyboardInterrupt:
             console.exit_with_error(
                 f"Interrupted (Ctrl-C). To resume, run: {console.rerun_command(sys.argv)}",
-                verbose=verbose, status=console.INTERRUPTED,
+                verbose=verbose,
+                status=console.INTERRUPTED,
             )
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "eval_results.json")) as f:

@@ -42,9 +42,7 @@ def check(config: ml_collections.ConfigDict, loss: losses.Loss, num_devices: int
     data_sources.check_data_config(config.data)
     bad_loss.check_config(train)
     _check_loss_inputs(loss, config)
-    sharding.check_batch_divides(
-        train.global_batch_size, num_devices, "config.train.global_batch_size"
-    )
+    sharding.check_batch_divides(train.global_batch_size, num_devices, "config.train.global_batch_size")
     data_sources.per_process_batch_size(train.global_batch_size, jax.process_count())
     _check_chunk_size(config.loss, train.global_batch_size, num_devices)
     if train.micro_batch_size:
@@ -53,9 +51,7 @@ def check(config: ml_collections.ConfigDict, loss: losses.Loss, num_devices: int
                 f"config.train.micro_batch_method={train.micro_batch_method!r}; use "
                 f"one of {sorted(grad_cache.MICRO_BATCH_METHODS)}."
             )
-        grad_cache.check_micro_batches(
-            train.global_batch_size, train.micro_batch_size, num_devices
-        )
+        grad_cache.check_micro_batches(train.global_batch_size, train.micro_batch_size, num_devices)
     return _check_loss_state(loss, config)
 
 
@@ -99,8 +95,7 @@ def _check_loss_inputs(loss: losses.Loss, config: ml_collections.ConfigDict) -> 
     if loss.labels and data_sources.SOURCES[config.data.name].label_key is None:
         pair_losses = sorted(k for k, v in losses.LOSSES.items() if not v.labels)
         raise ConfigError(
-            f"config.loss.name={name!r} needs labels but {config.data.name!r} has none; use "
-            f"one of {pair_losses}."
+            f"config.loss.name={name!r} needs labels but {config.data.name!r} has none; use one of {pair_losses}."
         )
     if loss.groups and not data_sources.SOURCES[config.data.name].id_keys:
         grouped = sorted(k for k, v in data_sources.SOURCES.items() if v.id_keys)
@@ -127,9 +122,7 @@ def _check_chunk_size(loss: ml_collections.ConfigDict, global_batch_size: int, n
     ring = loss.collective == "ring"
     columns = global_batch_size // num_devices if ring else global_batch_size
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-        raise ConfigError(
-            f"config.loss.chunk_size={chunk!r} must be a positive int, 'auto' or None."
-        )
+        raise ConfigError(f"config.loss.chunk_size={chunk!r} must be a positive int, 'auto' or None.")
     if columns % chunk:
         divisor = losses.logit_stats.divisor_at_most(columns, chunk)
         raise ConfigError(

@@ -19,9 +19,7 @@ class ConfigError(ValueError):
     and a fix."""
 
 
-def override(
-    config: ml_collections.ConfigDict, fields: Mapping[str, Any]
-) -> ml_collections.ConfigDict:
+def override(config: ml_collections.ConfigDict, fields: Mapping[str, Any]) -> ml_collections.ConfigDict:
     """A locked copy of `config` with dotted fields set: `{"loss.temperature": 0.1}`.
 
     Raises:

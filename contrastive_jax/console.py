@@ -36,10 +36,7 @@ INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT, the shell's convent
 
 # The headline evaluation metrics (those the data give), with what they measure.
 HEADLINE_METRICS = {
-    "a_to_b/R@1": (
-        "Recall@1 retrieving b from a (digits: top -> bottom half; cmudict: spelling -> "
-        "pronunciation)"
-    ),
+    "a_to_b/R@1": ("Recall@1 retrieving b from a (digits: top -> bottom half; cmudict: spelling -> pronunciation)"),
     "b_to_a/R@1": "Recall@1 retrieving a from b",
     "retrieval/R@1": "Recall@1 of a same-class neighbour (leave-one-out)",
     "retrieval/MAP@R": "MAP@R, same-class retrieval",
@@ -157,7 +154,10 @@ class Progress:
         self._enabled = enabled
         if enabled and sys.stderr.isatty():
             self._bar = tqdm.tqdm(
-                total=total_steps, initial=start_step, desc="train", unit="step",
+                total=total_steps,
+                initial=start_step,
+                desc="train",
+                unit="step",
                 dynamic_ncols=True,
             )
 
@@ -217,9 +217,7 @@ def summary(workdir: str, step: int, results: Mapping[str, float], *, seconds: f
     lines = [f"{where}: trained to step {step:,} (this command: {_duration(seconds)})"]
     for header, rows in ((("metric", "value", "meaning"), metrics), (("file", "path", ""), files)):
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(2)]
-        lines += [""] + [
-            f"  {a:<{widths[0]}}  {b:<{widths[1]}}  {c}".rstrip() for a, b, c in [header, *rows]
-        ]
+        lines += [""] + [f"  {a:<{widths[0]}}  {b:<{widths[1]}}  {c}".rstrip() for a, b, c in [header, *rows]]
     return "\n".join(lines)
 
 
@@ -264,9 +262,9 @@ class CtrlC:
         if not _sigterm_saves():
             raise KeyboardInterrupt
         print(
-            "Ctrl-C: finishing the current step, then saving a checkpoint "
-            "(press Ctrl-C again to abort at once).",
-            file=sys.stderr, flush=True,
+            "Ctrl-C: finishing the current step, then saving a checkpoint (press Ctrl-C again to abort at once).",
+            file=sys.stderr,
+            flush=True,
         )
         os.kill(os.getpid(), signal.SIGTERM)
 

@@ -30,9 +30,7 @@ def main(argv=None) -> int:
     mesh = make_mesh(args.devices)
     print(f"global batch {args.global_batch}, dim {args.dim}, {args.devices} devices")
     print(f"{'loss':<30}{'1 device':>14}{f'{args.devices} devices':>14}{'max |dgrad|':>14}")
-    for name, (loss_fn, arrays, hyperparameters) in loss_examples(
-        args.global_batch, args.dim
-    ).items():
+    for name, (loss_fn, arrays, hyperparameters) in loss_examples(args.global_batch, args.dim).items():
         single, sharded, grad_difference = compare_with_single_device(loss_fn, arrays, hyperparameters, mesh)
         print(f"{name:<30}{single:>14.6f}{sharded:>14.6f}{grad_difference:>14.2e}")
     return 0

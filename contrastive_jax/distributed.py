@@ -80,7 +80,10 @@ def initialize(
     )
     logging.info(
         "jax.distributed: process %d of %d, %d local of %d devices.",
-        jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(),
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
     )
 
 
@@ -143,9 +146,7 @@ class ProcessWatchdog:
             self._thread.join(self.timeout_seconds + 2 * self.interval_seconds)
         self._stop.set()
         self._thread.join()
-        self._client.key_value_set(
-            f"{_HEARTBEATS}{jax.process_index()}", _EXITED, allow_overwrite=True
-        )
+        self._client.key_value_set(f"{_HEARTBEATS}{jax.process_index()}", _EXITED, allow_overwrite=True)
 
     def _watch(self) -> None:
         me, count = jax.process_index(), jax.process_count()
@@ -157,8 +158,7 @@ class ProcessWatchdog:
             try:
                 self._client.key_value_set(f"{_HEARTBEATS}{me}", str(beat), allow_overwrite=True)
                 beats = {
-                    int(key.rsplit("/", 1)[-1]): value
-                    for key, value in self._client.key_value_dir_get(_HEARTBEATS)
+                    int(key.rsplit("/", 1)[-1]): value for key, value in self._client.key_value_dir_get(_HEARTBEATS)
                 }
             except Exception as e:  # the service, in process 0, is gone
                 first_line = str(e).splitlines()[0] if str(e) else type(e).__name__

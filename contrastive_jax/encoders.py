@@ -106,9 +106,7 @@ class ResNet(nn.Module):
     @nn.compact
     def __call__(self, x, *, train: bool = False):
         conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype)
-        norm = functools.partial(
-            nn.BatchNorm, use_running_average=not train, momentum=0.9, dtype=self.dtype
-        )
+        norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, dtype=self.dtype)
         x = x.astype(self.dtype)
         if max(x.shape[1:3]) <= 64:
             x = nn.relu(norm()(conv(self.num_filters, (3, 3))(x)))
@@ -175,9 +173,7 @@ class ViT(nn.Module):
         pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, *x.shape[1:]))
         x = x + pos.astype(self.dtype)
         for _ in range(self.depth):
-            x = TransformerBlock(self.num_heads, self.mlp_dim, self.dropout_rate, self.dtype)(
-                x, train=train
-            )
+            x = TransformerBlock(self.num_heads, self.mlp_dim, self.dropout_rate, self.dtype)(x, train=train)
         return nn.LayerNorm(dtype=self.dtype)(x[:, 0])
 
 
@@ -228,9 +224,7 @@ class Conv1D(nn.Module):
     @nn.compact
     def __call__(self, x):
         k, length = self.kernel_size, x.shape[1]
-        kernel = self.param(
-            "kernel", nn.initializers.lecun_normal(), (k, x.shape[-1], self.features)
-        )
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (k, x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
         left = (k - 1) // 2  # 'SAME': as nn.Conv pads
         padded = jnp.pad(x, ((0, 0), (left, k - 1 - left), (0, 0)))
@@ -272,9 +266,7 @@ class TextCNN(nn.Module):
 
 
 def _vit(width, depth, num_heads, mlp_dim):
-    return lambda m, dtype, vocab: ViT(
-        width, depth, num_heads, mlp_dim, m.patch_size, m.dropout_rate, dtype
-    )
+    return lambda m, dtype, vocab: ViT(width, depth, num_heads, mlp_dim, m.patch_size, m.dropout_rate, dtype)
 
 
 # name -> (config.model, compute dtype, text vocabulary size) -> encoder.

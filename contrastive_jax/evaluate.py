@@ -183,9 +183,7 @@ class Evaluator:
     def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
         self._config = config
         self._mesh = mesh
-        self._eval = input_pipeline.eval_arrays(
-            config, config.eval.split, class_range=config.eval.class_range
-        )
+        self._eval = input_pipeline.eval_arrays(config, config.eval.split, class_range=config.eval.class_range)
         self._train = None
         if "label" in self._eval and (config.eval.knn_k > 0 or config.eval.linear_probe):
             train = input_pipeline.eval_arrays(
@@ -207,8 +205,7 @@ class Evaluator:
         n = len(arrays["a"])
         pad = -n % self._batch_size
         padded = {
-            k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)])
-            for k, v in arrays.items() if k in ("a", "b")
+            k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in arrays.items() if k in ("a", "b")
         }
         chunks = []
         for start in range(0, n + pad, self._batch_size):
@@ -239,9 +236,7 @@ class Evaluator:
                 train_z = self.embed(state, self._train)["za"]
                 train_labels = self._train["label"]
                 if self._config.eval.knn_k > 0:
-                    out["knn_top1"] = knn_accuracy(
-                        train_z, train_labels, z["za"], labels, k=self._config.eval.knn_k
-                    )
+                    out["knn_top1"] = knn_accuracy(train_z, train_labels, z["za"], labels, k=self._config.eval.knn_k)
                 if self._config.eval.linear_probe:
                     out["linear_probe"] = linear_probe_accuracy(train_z, train_labels, z["za"], labels)
         out["uniformity"] = uniformity(z["za"])

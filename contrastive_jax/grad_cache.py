@@ -42,14 +42,11 @@ Forward = Callable[[Any, Any, jax.Array], tuple[Any, Any, Any]]
 # loss(batched [N, ...], shared, batch) -> (scalar loss, metrics)
 Loss = Callable[[Any, Any, Any], tuple[jax.Array, Any]]
 
+
 def check_micro_batches(global_batch_size: int, micro_batch_size: int, num_shards: int) -> int:
     """The number of micro-batches K; a ConfigError naming the fix if the sizes don't fit."""
     if micro_batch_size <= 0 or global_batch_size % micro_batch_size:
-        divisors = [
-            d
-            for d in range(num_shards, global_batch_size + 1, num_shards)
-            if global_batch_size % d == 0
-        ]
+        divisors = [d for d in range(num_shards, global_batch_size + 1, num_shards) if global_batch_size % d == 0]
         closest = min(divisors, key=lambda d: abs(d - micro_batch_size))
         raise ConfigError(
             f"config.train.micro_batch_size={micro_batch_size} must be a positive divisor of "
@@ -110,9 +107,9 @@ def grad_cache_value_and_grad(
     _, (batched, shared, aux) = jax.lax.scan(embed, None, (micro, indices))
     batched = jax.tree.map(lambda x: merge(x, num_shards), batched)
     shared, aux = jax.tree.map(lambda x: x[-1], (shared, aux))
-    (value, metrics), (batched_grads, shared_grads) = jax.value_and_grad(
-        loss, argnums=(0, 1), has_aux=True
-    )(batched, shared, batch)
+    (value, metrics), (batched_grads, shared_grads) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+        batched, shared, batch
+    )
     # Every micro-batch recomputes the shared outputs from the same parameters, so each
     # takes 1/K of their gradient: the K contributions add up to it exactly.
     shared_grads = jax.tree.map(lambda g: g / num_micro_batches, shared_grads)
@@ -153,15 +150,11 @@ def accumulated_value_and_grad(
 
     def step(accumulated, inputs):
         micro_batch, index = inputs
-        (value, (metrics, aux)), grads = jax.value_and_grad(micro_loss, has_aux=True)(
-            params, micro_batch, index
-        )
+        (value, (metrics, aux)), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, micro_batch, index)
         return jax.tree.map(jnp.add, accumulated, grads), (value, metrics, aux)
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    grads, (values, metrics, aux) = jax.lax.scan(
-        step, zeros, (micro, jnp.arange(num_micro_batches))
-    )
+    grads, (values, metrics, aux) = jax.lax.scan(step, zeros, (micro, jnp.arange(num_micro_batches)))
     mean = lambda tree: jax.tree.map(lambda x: jnp.mean(x, axis=0), tree)  # noqa: E731
     return (
         (jnp.mean(values), mean(metrics), jax.tree.map(lambda x: x[-1], aux)),

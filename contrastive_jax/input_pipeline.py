@@ -109,9 +109,7 @@ def load_split(
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if class_range is not None:
         if not source.label_key:
-            raise ConfigError(
-                f"a class range was given but config.data.name={data.name!r} has no labels."
-            )
+            raise ConfigError(f"a class range was given but config.data.name={data.name!r} has no labels.")
         lo, hi = class_range
         ds = ds.filter(lambda ex: (ex["label"] >= lo) & (ex["label"] < hi))
     chunks = list(tfds.as_numpy(ds.batch(4096)))
@@ -285,12 +283,9 @@ def train_dataset(
     if data.task == "labeled":
         if "label" not in arrays:
             raise ConfigError(
-                f"config.data.task='labeled' needs labels but {data.name!r} has none; "
-                "use task 'pairs' or 'views'."
+                f"config.data.task='labeled' needs labels but {data.name!r} has none; use task 'pairs' or 'views'."
             )
-        global_indices = _labeled_indices(
-            arrays["label"], global_batch_size, data.examples_per_class, step_seed
-        )
+        global_indices = _labeled_indices(arrays["label"], global_batch_size, data.examples_per_class, step_seed)
     else:
         if global_batch_size > n:
             raise ConfigError(
@@ -328,9 +323,7 @@ def train_dataset(
         inputs = _model_inputs(examples, data.task, data, seeds=seeds if augments(data) else None)
         return inputs | {"index": tf.cast(index, tf.int32)}
 
-    ds = tf.data.Dataset.counter(start_step).map(
-        batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-    )
+    ds = tf.data.Dataset.counter(start_step).map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()
     options.deterministic = True
     return ds.with_options(options).prefetch(data.prefetch_batches)

@@ -36,17 +36,13 @@ from ml_collections import config_flags
 
 from contrastive_jax import cli, console
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a config file, e.g. configs/default.py."
-)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. configs/default.py.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, evaluations.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "Multi-process: HOST:PORT of process 0 (the same in all)."
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process: how many.", lower_bound=1)
-_PROCESS_ID = flags.DEFINE_integer(
-    "process_id", None, "Multi-process: this one's id, 0-based.", lower_bound=0
-)
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process: this one's id, 0-based.", lower_bound=0)
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Multi-process with settings JAX detects (TPU pods, SLURM, MPI)."
 )
@@ -54,16 +50,18 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_float(
     "heartbeat_timeout_seconds", 30, "Multi-process: stop all when one is silent this long."
 )
 _VERBOSE = flags.DEFINE_bool(
-    "verbose", False,
-    f"All logs (orbax, TFDS, JAX INFO) and the traceback of a bad config or flag; or set "
-    f"{console.VERBOSE_ENV}=1.",
+    "verbose",
+    False,
+    f"All logs (orbax, TFDS, JAX INFO) and the traceback of a bad config or flag; or set {console.VERBOSE_ENV}=1.",
 )
 flags.register_validator(
-    "config", lambda config: config is not None,
+    "config",
+    lambda config: config is not None,
     "Missing --config: pass a config file, e.g. --config=configs/default.py.",
 )
 flags.register_validator(
-    "workdir", bool,
+    "workdir",
+    bool,
     "Missing --workdir: pass a directory for checkpoints and metrics (created if missing), "
     "e.g. --workdir=runs/default.",
 )
@@ -77,7 +75,8 @@ flags.register_multi_flags_validator(
 def main(argv):
     del argv
     cli.run_training(
-        _CONFIG.value, _WORKDIR.value,
+        _CONFIG.value,
+        _WORKDIR.value,
         verbose=_VERBOSE.value or console.verbose_requested(sys.argv),
         coordinator_address=_COORDINATOR.value,
         num_processes=_NUM_PROCESSES.value,

@@ -65,8 +65,11 @@ def needed_bytes(compiled: jax.stages.Compiled) -> int:
     temporaries + generated code."""
     m = compiled.memory_analysis()
     return (
-        m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-        + m.temp_size_in_bytes + m.generated_code_size_in_bytes
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+        + m.temp_size_in_bytes
+        + m.generated_code_size_in_bytes
     )
 
 
@@ -125,9 +128,7 @@ def _compile(trainer: Trainer, abstract_state, element_spec) -> jax.stages.Compi
     return trainer.jit_train_step(abstract_state).lower(abstract_state, spec).compile()
 
 
-def compile_train_step(
-    trainer: Trainer, abstract_state, element_spec
-) -> tuple[Callable, StepMemory]:
+def compile_train_step(trainer: Trainer, abstract_state, element_spec) -> tuple[Callable, StepMemory]:
     """The train step compiled for the global batch, and its memory per device.
 
     Args:
@@ -165,9 +166,7 @@ def _does_not_fit(trainer: Trainer, element_spec, memory: StepMemory) -> str:
         measured.append((flags, needed))
         if sum(n <= memory.available for _, n in measured) == _SUGGESTIONS:
             break
-    fitting = [
-        f"with {flags} it needs {format_bytes(n)}" for flags, n in measured if n <= memory.available
-    ]
+    fitting = [f"with {flags} it needs {format_bytes(n)}" for flags, n in measured if n <= memory.available]
     if fitting:
         fix = "; ".join(fitting)
     elif measured:

@@ -27,10 +27,7 @@ class MetricWriter:
             kept = []
             if os.path.exists(path):
                 with open(path) as f:
-                    kept = [
-                        line for line in f
-                        if line.endswith("\n") and json.loads(line)["step"] <= start_step
-                    ]
+                    kept = [line for line in f if line.endswith("\n") and json.loads(line)["step"] <= start_step]
             with open(f"{path}.tmp", "w") as f:
                 f.writelines(kept)
             os.replace(f"{path}.tmp", path)

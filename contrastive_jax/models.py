@@ -51,9 +51,7 @@ class ClassifierHead(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        proxies = self.param(
-            "proxies", nn.initializers.lecun_normal(), (self.num_classes, x.shape[-1])
-        )
+        proxies = self.param("proxies", nn.initializers.lecun_normal(), (self.num_classes, x.shape[-1]))
         bias = self.param("bias", nn.initializers.zeros, (self.num_classes,))
         return x.astype(jnp.float32) @ proxies.T + bias[None, :], proxies
 
@@ -110,9 +108,7 @@ def clamp_temperature(params):
     return jax.tree_util.tree_map_with_path(clamp, params)
 
 
-def create_model(
-    config: ml_collections.ConfigDict, *, text_vocab_size: int, learned_bias: bool = False
-) -> TwoTower:
+def create_model(config: ml_collections.ConfigDict, *, text_vocab_size: int, learned_bias: bool = False) -> TwoTower:
     """The `TwoTower` that `config.model` and `config.loss` describe.
 
     Args:
@@ -123,9 +119,7 @@ def create_model(
     """
     m = config.model
     if m.compute_dtype not in COMPUTE_DTYPES:
-        raise ConfigError(
-            f"config.model.compute_dtype={m.compute_dtype!r}; use one of {sorted(COMPUTE_DTYPES)}."
-        )
+        raise ConfigError(f"config.model.compute_dtype={m.compute_dtype!r}; use one of {sorted(COMPUTE_DTYPES)}.")
     dtype = COMPUTE_DTYPES[m.compute_dtype]
 
     def encoder(field):
@@ -140,9 +134,7 @@ def create_model(
         return ProjectionHead(m.projection_hidden_dims, m.embed_dim, dtype)
 
     if not config.loss.temperature > 0:
-        raise ConfigError(
-            f"config.loss.temperature={config.loss.temperature} must be > 0 (e.g. 0.07)."
-        )
+        raise ConfigError(f"config.loss.temperature={config.loss.temperature} must be > 0 (e.g. 0.07).")
     return TwoTower(
         tower_a=encoder("encoder_a"),
         head_a=head(),

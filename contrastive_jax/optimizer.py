@@ -52,9 +52,7 @@ def make_optimizer(
             momentum=optim.momentum,
         )
     elif optim.name == "sgd":
-        tx = optax.chain(
-            optax.add_decayed_weights(wd, mask=mask), optax.sgd(schedule, momentum=optim.momentum)
-        )
+        tx = optax.chain(optax.add_decayed_weights(wd, mask=mask), optax.sgd(schedule, momentum=optim.momentum))
     else:
         raise ConfigError(f"config.optim.name={optim.name!r}; use one of {OPTIMIZERS}.")
     if optim.grad_clip_norm > 0:

@@ -52,9 +52,7 @@ def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def check_batch_divides(
-    global_batch_size: int, num_devices: int, name: str = "the batch size"
-) -> None:
+def check_batch_divides(global_batch_size: int, num_devices: int, name: str = "the batch size") -> None:
     """Raises a ConfigError when the global batch does not split evenly over devices.
 
     `name` says what the number is, e.g. "config.train.global_batch_size".
@@ -68,9 +66,7 @@ def check_batch_divides(
         )
 
 
-def shard_loss(
-    loss_fn: Callable, mesh: jax.sharding.Mesh, *, replicated_argnums: tuple[int, ...] = ()
-) -> Callable:
+def shard_loss(loss_fn: Callable, mesh: jax.sharding.Mesh, *, replicated_argnums: tuple[int, ...] = ()) -> Callable:
     """Wraps a loss so it is called on global arrays whose dim 0 is split over the mesh.
 
     ``shard_loss(losses.clip_loss, mesh)(a, b, temperature=0.07)`` takes ``a, b:
@@ -94,9 +90,7 @@ def shard_loss(
         for index, array in enumerate(arrays):
             if index not in replicated_argnums:
                 check_batch_divides(np.shape(array)[0], num_devices, f"argument {index}'s batch size")
-        array_kwargs = {
-            k: v for k, v in hyperparameters.items() if isinstance(v, (jax.Array, np.ndarray))
-        }
+        array_kwargs = {k: v for k, v in hyperparameters.items() if isinstance(v, (jax.Array, np.ndarray))}
         static_kwargs = {k: v for k, v in hyperparameters.items() if k not in array_kwargs}
 
         def per_device(arrays, array_kwargs):
@@ -106,9 +100,7 @@ def shard_loss(
             tuple(P() if i in replicated_argnums else P(DATA_AXIS) for i in range(len(arrays))),
             P(),
         )
-        return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=P())(
-            tuple(arrays), array_kwargs
-        )
+        return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=P())(tuple(arrays), array_kwargs)
 
     return sharded
 

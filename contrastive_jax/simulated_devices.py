@@ -19,8 +19,7 @@ def with_device_count(xla_flags: str, num_devices: int) -> str:
 
 def device_count_env(num_devices: int, environ=os.environ) -> dict[str, str]:
     """A copy of ``environ`` for a child process that runs JAX on ``num_devices`` CPU devices."""
-    return dict(environ, XLA_FLAGS=with_device_count(environ.get("XLA_FLAGS", ""), num_devices),
-                JAX_PLATFORMS="cpu")
+    return dict(environ, XLA_FLAGS=with_device_count(environ.get("XLA_FLAGS", ""), num_devices), JAX_PLATFORMS="cpu")
 
 
 def simulate_cpu_devices(num_devices: int) -> None:

@@ -59,8 +59,7 @@ class Preempted(Exception):
 
     def __init__(self, step: int, directory: str):
         super().__init__(
-            f"SIGTERM: stopped after step {step} and saved it in {directory}; rerun the "
-            "same command to resume."
+            f"SIGTERM: stopped after step {step} and saved it in {directory}; rerun the same command to resume."
         )
         self.step, self.directory = step, directory
 
@@ -72,9 +71,7 @@ def prepare_workdir(workdir: str | os.PathLike | None) -> str:
       ConfigError: `workdir` is not given, or cannot be created or written.
     """
     if not workdir:
-        raise ConfigError(
-            "No workdir: pass --workdir=DIR (created if missing) for checkpoints and metrics."
-        )
+        raise ConfigError("No workdir: pass --workdir=DIR (created if missing) for checkpoints and metrics.")
     workdir = os.path.abspath(workdir)
     try:
         os.makedirs(workdir, exist_ok=True)
@@ -100,9 +97,7 @@ def _train_batches(config: ml_collections.ConfigDict, first_batch: int) -> tf.da
 
 
 def _global_batch(batch: dict[str, np.ndarray], data_sharding) -> dict[str, jax.Array]:
-    return {
-        k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()
-    }
+    return {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -136,9 +131,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     trainer = build(config, mesh)
     workdir = prepare_workdir(workdir)
     tf.config.set_visible_devices([], "GPU")  # tf.data only; keep accelerators for JAX.
-    ckpt = checkpoint.Checkpointer(
-        os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep
-    )
+    ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep)
     guard = bad_loss.LossGuard(config, workdir, lead=jax.process_index() == 0)
     try:
         opened_at = ckpt.latest_step() or 0
@@ -158,16 +151,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             logging.info("Resumed from %s at step %d.", ckpt.directory, start_step)
         if start_step != opened_at:  # the newest checkpoint was corrupt: an older one
             ds = _train_batches(config, guard.first_batch(start_step))
-        return _train(
-            trainer, step_fn, ckpt, guard, init, state, abstract_state, ds, start_step, workdir
-        )
+        return _train(trainer, step_fn, ckpt, guard, init, state, abstract_state, ds, start_step, workdir)
     finally:  # also on errors: finish the saves already started
         ckpt.close()
 
 
-def _finished_results(
-    workdir: str, start_step: int, config
-) -> tuple[dict[str, float], str] | None:
+def _finished_results(workdir: str, start_step: int, config) -> tuple[dict[str, float], str] | None:
     """The saved evaluation when the run already trained its steps and evaluated them,
     and the line that says so."""
     path = os.path.join(workdir, "eval_results.json")
@@ -184,24 +173,28 @@ def _finished_results(
     )
 
 
-def _roll_back(
-    bad: bad_loss.BadLoss, guard: bad_loss.LossGuard, ckpt, init, abstract_state, config
-):
+def _roll_back(bad: bad_loss.BadLoss, guard: bad_loss.LossGuard, ckpt, init, abstract_state, config):
     """`(step, state, record)` after a bad loss: the newest checkpoint's (or the initial
     state at step 0) and the rollback's record; FloatingPointError when it stops instead."""
     ckpt.wait()  # a save still being written is the newest checkpoint
     last = ckpt.latest_step()
-    guard.stop_unless_rolling_back(
-        bad, f"step {last} in {ckpt.directory}" if last is not None else "none"
-    )
+    guard.stop_unless_rolling_back(bad, f"step {last} in {ckpt.directory}" if last is not None else "none")
     step, state = ckpt.restore_latest(config, abstract_state)
     guard.restore(ckpt.restore_position(step) if state is not None else None)
     return step, init() if state is None else state, guard.roll_back(bad, step)
 
 
 def _train(
-    trainer: Trainer, step_fn, ckpt: checkpoint.Checkpointer, guard: bad_loss.LossGuard, init,
-    state, abstract_state, ds, start_step: int, workdir: str,
+    trainer: Trainer,
+    step_fn,
+    ckpt: checkpoint.Checkpointer,
+    guard: bad_loss.LossGuard,
+    init,
+    state,
+    abstract_state,
+    ds,
+    start_step: int,
+    workdir: str,
 ) -> dict[str, float]:
     """The loop of `train_and_evaluate` from `start_step`; returns the final evaluation.
 
@@ -246,9 +239,7 @@ def _train(
             scalars = {f"train/{k}": float(np.mean([w[k] for w in window])) for k in window[0]}
             seconds_per_step = (time.perf_counter() - timer_start) / max(timed_steps, 1)
             if timed_steps:
-                scalars["train/examples_per_second"] = (
-                    config.train.global_batch_size / seconds_per_step
-                )
+                scalars["train/examples_per_second"] = config.train.global_batch_size / seconds_per_step
             writer.write(step, scalars)
             progress.log(step, scalars, seconds_per_step=seconds_per_step if timed_steps else None)
             window.clear()
@@ -280,16 +271,17 @@ def _train(
                         pending = None
                 except bad_loss.BadLoss as bad:
                     pending = None
-                    step, state, rollback = _roll_back(
-                        bad, guard, ckpt, init, abstract_state, config
-                    )
+                    step, state, rollback = _roll_back(bad, guard, ckpt, init, abstract_state, config)
                     writer.close()  # drop the lines of the steps undone, as a resume does
                     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=step)
-                    writer.write(step, {
-                        "rollback/bad_step": rollback["bad_step"],
-                        "rollback/first_skipped_batch": rollback["skipped_batches"][0],
-                        "rollback/skipped_batches": len(rollback["skipped_batches"]),
-                    })
+                    writer.write(
+                        step,
+                        {
+                            "rollback/bad_step": rollback["bad_step"],
+                            "rollback/first_skipped_batch": rollback["skipped_batches"][0],
+                            "rollback/skipped_batches": len(rollback["skipped_batches"]),
+                        },
+                    )
                     progress.message(guard.line(rollback))
                     window.clear()
                     batches = guard.batches(step, open_at)

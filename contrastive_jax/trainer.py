@@ -54,9 +54,7 @@ class Trainer:
     id_keys: tuple[str, ...]  # the dataset's id keys, stacked into `groups`
     loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
 
-    def init_state(
-        self, element_spec: Mapping[str, Any]
-    ) -> tuple[Callable[[], TrainState], TrainState]:
+    def init_state(self, element_spec: Mapping[str, Any]) -> tuple[Callable[[], TrainState], TrainState]:
         """`(init, abstract_state)`: `init()` creates the initial state replicated over the
         mesh; `abstract_state` holds its `jax.ShapeDtypeStruct` leaves with shardings
         (the target for restoring a checkpoint onto this mesh).
@@ -65,8 +63,11 @@ class Trainer:
           element_spec: shapes and dtypes of the inputs `a` [B, ...] and optional `b`
             (the input pipeline's `element_spec`, or `jax.ShapeDtypeStruct` values).
         """
-        dummy = {k: np.zeros((1, *spec.shape[1:]), _numpy_dtype(spec.dtype))
-                 for k, spec in element_spec.items() if k in ("a", "b")}
+        dummy = {
+            k: np.zeros((1, *spec.shape[1:]), _numpy_dtype(spec.dtype))
+            for k, spec in element_spec.items()
+            if k in ("a", "b")
+        }
 
         def init(rng):
             variables = self.model.init({"params": rng}, dummy["a"], dummy.get("b"), train=False)
@@ -86,9 +87,7 @@ class Trainer:
         shardings = jax.tree.map(lambda _: sharding.replicated(self.mesh), shapes)
         if self.loss.state is not None:
             specs = self._loss_state_specs(shapes.loss_state)
-            shardings = shardings.replace(
-                loss_state=jax.tree.map(lambda p: NamedSharding(self.mesh, p), specs)
-            )
+            shardings = shardings.replace(loss_state=jax.tree.map(lambda p: NamedSharding(self.mesh, p), specs))
         abstract_state = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
         )
@@ -105,9 +104,7 @@ class Trainer:
             donate_argnums=0,
         )
 
-    def train_step(
-        self, state: TrainState, batch: dict[str, jax.Array]
-    ) -> tuple[TrainState, dict[str, jax.Array]]:
+    def train_step(self, state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
         """One optimizer step on a global batch (`a` [N, ...], optional `b`, `label` [N]).
 
         With `config.train.micro_batch_size` m > 0 the batch is embedded in N / m
@@ -144,9 +141,7 @@ class Trainer:
             return self.stateful_loss(batched, shared, data, state.loss_state, state.step)
 
         if self.micro_batch_size:
-            (loss, (metrics, loss_state), updates), grads = grad_cache.MICRO_BATCH_METHODS[
-                self.micro_batch_method
-            ](
+            (loss, (metrics, loss_state), updates), grads = grad_cache.MICRO_BATCH_METHODS[self.micro_batch_method](
                 forward,
                 loss_of_outputs,
                 state.params,
@@ -161,18 +156,16 @@ class Trainer:
                 loss, aux = loss_of_outputs(batched, shared, batch)
                 return loss, (aux, updates)
 
-            (loss, ((metrics, loss_state), updates)), grads = jax.value_and_grad(
-                full_batch_loss, has_aux=True
-            )(state.params)
+            (loss, ((metrics, loss_state), updates)), grads = jax.value_and_grad(full_batch_loss, has_aux=True)(
+                state.params
+            )
         learning_rate = self.schedule(state.step)
         state = state.apply_gradients(grads=grads, batch_stats=updates.get("batch_stats", {}))
         state = state.replace(params=models.clamp_temperature(state.params))
         if self.loss.state is not None and self.loss.state.after_step is not None:
             loss_state = self.loss.state.after_step(loss_state, state.params, self.loss_settings)
         state = state.replace(loss_state=loss_state)
-        metrics = dict(
-            metrics, loss=loss, grad_norm=optax.tree.norm(grads), learning_rate=learning_rate
-        )
+        metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads), learning_rate=learning_rate)
         return state, metrics
 
     def loss_data(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
@@ -207,9 +200,9 @@ class Trainer:
             loss, metrics = self.loss.fn({**batched, **shared, **data}, self.loss_settings)
             return loss, dict(metrics, temperature=shared["temperature"])
 
-        return jax.shard_map(
-            per_device, mesh=self.mesh, in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS)), out_specs=P()
-        )(batched, shared, data)
+        return jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS)), out_specs=P())(
+            batched, shared, data
+        )
 
     def stateful_loss(
         self,
@@ -233,8 +226,10 @@ class Trainer:
 
         specs = self._loss_state_specs(loss_state)
         loss, metrics, loss_state = jax.shard_map(
-            per_device, mesh=self.mesh,
-            in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS), specs, P()), out_specs=(P(), P(), specs),
+            per_device,
+            mesh=self.mesh,
+            in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS), specs, P()),
+            out_specs=(P(), P(), specs),
         )(batched, shared, data, loss_state, step)
         return loss, (metrics, loss_state)
 
@@ -256,10 +251,11 @@ class Trainer:
             return batch
         keys = state.apply_fn(
             {"params": state.loss_state["ema_params"], "batch_stats": state.batch_stats},
-            batch["a"], batch.get("b"), train=False,
+            batch["a"],
+            batch.get("b"),
+            train=False,
         )
-        return dict(batch, key_za=jax.lax.stop_gradient(keys["za"]),
-                    key_zb=jax.lax.stop_gradient(keys["zb"]))
+        return dict(batch, key_za=jax.lax.stop_gradient(keys["za"]), key_zb=jax.lax.stop_gradient(keys["zb"]))
 
 
 def _numpy_dtype(dtype) -> np.dtype:
@@ -280,12 +276,15 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
     train = config.train
     loss = losses.registry.get(config.loss.name)
     loss_table_size = config_checks.check(config, loss, mesh.shape[DATA_AXIS])
-    model = models.create_model(
-        config, text_vocab_size=data_sources.TEXT_VOCAB_SIZE, learned_bias=loss.learned_bias
-    )
+    model = models.create_model(config, text_vocab_size=data_sources.TEXT_VOCAB_SIZE, learned_bias=loss.learned_bias)
     tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
     return Trainer(
-        config, mesh, model, tx, schedule, loss,
+        config,
+        mesh,
+        model,
+        tx,
+        schedule,
+        loss,
         loss_settings=losses.LossSettings.from_config(config),
         seed=config.seed,
         micro_batch_size=train.micro_batch_size,

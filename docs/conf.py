@@ -60,14 +60,24 @@ default_role = "literal"
 # without intersphinx (no network at build time), so they are exempt.
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", (r"(jax|jaxlib|jnp|flax|nn|optax|orbax|ocp|np|numpy|ml_collections|tf|"
-                r"tensorflow|tfds|tensorflow_datasets|absl|chex|collections|typing|os|"
-                r"pathlib|threading|dataclasses|enum|abc|concurrent|logging|io|types)\..*")),
-    (r"py:class", (r"(Array|ArrayLike|Any|Callable|Mapping|Sequence|Iterable|Iterator|"
-                   r"PRNGKey|PathLike|NamedSharding|Mesh|ConfigDict|Schedule|"
-                   r"GradientTransformation|TrainState|Module|PyTree|np\.ndarray|"
-                   r"ndarray|float|int|str|bool|None|NoneType|tuple|list|dict|set|"
-                   r"frozenset|object|Exception|ValueError|RuntimeError|ArrayTree)")),
+    (
+        r"py:.*",
+        (
+            r"(jax|jaxlib|jnp|flax|nn|optax|orbax|ocp|np|numpy|ml_collections|tf|"
+            r"tensorflow|tfds|tensorflow_datasets|absl|chex|collections|typing|os|"
+            r"pathlib|threading|dataclasses|enum|abc|concurrent|logging|io|types)\..*"
+        ),
+    ),
+    (
+        r"py:class",
+        (
+            r"(Array|ArrayLike|Any|Callable|Mapping|Sequence|Iterable|Iterator|"
+            r"PRNGKey|PathLike|NamedSharding|Mesh|ConfigDict|Schedule|"
+            r"GradientTransformation|TrainState|Module|PyTree|np\.ndarray|"
+            r"ndarray|float|int|str|bool|None|NoneType|tuple|list|dict|set|"
+            r"frozenset|object|Exception|ValueError|RuntimeError|ArrayTree)"
+        ),
+    ),
     (r"py:class", r"Union\[.*"),  # `nn.Module | None` fields, as autodoc spells them
 ]
 
@@ -93,8 +103,7 @@ def _resolve_loss_names(app, env, node, contnode):
     target = f"contrastive_jax.losses.{name}"
     if target not in domain.objects:
         return None
-    return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], target,
-                               node, contnode)
+    return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], target, node, contnode)
 
 
 def setup(app):

@@ -116,8 +116,12 @@ def cmudict_baseline(train_size: int | None = None) -> dict:
         features[f"test_{side}"] = svd.transform(vectorizer.transform([text(e) for e in test]))
     groups = (np.array([e.pronunciation_id for e in test]), np.array([e.word_id for e in test]))
     out = cca_retrieval(
-        features["train_a"], features["train_b"], features["test_a"], features["test_b"],
-        dim=CMUDICT_CCA_DIM, groups=groups,
+        features["train_a"],
+        features["train_b"],
+        features["test_a"],
+        features["test_b"],
+        dim=CMUDICT_CCA_DIM,
+        groups=groups,
     )
     return {"train_pairs": len(train), "test_pairs": len(test), "tfidf_svd_dim": TFIDF_SVD_DIM, **out}
 

@@ -52,17 +52,32 @@ import numpy as np
 from contrastive_jax.config_lib import override
 from experiments import sweep
 
-FULL = dict(config="default", batch_sizes=[16, 32, 64, 128, 256, 512, 1024], seeds=[0, 1, 2],
-            steps=500, metric="a_to_b/R@1")
+FULL = dict(
+    config="default", batch_sizes=[16, 32, 64, 128, 256, 512, 1024], seeds=[0, 1, 2], steps=500, metric="a_to_b/R@1"
+)
 QUICK = dict(config="default", batch_sizes=[16, 64], seeds=[0], steps=4, metric="a_to_b/R@1")
 # The cmudict study: 5 batch sizes x 2 seeds x (3 LR rules at fixed epochs + 1 at fixed steps),
 # only fixed epochs with sqrt at N = 65,536 (see ALL_SERIES_UP_TO): 34 runs; and the
 # false-negative-masking series (fixed epochs, sqrt) at N <= MASKED_UP_TO: 8 more.
 MASKED_LOSS = "clip_masking_false_negatives"  # the registry's CLIP loss masking them
-CMUDICT = dict(config="cmudict_clip", batch_sizes=[256, 1024, 4096, 16384, 65536], seeds=[0, 1],
-               steps=30, epochs=2.0, metric="a_to_b/R@1", masked_loss=MASKED_LOSS)
-CMUDICT_QUICK = dict(config="cmudict_clip", batch_sizes=[256, 512], seeds=[0], steps=2, epochs=0.25,
-                     metric="a_to_b/R@1", masked_loss=MASKED_LOSS)
+CMUDICT = dict(
+    config="cmudict_clip",
+    batch_sizes=[256, 1024, 4096, 16384, 65536],
+    seeds=[0, 1],
+    steps=30,
+    epochs=2.0,
+    metric="a_to_b/R@1",
+    masked_loss=MASKED_LOSS,
+)
+CMUDICT_QUICK = dict(
+    config="cmudict_clip",
+    batch_sizes=[256, 512],
+    seeds=[0],
+    steps=2,
+    epochs=0.25,
+    metric="a_to_b/R@1",
+    masked_loss=MASKED_LOSS,
+)
 # --quick on cmudict: small slices of the splits, so CI loads and evaluates fast.
 CMUDICT_QUICK_OVERRIDES = {"data.train_split": "train[:2048]", "eval.split": "test[:1024]"}
 
@@ -89,27 +104,44 @@ ALL_SERIES_UP_TO = 16384
 LARGEST_N_SERIES = (("epochs", "sqrt"),)
 
 
-def make_runs(base, batch_sizes: Sequence[int], seeds: Sequence[int], *, steps: int | None = None,
-              epochs: float | None = None, train_size: int | None = None) -> list[sweep.Run]:
+def make_runs(
+    base,
+    batch_sizes: Sequence[int],
+    seeds: Sequence[int],
+    *,
+    steps: int | None = None,
+    epochs: float | None = None,
+    train_size: int | None = None,
+) -> list[sweep.Run]:
     """One run per (batch size, seed): `steps` steps, or `ceil(epochs * train_size / N)`."""
     runs = []
     for n in batch_sizes:
         num_steps = steps if epochs is None else math.ceil(epochs * train_size / n)
         for seed in seeds:
-            runs.append(sweep.Run(
-                name=f"batch{n:05d}_seed{seed}",
-                tags={"batch_size": n, "seed": seed, "steps": num_steps},
-                overrides={
-                    **sweep.run_overrides(num_steps=num_steps, seed=seed, warmup_steps=base.optim.warmup_steps),
-                    "train.global_batch_size": n,
-                },
-            ))
+            runs.append(
+                sweep.Run(
+                    name=f"batch{n:05d}_seed{seed}",
+                    tags={"batch_size": n, "seed": seed, "steps": num_steps},
+                    overrides={
+                        **sweep.run_overrides(num_steps=num_steps, seed=seed, warmup_steps=base.optim.warmup_steps),
+                        "train.global_batch_size": n,
+                    },
+                )
+            )
     return runs
 
 
-def study_runs(base, batch_sizes: Sequence[int], seeds: Sequence[int], *, epochs: float, steps: int,
-               train_size: int, scalings: Sequence[str] = tuple(LR_SCALING),
-               masked_loss: str | None = None) -> list[sweep.Run]:
+def study_runs(
+    base,
+    batch_sizes: Sequence[int],
+    seeds: Sequence[int],
+    *,
+    epochs: float,
+    steps: int,
+    train_size: int,
+    scalings: Sequence[str] = tuple(LR_SCALING),
+    masked_loss: str | None = None,
+) -> list[sweep.Run]:
     """The cmudict study's runs (see the module docstring), fixed epochs first.
 
     Args:
@@ -136,8 +168,9 @@ def study_runs(base, batch_sizes: Sequence[int], seeds: Sequence[int], *, epochs
             series = f"fixed {budget}, {rule}" + (" (LAMB)" if optimizer == "lamb" else "")
             series += ", false negatives masked" if loss else ""
             overrides = {
-                **sweep.run_overrides(num_steps=num_steps, seed=0,
-                                      warmup_steps=max(1, round(WARMUP_EPOCHS * steps_per_epoch))),
+                **sweep.run_overrides(
+                    num_steps=num_steps, seed=0, warmup_steps=max(1, round(WARMUP_EPOCHS * steps_per_epoch))
+                ),
                 "train.global_batch_size": n,
                 "optim.learning_rate": learning_rate,
                 "optim.name": optimizer,
@@ -148,19 +181,30 @@ def study_runs(base, batch_sizes: Sequence[int], seeds: Sequence[int], *, epochs
             if n > GRAD_CACHE_ABOVE:
                 overrides["train.micro_batch_size"] = MICRO_BATCH
             for seed in seeds:
-                runs.append(sweep.Run(
-                    name=f"{budget}_{rule}_{optimizer}_{loss or base.loss.name}_batch{n:05d}_seed{seed}",
-                    tags={"series": series, "budget": budget, "scaling": rule, "optimizer": optimizer,
-                          "loss": loss or base.loss.name,
-                          "batch_size": n, "seed": seed, "steps": num_steps,
-                          "epochs": round(num_steps * n / train_size, 3), "learning_rate": learning_rate},
-                    overrides={**overrides, "seed": seed, "data.seed": seed},
-                ))
+                runs.append(
+                    sweep.Run(
+                        name=f"{budget}_{rule}_{optimizer}_{loss or base.loss.name}_batch{n:05d}_seed{seed}",
+                        tags={
+                            "series": series,
+                            "budget": budget,
+                            "scaling": rule,
+                            "optimizer": optimizer,
+                            "loss": loss or base.loss.name,
+                            "batch_size": n,
+                            "seed": seed,
+                            "steps": num_steps,
+                            "epochs": round(num_steps * n / train_size, 3),
+                            "learning_rate": learning_rate,
+                        },
+                        overrides={**overrides, "seed": seed, "data.seed": seed},
+                    )
+                )
     return runs
 
 
-def false_negative_fraction(groups: Mapping[str, np.ndarray], batch_size: int, *, num_batches: int = 8,
-                            seed: int = 0) -> float:
+def false_negative_fraction(
+    groups: Mapping[str, np.ndarray], batch_size: int, *, num_batches: int = 8, seed: int = 0
+) -> float:
     """The mean fraction of rows whose batch holds another row sharing one of its ids.
 
     Args:
@@ -222,8 +266,9 @@ def plot(records: Sequence[dict], metric: str) -> dict:
     if all("train/temperature" in r for r in records):
         fig, ax = sweep.new_figure("Final learned temperature vs batch size")
         for name in series:
-            sweep.errorbar(ax, records, "batch_size", "train/temperature",
-                           where=lambda r, s=name: r.get("series") == s, label=name)
+            sweep.errorbar(
+                ax, records, "batch_size", "train/temperature", where=lambda r, s=name: r.get("series") == s, label=name
+            )
         sweep.log_spaced_ticks(ax, sizes)
         if series != [None]:
             ax.legend(fontsize=7)
@@ -231,8 +276,9 @@ def plot(records: Sequence[dict], metric: str) -> dict:
         figures["temperature_vs_batch"] = fig
 
     fig, ax = sweep.new_figure("InfoNCE mutual-information lower bound")
-    bound = [dict(r, log_n=math.log(r["batch_size"]), bound=math.log(r["batch_size"]) - r["train/loss"])
-             for r in records]
+    bound = [
+        dict(r, log_n=math.log(r["batch_size"]), bound=math.log(r["batch_size"]) - r["train/loss"]) for r in records
+    ]
     for name in series:
         label = "log N − L (final training loss)" + (f": {name}" if name else "")
         sweep.errorbar(ax, bound, "log_n", "bound", where=lambda r, s=name: r.get("series") == s, label=label)
@@ -261,19 +307,46 @@ def summary(records: Sequence[dict], metric: str) -> str:
         for n in sorted({r["batch_size"] for r in records if r.get("series") == name}):
             group = [r for r in records if r["batch_size"] == n and r.get("series") == name]
             bound = [dict(r, bound=math.log(n) - r["train/loss"]) for r in group]
-            rows.append(([name] if name else []) + [
-                n, group[0]["steps"], len(group), sweep.mean_std(group, metric),
-                *[sweep.mean_std(group, k) for k in extra],
-                sweep.mean_std(group, "train/loss"), sweep.mean_std(group, "train/temperature"),
-                f"{math.log(n):.3f}", sweep.mean_std(bound, "bound")])
+            rows.append(
+                ([name] if name else [])
+                + [
+                    n,
+                    group[0]["steps"],
+                    len(group),
+                    sweep.mean_std(group, metric),
+                    *[sweep.mean_std(group, k) for k in extra],
+                    sweep.mean_std(group, "train/loss"),
+                    sweep.mean_std(group, "train/temperature"),
+                    f"{math.log(n):.3f}",
+                    sweep.mean_std(bound, "bound"),
+                ]
+            )
     header = (["series"] if series != [None] else []) + [
-        "N", "steps", "seeds", metric, *extra, "final loss L", "temperature", "log N", "log N − L"]
+        "N",
+        "steps",
+        "seeds",
+        metric,
+        *extra,
+        "final loss L",
+        "temperature",
+        "log N",
+        "log N − L",
+    ]
     return sweep.markdown_table(rows, header)
 
 
-def run(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out: Path, *, steps: int | None = None,
-        epochs: float | None = None, metric: str = "a_to_b/R@1", data_dir: str | None = None,
-        overrides: dict | None = None) -> list[dict]:
+def run(
+    config: str,
+    batch_sizes: Sequence[int],
+    seeds: Sequence[int],
+    out: Path,
+    *,
+    steps: int | None = None,
+    epochs: float | None = None,
+    metric: str = "a_to_b/R@1",
+    data_dir: str | None = None,
+    overrides: dict | None = None,
+) -> list[dict]:
     """Runs (or resumes) the sweep and writes its results, figures and summary to `out`.
 
     Args:
@@ -296,9 +369,19 @@ def run(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out: Path
     return sweep.run_sweep(base, runs, out, figures=lambda r: plot(r, metric), summary=lambda r: summary(r, metric))
 
 
-def run_study(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out: Path, *, steps: int,
-              epochs: float, metric: str = "a_to_b/R@1", data_dir: str | None = None,
-              overrides: dict | None = None, masked_loss: str | None = None) -> list[dict]:
+def run_study(
+    config: str,
+    batch_sizes: Sequence[int],
+    seeds: Sequence[int],
+    out: Path,
+    *,
+    steps: int,
+    epochs: float,
+    metric: str = "a_to_b/R@1",
+    data_dir: str | None = None,
+    overrides: dict | None = None,
+    masked_loss: str | None = None,
+) -> list[dict]:
     """Runs (or resumes) the cmudict study (`study_runs`) and writes its results to `out`.
 
     Every record also gets its N's `false_negative_fraction` (`false_negative_fraction`
@@ -309,15 +392,27 @@ def run_study(config: str, batch_sizes: Sequence[int], seeds: Sequence[int], out
     base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     train = input_pipeline.load_split(base.data, base.data.train_split)
     groups = {key: train[key] for key in data_sources.SOURCES[base.data.name].id_keys}
-    runs = study_runs(base, batch_sizes, seeds, epochs=epochs, steps=steps,
-                      train_size=input_pipeline.num_examples(train), masked_loss=masked_loss)
+    runs = study_runs(
+        base,
+        batch_sizes,
+        seeds,
+        epochs=epochs,
+        steps=steps,
+        train_size=input_pipeline.num_examples(train),
+        masked_loss=masked_loss,
+    )
     fractions = {n: false_negative_fraction(groups, n) for n in batch_sizes}
 
     def with_fractions(records):
         return [dict(r, false_negative_fraction=fractions[r["batch_size"]]) for r in records]
 
-    records = sweep.run_sweep(base, runs, out, figures=lambda r: plot(with_fractions(r), metric),
-                              summary=lambda r: summary(with_fractions(r), metric))
+    records = sweep.run_sweep(
+        base,
+        runs,
+        out,
+        figures=lambda r: plot(with_fractions(r), metric),
+        summary=lambda r: summary(with_fractions(r), metric),
+    )
     records = with_fractions(records)
     sweep.write_results(records, out)
     return records
@@ -330,22 +425,46 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", type=sweep.int_list, help="comma-separated global batch sizes")
     parser.add_argument("--epochs", type=float, help="fixed epochs per run instead of fixed --steps")
     parser.add_argument("--metric", help="the evaluation metric plotted against N")
-    parser.add_argument("--study", choices=("digits", "cmudict"), default="digits",
-                        help="digits: one budget (--steps or --epochs); cmudict: the study above")
-    parser.add_argument("--masked-loss", help="cmudict: the trainer's loss name that masks in-batch false "
-                        f"negatives, for the series with it (default {MASKED_LOSS}; 'none': no such series)")
+    parser.add_argument(
+        "--study",
+        choices=("digits", "cmudict"),
+        default="digits",
+        help="digits: one budget (--steps or --epochs); cmudict: the study above",
+    )
+    parser.add_argument(
+        "--masked-loss",
+        help="cmudict: the trainer's loss name that masks in-batch false "
+        f"negatives, for the series with it (default {MASKED_LOSS}; 'none': no such series)",
+    )
     args = parser.parse_args(argv)
     if args.study == "cmudict":
         args = sweep.resolve(args, "batch_size_sweep_cmudict", CMUDICT, CMUDICT_QUICK)
-        run_study(args.config, args.batch_sizes, args.seeds, args.out, steps=args.steps, epochs=args.epochs,
-                  metric=args.metric, data_dir=args.data_dir,
-                  overrides=CMUDICT_QUICK_OVERRIDES if args.quick else None,
-                  masked_loss=None if args.masked_loss == "none" else args.masked_loss)
+        run_study(
+            args.config,
+            args.batch_sizes,
+            args.seeds,
+            args.out,
+            steps=args.steps,
+            epochs=args.epochs,
+            metric=args.metric,
+            data_dir=args.data_dir,
+            overrides=CMUDICT_QUICK_OVERRIDES if args.quick else None,
+            masked_loss=None if args.masked_loss == "none" else args.masked_loss,
+        )
     else:
         args = sweep.resolve(args, "batch_size_sweep", FULL, QUICK)
         quick = {"eval.linear_probe": False} if args.quick else {}
-        run(args.config, args.batch_sizes, args.seeds, args.out, steps=None if args.epochs else args.steps,
-            epochs=args.epochs, metric=args.metric, data_dir=args.data_dir, overrides=quick)
+        run(
+            args.config,
+            args.batch_sizes,
+            args.seeds,
+            args.out,
+            steps=None if args.epochs else args.steps,
+            epochs=args.epochs,
+            metric=args.metric,
+            data_dir=args.data_dir,
+            overrides=quick,
+        )
     print(f"results in {args.out}")
 
 

@@ -80,18 +80,18 @@ def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
     config = default.get_config()
     shapes_only = override(config, {"train.global_batch_size": NUM_DEVICES})
     spec = input_pipeline.train_dataset(shapes_only).element_spec  # the input shapes
-    config = override(config, {
-        "train.global_batch_size": global_batch,
-        "train.micro_batch_size": micro_batch,
-        "loss.chunk_size": chunk_size,
-    })
+    config = override(
+        config,
+        {
+            "train.global_batch_size": global_batch,
+            "train.micro_batch_size": micro_batch,
+            "loss.chunk_size": chunk_size,
+        },
+    )
     run = trainer.build(config, sharding.make_mesh(NUM_DEVICES))
     init, abstract = run.init_state(spec)
     rng = np.random.default_rng(0)
-    batch = {
-        key: rng.standard_normal((global_batch, *spec[key].shape[1:]), np.float32)
-        for key in ("a", "b")
-    }
+    batch = {key: rng.standard_normal((global_batch, *spec[key].shape[1:]), np.float32) for key in ("a", "b")}
     batch = jax.device_put(batch, sharding.data_sharding(run.mesh))
     step = run.jit_train_step(abstract)
     compile_start = time.perf_counter()
@@ -160,10 +160,12 @@ def _mib(num_bytes: float) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny batches, for CI")
-    parser.add_argument("--point", type=int, nargs=3, metavar=("N", "MICRO", "CHUNK"),
-                        help=argparse.SUPPRESS)  # internal: run one point, print JSON
-    parser.add_argument("--log2", type=int, nargs="+", default=[14, 15, 16, 17, 18],
-                        help="global batch sizes to run, as powers of two")
+    parser.add_argument(
+        "--point", type=int, nargs=3, metavar=("N", "MICRO", "CHUNK"), help=argparse.SUPPRESS
+    )  # internal: run one point, print JSON
+    parser.add_argument(
+        "--log2", type=int, nargs="+", default=[14, 15, 16, 17, 18], help="global batch sizes to run, as powers of two"
+    )
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.point:
@@ -215,8 +217,11 @@ def main(argv=None) -> int:
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in results:
-        ratios = (f"{p['loss_seconds']:.2f} s | {p['step_over_loss']:.2f} | "
-                  f"{p['step_over_matmul_limit']:.1f}" if "loss_seconds" in p else "- | - | -")
+        ratios = (
+            f"{p['loss_seconds']:.2f} s | {p['step_over_loss']:.2f} | {p['step_over_matmul_limit']:.1f}"
+            if "loss_seconds" in p
+            else "- | - | -"
+        )
         lines.append(
             f"| {p['global_batch']:,} | {p['method']} | {p['micro_batch'] or '-'} | "
             f"{p['step_seconds']:.2f} s | {ratios} | {_mib(p['compiled_temp_bytes'])} | "

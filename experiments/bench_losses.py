@@ -59,13 +59,32 @@ QUEUE_D = 64  # the queue's points: D = 64, K = 16 N (the issue's N = 4,096, K =
 # below (the largest N streamed only); siglip and infonce at other_ns; torch wherever
 # its dense N x N logits fit.
 SWEEPS = {
-    "quick": dict(ns=[1024, 2048], ds=[64], chunks=["auto", 256], big_n=2048,
-                  max_n_by_d={64: 2048}, other_ns=[2048], bf16=True, ring_ns=[1024],
-                  queue_ns=[1024], peak_n=2048, budget_s=2.0),
-    "full": dict(ns=[4096, 8192, 16384, 32768, 65536], ds=[64, 512], chunks=["auto", 256],
-                 big_n=32768, max_n_by_d={64: 65536, 512: 16384}, other_ns=[8192, 16384],
-                 bf16=True, ring_ns=[8192, 32768, 65536], queue_ns=[4096], peak_n=4096,
-                 budget_s=20.0),
+    "quick": dict(
+        ns=[1024, 2048],
+        ds=[64],
+        chunks=["auto", 256],
+        big_n=2048,
+        max_n_by_d={64: 2048},
+        other_ns=[2048],
+        bf16=True,
+        ring_ns=[1024],
+        queue_ns=[1024],
+        peak_n=2048,
+        budget_s=2.0,
+    ),
+    "full": dict(
+        ns=[4096, 8192, 16384, 32768, 65536],
+        ds=[64, 512],
+        chunks=["auto", 256],
+        big_n=32768,
+        max_n_by_d={64: 65536, 512: 16384},
+        other_ns=[8192, 16384],
+        bf16=True,
+        ring_ns=[8192, 32768, 65536],
+        queue_ns=[4096],
+        peak_n=4096,
+        budget_s=20.0,
+    ),
 }
 
 
@@ -112,14 +131,17 @@ def _worker_peak(spec: dict) -> dict:
     n = spec["n"]
     x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     matmul = jax.jit(lambda x: x @ x).lower(x).compile()
-    seconds, repeats, _ = _time_calls(
-        lambda: matmul(x).block_until_ready(), max_repeats=5, budget_s=10.0
-    )
+    seconds, repeats, _ = _time_calls(lambda: matmul(x).block_until_ready(), max_repeats=5, budget_s=10.0)
     device = jax.devices()[0]
     stats = device.memory_stats() if device.platform != "cpu" else None
-    return {"gflops": 2.0 * n**3 / seconds / 1e9, "seconds": seconds, "repeats": repeats,
-            "platform": device.platform, "device_kind": device.device_kind,
-            "device_memory_bytes": (stats or {}).get("bytes_limit")}
+    return {
+        "gflops": 2.0 * n**3 / seconds / 1e9,
+        "seconds": seconds,
+        "repeats": repeats,
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "device_memory_bytes": (stats or {}).get("bytes_limit"),
+    }
 
 
 def _inputs(n: int, d: int):
@@ -142,8 +164,7 @@ def _jax_loss(spec: dict):
     from contrastive_jax import losses
 
     name, n, d = spec["loss"], spec["n"], spec["d"]
-    options = dict(temperature=TEMPERATURE, chunk_size=spec["chunk"],
-                   matmul_dtype=spec.get("matmul_dtype"))
+    options = dict(temperature=TEMPERATURE, chunk_size=spec["chunk"], matmul_dtype=spec.get("matmul_dtype"))
     if name == "sogclr":
         table = jnp.zeros((n, 2), jnp.float32)  # visited before: the moving average runs
         return lambda a, b: losses.sogclr_loss(a, b, jnp.arange(n), table, **options)
@@ -155,8 +176,7 @@ def _jax_loss(spec: dict):
             return value, losses.enqueue(queue, jnp.int32(0), b)
 
         return moco
-    fn = {"clip": losses.clip_loss, "siglip": losses.siglip_loss,
-          "infonce": losses.infonce_loss}[name]
+    fn = {"clip": losses.clip_loss, "siglip": losses.siglip_loss, "infonce": losses.infonce_loss}[name]
     extra = {"bias": SIGLIP_BIAS} if name == "siglip" else {}
     return lambda a, b: (fn(a, b, **options, **extra), None)
 
@@ -169,9 +189,7 @@ def _worker_jax(spec: dict) -> dict:
     n, d, chunk = spec["n"], spec["d"], spec["chunk"]
     loss = _jax_loss(spec)
     shape = jax.ShapeDtypeStruct((n, d), jax.numpy.float32)
-    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)).lower(
-        shape, shape
-    ).compile()
+    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)).lower(shape, shape).compile()
     memory = compiled.memory_analysis()
     total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
     result = {"temp_bytes": memory.temp_size_in_bytes, "compiled_total_bytes": total}
@@ -179,8 +197,7 @@ def _worker_jax(spec: dict) -> dict:
         result["resolved_chunk"] = logit_stats.auto_chunk_size(spec.get("queue", n), d)
     if total > spec["max_memory_bytes"]:
         return result | {
-            "skipped": f"needs {total / 2**30:.1f} GiB compiled > limit "
-            f"{spec['max_memory_bytes'] / 2**30:.1f} GiB"
+            "skipped": f"needs {total / 2**30:.1f} GiB compiled > limit {spec['max_memory_bytes'] / 2**30:.1f} GiB"
         }
     a, b = (jax.device_put(x) for x in _inputs(n, d))
     seconds, repeats, warmed = _time_calls(
@@ -188,8 +205,7 @@ def _worker_jax(spec: dict) -> dict:
         max_repeats=spec["max_repeats"],
         budget_s=spec["budget_s"],
     )
-    return result | {"seconds": seconds, "repeats": repeats, "warm_up": warmed,
-                     "value": float(compiled(a, b)[0][0])}
+    return result | {"seconds": seconds, "repeats": repeats, "warm_up": warmed, "value": float(compiled(a, b)[0][0])}
 
 
 def _worker_torch(spec: dict) -> dict:
@@ -208,8 +224,7 @@ def _worker_torch(spec: dict) -> dict:
     def clip():  # open_clip ClipLoss.forward with world_size 1
         logits_per_image = scale * a @ b.T
         logits_per_text = scale * b @ a.T
-        return (F.cross_entropy(logits_per_image, labels)
-                + F.cross_entropy(logits_per_text, labels)) / 2
+        return (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels)) / 2
 
     def siglip():  # open_clip SigLipLoss._loss with world_size 1
         logits = scale * a @ b.T + SIGLIP_BIAS
@@ -226,11 +241,15 @@ def _worker_torch(spec: dict) -> dict:
             torch.cuda.synchronize()
         return value
 
-    seconds, repeats, warmed = _time_calls(
-        step, max_repeats=spec["max_repeats"], budget_s=spec["budget_s"]
-    )
-    return {"seconds": seconds, "repeats": repeats, "warm_up": warmed,
-            "value": float(loss_fn().detach()), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    seconds, repeats, warmed = _time_calls(step, max_repeats=spec["max_repeats"], budget_s=spec["budget_s"])
+    return {
+        "seconds": seconds,
+        "repeats": repeats,
+        "warm_up": warmed,
+        "value": float(loss_fn().detach()),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _worker_ring(spec: dict) -> dict:
@@ -246,17 +265,23 @@ def _worker_ring(spec: dict) -> dict:
     out = {}
     values = {}
     for name, kwargs in spec["variants"].items():
-        fn = jax.jit(jax.value_and_grad(
-            lambda a, b, kw=kwargs: sharding.shard_loss(losses.clip_loss, mesh)(
-                a, b, temperature=TEMPERATURE, **kw), argnums=(0, 1)))
+        fn = jax.jit(
+            jax.value_and_grad(
+                lambda a, b, kw=kwargs: sharding.shard_loss(losses.clip_loss, mesh)(
+                    a, b, temperature=TEMPERATURE, **kw
+                ),
+                argnums=(0, 1),
+            )
+        )
         compiled = fn.lower(shape, shape).compile()
         memory = compiled.memory_analysis()
-        out[name] = {"temp_bytes": memory.temp_size_in_bytes,
-                     "argument_bytes": memory.argument_size_in_bytes}
+        out[name] = {"temp_bytes": memory.temp_size_in_bytes, "argument_bytes": memory.argument_size_in_bytes}
         if spec["execute"]:
             keys = jax.random.split(jax.random.key(1))
-            a, b = (jax.device_put(losses._common.l2_normalize(jax.random.normal(k, (n, d))),
-                                   sharding.data_sharding(mesh)) for k in keys)
+            a, b = (
+                jax.device_put(losses._common.l2_normalize(jax.random.normal(k, (n, d))), sharding.data_sharding(mesh))
+                for k in keys
+            )
             values[name] = jax.tree.map(np.asarray, compiled(a, b))
     if values:
         reference = values["all_gather"]
@@ -287,7 +312,11 @@ def spawn(spec: dict, *, devices: int = 1, timeout_s: float = 1800) -> dict:
     try:
         proc = subprocess.run(
             [sys.executable, __file__, "--worker", json.dumps(spec)],
-            capture_output=True, text=True, env=env, timeout=timeout_s, check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout_s,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
@@ -327,8 +356,9 @@ def plan(sweep: dict, with_torch: bool) -> list[dict]:
                 point = {"worker": "jax", "loss": loss, "n": n, "d": d}
                 if n < sweep["big_n"]:
                     points.append(point | {"chunk": None})
-                points += [point | {"chunk": c} for c in sweep["chunks"]
-                           if c == "auto" or (c < n and n < sweep["big_n"])]
+                points += [
+                    point | {"chunk": c} for c in sweep["chunks"] if c == "auto" or (c < n and n < sweep["big_n"])
+                ]
                 if sweep["bf16"]:
                     points.append(point | {"chunk": "auto", "matmul_dtype": "bfloat16"})
                 if with_torch and loss in TORCH_LOSSES:
@@ -372,9 +402,12 @@ def _step_over_loss_target() -> tuple[str, str, str]:
     step = next((p for p in points if p["global_batch"] == 16384 and p["method"] == "full"), None)
     if step is None:
         return target, "not measured: run experiments/bench_grad_cache.py --log2 14", "-"
-    return (target, f"{step['step_over_loss']:.2f} ({step['step_seconds']:.2f} s vs "
-            f"{step['loss_seconds']:.2f} s, experiments/bench_grad_cache.py)",
-            "met" if step["step_over_loss"] <= 1.15 else "missed")
+    return (
+        target,
+        f"{step['step_over_loss']:.2f} ({step['step_seconds']:.2f} s vs "
+        f"{step['loss_seconds']:.2f} s, experiments/bench_grad_cache.py)",
+        "met" if step["step_over_loss"] <= 1.15 else "missed",
+    )
 
 
 def evaluate_targets(points, peak_gflops, ring) -> list[tuple[str, str, str]]:
@@ -383,9 +416,16 @@ def evaluate_targets(points, peak_gflops, ring) -> list[tuple[str, str, str]]:
 
     def find(loss, n, d, worker="jax", streamed=None):
         """The fastest matching point; ``streamed``: True (float32 chunked), False (dense)."""
-        matches = [p for p in ok if p["worker"] == worker and p["loss"] == loss and p["n"] == n
-                   and p["d"] == d and not p.get("matmul_dtype")
-                   and (streamed is None or (p.get("chunk") is not None) == streamed)]
+        matches = [
+            p
+            for p in ok
+            if p["worker"] == worker
+            and p["loss"] == loss
+            and p["n"] == n
+            and p["d"] == d
+            and not p.get("matmul_dtype")
+            and (streamed is None or (p.get("chunk") is not None) == streamed)
+        ]
         return min(matches, key=lambda p: p["seconds"], default=None)
 
     def fraction(point):
@@ -395,49 +435,80 @@ def evaluate_targets(points, peak_gflops, ring) -> list[tuple[str, str, str]]:
         return "met" if met else "missed"
 
     rows = []
-    for loss, d, ns, goal in [("clip", 512, (8192, 16384), 0.70), ("clip", 64, (16384,), 0.50),
-                              ("siglip", 512, (8192,), 0.85)]:
+    for loss, d, ns, goal in [
+        ("clip", 512, (8192, 16384), 0.70),
+        ("clip", 64, (16384,), 0.50),
+        ("siglip", 512, (8192,), 0.85),
+    ]:
         for n in ns:
             point = find(loss, n, d, streamed=True)
             if point:
-                rows.append((f"streamed {loss} N={n:,} D={d}: useful 6N^2D / jnp.dot peak "
-                             f">= {goal:.0%}", f"{fraction(point):.0%} ({method(point)}, "
-                             f"{point['seconds']:.2f} s)", verdict(fraction(point) >= goal)))
+                rows.append(
+                    (
+                        f"streamed {loss} N={n:,} D={d}: useful 6N^2D / jnp.dot peak >= {goal:.0%}",
+                        f"{fraction(point):.0%} ({method(point)}, {point['seconds']:.2f} s)",
+                        verdict(fraction(point) >= goal),
+                    )
+                )
     for n, goal in [(16384, 1.0), (32768, 0.7)]:
         dense, stream = find("clip", n, 512, streamed=False), find("clip", n, 512, streamed=True)
         if dense and stream:
             ratio = stream["seconds"] / dense["seconds"]
-            rows.append((f"clip N={n:,} D=512: streamed / dense time <= {goal}",
-                         f"{ratio:.2f} ({stream['seconds']:.2f} s {method(stream)} vs "
-                         f"{dense['seconds']:.2f} s)", verdict(ratio <= goal)))
+            rows.append(
+                (
+                    f"clip N={n:,} D=512: streamed / dense time <= {goal}",
+                    f"{ratio:.2f} ({stream['seconds']:.2f} s {method(stream)} vs {dense['seconds']:.2f} s)",
+                    verdict(ratio <= goal),
+                )
+            )
     for p in ok:
         if p["worker"] == "torch":
             ours = find(p["loss"], p["n"], p["d"], streamed=True)
             if ours:
                 ratio = p["seconds"] / ours["seconds"]
-                rows.append((f"torch {p['loss']} dense / ours streamed, N={p['n']:,} "
-                             f"D={p['d']} >= 3", f"{ratio:.2f} ({p['seconds']:.2f} s vs "
-                             f"{ours['seconds']:.2f} s {method(ours)})", verdict(ratio >= 3)))
+                rows.append(
+                    (
+                        f"torch {p['loss']} dense / ours streamed, N={p['n']:,} D={p['d']} >= 3",
+                        f"{ratio:.2f} ({p['seconds']:.2f} s vs {ours['seconds']:.2f} s {method(ours)})",
+                        verdict(ratio >= 3),
+                    )
+                )
     rows.append(_step_over_loss_target())
-    big = max((p for p in ok if p["loss"] == "clip" and p.get("chunk") is not None
-               and "peak_rss_bytes" in p), key=lambda p: p["n"], default=None)
+    big = max(
+        (p for p in ok if p["loss"] == "clip" and p.get("chunk") is not None and "peak_rss_bytes" in p),
+        key=lambda p: p["n"],
+        default=None,
+    )
     if big:
-        rows.append((f"clip N={big['n']:,} D={big['d']} streamed: peak RSS <= 2 GiB",
-                     f"{fmt_bytes(big['peak_rss_bytes'])} ({method(big)})",
-                     verdict(big["peak_rss_bytes"] <= 2 * 2**30)))
+        rows.append(
+            (
+                f"clip N={big['n']:,} D={big['d']} streamed: peak RSS <= 2 GiB",
+                f"{fmt_bytes(big['peak_rss_bytes'])} ({method(big)})",
+                verdict(big["peak_rss_bytes"] <= 2 * 2**30),
+            )
+        )
     for n, entry in sorted(ring.items()):
         if "error" in entry:
             continue
         pairs = [("ring", "all_gather"), ("ring chunked", "all_gather chunked")]
-        rows.append((f"ring per-device memory <= all-gather (N={n:,}, like for like)",
-                     "; ".join(f"{r} {fmt_bytes(entry[r]['temp_bytes'])} vs {g} "
-                               f"{fmt_bytes(entry[g]['temp_bytes'])}" for r, g in pairs),
-                     verdict(all(entry[r]["temp_bytes"] <= entry[g]["temp_bytes"]
-                                 for r, g in pairs))))
+        rows.append(
+            (
+                f"ring per-device memory <= all-gather (N={n:,}, like for like)",
+                "; ".join(
+                    f"{r} {fmt_bytes(entry[r]['temp_bytes'])} vs {g} {fmt_bytes(entry[g]['temp_bytes'])}"
+                    for r, g in pairs
+                ),
+                verdict(all(entry[r]["temp_bytes"] <= entry[g]["temp_bytes"] for r, g in pairs)),
+            )
+        )
         if "max_relative_difference" in entry:
-            rows.append((f"ring equals all-gather (N={n:,}, value and gradients)",
-                         f"max relative difference {entry['max_relative_difference']:.1e}",
-                         verdict(entry["max_relative_difference"] <= 1e-5)))
+            rows.append(
+                (
+                    f"ring equals all-gather (N={n:,}, value and gradients)",
+                    f"max relative difference {entry['max_relative_difference']:.1e}",
+                    verdict(entry["max_relative_difference"] <= 1e-5),
+                )
+            )
     return rows
 
 
@@ -453,7 +524,8 @@ def write_markdown(path: Path, result: dict) -> None:
         "75% of peak; SigLIP and InfoNCE stream in one pass (6 N^2 D).",
         "",
         "| loss | N | D | method | time (s) | repeats | GFLOP/s | % of peak | compiled temp | "
-        + ("peak RSS | " if on_cpu else "") + "note |",
+        + ("peak RSS | " if on_cpu else "")
+        + "note |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if on_cpu else "") + "---|",
     ]
     for p in result["points"]:
@@ -461,17 +533,20 @@ def write_markdown(path: Path, result: dict) -> None:
         seconds = f"{p['seconds']:.3f}" if "seconds" in p else "-"
         gflops = f"{p['gflops']:.1f}" if "gflops" in p else "-"
         frac = f"{p['gflops'] / result['peak_gflops']:.0%}" if "gflops" in p else "-"
-        rss = (f"{fmt_bytes(p.get('peak_rss_bytes')) if 'seconds' in p else '-'} | "
-               if on_cpu else "")
+        rss = f"{fmt_bytes(p.get('peak_rss_bytes')) if 'seconds' in p else '-'} | " if on_cpu else ""
         lines.append(
             f"| {p['loss']} | {p['n']:,} | {p['d']} | {method(p)} | {seconds} | "
             f"{p.get('repeats', '-')} | {gflops} | {frac} | {fmt_bytes(p.get('temp_bytes'))} | "
             f"{rss}{note} |"
         )
-    lines += ["", f"## {RING_DEVICES} simulated devices: per-device compiled temp memory "
-              "(clip, D=256; chunked = chunk_size min(256, N / 8))", "",
-              "| N | all_gather (dense) | all_gather chunked | ring | ring chunked | max rel. diff |",
-              "|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"## {RING_DEVICES} simulated devices: per-device compiled temp memory "
+        "(clip, D=256; chunked = chunk_size min(256, N / 8))",
+        "",
+        "| N | all_gather (dense) | all_gather chunked | ring | ring chunked | max rel. diff |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for n, entry in sorted(result["ring"].items(), key=lambda kv: int(kv[0])):
         if "error" in entry:
             lines.append(f"| {int(n):,} | {entry['error']} | | | | |")
@@ -500,13 +575,16 @@ def write_plot(path: Path, result: dict) -> None:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, ((d, name), pts) in enumerate(sorted(series.items())):
         pts.sort(key=lambda p: p["n"])
-        line = dict(linestyle="--" if name.endswith("dense") else "-", marker="o",
-                    color=colors[index % len(colors)], label=f"D={d} {name}")
+        line = dict(
+            linestyle="--" if name.endswith("dense") else "-",
+            marker="o",
+            color=colors[index % len(colors)],
+            label=f"D={d} {name}",
+        )
         ax_time.loglog([p["n"] for p in pts], [p["seconds"] for p in pts], **line)
         with_memory = [p for p in pts if p.get("temp_bytes")]
         if with_memory:
-            ax_mem.loglog([p["n"] for p in with_memory],
-                          [p["temp_bytes"] / 2**20 for p in with_memory], **line)
+            ax_mem.loglog([p["n"] for p in with_memory], [p["temp_bytes"] / 2**20 for p in with_memory], **line)
     ax_time.set(xlabel="global batch N", ylabel="fwd+bwd seconds (median)", title="time")
     ax_mem.set(xlabel="global batch N", ylabel="XLA compiled temp (MiB)", title="memory")
     for ax in (ax_time, ax_mem):
@@ -523,9 +601,13 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sweep, about a minute")
     parser.add_argument("--out", type=Path, default=None, help=f"results folder ({DEFAULT_OUT})")
-    parser.add_argument("--max-memory-gib", type=float, default=None,
-                        help="skip points whose compiled memory exceeds this (default: 40%% "
-                        "of MemAvailable, or 80%% of the accelerator's memory)")
+    parser.add_argument(
+        "--max-memory-gib",
+        type=float,
+        default=None,
+        help="skip points whose compiled memory exceeds this (default: 40%% "
+        "of MemAvailable, or 80%% of the accelerator's memory)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -548,54 +630,71 @@ def main(argv=None) -> None:
     else:
         max_memory = int(0.4 * available_memory_bytes())
     load = f"load average {os.getloadavg()[0]:.1f} at the start"
-    print(f"[bench] {mode} sweep on {device['platform']} ({device['device_kind']}); {load}; "
-          f"memory limit {fmt_bytes(max_memory)}; PyTorch reference: "
-          f"{'yes' if with_torch else 'not installed, skipped'}", flush=True)
+    print(
+        f"[bench] {mode} sweep on {device['platform']} ({device['device_kind']}); {load}; "
+        f"memory limit {fmt_bytes(max_memory)}; PyTorch reference: "
+        f"{'yes' if with_torch else 'not installed, skipped'}",
+        flush=True,
+    )
     print(f"[bench] jnp.dot peak {device['gflops']:.1f} GFLOP/s", flush=True)
 
     points = plan(sweep, with_torch)
     started = time.perf_counter()
     for index, point in enumerate(points, 1):
-        spec = point | {"max_memory_bytes": max_memory, "max_repeats": 5,
-                        "budget_s": sweep["budget_s"]}
+        spec = point | {"max_memory_bytes": max_memory, "max_repeats": 5, "budget_s": sweep["budget_s"]}
         point.update(spawn(spec))
         if device["platform"] != "cpu":
             point.pop("peak_rss_bytes", None)  # host memory says nothing about the device
         if "seconds" in point:
             point["gflops"] = _useful_flops(point) / point["seconds"] / 1e9
-            status = (f"{point['seconds']:.3f} s x{point['repeats']}, "
-                      f"{point['gflops']:.1f} GFLOP/s, temp {fmt_bytes(point.get('temp_bytes'))}, "
-                      f"RSS {fmt_bytes(point.get('peak_rss_bytes'))}")
+            status = (
+                f"{point['seconds']:.3f} s x{point['repeats']}, "
+                f"{point['gflops']:.1f} GFLOP/s, temp {fmt_bytes(point.get('temp_bytes'))}, "
+                f"RSS {fmt_bytes(point.get('peak_rss_bytes'))}"
+            )
         else:
             status = point.get("skipped") or point.get("error")
-        print(f"[{index}/{len(points)}] {point['loss']} N={point['n']} D={point['d']} "
-              f"{method(point)}: {status} ({time.perf_counter() - started:.0f} s elapsed)",
-              flush=True)
+        print(
+            f"[{index}/{len(points)}] {point['loss']} N={point['n']} D={point['d']} "
+            f"{method(point)}: {status} ({time.perf_counter() - started:.0f} s elapsed)",
+            flush=True,
+        )
 
     ring = {}
     for n in sweep["ring_ns"]:
         chunk = min(256, n // RING_DEVICES)  # must divide each device's shard for the ring
-        variants = {"all_gather": {}, "all_gather chunked": {"chunk_size": chunk},
-                    "ring": {"collective": "ring"},
-                    "ring chunked": {"collective": "ring", "chunk_size": chunk}}
-        ring[n] = spawn({"worker": "ring", "n": n, "d": 256, "variants": variants,
-                         "execute": n == min(sweep["ring_ns"])}, devices=RING_DEVICES)
+        variants = {
+            "all_gather": {},
+            "all_gather chunked": {"chunk_size": chunk},
+            "ring": {"collective": "ring"},
+            "ring chunked": {"collective": "ring", "chunk_size": chunk},
+        }
+        ring[n] = spawn(
+            {"worker": "ring", "n": n, "d": 256, "variants": variants, "execute": n == min(sweep["ring_ns"])},
+            devices=RING_DEVICES,
+        )
         summary = ring[n].get("error") or ", ".join(
-            f"{k} {fmt_bytes(v['temp_bytes'])}" for k, v in ring[n].items() if isinstance(v, dict))
+            f"{k} {fmt_bytes(v['temp_bytes'])}" for k, v in ring[n].items() if isinstance(v, dict)
+        )
         print(f"[ring] N={n} on {RING_DEVICES} devices, per-device temp: {summary}", flush=True)
 
     peaks.append(spawn({"worker": "peak", "n": sweep["peak_n"]}))
     peak = max(p.get("gflops", 0.0) for p in peaks)
     load += f", {os.getloadavg()[0]:.1f} at the end"
-    print(f"[bench] jnp.dot peak at the end {peaks[1].get('gflops', 0.0):.1f} GFLOP/s; {load}",
-          flush=True)
+    print(f"[bench] jnp.dot peak at the end {peaks[1].get('gflops', 0.0):.1f} GFLOP/s; {load}", flush=True)
     result = {
         "command": "python experiments/bench_losses.py" + (" --quick" if args.quick else ""),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {device['platform']} "
-                   f"({device['device_kind']}), Python {platform.python_version()}",
-        "platform": device["platform"], "load": load,
-        "peak_gflops": peak, "peak_matmul_n": sweep["peak_n"], "peaks": peaks,
-        "temperature": TEMPERATURE, "siglip_bias": SIGLIP_BIAS, "points": points, "ring": ring,
+        f"({device['device_kind']}), Python {platform.python_version()}",
+        "platform": device["platform"],
+        "load": load,
+        "peak_gflops": peak,
+        "peak_matmul_n": sweep["peak_n"],
+        "peaks": peaks,
+        "temperature": TEMPERATURE,
+        "siglip_bias": SIGLIP_BIAS,
+        "points": points,
+        "ring": ring,
     }
     result["targets"] = evaluate_targets(points, peak, ring)
     (out / "results.json").write_text(json.dumps(result, indent=1))

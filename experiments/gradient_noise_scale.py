@@ -130,8 +130,9 @@ def measure(config, *, every: int, log=print) -> dict:
         if step % every == 0:
 
             def per_row_loss(params, batch=batch, state=state):
-                out = state.apply_fn({"params": params, "batch_stats": state.batch_stats},
-                                     batch["a"], batch["b"], train=False)
+                out = state.apply_fn(
+                    {"params": params, "batch_stats": state.batch_stats}, batch["a"], batch["b"], train=False
+                )
                 return clip_per_row_loss(out["za"], out["zb"], out["temperature"])
 
             small, big = squared_gradient_norms(per_row_loss, state.params, devices)
@@ -142,9 +143,14 @@ def measure(config, *, every: int, log=print) -> dict:
     b_simple = running_estimates(records, n // devices, n)
     for record, value in zip(records, b_simple):
         record["b_simple_running"] = value
-    return {"global_batch_size": n, "small_batch_size": n // devices, "devices": devices,
-            "loss": config.loss.name, "records": records,
-            "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "global_batch_size": n,
+        "small_batch_size": n // devices,
+        "devices": devices,
+        "loss": config.loss.name,
+        "records": records,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -171,8 +177,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax.plot([r["step"] for r in result["records"]], [r["b_simple_running"] for r in result["records"]], marker=".")
     ax.set(xlabel="step", ylabel="B_simple (running means)", yscale="log")
     sweep.save({"noise_scale": figure}, out)
-    print(f"B_simple {result['records'][-1]['b_simple_running']:,.0f} at step {result['records'][-1]['step']}; "
-          f"wrote {out}")
+    print(
+        f"B_simple {result['records'][-1]['b_simple_running']:,.0f} at step {result['records'][-1]['step']}; "
+        f"wrote {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,7 @@ def make_runs(base, loss_names: Sequence[str], seeds: Sequence[int], *, steps: i
             name=f"{name}_seed{seed}",
             tags={"loss": name, "seed": seed},
             overrides={
-                **sweep.run_overrides(num_steps=steps, seed=seed, warmup_steps=base.optim.warmup_steps,
-                                      evals=evals),
+                **sweep.run_overrides(num_steps=steps, seed=seed, warmup_steps=base.optim.warmup_steps, evals=evals),
                 "loss.name": name,
                 **LOSS_OVERRIDES.get(name, {}),
             },
@@ -62,8 +61,13 @@ def plot(records: Sequence[dict], loss_names: Sequence[str]) -> dict:
     x = np.arange(len(loss_names))
     for ax, metric in zip(axes, METRICS):
         stats = [sweep.summarize([r for r in records if r["loss"] == name], "loss", metric) for name in loss_names]
-        ax.bar(x, [s[1][0] for s in stats], yerr=[s[2][0] for s in stats], capsize=4,
-               color=sweep.colors(len(loss_names), "tab10"))
+        ax.bar(
+            x,
+            [s[1][0] for s in stats],
+            yerr=[s[2][0] for s in stats],
+            capsize=4,
+            color=sweep.colors(len(loss_names), "tab10"),
+        )
         ax.set_xticks(x, loss_names, rotation=20)
         ax.set(ylabel=metric, ylim=(min(s[1][0] for s in stats) * 0.9, None))
     figures["metrics_by_loss"] = fig
@@ -88,14 +92,27 @@ def summary(records: Sequence[dict], loss_names: Sequence[str]) -> str:
     return sweep.markdown_table(rows, ["loss", "seeds", *METRICS])
 
 
-def run(config: str, loss_names: Sequence[str], seeds: Sequence[int], out: Path, *, steps: int, evals: int,
-        data_dir: str | None = None) -> list[dict]:
+def run(
+    config: str,
+    loss_names: Sequence[str],
+    seeds: Sequence[int],
+    out: Path,
+    *,
+    steps: int,
+    evals: int,
+    data_dir: str | None = None,
+) -> list[dict]:
     """Runs (or resumes) the comparison and writes its results, figures and summary to `out`."""
     base = override(sweep.load_config(config), {"data.data_dir": data_dir})
     runs = make_runs(base, loss_names, seeds, steps=steps, evals=evals)
-    return sweep.run_sweep(base, runs, out, figures=lambda r: plot(r, loss_names),
-                           summary=lambda r: summary(r, loss_names),
-                           curve_keys=("train/loss", *(f"eval/{m}" for m in METRICS)))
+    return sweep.run_sweep(
+        base,
+        runs,
+        out,
+        figures=lambda r: plot(r, loss_names),
+        summary=lambda r: summary(r, loss_names),
+        curve_keys=("train/loss", *(f"eval/{m}" for m in METRICS)),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

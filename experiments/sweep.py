@@ -115,8 +115,7 @@ def _check_run(workdir: Path, run: Run, config: ml_collections.ConfigDict) -> No
     spec = json.dumps({"tags": dict(run.tags), "overrides": dict(run.overrides)}, indent=1, sort_keys=True)
     if path.exists() and path.read_text() != spec:
         raise ValueError(
-            f"{workdir} holds a different run (see {path}); pass another --out, or "
-            "delete the workdir to retrain it."
+            f"{workdir} holds a different run (see {path}); pass another --out, or delete the workdir to retrain it."
         )
     if not path.exists():
         workdir.mkdir(parents=True, exist_ok=True)
@@ -163,8 +162,10 @@ def run_grid(
             train.train_and_evaluate(config, str(workdir))
             durations.append(time.perf_counter() - start)
             remaining = sum(not (out / "runs" / r.name / "eval_results.json").exists() for r in runs[i:])
-            log(f"{label}: done in {durations[-1]:.0f} s; about "
-                f"{np.mean(durations) * remaining / 60:.1f} min left for {remaining} runs")
+            log(
+                f"{label}: done in {durations[-1]:.0f} s; about "
+                f"{np.mean(durations) * remaining / 60:.1f} min left for {remaining} runs"
+            )
         records.append(collect(run, workdir, curve_keys))
     return records
 
@@ -191,17 +192,14 @@ def collect(run: Run, workdir: Path, curve_keys: Sequence[str]) -> dict[str, Any
     final = json.loads((workdir / "eval_results.json").read_text())
     final.pop("step")
     history = read_metrics(workdir)
-    last_train = next(
-        (values for values in reversed(history.values()) if "train/loss" in values), {}
-    )
+    last_train = next((values for values in reversed(history.values()) if "train/loss" in values), {})
     return {
         "name": run.name,
         **run.tags,
         **final,
         **{k: last_train[k] for k in ("train/loss", "train/temperature") if k in last_train},
         "curves": {
-            key: [[step, values[key]] for step, values in history.items() if key in values]
-            for key in curve_keys
+            key: [[step, values[key]] for step, values in history.items() if key in values] for key in curve_keys
         },
     }
 
@@ -290,8 +288,9 @@ def mean_std(records: Sequence[Mapping[str, Any]], metric: str) -> str:
 def argument_parser(description: str) -> argparse.ArgumentParser:
     """The options every driver has: --quick, --out, --seeds, --steps, --data-dir."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny grid and a few steps (CI); results under runs/experiments/")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny grid and a few steps (CI); results under runs/experiments/"
+    )
     parser.add_argument("--out", type=Path, help="results folder (default: experiments/results/<sweep>)")
     parser.add_argument("--seeds", type=int_list, help="comma-separated seeds, e.g. 0,1,2")
     parser.add_argument("--steps", type=int, help="optimizer steps per run")
@@ -327,4 +326,3 @@ def log_spaced_ticks(ax, values: Sequence[float]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(values), [f"{v:g}" for v in values])
     ax.minorticks_off()
-

@@ -34,14 +34,29 @@ import numpy as np
 from contrastive_jax.config_lib import override
 from experiments import sweep
 
-FULL = dict(config="default", temperatures=[0.02, 0.05, 0.1, 0.2, 0.5, 1.0], learned_from=[0.07, 1.0],
-            seeds=[0, 1], steps=400, batch_size=256, metric="a_to_b/R@1")
-QUICK = dict(config="default", temperatures=[1.0], learned_from=[0.07], seeds=[0], steps=4,
-             batch_size=64, metric="a_to_b/R@1")
+FULL = dict(
+    config="default",
+    temperatures=[0.02, 0.05, 0.1, 0.2, 0.5, 1.0],
+    learned_from=[0.07, 1.0],
+    seeds=[0, 1],
+    steps=400,
+    batch_size=256,
+    metric="a_to_b/R@1",
+)
+QUICK = dict(
+    config="default", temperatures=[1.0], learned_from=[0.07], seeds=[0], steps=4, batch_size=64, metric="a_to_b/R@1"
+)
 
 
-def make_runs(base, temperatures: Sequence[float], learned_from: Sequence[float], seeds: Sequence[int], *,
-              steps: int, batch_size: int) -> list[sweep.Run]:
+def make_runs(
+    base,
+    temperatures: Sequence[float],
+    learned_from: Sequence[float],
+    seeds: Sequence[int],
+    *,
+    steps: int,
+    batch_size: int,
+) -> list[sweep.Run]:
     """One run per (fixed temperature or learned initial temperature, seed)."""
     settings = [(t, False) for t in temperatures] + [(t, True) for t in learned_from]
     return [
@@ -82,9 +97,13 @@ def plot(records: Sequence[dict], metric: str) -> dict:
         sweep.errorbar(ax, learned, "temperature", metric, label="learned, from T", linestyle="none")
         for t0 in sorted({r["temperature"] for r in learned}):
             group = [r for r in learned if r["temperature"] == t0]
-            ax.annotate(f"→ T={np.mean([r['train/temperature'] for r in group]):.3f}",
-                        (t0, np.mean([r[metric] for r in group])), textcoords="offset points",
-                        xytext=(8, 6), fontsize=8)
+            ax.annotate(
+                f"→ T={np.mean([r['train/temperature'] for r in group]):.3f}",
+                (t0, np.mean([r[metric] for r in group])),
+                textcoords="offset points",
+                xytext=(8, 6),
+                fontsize=8,
+            )
     ax.set_xscale("log")
     ax.set(xlabel="temperature T", ylabel=metric)
     ax.legend(fontsize=8)
@@ -132,16 +151,34 @@ def summary(records: Sequence[dict], metric: str) -> str:
     rows = []
     for t, learned in sorted({(r["temperature"], r["learned"]) for r in records}, key=lambda k: (k[1], k[0])):
         group = [r for r in records if r["temperature"] == t and r["learned"] == learned]
-        rows.append(["learned, from" if learned else "fixed", t, len(group), sweep.mean_std(group, metric),
-                     sweep.mean_std(group, "train/loss"), f"{loss_floor(n, t):.3f}" if not learned else "",
-                     sweep.mean_std(group, "train/temperature")])
+        rows.append(
+            [
+                "learned, from" if learned else "fixed",
+                t,
+                len(group),
+                sweep.mean_std(group, metric),
+                sweep.mean_std(group, "train/loss"),
+                f"{loss_floor(n, t):.3f}" if not learned else "",
+                sweep.mean_std(group, "train/temperature"),
+            ]
+        )
     header = ["temperature", "T (initial if learned)", "seeds", metric, "final loss", "floor (fixed T)", "final T"]
     return f"N = {n}, log N = {math.log(n):.3f}\n\n" + sweep.markdown_table(rows, header)
 
 
-def run(config: str, temperatures: Sequence[float], learned_from: Sequence[float], seeds: Sequence[int],
-        out: Path, *, steps: int, batch_size: int, metric: str = "a_to_b/R@1", data_dir: str | None = None,
-        overrides: dict | None = None) -> list[dict]:
+def run(
+    config: str,
+    temperatures: Sequence[float],
+    learned_from: Sequence[float],
+    seeds: Sequence[int],
+    out: Path,
+    *,
+    steps: int,
+    batch_size: int,
+    metric: str = "a_to_b/R@1",
+    data_dir: str | None = None,
+    overrides: dict | None = None,
+) -> list[dict]:
     """Runs (or resumes) the sweep and writes its results, figures and summary to `out`."""
     base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     runs = make_runs(base, temperatures, learned_from, seeds, steps=steps, batch_size=batch_size)
@@ -158,8 +195,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--metric", help="the evaluation metric plotted")
     args = sweep.resolve(parser.parse_args(argv), "temperature_sweep", FULL, QUICK)
     quick = {"eval.linear_probe": False} if args.quick else {}
-    run(args.config, args.temperatures, args.learned_from, args.seeds, args.out, steps=args.steps,
-        batch_size=args.batch_size, metric=args.metric, data_dir=args.data_dir, overrides=quick)
+    run(
+        args.config,
+        args.temperatures,
+        args.learned_from,
+        args.seeds,
+        args.out,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        metric=args.metric,
+        data_dir=args.data_dir,
+        overrides=quick,
+    )
     print(f"results in {args.out}")
 
 

@@ -109,7 +109,13 @@ class Processes:
         self._running: list[subprocess.Popen] = []
 
     def start(
-        self, config: str, workdir: str, *, num_devices: int, flags=(), fault: str | None = None,
+        self,
+        config: str,
+        workdir: str,
+        *,
+        num_devices: int,
+        flags=(),
+        fault: str | None = None,
         stderr=subprocess.STDOUT,
     ) -> subprocess.Popen:
         """`python -m contrastive_jax.main` (or the fault driver) on `num_devices` CPU devices.
@@ -139,9 +145,7 @@ class Processes:
         status, output, _ = self.wait_apart(process, timeout)
         return status, output
 
-    def wait_apart(
-        self, process: subprocess.Popen, timeout: float = 240
-    ) -> tuple[int, str, str | None]:
+    def wait_apart(self, process: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str | None]:
         """The exit status, stdout and stderr (None if merged) of `process`."""
         try:
             output, errors = process.communicate(timeout=timeout)

@@ -51,7 +51,9 @@ def test_a_nan_batch_rolls_back_and_skips_exactly_the_recorded_batches(
     records = metric_records(rolled_back)
     [rollback] = [r for r in records if "rollback/bad_step" in r]
     assert rollback == {
-        "step": 4, "rollback/bad_step": 6, "rollback/first_skipped_batch": 5,
+        "step": 4,
+        "rollback/bad_step": 6,
+        "rollback/first_skipped_batch": 5,
         "rollback/skipped_batches": 2,
     }
     losses = [r["step"] for r in records if "train/loss" in r]
@@ -68,14 +70,15 @@ def test_a_nan_batch_rolls_back_and_skips_exactly_the_recorded_batches(
 
 @pytest.mark.slow
 def test_a_kill_after_a_rollback_resumes_bitwise_and_skips_the_same_batches(
-    processes, rolled_back, digits_data_dir, tmp_path  # noqa: F811
+    processes,
+    rolled_back,
+    digits_data_dir,
+    tmp_path,
 ):
     workdir = str(tmp_path / "run")
     config = write_config(tmp_path / "tiny.py", tiny_fields(digits_data_dir) | ROLLBACK)
     # Batches dispatched: steps 1-7, then (rolled back to 4) step 5; killed before step 6.
-    status, output = processes.wait(
-        processes.start(config, workdir, num_devices=8, fault="batch:9:SIGKILL")
-    )
+    status, output = processes.wait(processes.start(config, workdir, num_devices=8, fault="batch:9:SIGKILL"))
     assert status == -signal.SIGKILL, output[-3000:]
     line = (
         "Rollback: Loss is nan at step 6; restored step 4 and skipping 2 batches (5-6); "
@@ -93,10 +96,14 @@ def test_a_kill_after_a_rollback_resumes_bitwise_and_skips_the_same_batches(
 
 
 def test_too_many_rollbacks_stop_naming_the_bad_steps(load_config, digits_data_dir, tmp_path):
-    fields = tiny_fields(digits_data_dir) | ROLLBACK | {
-        "train.inject_nan_at_batches": (3, 7),  # 7: step 5's batch after skipping 3 and 4
-        "train.max_rollbacks": 1,
-    }
+    fields = (
+        tiny_fields(digits_data_dir)
+        | ROLLBACK
+        | {
+            "train.inject_nan_at_batches": (3, 7),  # 7: step 5's batch after skipping 3 and 4
+            "train.max_rollbacks": 1,
+        }
+    )
     workdir = str(tmp_path)
     with pytest.raises(
         FloatingPointError,

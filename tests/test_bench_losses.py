@@ -11,8 +11,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import bench_losses  # noqa: E402
 
-SPEC = {"n": 64, "d": 8, "max_memory_bytes": 2**30, "max_repeats": 1, "budget_s": 0.1,
-        "queue": 1024}  # moco_queue's K (the others ignore it)
+SPEC = {
+    "n": 64,
+    "d": 8,
+    "max_memory_bytes": 2**30,
+    "max_repeats": 1,
+    "budget_s": 0.1,
+    "queue": 1024,
+}  # moco_queue's K (the others ignore it)
 
 
 @pytest.mark.parametrize("loss", bench_losses.LOSSES)
@@ -25,9 +31,7 @@ def test_jax_worker_times_a_loss_and_reports_its_memory(loss, chunk):
 
 
 def test_jax_worker_skips_what_does_not_fit():
-    result = bench_losses.run_worker(
-        SPEC | {"worker": "jax", "loss": "clip", "chunk": None, "max_memory_bytes": 1}
-    )
+    result = bench_losses.run_worker(SPEC | {"worker": "jax", "loss": "clip", "chunk": None, "max_memory_bytes": 1})
     assert "seconds" not in result and result["skipped"].startswith("needs")
 
 
@@ -41,18 +45,33 @@ def test_torch_reference_computes_the_same_loss(loss):
 
 def test_targets_read_the_points():
     def point(loss, n, d, chunk, seconds, worker="jax"):
-        return {"worker": worker, "loss": loss, "n": n, "d": d, "chunk": chunk,
-                "seconds": seconds, "gflops": 6.0 * n * n * d / seconds / 1e9}
+        return {
+            "worker": worker,
+            "loss": loss,
+            "n": n,
+            "d": d,
+            "chunk": chunk,
+            "seconds": seconds,
+            "gflops": 6.0 * n * n * d / seconds / 1e9,
+        }
 
-    points = [point("clip", 16384, 512, None, 10.0), point("clip", 16384, 512, 1024, 8.0),
-              point("clip", 16384, 512, 256, 9.0), point("clip", 16384, 512, None, 40.0, "torch")]
+    points = [
+        point("clip", 16384, 512, None, 10.0),
+        point("clip", 16384, 512, 1024, 8.0),
+        point("clip", 16384, 512, 256, 9.0),
+        point("clip", 16384, 512, None, 40.0, "torch"),
+    ]
     peak = points[1]["gflops"] / 0.8  # the streamed point runs at 80% of peak
     rows = {t: (m, v) for t, m, v in bench_losses.evaluate_targets(points, peak, {})}
     assert rows["streamed clip N=16,384 D=512: useful 6N^2D / jnp.dot peak >= 70%"] == (
-        "80% (chunk 1024, 8.00 s)", "met")
+        "80% (chunk 1024, 8.00 s)",
+        "met",
+    )
     assert rows["clip N=16,384 D=512: streamed / dense time <= 1.0"][1] == "met"
     assert rows["torch clip dense / ours streamed, N=16,384 D=512 >= 3"] == (
-        "5.00 (40.00 s vs 8.00 s chunk 1024)", "met")
+        "5.00 (40.00 s vs 8.00 s chunk 1024)",
+        "met",
+    )
 
 
 @pytest.mark.slow

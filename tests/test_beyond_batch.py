@@ -160,14 +160,10 @@ def _sogclr_steps(loss_fn, batches, table_size, gamma):
     log_u = losses.sogclr_init_state(table_size)
     u, shift = np.zeros((table_size, 2)), np.full((table_size, 2), -np.inf)
     for a, b, index in batches:
-        (value, log_u), grads = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
-            a, b, index, log_u
-        )
+        (value, log_u), grads = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(a, b, index, log_u)
         want, weights, u, shift = _sogclr_numpy(a, b, np.asarray(index), u, shift, T, gamma)
         _close(value, want)
-        _, want_grads = _float64(
-            lambda a, b, w: _sogclr_surrogate(a, b, w, T), a, b, weights
-        )
+        _, want_grads = _float64(lambda a, b, w: _sogclr_surrogate(a, b, w, T), a, b, weights)
         _grads_close(grads, want_grads[:2])
         visited = np.isfinite(shift)
         assert np.array_equal(np.isfinite(np.asarray(log_u)), visited)
@@ -202,9 +198,7 @@ def test_sogclr_first_visit_is_dcl_minus_log_negatives():
         return losses.sogclr_loss(a, b, index, losses.sogclr_init_state(N), temperature=T)[0]
 
     value, grads = jax.value_and_grad(sog, argnums=(0, 1))(a, b)
-    dcl_value, dcl_grads = jax.value_and_grad(
-        lambda a, b: losses.dcl_loss(a, b, temperature=T), argnums=(0, 1)
-    )(a, b)
+    dcl_value, dcl_grads = jax.value_and_grad(lambda a, b: losses.dcl_loss(a, b, temperature=T), argnums=(0, 1))(a, b)
     _close(value, dcl_value - np.log(N - 1))
     _grads_close(grads, dcl_grads)
 
@@ -212,8 +206,10 @@ def test_sogclr_first_visit_is_dcl_minus_log_negatives():
 def _sharded_sogclr(mesh, **options):
     fn = functools.partial(losses.sogclr_loss, temperature=T, gamma=0.9, **options)
     return jax.shard_map(
-        lambda a, b, i, u: fn(a, b, i, u, axis_name=DATA_AXIS), mesh=mesh,
-        in_specs=(P(DATA_AXIS), P(DATA_AXIS), P(DATA_AXIS), P()), out_specs=(P(), P()),
+        lambda a, b, i, u: fn(a, b, i, u, axis_name=DATA_AXIS),
+        mesh=mesh,
+        in_specs=(P(DATA_AXIS), P(DATA_AXIS), P(DATA_AXIS), P()),
+        out_specs=(P(), P()),
     )
 
 
@@ -273,9 +269,7 @@ def test_streamed_queue_holds_one_tile_not_the_batch_by_queue_logits():
     q, queue = _unit(0, b), _unit(1, k)
 
     def temp_bytes(chunk_size):
-        fn = jax.value_and_grad(
-            lambda q: losses.moco_queue_loss(q, q, queue, temperature=T, chunk_size=chunk_size)
-        )
+        fn = jax.value_and_grad(lambda q: losses.moco_queue_loss(q, q, queue, temperature=T, chunk_size=chunk_size))
         return jax.jit(fn).lower(q).compile().memory_analysis().temp_size_in_bytes
 
     logits_bytes = b * k * 4
@@ -301,7 +295,8 @@ def test_enqueue_keeps_the_last_keys_and_wraps(num_devices):
         enqueue = jax.shard_map(
             functools.partial(losses.enqueue, axis_name=DATA_AXIS),
             mesh=sharding.make_mesh(num_devices),
-            in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS)), out_specs=(P(DATA_AXIS), P()),
+            in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS)),
+            out_specs=(P(DATA_AXIS), P()),
         )
     queue, pointer = jnp.zeros((K, D)), jnp.int32(0)
     for keys in steps:
@@ -319,8 +314,7 @@ def test_enqueue_rejects_a_queue_not_a_multiple_of_the_batch():
 # ------------------------------------------------------------------------------- XBM
 
 
-def _xbm_numpy(z, labels, memory, memory_labels, loss, temperature=None, margin=None,
-               alpha=2.0, beta=50.0, base=0.5):
+def _xbm_numpy(z, labels, memory, memory_labels, loss, temperature=None, margin=None, alpha=2.0, beta=50.0, base=0.5):
     """Each anchor against every candidate pair (the batch but itself, the filled memory
     slots), pair by pair, in float64."""
     z, memory = np.asarray(z, np.float64), np.asarray(memory, np.float64)
@@ -420,9 +414,7 @@ def test_xbm_with_an_empty_memory_is_the_plain_loss(loss, plain):
     z, labels, memory, _ = _xbm_inputs()
     empty = jnp.full((K,), -1)
     unit = _common.l2_normalize
-    got = jax.value_and_grad(
-        lambda z: losses.xbm_loss(unit(z), labels, memory, empty, loss=loss, **XBM_HYPER[loss])
-    )(z)
+    got = jax.value_and_grad(lambda z: losses.xbm_loss(unit(z), labels, memory, empty, loss=loss, **XBM_HYPER[loss]))(z)
     want = jax.value_and_grad(lambda z: plain(unit(z), labels))(z)
     _close(got[0], want[0], 1e-4)
     _grads_close([got[1]], [want[1]], 1e-4)

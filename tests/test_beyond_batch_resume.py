@@ -21,14 +21,22 @@ from contrastive_jax.config_lib import override
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 STATE_FIELDS = {
     "sogclr": {"loss__name": "sogclr"},
-    "moco_queue": {"loss__name": "moco_queue", "loss__queue_size": 256,
-                   "loss__queue_momentum": 0.9, "loss__chunk_size": 32},
+    "moco_queue": {
+        "loss__name": "moco_queue",
+        "loss__queue_size": 256,
+        "loss__queue_momentum": 0.9,
+        "loss__chunk_size": 32,
+    },
 }
 
 
 @pytest.mark.parametrize("name", sorted(STATE_FIELDS))
 def test_sigkill_and_resume_is_bitwise_with_the_loss_state(
-    processes, load_config, digits_data_dir, tmp_path, name  # noqa: F811
+    processes,
+    load_config,
+    digits_data_dir,
+    tmp_path,
+    name,
 ):
     fields = tiny_fields(digits_data_dir, **STATE_FIELDS[name])
     reference = str(tmp_path / "reference")
@@ -36,9 +44,7 @@ def test_sigkill_and_resume_is_bitwise_with_the_loss_state(
     workdir = str(tmp_path / "run")
     config = write_config(tmp_path / "tiny.py", fields)
     for fault in ("save:2:SIGKILL", "batch:3:SIGKILL"):  # writing checkpoint 4; step 5
-        status, output = processes.wait(
-            processes.start(config, workdir, num_devices=8, fault=fault)
-        )
+        status, output = processes.wait(processes.start(config, workdir, num_devices=8, fault=fault))
         assert status == -signal.SIGKILL, output[-3000:]
     status, output = processes.wait(processes.start(config, workdir, num_devices=8))
     assert status == 0, output[-3000:]

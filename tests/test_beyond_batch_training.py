@@ -15,26 +15,38 @@ from contrastive_jax.trainer import build
 N = 64
 STATE_FIELDS = {
     "sogclr": {"loss.name": "sogclr"},
-    "moco_queue": {"loss.name": "moco_queue", "loss.queue_size": 4 * N,
-                   "loss.queue_momentum": 0.9, "loss.chunk_size": 16},
-    "xbm": {"loss.name": "xbm", "data.task": "labeled", "data.examples_per_class": 8,
-            "loss.xbm_memory_size": 2 * N, "loss.xbm_warmup_steps": 1},
+    "moco_queue": {
+        "loss.name": "moco_queue",
+        "loss.queue_size": 4 * N,
+        "loss.queue_momentum": 0.9,
+        "loss.chunk_size": 16,
+    },
+    "xbm": {
+        "loss.name": "xbm",
+        "data.task": "labeled",
+        "data.examples_per_class": 8,
+        "loss.xbm_memory_size": 2 * N,
+        "loss.xbm_warmup_steps": 1,
+    },
 }
 
 
 @pytest.fixture
 def config(load_config, digits_data_dir):
     """The default config, tiny, without augmentation (the indices are checked on pixels)."""
-    return override(load_config("default"), {
-        "data.data_dir": digits_data_dir,
-        "data.augment.noise_std": 0.0,
-        "model.mlp_hidden_dims": (32,),
-        "model.encoder_dim": 32,
-        "model.embed_dim": 16,
-        "model.dropout_rate": 0.0,
-        "train.global_batch_size": N,
-        "optim.warmup_steps": 0,
-    })
+    return override(
+        load_config("default"),
+        {
+            "data.data_dir": digits_data_dir,
+            "data.augment.noise_std": 0.0,
+            "model.mlp_hidden_dims": (32,),
+            "model.encoder_dim": 32,
+            "model.embed_dim": 16,
+            "model.dropout_rate": 0.0,
+            "train.global_batch_size": N,
+            "optim.warmup_steps": 0,
+        },
+    )
 
 
 def run_steps(config, num_devices, num_steps=3):
@@ -66,9 +78,7 @@ def test_sharded_steps_equal_one_device_with_the_state(config, name):
 def test_grad_cache_equals_the_whole_batch_with_the_state(config, name):
     config = override(config, STATE_FIELDS[name] | {"loss.queue_momentum": 0.0})
     whole, whole_losses, _ = run_steps(config, 8, num_steps=2)
-    cached, cached_losses, _ = run_steps(
-        override(config, {"train.micro_batch_size": 16}), 8, num_steps=2
-    )
+    cached, cached_losses, _ = run_steps(override(config, {"train.micro_batch_size": 16}), 8, num_steps=2)
     np.testing.assert_allclose(cached_losses, whole_losses, rtol=1e-5)
     chex.assert_trees_all_close(cached[-1].loss_state, whole[-1].loss_state, rtol=1e-4, atol=1e-6)
     chex.assert_trees_all_close(cached[-1].params, whole[-1].params, rtol=1e-4, atol=1e-6)
@@ -100,7 +110,9 @@ def test_moco_queue_takes_the_momentum_encoders_keys(config):
     before, after = states[0], states[1]
     keys = trainer.model.apply(
         {"params": before.loss_state["ema_params"], "batch_stats": {}},
-        batches[1]["a"], batches[1]["b"], train=False,
+        batches[1]["a"],
+        batches[1]["b"],
+        train=False,
     )
     np.testing.assert_allclose(after.loss_state["queue_b"][N : 2 * N], keys["zb"], atol=1e-5)
     np.testing.assert_allclose(after.loss_state["queue_a"][N : 2 * N], keys["za"], atol=1e-5)
@@ -108,7 +120,8 @@ def test_moco_queue_takes_the_momentum_encoders_keys(config):
     chex.assert_trees_all_close(
         after.loss_state["ema_params"],
         jax.tree.map(lambda e, p: 0.9 * e + 0.1 * p, before.loss_state["ema_params"], after.params),
-        rtol=1e-5, atol=1e-7,
+        rtol=1e-5,
+        atol=1e-7,
     )
 
 
@@ -119,9 +132,7 @@ def test_xbm_memory_joins_after_the_warm_up(config):
     trainer = build(config, sharding.make_mesh(8))
     states, _, batches = run_steps(config, 8, num_steps=1)
     state = states[0].loss_state  # the memory holds step 0's embeddings
-    outputs = trainer.model.apply(
-        {"params": states[0].params, "batch_stats": {}}, batches[0]["a"], None, train=False
-    )
+    outputs = trainer.model.apply({"params": states[0].params, "batch_stats": {}}, batches[0]["a"], None, train=False)
     batched = {"za": outputs["za"]}
     shared = {"temperature": outputs["temperature"]}
     data = {"label": batches[0]["label"]}

@@ -36,7 +36,8 @@ from contrastive_jax import console
 
 # The environment of a person's shell: none of the settings tests/conftest.py makes.
 USER_ENV = {
-    k: v for k, v in os.environ.items()
+    k: v
+    for k, v in os.environ.items()
     if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL", "CONTRASTIVE_JAX_VERBOSE")
 }
 
@@ -44,8 +45,12 @@ USER_ENV = {
 def cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
     """`python -m contrastive_jax.main ARGS` from the repository root."""
     return subprocess.run(
-        [sys.executable, "-m", "contrastive_jax.main", *args], cwd=ROOT, env=env or USER_ENV,
-        capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "contrastive_jax.main", *args],
+        cwd=ROOT,
+        env=env or USER_ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -72,27 +77,38 @@ DEFAULT = "--config=configs/default.py"
     "args, message",
     [
         # The issue's example: a typo'd field (it was an escaped string with a literal \n).
-        ([DEFAULT, "--workdir=w", "--config.train.global_batch_sise=128"],
-         r'^error: --config.train.global_batch_sise: configs/default.py has no field '
-         r'\'global_batch_sise\'. Did you mean "global_batch_size" instead of "global_batch_sise"\?$'),
-        ([DEFAULT, "--workdir=w", "--config.trian.global_batch_size=128"],
-         r'has no field \'trian\'. Did you mean "train" instead of "trian"\?'),
+        (
+            [DEFAULT, "--workdir=w", "--config.train.global_batch_sise=128"],
+            r"^error: --config.train.global_batch_sise: configs/default.py has no field "
+            r'\'global_batch_sise\'. Did you mean "global_batch_size" instead of "global_batch_sise"\?$',
+        ),
+        (
+            [DEFAULT, "--workdir=w", "--config.trian.global_batch_size=128"],
+            r'has no field \'trian\'. Did you mean "train" instead of "trian"\?',
+        ),
         # A missing config file (it was "Failed loading config file config_config").
-        (["--config=config_config", "--workdir=w"],
-         r"^error: --config=config_config: no such file \(in .*\); pass a config file such as "
-         r"configs/default.py \(configs/ holds clip_coco.py, .*default.py, "),
-        (["--config=configs", "--workdir=w", "--config.loss.temperature=0.1"],
-         r"--config=configs: is a directory"),
-        (["--config=README.md", "--workdir=w"],
-         r"--config=README.md: not a Python file \(.*line \d+\); a config file defines get_config\(\)"),
-        ([DEFAULT, "--workdir=w", "--config.train.global_batch_size=abc"],
-         r"^error: flag --config.train.global_batch_size=abc: invalid literal for int\(\)"),
+        (
+            ["--config=config_config", "--workdir=w"],
+            r"^error: --config=config_config: no such file \(in .*\); pass a config file such as "
+            r"configs/default.py \(configs/ holds clip_coco.py, .*default.py, ",
+        ),
+        (["--config=configs", "--workdir=w", "--config.loss.temperature=0.1"], r"--config=configs: is a directory"),
+        (
+            ["--config=README.md", "--workdir=w"],
+            r"--config=README.md: not a Python file \(.*line \d+\); a config file defines get_config\(\)",
+        ),
+        (
+            [DEFAULT, "--workdir=w", "--config.train.global_batch_size=abc"],
+            r"^error: flag --config.train.global_batch_size=abc: invalid literal for int\(\)",
+        ),
         ([DEFAULT], r"^error: Missing --workdir: pass a directory .* e.g. --workdir=runs/default\.$"),
         (["--workdir=w"], r"^error: Missing --config: pass a config file, e.g. --config=configs/default.py\.$"),
         ([DEFAULT, "--wrkdir=w"], r"^error: Unknown command line flag 'wrkdir'. Did you mean: workdir \?$"),
         ([DEFAULT, "--workdir=w", "extra"], r"^error: Unexpected arguments \['extra'\]"),
-        ([DEFAULT, "--workdir=w", "--num_processes=2", "--process_id=2"],
-         r"--process_id must be below --num_processes"),
+        (
+            [DEFAULT, "--workdir=w", "--num_processes=2", "--process_id=2"],
+            r"--process_id must be below --num_processes",
+        ),
         ([DEFAULT, "--workdir=w", "--num_processes=0"], r"--num_processes=0: 0 is not a positive integer"),
     ],
     ids=lambda value: " ".join(a for a in value if a != DEFAULT) if isinstance(value, list) else "",
@@ -112,8 +128,18 @@ def test_verbose_shows_the_traceback_of_a_flag_mistake():
 def test_a_variant_config_loads_by_absolute_path_from_another_directory(tmp_path):
     """`configs/cmudict_clip.py` imports `configs.default`: found from any directory."""
     result = subprocess.run(
-        [sys.executable, "-m", "contrastive_jax.main", f"--config={ROOT}/configs/cmudict_clip.py",
-         "--workdir=w", "--only_check_args"], cwd=tmp_path, env=USER_ENV, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "contrastive_jax.main",
+            f"--config={ROOT}/configs/cmudict_clip.py",
+            "--workdir=w",
+            "--only_check_args",
+        ],
+        cwd=tmp_path,
+        env=USER_ENV,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
@@ -166,9 +192,7 @@ _FORK_SERVER = textwrap.dedent(
     """
 )
 # Run in every forked case: the train step must not be compiled for a mistake.
-NO_COMPILE = (
-    "trainer.Trainer.jit_train_step = lambda *a: sys.exit('error: the train step was compiled')"
-)
+NO_COMPILE = "trainer.Trainer.jit_train_step = lambda *a: sys.exit('error: the train step was compiled')"
 
 
 class ForkedCli:
@@ -177,8 +201,12 @@ class ForkedCli:
     def __init__(self, directory):
         self._directory = directory
         self._server = subprocess.Popen(
-            [sys.executable, "-c", _FORK_SERVER], cwd=ROOT, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, start_new_session=True,
+            [sys.executable, "-c", _FORK_SERVER],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         self._runs = 0
 
@@ -220,9 +248,12 @@ def tiny_config(digits_data_dir, tmp_path_factory):
     [
         pytest.param(fields, message, id=",".join(f"{k}={v}" for k, v in fields.items()))
         for fields, message in [(bad_value_fields(f, v), m) for f, v, m in BAD_VALUES]
-        + BAD_COMBINATIONS + [
-            ({"train.global_batch_size": 2048},  # checked when the data are opened
-             r"config.train.global_batch_size=2048 is larger than the 1437 examples of split 'train'"),
+        + BAD_COMBINATIONS
+        + [
+            (
+                {"train.global_batch_size": 2048},  # checked when the data are opened
+                r"config.train.global_batch_size=2048 is larger than the 1437 examples of split 'train'",
+            ),
         ]
     ],
 )
@@ -235,8 +266,11 @@ def test_bad_config_is_one_line_and_exit_status_2(forked_cli, tiny_config, tmp_p
 @pytest.mark.parametrize(
     "workdir, message",
     [
-        ("a_file/run", r"--workdir=.*a_file/run cannot be created or written \(Not a directory\); "
-                       "pass a directory you can write to"),
+        (
+            "a_file/run",
+            r"--workdir=.*a_file/run cannot be created or written \(Not a directory\); "
+            "pass a directory you can write to",
+        ),
         ("", r"^error: Missing --workdir"),
     ],
 )
@@ -250,15 +284,22 @@ def test_a_step_that_does_not_fit_is_one_line_naming_the_figures(forked_cli, tin
     """A config that uses every fix already: one compile, and the batch is what is left.
     (tests/test_memory_fit.py checks the settings a message proposes.)"""
     every_fix = {
-        "loss.collective": "ring", "loss.chunk_size": 8, "train.micro_batch_size": 32,
-        "model.compute_dtype": "bfloat16", "train.memory_limit_gib": 2**-20,  # 1 KiB
+        "loss.collective": "ring",
+        "loss.chunk_size": 8,
+        "train.micro_batch_size": 32,
+        "model.compute_dtype": "bfloat16",
+        "train.memory_limit_gib": 2**-20,  # 1 KiB
     }
     args = [f"--config={tiny_config}", f"--workdir={tmp_path}"]
     status, stdout, stderr = forked_cli(
-        *args, *(flag(k, v) for k, v in every_fix.items()), setup=""  # compiling is allowed
+        *args,
+        *(flag(k, v) for k, v in every_fix.items()),
+        setup="",  # compiling is allowed
     )
     assert_one_line_error(
-        status, stdout, stderr,
+        status,
+        stdout,
+        stderr,
         r"^error: The train step needs \d+\.\d KiB per device, the device has 1\.0 KiB "
         r"\(config.train.memory_limit_gib\); the config uses every fix already; lower "
         r"--config.train.global_batch_size\.$",
@@ -276,18 +317,28 @@ def trained_config(digits_data_dir, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "field, value, message",
-    [(f, v, rf"^error: Cannot resume onto another model\. checkpoint 2 in .* holds a state of "
-            rf"another structure.*{m}.*Set them back to resume, or use a new --workdir")
-     for f, v, m in ANOTHER_MODEL]
-    + [(f, v, rf"^error: Cannot resume from checkpoint 2: it was written with config\.{f}=.*Set "
-              rf"--config\.{f}=.*, or use a new --workdir\.$")
-       for f, v in ANOTHER_DATA_ORDER],
+    [
+        (
+            f,
+            v,
+            rf"^error: Cannot resume onto another model\. checkpoint 2 in .* holds a state of "
+            rf"another structure.*{m}.*Set them back to resume, or use a new --workdir",
+        )
+        for f, v, m in ANOTHER_MODEL
+    ]
+    + [
+        (
+            f,
+            v,
+            rf"^error: Cannot resume from checkpoint 2: it was written with config\.{f}=.*Set "
+            rf"--config\.{f}=.*, or use a new --workdir\.$",
+        )
+        for f, v in ANOTHER_DATA_ORDER
+    ],
 )
 def test_resume_mismatch_is_one_line(forked_cli, trained, trained_config, field, value, message):
     before = sorted(os.listdir(os.path.join(trained, "checkpoints")))
-    status, stdout, stderr = forked_cli(
-        f"--config={trained_config}", f"--workdir={trained}", flag(field, value)
-    )
+    status, stdout, stderr = forked_cli(f"--config={trained_config}", f"--workdir={trained}", flag(field, value))
     assert_one_line_error(status, stdout, stderr, message)
     assert sorted(os.listdir(os.path.join(trained, "checkpoints"))) == before
 
@@ -323,8 +374,11 @@ def test_non_finite_loss_is_one_line_naming_the_checkpoint(forked_cli, tiny_conf
     args = [f"--config={tiny_config}", f"--workdir={tmp_path}", "--config.train.num_train_steps=4"]
     status, stdout, stderr = forked_cli(*args, setup=nan_loss)
     assert_one_line_error(
-        status, stdout, stderr.split("\n", 1)[1],  # after the run's first line
-        r"^error: Loss is nan at step 1; training stopped. Last good checkpoint: none", exit_status=1,
+        status,
+        stdout,
+        stderr.split("\n", 1)[1],  # after the run's first line
+        r"^error: Loss is nan at step 1; training stopped. Last good checkpoint: none",
+        exit_status=1,
     )
 
 
@@ -341,8 +395,12 @@ def test_ctrl_c_before_training_exits_without_a_traceback(forked_cli, tiny_confi
     args = [f"--config={tiny_config}", f"--workdir={tmp_path}"]
     status, stdout, stderr = forked_cli(*args, setup=interrupt)
     assert_one_line_error(
-        status, stdout, stderr, r"^error: Interrupted \(Ctrl-C\). To resume, run: .*-m "
-        rf"contrastive_jax.main --config={tiny_config} --workdir={tmp_path}$", exit_status=130,
+        status,
+        stdout,
+        stderr,
+        r"^error: Interrupted \(Ctrl-C\). To resume, run: .*-m "
+        rf"contrastive_jax.main --config={tiny_config} --workdir={tmp_path}$",
+        exit_status=130,
     )
 
 
@@ -360,9 +418,13 @@ def test_run_prints_a_few_short_lines_a_summary_and_a_rerun_is_already_done(tiny
     500: 20 step lines, 2 evaluations) on the tiny model: 40 steps logged every 2."""
     workdir = str(tmp_path / "run")
     args = [
-        f"--config={tiny_config}", f"--workdir={workdir}", "--config.train.num_train_steps=40",
-        "--config.train.log_every_steps=2", "--config.eval.every_steps=20",
-        "--config.checkpoint.every_steps=20", "--config.eval.knn_k=1",
+        f"--config={tiny_config}",
+        f"--workdir={workdir}",
+        "--config.train.num_train_steps=40",
+        "--config.train.log_every_steps=2",
+        "--config.eval.every_steps=20",
+        "--config.checkpoint.every_steps=20",
+        "--config.eval.knn_k=1",
         "--config.eval.linear_probe=True",
     ]
     result = cli(*args, timeout=300)
@@ -392,10 +454,13 @@ def test_run_prints_a_few_short_lines_a_summary_and_a_rerun_is_already_done(tiny
     again = cli(*args)
     print(f"rerun of a finished run: {time.perf_counter() - started:.1f} s")
     assert again.returncode == 0, again.stderr
-    assert again.stderr.splitlines() == [f"{run_line}workdir {workdir}", (  # nothing compiled
-        f"Already done: {workdir} holds step 40 of 40 and its evaluation; nothing to train. "
-        "Raise --config.train.num_train_steps to train longer, or use a new --workdir."
-    )]
+    assert again.stderr.splitlines() == [
+        f"{run_line}workdir {workdir}",
+        (  # nothing compiled
+            f"Already done: {workdir} holds step 40 of 40 and its evaluation; nothing to train. "
+            "Raise --config.train.num_train_steps to train longer, or use a new --workdir."
+        ),
+    ]
     assert again.stdout.splitlines()[2:] == summary[2:]  # the same table
     assert files == {p: os.stat(os.path.join(workdir, p)).st_mtime_ns for p in files}
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20", "40"]
@@ -405,8 +470,7 @@ def test_progress_lines_off_a_terminal(caplog):
     progress = console.Progress(total_steps=400, start_step=100, enabled=True)
     with caplog.at_level(logging.INFO):
         progress.log(110, {"train/loss": 5.0}, seconds_per_step=None)  # compiled: not timed
-        progress.log(200, {"train/loss": 1.23456, "train/examples_per_second": 2560.0},
-                     seconds_per_step=12.5)
+        progress.log(200, {"train/loss": 1.23456, "train/examples_per_second": 2560.0}, seconds_per_step=12.5)
     assert [r.getMessage() for r in caplog.records] == [
         "step 110: loss 5.0000",
         "step 200: loss 1.2346, 2,560 examples/s, ETA 41m40s (50% of 400)",  # 200 * 12.5 s
@@ -440,7 +504,7 @@ def logged_steps(workdir):
         return [row["step"] for row in map(json.loads, f) if "train/loss" in row]
 
 
-def test_ctrl_c_saves_the_step_and_prints_the_command_that_resumes(processes, tiny_config, tmp_path):  # noqa: F811
+def test_ctrl_c_saves_the_step_and_prints_the_command_that_resumes(processes, tiny_config, tmp_path):
     workdir = str(tmp_path / "run")
     interrupted = processes.start(  # Ctrl-C just before step 3 (of 8; saves every 2)
         tiny_config, workdir, num_devices=8, fault="batch:3:SIGINT", stderr=subprocess.PIPE
@@ -448,8 +512,9 @@ def test_ctrl_c_saves_the_step_and_prints_the_command_that_resumes(processes, ti
     status, stdout, stderr = processes.wait_apart(interrupted)
     assert (status, stdout) == (130, ""), stderr[-3000:]
     lines = stderr.splitlines()
-    assert "Ctrl-C: finishing the current step, then saving a checkpoint (press Ctrl-C again " \
-           "to abort at once)." in lines
+    assert (
+        "Ctrl-C: finishing the current step, then saving a checkpoint (press Ctrl-C again to abort at once)." in lines
+    )
     assert lines[-2] == f"Ctrl-C: stopped after step 3 and saved it in {workdir}/checkpoints. To resume, run:"
     python = os.path.relpath(sys.executable, ROOT)
     command = f"{python} -m contrastive_jax.main --config={tiny_config} --workdir={workdir}"
@@ -457,9 +522,7 @@ def test_ctrl_c_saves_the_step_and_prints_the_command_that_resumes(processes, ti
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "3"]
     assert logged_steps(workdir) == [1, 2, 3]
 
-    resumed = subprocess.run(
-        shlex.split(command), cwd=ROOT, env=USER_ENV, capture_output=True, text=True, timeout=240
-    )
+    resumed = subprocess.run(shlex.split(command), cwd=ROOT, env=USER_ENV, capture_output=True, text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resumed from {workdir}/checkpoints at step 3." in resumed.stderr.splitlines()
     assert logged_steps(workdir) == list(range(1, 9))  # steps 4-8 added, none twice
@@ -467,7 +530,7 @@ def test_ctrl_c_saves_the_step_and_prints_the_command_that_resumes(processes, ti
         assert json.load(f)["step"] == 8
 
 
-def test_second_ctrl_c_aborts_at_once(processes, tiny_config, tmp_path):  # noqa: F811
+def test_second_ctrl_c_aborts_at_once(processes, tiny_config, tmp_path):
     workdir = str(tmp_path / "run")
     aborted = processes.start(
         tiny_config, workdir, num_devices=8, fault="batch:3:SIGINT+SIGINT", stderr=subprocess.PIPE
@@ -548,9 +611,7 @@ def test_readme_python_command_parses(words):
     script = words[2].replace(".", os.sep) + ".py" if words[1] == "-m" else words[1]
     assert os.path.isfile(os.path.join(ROOT, script)), script
     entry = words[1:3] if words[1] == "-m" else words[1:2]
-    result = subprocess.run(
-        [sys.executable, *entry, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    result = subprocess.run([sys.executable, *entry, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     for option in [w.split("=")[0] for w in words if w.startswith("--")]:
         assert re.search(rf"(?<![\w-]){option}(?![\w-])", result.stdout), option
@@ -561,8 +622,12 @@ def test_readme_demo_runs_as_written():
     command = ".venv/bin/python -m contrastive_jax.demo"
     assert command in [c for _, c in readme_commands()]
     result = subprocess.run(
-        [sys.executable, *shlex.split(command)[1:]], cwd=ROOT, env=USER_ENV,
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, *shlex.split(command)[1:]],
+        cwd=ROOT,
+        env=USER_ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "batch_prototype_cross_entropy" in result.stdout  # the last loss

@@ -115,8 +115,8 @@ def test_pairs_are_dictionary_lines_as_padded_token_sequences(config):
         entry = lines[batch["word_id"][i], batch["pronunciation_id"][i]]
         assert decode(batch["a"][i], batch["b"][i]) == (entry.word, entry.phonemes)
         # 0-padded after the real tokens.
-        assert np.all(batch["a"][i, len(entry.word):] == 0) and np.all(batch["a"][i, : len(entry.word)] > 0)
-        assert np.all(batch["b"][i, len(entry.phonemes):] == 0)
+        assert np.all(batch["a"][i, len(entry.word) :] == 0) and np.all(batch["a"][i, : len(entry.word)] > 0)
+        assert np.all(batch["b"][i, len(entry.phonemes) :] == 0)
     assert batch["b"].max() <= len(cmudict.phonemes())
 
 

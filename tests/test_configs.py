@@ -27,11 +27,10 @@ def test_the_expected_configs_exist():
 def test_config_starts_with_its_command_and_comments_every_field(name):
     source = (pathlib.Path(__file__).parent.parent / "configs" / f"{name}.py").read_text()
     first = source.splitlines()[0]
-    assert first == (
-        f"# python -m contrastive_jax.main --config=configs/{name}.py --workdir=runs/{name}"
-    )
+    assert first == (f"# python -m contrastive_jax.main --config=configs/{name}.py --workdir=runs/{name}")
     assignments = [
-        line for line in source.splitlines()
+        line
+        for line in source.splitlines()
         if re.match(r"\s+(config|data|aug|model|loss|optim|train|ev|ckpt)(\.\w+)+ = ", line)
         and "ConfigDict()" not in line
     ]
@@ -56,8 +55,7 @@ def abstract_train_step(config, batch):
     run = trainer.build(config, mesh)
     _, abstract_state = run.init_state(batch)
     global_batch = {
-        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding.data_sharding(mesh))
-        for k, v in batch.items()
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding.data_sharding(mesh)) for k, v in batch.items()
     }
     return jax.eval_shape(run.train_step, abstract_state, global_batch)
 
@@ -69,9 +67,7 @@ def test_real_data_config_builds_pipeline_and_model_on_mock_data(load_config, na
     config.data.examples_per_class = 1  # mock labels are random: few repeats per class
     with tfds.testing.mock_data(num_examples=64, policy=tfds.testing.MockPolicy.USE_CODE):
         batch = next(input_pipeline.train_dataset(config).as_numpy_iterator())
-        evaluation = input_pipeline.eval_arrays(
-            config, config.eval.split, class_range=config.eval.class_range
-        )
+        evaluation = input_pipeline.eval_arrays(config, config.eval.split, class_range=config.eval.class_range)
     size = config.data.image_size or 32
     assert batch["a"].shape == (8, size, size, 3)
     assert evaluation["a"].shape[1:] == batch["a"].shape[1:]
@@ -88,9 +84,13 @@ def test_real_data_config_builds_pipeline_and_model_on_mock_data(load_config, na
 
 def test_every_classifier_loss_traces_a_step_of_dml_digits(load_config, digits_data_dir):
     """The classifier losses of the registry fit the model's classifier head."""
-    config = override(load_config("dml_digits"), {
-        "data.data_dir": digits_data_dir, "model.num_classes": 6,
-    })
+    config = override(
+        load_config("dml_digits"),
+        {
+            "data.data_dir": digits_data_dir,
+            "model.num_classes": 6,
+        },
+    )
     batch = next(input_pipeline.train_dataset(config).as_numpy_iterator())
     names = sorted(name for name, loss in losses.LOSSES.items() if loss.classifier)
     assert {"softmax_ce", "focal", "bce", "proxy_nca", "cosface", "arcface"} <= set(names)

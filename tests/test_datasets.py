@@ -13,9 +13,7 @@ SIZES = {"train": 1437, "test": 360, "disjoint_train": 1083, "disjoint_test": 71
 @pytest.fixture(scope="module")
 def splits(digits_data_dir):
     return {
-        name: tfds.as_numpy(
-            tfds.load("sklearn_digits", split=name, data_dir=digits_data_dir, batch_size=-1)
-        )
+        name: tfds.as_numpy(tfds.load("sklearn_digits", split=name, data_dir=digits_data_dir, batch_size=-1))
         for name in SIZES
     }
 

@@ -63,7 +63,8 @@ def python_script(page: str) -> str:
     """A page's ```python blocks, in order, as one script (each marked with its line)."""
     return "".join(
         f"# --- {page}, line {line}\n{code}\n"
-        for language, line, code in code_blocks(read(page)) if language == "python"
+        for language, line, code in code_blocks(read(page))
+        if language == "python"
     )
 
 
@@ -112,10 +113,10 @@ def page_commands(*, inline: bool = True) -> list[tuple[str, str]]:
 def test_page_commands_use_the_virtual_environment():
     for page, command in page_commands():
         for word in re.findall(r"(?:^|\s)(\S*(?:python3?|pip|pytest|sphinx-build))(?=\s|$)", command):
-            assert word in (
-                ".venv/bin/python", ".venv/bin/pip", ".venv/bin/pytest", ".venv/bin/sphinx-build"
-            ) or (word == "python3" and " -m venv .venv" in command) or word.startswith(
-                ("!pip", "%pip")
+            assert (
+                word in (".venv/bin/python", ".venv/bin/pip", ".venv/bin/pytest", ".venv/bin/sphinx-build")
+                or (word == "python3" and " -m venv .venv" in command)
+                or word.startswith(("!pip", "%pip"))
             ), f"{page}: {command}"
 
 
@@ -165,8 +166,10 @@ def public_api(module_name: str) -> dict[str, object]:
     if hasattr(module, "__all__"):
         return {name: getattr(module, name) for name in module.__all__}
     return {
-        name: value for name, value in vars(module).items()
-        if not name.startswith("_") and (inspect.isfunction(value) or inspect.isclass(value))
+        name: value
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and (inspect.isfunction(value) or inspect.isclass(value))
         and value.__module__ == module_name
     }
 

@@ -111,9 +111,7 @@ def test_alignment_and_uniformity_golden():
     assert evaluate.uniformity(z) == pytest.approx(-8.0)  # log exp(-2 * 4)
     square = unit([[1, 0], [0, 1], [-1, 0], [0, -1]])
     # 4 pairs at squared distance 2, 2 pairs at 4: log((4 e^-4 + 2 e^-8) / 6).
-    assert evaluate.uniformity(square) == pytest.approx(
-        math.log((4 * math.exp(-4) + 2 * math.exp(-8)) / 6)
-    )
+    assert evaluate.uniformity(square) == pytest.approx(math.log((4 * math.exp(-4) + 2 * math.exp(-8)) / 6))
 
 
 def test_uniformity_and_mean_cosine_in_blocks_match_the_dense_formulas():

@@ -45,8 +45,9 @@ def masked_clip(a, b, groups, **kwargs):
 
 
 # rows 0-1 share a word id, rows 10-11 too; id 1 of row i is i % 7 (pronunciations).
-GROUPS = jnp.stack([jnp.array([0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9] * 2) + 10 * (jnp.arange(24) >= 12),
-                    jnp.arange(24) % 7], axis=1)
+GROUPS = jnp.stack(
+    [jnp.array([0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9] * 2) + 10 * (jnp.arange(24) >= 12), jnp.arange(24) % 7], axis=1
+)
 STREAMING = {
     "dense": {},
     "tiled": {"chunk_size": 4},
@@ -76,16 +77,18 @@ def test_one_dimensional_ids_and_distinct_ids():
     assert float(loss) < float(unmasked)  # fewer negatives in the softmax
 
 
-@pytest.mark.parametrize("options", [{}, {"chunk_size": 3}, {"collective": "ring"},
-                                     {"collective": "ring", "chunk_size": 3}],
-                         ids=["all_gather", "all_gather-tiled", "ring", "ring-tiled"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"chunk_size": 3}, {"collective": "ring"}, {"collective": "ring", "chunk_size": 3}],
+    ids=["all_gather", "all_gather-tiled", "ring", "ring-tiled"],
+)
 @pytest.mark.parametrize("num_devices", [2, 4])
 def test_sharded_equals_the_single_device_reference(options, num_devices):
     a, b = embeddings(24, 8, 2), embeddings(24, 8, 3)
     sharded = sharding.shard_loss(masked_clip, sharding.make_mesh(num_devices))
-    value, grads = jax.jit(jax.value_and_grad(
-        lambda a, b: sharded(a, b, GROUPS, temperature=0.1, **options), argnums=(0, 1)
-    ))(a, b)
+    value, grads = jax.jit(
+        jax.value_and_grad(lambda a, b: sharded(a, b, GROUPS, temperature=0.1, **options), argnums=(0, 1))
+    )(a, b)
     assert float(value) == pytest.approx(reference(a, b, GROUPS, 0.1), rel=1e-5)
     expected = jax.grad(dense_reference, argnums=(0, 1))(a, b, GROUPS, 0.1)
     for got, want in zip(grads, expected):

@@ -121,9 +121,13 @@ def _train_step_result(config, micro_batch_size, method="grad_cache"):
     from contrastive_jax import input_pipeline, trainer
     from contrastive_jax.config_lib import override
 
-    config = override(config, {
-        "train.micro_batch_size": micro_batch_size, "train.micro_batch_method": method,
-    })
+    config = override(
+        config,
+        {
+            "train.micro_batch_size": micro_batch_size,
+            "train.micro_batch_method": method,
+        },
+    )
     run = trainer.build(config, sharding.make_mesh(NUM_DEVICES))
     ds = input_pipeline.train_dataset(config)
     init, _ = run.init_state(ds.element_spec)

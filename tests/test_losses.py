@@ -33,9 +33,7 @@ def unit(key, shape):
             [math.log(4 / 3)],
         ),
         (
-            lambda: losses.softmax_cross_entropy(
-                jnp.array([[5.0, 0, 0, 0]]), jnp.array([0]), label_smoothing=0.4
-            ),
+            lambda: losses.softmax_cross_entropy(jnp.array([[5.0, 0, 0, 0]]), jnp.array([0]), label_smoothing=0.4),
             # target (0.7, 0.1, 0.1, 0.1); log Z = log(e^5 + 3)
             [math.log(math.exp(5) + 3) - 0.7 * 5],
         ),
@@ -92,7 +90,8 @@ def unit(key, shape):
             (
                 2 * (0.5 * math.log1p(math.exp(-1.0)) + math.log1p(math.exp(-25.0)) / 50)
                 + math.log1p(2 * math.exp(-25.0)) / 50
-            ) / 3,
+            )
+            / 3,
         ),
         (lambda: losses.proxy_nca_loss(E[:1], jnp.array([0]), E, temperature=1.0), [math.log1p(math.exp(-2.0))]),
         (lambda: losses.cosface_loss(E[:1], jnp.array([0]), E, scale=1.0, margin=0.5), [math.log1p(math.exp(-0.5))]),

@@ -43,12 +43,10 @@ def test_pmap_equals_single_device(name, num_devices):
     def local_loss(*local_arrays):
         return loss_fn(*local_arrays, **hyperparameters, axis_name="batch")
 
-    values, grads = jax.pmap(
-        jax.value_and_grad(local_loss), axis_name="batch", devices=jax.devices()[:num_devices]
-    )(*[x.reshape(num_devices, -1, *x.shape[1:]) for x in arrays])  # queues split too
-    single, single_grad = jax.value_and_grad(
-        lambda x: loss_fn(x, *arrays[1:], **hyperparameters)
-    )(arrays[0])
+    values, grads = jax.pmap(jax.value_and_grad(local_loss), axis_name="batch", devices=jax.devices()[:num_devices])(
+        *[x.reshape(num_devices, -1, *x.shape[1:]) for x in arrays]
+    )  # queues split too
+    single, single_grad = jax.value_and_grad(lambda x: loss_fn(x, *arrays[1:], **hyperparameters))(arrays[0])
     _close(values, np.full(num_devices, single))
     _close(grads.reshape(single_grad.shape), single_grad)
 
@@ -80,9 +78,7 @@ def test_shard_loss_on_sharded_global_arrays_with_replicated_argument():
     mesh = sharding.make_mesh(4)
     _, (a, b), _ = EXAMPLES["clip"]
     a_sharded = jax.device_put(a, sharding.data_sharding(mesh))
-    value = jax.jit(lambda a, b: sharding.shard_loss(losses.clip_loss, mesh)(a, b, temperature=0.1))(
-        a_sharded, b
-    )
+    value = jax.jit(lambda a, b: sharding.shard_loss(losses.clip_loss, mesh)(a, b, temperature=0.1))(a_sharded, b)
     _close(value, losses.clip_loss(a, b, temperature=0.1))
 
 

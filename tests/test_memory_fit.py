@@ -27,9 +27,7 @@ def compiled(config):
 
 
 @pytest.mark.slow
-def test_a_step_that_does_not_fit_names_settings_that_fit_as_compiled(
-    load_config, digits_data_dir, tmp_path
-):
+def test_a_step_that_does_not_fit_names_settings_that_fit_as_compiled(load_config, digits_data_dir, tmp_path):
     config = override(load_config("default"), tiny_fields(digits_data_dir) | TOO_BIG)
     workdir = str(tmp_path / "run")
     with pytest.raises(ConfigError) as refused:
@@ -44,7 +42,7 @@ def test_a_step_that_does_not_fit_names_settings_that_fit_as_compiled(
     suggestions = re.findall(r"with ((?:--config\.\S+ )+)it needs ([\d.]+ KiB)", message)
     assert len(suggestions) == 2
     for flags, stated in suggestions:  # each suggestion fits, with the need it states
-        fields = dict(flag[len("--config."):].split("=") for flag in flags.split())
+        fields = dict(flag[len("--config.") :].split("=") for flag in flags.split())
         fields = {k: int(v) if v.isdigit() else v for k, v in fields.items()}
         _, memory = compiled(override(config, fields))
         assert memory.fits and memory_fit.format_bytes(memory.needed) == stated
@@ -58,6 +56,7 @@ def test_the_loop_runs_the_step_the_check_compiled_and_logs_its_memory(
 
     def only_lowered(self, abstract_state):
         jitted.append(real(self, abstract_state))
+
         def called(*args):
             pytest.fail("the step was compiled a second time")
 
@@ -75,7 +74,8 @@ def test_the_loop_runs_the_step_the_check_compiled_and_logs_its_memory(
 def test_the_device_memory_is_the_limit_or_the_hosts_available_share(load_config):
     config = load_config("default")
     assert memory_fit.device_memory(override(config, {"train.memory_limit_gib": 1.5})) == (
-        int(1.5 * 2**30), "config.train.memory_limit_gib"
+        int(1.5 * 2**30),
+        "config.train.memory_limit_gib",
     )
     available, source = memory_fit.device_memory(config)  # the CPU: the host's / 8
     with open("/proc/meminfo") as f:

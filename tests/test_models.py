@@ -52,9 +52,7 @@ def test_two_tower_outputs(config):
 
 def test_siglip_temperature_and_bias(config):
     config.loss.name, config.loss.temperature = "siglip", 0.1
-    model = models.create_model(
-        config, text_vocab_size=257, learned_bias=losses.LOSSES["siglip"].learned_bias
-    )
+    model = models.create_model(config, text_vocab_size=257, learned_bias=losses.LOSSES["siglip"].learned_bias)
     x = jnp.zeros((2, 4, 8, 1))
     variables = model.init(jax.random.key(0), x, x)
     assert variables["params"][models.TEMPERATURE_PARAM] == pytest.approx(math.log(10))
@@ -75,9 +73,7 @@ def test_clamp_caps_inverse_temperature_at_100():
     clamped = models.clamp_temperature(params)
     assert float(clamped["log_inv_temperature"]) == pytest.approx(math.log(100))
     np.testing.assert_array_equal(clamped["dense"]["kernel"], 9.0)  # other params untouched
-    assert float(models.clamp_temperature({"log_inv_temperature": jnp.float32(2.0)})[
-        "log_inv_temperature"
-    ]) == 2.0
+    assert float(models.clamp_temperature({"log_inv_temperature": jnp.float32(2.0)})["log_inv_temperature"]) == 2.0
 
 
 def test_tied_towers_share_one_encoder(config):
@@ -126,9 +122,7 @@ def test_every_encoder_builds(config, name):
     config.model.encoder_dim = 64
     model = models.create_model(config, text_vocab_size=257)
     a = jnp.ones((2, 8), jnp.int32) if name.startswith("text_") else jnp.ones((2, 16, 16, 3))
-    out = jax.eval_shape(
-        lambda: model.apply(model.init(jax.random.key(0), a, None), a, None)
-    )
+    out = jax.eval_shape(lambda: model.apply(model.init(jax.random.key(0), a, None), a, None))
     assert out["za"].shape == (2, 64)
 
 

@@ -23,7 +23,7 @@ from contrastive_jax import distributed, train
 from contrastive_jax.config_lib import ConfigError, override
 
 
-def launch(processes, config, workdir, faults=(None, None), flags=()):  # noqa: F811
+def launch(processes, config, workdir, faults=(None, None), flags=()):
     """Starts `len(faults)` trainer processes of 8 / len(faults) CPU devices each, process
     i with `faults[i]` (see `subprocess_runs._DRIVER`; None: none) and `flags`."""
     address = f"127.0.0.1:{free_port()}"
@@ -44,7 +44,7 @@ def launch(processes, config, workdir, faults=(None, None), flags=()):  # noqa: 
     ]
 
 
-def test_two_processes_train_like_one(processes, load_config, digits_data_dir, tmp_path):  # noqa: F811
+def test_two_processes_train_like_one(processes, load_config, digits_data_dir, tmp_path):
     fields = tiny_fields(digits_data_dir, train__num_train_steps=4, checkpoint__every_steps=4)
     workdir = str(tmp_path / "two")
     launched = launch(processes, write_config(tmp_path / "tiny.py", fields), workdir)
@@ -76,7 +76,10 @@ def wait_for_training(workdir, launched, timeout=300):
 
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_all_at_one_step_and_resumes(
-    processes, load_config, digits_data_dir, tmp_path  # noqa: F811
+    processes,
+    load_config,
+    digits_data_dir,
+    tmp_path,
 ):
     fields = tiny_fields(digits_data_dir, train__num_train_steps=40, checkpoint__every_steps=0)
     config = write_config(tmp_path / "tiny.py", fields)
@@ -100,7 +103,7 @@ def test_sigterm_to_one_process_stops_all_at_one_step_and_resumes(
 
 
 @pytest.mark.slow
-def test_both_processes_killed_then_resumed(processes, load_config, digits_data_dir, tmp_path):  # noqa: F811
+def test_both_processes_killed_then_resumed(processes, load_config, digits_data_dir, tmp_path):
     fields = tiny_fields(digits_data_dir)
     config = write_config(tmp_path / "tiny.py", fields)
     workdir = str(tmp_path / "two")
@@ -122,7 +125,10 @@ HEARTBEAT_TIMEOUT = 6  # seconds; short to keep the test short (the default is 3
 
 
 def test_a_lost_process_stops_the_others_with_one_line_and_all_resume(
-    processes, load_config, digits_data_dir, tmp_path  # noqa: F811
+    processes,
+    load_config,
+    digits_data_dir,
+    tmp_path,
 ):
     fields = tiny_fields(digits_data_dir)
     config = write_config(tmp_path / "tiny.py", fields)
@@ -148,9 +154,7 @@ def test_a_lost_process_stops_the_others_with_one_line_and_all_resume(
 
     complete, partial = checkpoint_steps(workdir)
     assert complete[-1] in (2, 4) and set(partial) <= {4}, (complete, partial)
-    for rank, (status, output) in enumerate(
-        processes.wait(p) for p in launch(processes, config, workdir, flags=flags)
-    ):
+    for rank, (status, output) in enumerate(processes.wait(p) for p in launch(processes, config, workdir, flags=flags)):
         assert status == 0, f"process {rank}:\n{output[-4000:]}"
         assert "corrupt" not in output
     assert resumed_from_steps(workdir) == [complete[-1]]  # the newest complete checkpoint
@@ -166,7 +170,9 @@ def test_a_heartbeat_timeout_under_two_seconds_is_refused():
 
 @pytest.mark.slow
 def test_ctrl_c_to_one_process_stops_both_at_one_step_saving_once_and_both_resume(
-    processes, digits_data_dir, tmp_path  # noqa: F811
+    processes,
+    digits_data_dir,
+    tmp_path,
 ):
     fields = tiny_fields(digits_data_dir, checkpoint__every_steps=0)  # saves at the end only
     config = write_config(tmp_path / "tiny.py", fields)
@@ -193,11 +199,16 @@ def test_ctrl_c_to_one_process_stops_both_at_one_step_saving_once_and_both_resum
 
 @pytest.mark.slow
 def test_two_processes_roll_back_together_like_one(
-    processes, load_config, digits_data_dir, tmp_path  # noqa: F811
+    processes,
+    load_config,
+    digits_data_dir,
+    tmp_path,
 ):
     """A NaN batch: both processes restore checkpoint 4, skip the same batches, go on."""
     fields = tiny_fields(
-        digits_data_dir, train__on_bad_loss="rollback", train__inject_nan_at_batches=(6,),
+        digits_data_dir,
+        train__on_bad_loss="rollback",
+        train__inject_nan_at_batches=(6,),
         train__rollback_skip_batches=2,
     )
     workdir = str(tmp_path / "two")

@@ -51,7 +51,7 @@ def losses_once(workdir):
     return logged_losses(workdir)
 
 
-def run_until_done(processes, config, workdir, faults):  # noqa: F811
+def run_until_done(processes, config, workdir, faults):
     """Runs the trainer once per fault (each must stop it), then once to the end.
 
     Returns `(fault, status, output, (complete, partial))` per fault, the last two the
@@ -70,7 +70,10 @@ def run_until_done(processes, config, workdir, faults):  # noqa: F811
 
 
 def test_sigkill_mid_write_and_sigterm_then_resume_is_bitwise_identical(
-    processes, reference, digits_data_dir, tmp_path  # noqa: F811
+    processes,
+    reference,
+    digits_data_dir,
+    tmp_path,
 ):
     workdir = str(tmp_path / "run")
     config = write_config(tmp_path / "tiny.py", tiny_fields(digits_data_dir))
@@ -106,7 +109,7 @@ def test_sigkill_mid_write_and_sigterm_then_resume_is_bitwise_identical(
         ["batch:3:SIGTERM", "batch:1:SIGTERM", "save:1:SIGKILL"],  # preempted, then killed
     ],
 )
-def test_more_kill_points_resume_bitwise(processes, reference, digits_data_dir, tmp_path, faults):  # noqa: F811
+def test_more_kill_points_resume_bitwise(processes, reference, digits_data_dir, tmp_path, faults):
     workdir = str(tmp_path / "run")
     config = write_config(tmp_path / "tiny.py", tiny_fields(digits_data_dir))
     for fault, status, output, _ in run_until_done(processes, config, workdir, faults):
@@ -118,7 +121,10 @@ def test_more_kill_points_resume_bitwise(processes, reference, digits_data_dir, 
 
 @pytest.mark.slow
 def test_sigkill_at_random_times_resumes_bitwise(
-    processes, load_config, digits_data_dir, tmp_path  # noqa: F811
+    processes,
+    load_config,
+    digits_data_dir,
+    tmp_path,
 ):
     """External SIGKILLs at random moments of training, saving and evaluating."""
     fields = tiny_fields(digits_data_dir, train__num_train_steps=16, eval__every_steps=5)
@@ -132,9 +138,7 @@ def test_sigkill_at_random_times_resumes_bitwise(
         complete |= set(checkpoint_steps(workdir)[0])
         logged = os.path.getsize(metrics) if os.path.exists(metrics) else 0
         process = processes.start(config, workdir, num_devices=8)
-        while process.poll() is None and not (
-            os.path.exists(metrics) and os.path.getsize(metrics) > logged
-        ):
+        while process.poll() is None and not (os.path.exists(metrics) and os.path.getsize(metrics) > logged):
             time.sleep(0.05)  # until this run has written to the metrics
         time.sleep(rng.uniform(0, 1.5))
         if process.poll() is not None:

@@ -98,9 +98,7 @@ def test_sharded_streaming_equals_dense_on_8_devices(name, mode):
 @pytest.mark.parametrize("name", LOSSES)
 @pytest.mark.parametrize("num_devices", [2, 4])
 def test_ring_equals_dense(name, num_devices):
-    _assert_equal_to_dense(
-        name, *_value_and_grads(name, num_devices=num_devices, collective="ring", chunk_size=4)
-    )
+    _assert_equal_to_dense(name, *_value_and_grads(name, num_devices=num_devices, collective="ring", chunk_size=4))
 
 
 # CLIP (both directions, the two-pass kernel) by default; every loss with -m slow.
@@ -116,9 +114,7 @@ def test_ring_under_pmap_gives_each_device_its_rows_gradient():
     devices = 4
 
     def local(a, b):
-        return losses.clip_loss(
-            a, b, temperature=0.1, axis_name="d", collective="ring", chunk_size=4
-        )
+        return losses.clip_loss(a, b, temperature=0.1, axis_name="d", collective="ring", chunk_size=4)
 
     value, (grad_a, grad_b) = jax.pmap(jax.value_and_grad(local, argnums=(0, 1)), "d")(
         a.reshape(devices, -1, D), b.reshape(devices, -1, D)
@@ -248,7 +244,8 @@ def test_metrics_from_the_loss_equal_contrastive_metrics(name, num_devices, mode
     assert want["accuracy_a_to_b"] != want["accuracy_b_to_a"]  # the directions differ
     np.testing.assert_allclose(  # and contrastive_metrics agrees with the reference
         list(losses.contrastive_metrics(a, b, temperature=0.1).values()),
-        [want[k] for k in losses.contrastive_metrics(a, b, temperature=0.1)], rtol=RTOL,
+        [want[k] for k in losses.contrastive_metrics(a, b, temperature=0.1)],
+        rtol=RTOL,
     )
     if num_devices is not None:
         loss_fn = sharding.shard_loss(loss_fn, sharding.make_mesh(num_devices))
@@ -313,7 +310,8 @@ def test_chunked_gradient_memory_is_linear_in_the_batch():
         shape = jax.ShapeDtypeStruct((n, 16), jnp.float32)
         return _temp_bytes(
             lambda a, b: losses.clip_loss(a, b, temperature=0.1, chunk_size=chunk_size),
-            shape, shape,
+            shape,
+            shape,
         )
 
     assert temp(2048, 64) * 20 < temp(2048, None)

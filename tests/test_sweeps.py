@@ -56,8 +56,7 @@ def test_batch_size_sweep_quick_then_skips_resumes_and_refuses(tmp_path, digits_
 @pytest.mark.slow
 def test_temperature_sweep_quick(tmp_path, digits_data_dir):
     records = run_quick(temperature_sweep, tmp_path, digits_data_dir)
-    expected = COMMON + ["metric_vs_temperature.png", "loss_curves.png", "loss_vs_floor.png",
-                         "learned_temperature.png"]
+    expected = COMMON + ["metric_vs_temperature.png", "loss_curves.png", "loss_vs_floor.png", "learned_temperature.png"]
     assert all((tmp_path / name).stat().st_size > 0 for name in expected)
     assert {(r["temperature"], r["learned"]) for r in records} == {(1.0, False), (0.07, True)}
     fixed = next(r for r in records if not r["learned"])
@@ -73,8 +72,12 @@ def test_loss_comparison_quick(tmp_path, digits_data_dir):
 
 
 def test_read_metrics_keeps_the_resumed_lines(tmp_path):
-    lines = [{"step": 2, "train/loss": 3.0}, {"step": 4, "train/loss": 2.0}, {"step": 4, "eval/x": 1.0},
-             {"step": 4, "train/loss": 1.5}]  # resumed from step 2: step 4 logged again
+    lines = [
+        {"step": 2, "train/loss": 3.0},
+        {"step": 4, "train/loss": 2.0},
+        {"step": 4, "eval/x": 1.0},
+        {"step": 4, "train/loss": 1.5},
+    ]  # resumed from step 2: step 4 logged again
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert sweep.read_metrics(tmp_path) == {2: {"train/loss": 3.0}, 4: {"train/loss": 1.5, "eval/x": 1.0}}
 
@@ -104,8 +107,7 @@ def test_fixed_epochs_gives_each_batch_size_its_steps(load_config):
 
 def test_cmudict_study_grid_scales_the_learning_rate_and_warmup_in_epochs(load_config):
     base = load_config("cmudict_clip")
-    runs = batch_size_sweep.study_runs(base, [256, 16384, 65536], [0, 1], epochs=3, steps=40,
-                                       train_size=121_490)
+    runs = batch_size_sweep.study_runs(base, [256, 16384, 65536], [0, 1], epochs=3, steps=40, train_size=121_490)
     # N <= 16,384: 3 rules at fixed epochs + sqrt at fixed steps; N = 65,536: fixed-epoch sqrt.
     assert len(runs) == 2 * (4 + 4 + 1) and len({r.name for r in runs}) == 18
     tags = {(r.tags["budget"], r.tags["scaling"], r.tags["batch_size"], r.tags["seed"]): r for r in runs}
@@ -131,11 +133,13 @@ def test_cmudict_study_grid_scales_the_learning_rate_and_warmup_in_epochs(load_c
     assert "loss.chunk_size" not in tags["epochs", "none", 256, 0].overrides
     assert not any("train.micro_batch_size" in run.overrides for run in runs)
     # The false-negative-masking series: its loss, only up to N = 16,384.
-    masked = batch_size_sweep.study_runs(base, [256, 65536], [0], epochs=3, steps=40, train_size=121_490,
-                                         masked_loss="clip_masked")
+    masked = batch_size_sweep.study_runs(
+        base, [256, 65536], [0], epochs=3, steps=40, train_size=121_490, masked_loss="clip_masked"
+    )
     extra = [r for r in masked if r.tags["loss"] == "clip_masked"]
     assert [(r.tags["batch_size"], r.tags["series"]) for r in extra] == [
-        (256, "fixed epochs, sqrt, false negatives masked")]
+        (256, "fixed epochs, sqrt, false negatives masked")
+    ]
     assert extra[0].overrides["loss.name"] == "clip_masked" and len(masked) == 4 + 1 + 1
 
 
@@ -153,8 +157,13 @@ def test_false_negative_fraction():
 def test_cmudict_study_quick(tmp_path, cmudict_data_dir):
     batch_size_sweep.main(["--study", "cmudict", "--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir])
     records = json.loads((tmp_path / "results.json").read_text())
-    expected = COMMON + ["metric_vs_batch.png", "loss_curves.png", "temperature_vs_batch.png", "mi_bound.png",
-                         "false_negatives_vs_batch.png"]
+    expected = COMMON + [
+        "metric_vs_batch.png",
+        "loss_curves.png",
+        "temperature_vs_batch.png",
+        "mi_bound.png",
+        "false_negatives_vs_batch.png",
+    ]
     assert all((tmp_path / name).stat().st_size > 0 for name in expected)
     # 2 batch sizes x (3 rules at fixed epochs + sqrt at fixed steps + sqrt masking false negatives)
     assert len(records) == 2 * 5
@@ -169,10 +178,19 @@ def test_cmudict_study_quick(tmp_path, cmudict_data_dir):
 def test_study_figures_when_the_first_series_skips_the_largest_batch():
     """At N = 65,536 only one series runs; the loss-curve figure plots the first series'
     own batch sizes."""
+
     def record(series, n, seed):
-        return {"series": series, "batch_size": n, "seed": seed, "steps": 4, "a_to_b/R@1": 0.5,
-                "train/loss": 1.0 + seed, "train/temperature": 0.05,
-                "curves": {"train/loss": [[1, 2.0], [4, 1.0 + seed]]}}
+        return {
+            "series": series,
+            "batch_size": n,
+            "seed": seed,
+            "steps": 4,
+            "a_to_b/R@1": 0.5,
+            "train/loss": 1.0 + seed,
+            "train/temperature": 0.05,
+            "curves": {"train/loss": [[1, 2.0], [4, 1.0 + seed]]},
+        }
+
     records = [record("fixed epochs, none", n, s) for n in (256, 512) for s in (0, 1)]
     records += [record("fixed epochs, sqrt", n, s) for n in (256, 512, 65536) for s in (0, 1)]
     figures = batch_size_sweep.plot(records, "a_to_b/R@1")

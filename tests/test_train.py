@@ -25,19 +25,22 @@ from contrastive_jax.trainer import build
 @pytest.fixture
 def config(load_config, digits_data_dir):
     """A tiny version of the default config: small MLPs, a few steps."""
-    return override(load_config("default"), {
-        "data.data_dir": digits_data_dir,
-        "model.mlp_hidden_dims": (32,),
-        "model.encoder_dim": 32,
-        "model.embed_dim": 16,
-        "train.global_batch_size": 64,
-        "train.num_train_steps": 12,
-        "train.log_every_steps": 2,
-        "optim.warmup_steps": 2,
-        "eval.every_steps": 0,
-        "eval.linear_probe": False,
-        "checkpoint.every_steps": 4,
-    })
+    return override(
+        load_config("default"),
+        {
+            "data.data_dir": digits_data_dir,
+            "model.mlp_hidden_dims": (32,),
+            "model.encoder_dim": 32,
+            "model.embed_dim": 16,
+            "train.global_batch_size": 64,
+            "train.num_train_steps": 12,
+            "train.log_every_steps": 2,
+            "optim.warmup_steps": 2,
+            "eval.every_steps": 0,
+            "eval.linear_probe": False,
+            "checkpoint.every_steps": 4,
+        },
+    )
 
 
 def make_state_and_batch(config, mesh):
@@ -50,10 +53,17 @@ def make_state_and_batch(config, mesh):
 
 def sgd_steps(config, num_devices, num_steps=2):
     """Parameters and per-step metrics after `num_steps` plain SGD steps on one batch."""
-    config = override(config, {
-        "optim.name": "sgd", "optim.momentum": 0.0, "optim.learning_rate": 0.5,
-        "optim.warmup_steps": 0, "optim.grad_clip_norm": 0.0, "optim.weight_decay": 0.0,
-    })
+    config = override(
+        config,
+        {
+            "optim.name": "sgd",
+            "optim.momentum": 0.0,
+            "optim.learning_rate": 0.5,
+            "optim.warmup_steps": 0,
+            "optim.grad_clip_norm": 0.0,
+            "optim.weight_decay": 0.0,
+        },
+    )
     trainer, state, abstract, batch = make_state_and_batch(config, sharding.make_mesh(num_devices))
     chex.clear_trace_counter()
 
@@ -96,10 +106,13 @@ class _Untouchable:
         raise AssertionError(f"config.{name} read after trainer.build")
 
 
-@pytest.mark.parametrize("fields", [
-    {"loss.name": "siglip", "train.micro_batch_size": 32},  # bias, micro-batches
-    {"loss.name": "moco_queue", "loss.queue_size": 128, "loss.queue_momentum": 0.9},  # state, EMA
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"loss.name": "siglip", "train.micro_batch_size": 32},  # bias, micro-batches
+        {"loss.name": "moco_queue", "loss.queue_size": 128, "loss.queue_momentum": 0.9},  # state, EMA
+    ],
+)
 def test_build_reads_the_config_once_state_and_step_read_none(config, fields):
     """Under the loop, the state's creation and the traced step read plain values that
     `build` took from the config; no ConfigDict enters jitted or shard_map'ped code."""
@@ -157,10 +170,13 @@ def random_outputs(num_examples, num_classes=5, dim=16, seed=0):
 DEFAULT_REGISTRY_CHECKS = ("siglip", "supcon", "focal", "cosface", "clip_masking_false_negatives")
 
 
-@pytest.mark.parametrize("name", [
-    name if name in DEFAULT_REGISTRY_CHECKS else pytest.param(name, marks=pytest.mark.slow)
-    for name in sorted(n for n, loss in losses.LOSSES.items() if loss.state is None)
-])  # the losses with state: tests/test_beyond_batch_training.py
+@pytest.mark.parametrize(
+    "name",
+    [
+        name if name in DEFAULT_REGISTRY_CHECKS else pytest.param(name, marks=pytest.mark.slow)
+        for name in sorted(n for n, loss in losses.LOSSES.items() if loss.state is None)
+    ],
+)  # the losses with state: tests/test_beyond_batch_training.py
 def test_every_registered_loss_spans_the_global_batch_and_reads_only_its_inputs(config, name):
     """Value and gradients on 8 devices equal 1 device; the function gets only the
     outputs its entry declares (reading another raises KeyError), and the temperature
@@ -188,16 +204,16 @@ def test_step_metrics_match_the_loss_library(config):
     trainer, state, _, batch = make_state_and_batch(config, sharding.make_mesh(8))
     outputs = state.apply_fn(
         {"params": state.params, "batch_stats": state.batch_stats},
-        batch["a"], batch["b"], train=True,
+        batch["a"],
+        batch["b"],
+        train=True,
         rngs={"dropout": jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 0), 0)},
     )
     expected = losses.clip_loss(outputs["za"], outputs["zb"], temperature=outputs["temperature"])
     new_state, metrics = jax.jit(trainer.train_step)(state, batch)
     assert float(metrics["loss"]) == pytest.approx(float(expected), rel=1e-5)
     # The in-batch metrics come from the loss's own statistics, and equal the library's.
-    in_batch = losses.contrastive_metrics(
-        outputs["za"], outputs["zb"], temperature=outputs["temperature"]
-    )
+    in_batch = losses.contrastive_metrics(outputs["za"], outputs["zb"], temperature=outputs["temperature"])
     for key, value in in_batch.items():
         assert float(metrics[key]) == pytest.approx(float(value), rel=1e-5, abs=1e-6), key
     assert float(metrics["temperature"]) == pytest.approx(0.07, rel=1e-5)
@@ -316,7 +332,8 @@ def compiled_step(config):
     _, abstract = run.init_state(spec)
     batch = {
         key: jax.ShapeDtypeStruct(
-            (N, *spec[key].shape[1:]), spec[key].dtype.as_numpy_dtype,
+            (N, *spec[key].shape[1:]),
+            spec[key].dtype.as_numpy_dtype,
             sharding=sharding.data_sharding(run.mesh),
         )
         for key in ("a", "b")
@@ -359,8 +376,7 @@ def logit_dots(compiled):
     """How many dot instructions read or write a block of logits (N^2 work each)."""
     is_logits = lambda dims: len(dims) == 2 and set(dims) <= LOGIT_DIMS  # noqa: E731
     return sum(
-        any(is_logits(dims) for dims in [result, *operands])
-        for result, operands in instructions(compiled, "dot")
+        any(is_logits(dims) for dims in [result, *operands]) for result, operands in instructions(compiled, "dot")
     )
 
 
@@ -383,16 +399,19 @@ def test_step_does_the_losss_n2_work_only(config, name, chunk_size):
 def test_grad_cached_step_pays_for_the_loss_once(config, micro_batch_size):
     """Gradient caching embeds twice but computes the streamed loss's forward and
     backward once."""
-    config = override(config, {
-        "loss.chunk_size": 24, "train.micro_batch_size": micro_batch_size,
-    })
+    config = override(
+        config,
+        {
+            "loss.chunk_size": 24,
+            "train.micro_batch_size": micro_batch_size,
+        },
+    )
     assert logit_dots(compiled_step(config)) == logit_dots(compiled_loss_gradient(config))
 
 
 def gathers_of_the_global_batch(compiled):
     """The all-gathers whose result has N rows."""
-    return [result for result, _ in instructions(compiled, "all-gather")
-            if result and result[0] == N]
+    return [result for result, _ in instructions(compiled, "all-gather") if result and result[0] == N]
 
 
 def test_ring_step_gathers_no_global_batch_and_needs_less_memory(config):
@@ -404,4 +423,3 @@ def test_ring_step_gathers_no_global_batch_and_needs_less_memory(config):
     ring_bytes = ring.memory_analysis().temp_size_in_bytes
     gathered_bytes = gathered.memory_analysis().temp_size_in_bytes
     assert ring_bytes < gathered_bytes
-

@@ -27,8 +27,16 @@ def build(config):
 # tests/test_cli.py runs each through the command line too.
 BAD_VALUES = [
     # A global batch that does not divide over the devices or the micro-batches.
-    ("train.global_batch_size", 100, r"config.train.global_batch_size is 100, which does not divide over 8 devices; use a multiple of 8 \(e.g. 96 or 104\)"),
-    ("train.micro_batch_size", 24, r"config.train.micro_batch_size=24 must be a positive divisor of config.train.global_batch_size=64 and a multiple of the 8 devices \(e.g. 16\)"),
+    (
+        "train.global_batch_size",
+        100,
+        r"config.train.global_batch_size is 100, which does not divide over 8 devices; use a multiple of 8 \(e.g. 96 or 104\)",
+    ),
+    (
+        "train.micro_batch_size",
+        24,
+        r"config.train.micro_batch_size=24 must be a positive divisor of config.train.global_batch_size=64 and a multiple of the 8 devices \(e.g. 16\)",
+    ),
     ("train.micro_batch_size", 4, r"config.train.micro_batch_size=4 must be a multiple of the 8 devices"),
     # Unknown names list the valid ones.
     ("loss.name", "clipp", r"config.loss.name='clipp'; use one of \['arcface', 'bce', 'clip', "),
@@ -41,12 +49,20 @@ BAD_VALUES = [
     # Values out of range.
     ("loss.temperature", 0.0, r"config.loss.temperature=0.0 must be > 0"),
     ("loss.temperature", -0.1, r"config.loss.temperature=-0.1 must be > 0"),
-    ("loss.chunk_size", 48, r"config.loss.chunk_size=48 does not divide the 64 logit columns of the global batch; use a divisor such as 32"),
+    (
+        "loss.chunk_size",
+        48,
+        r"config.loss.chunk_size=48 does not divide the 64 logit columns of the global batch; use a divisor such as 32",
+    ),
     ("loss.chunk_size", -8, r"config.loss.chunk_size=-8 must be a positive int, 'auto' or None"),
     ("loss.chunk_size", "big", r"config.loss.chunk_size='big' must be a positive int, 'auto' or None"),
     ("train.num_train_steps", 0, r"config.train.num_train_steps=0 must be >= 1"),
     ("train.max_rollbacks", 0, r"config.train.max_rollbacks=0 must be >= 1"),
-    ("train.loss_spike_factor", 0.5, r"config.train.loss_spike_factor=0.5 must be > 1 \(a spike is a loss above that many times the running median\), or 0"),
+    (
+        "train.loss_spike_factor",
+        0.5,
+        r"config.train.loss_spike_factor=0.5 must be > 1 \(a spike is a loss above that many times the running median\), or 0",
+    ),
     # Inconsistent choices.
     ("loss.name", "softmax_ce", r"num_classes=0 with config.loss.name='softmax_ce'"),
 ]
@@ -67,17 +83,41 @@ def test_bad_value_names_the_field_and_a_fix(config, field, value, message):
 # (fields, message): settings that do not fit together. tests/test_cli.py runs them too.
 BAD_COMBINATIONS = [
     # chunk 16 divides N = 64 but not the ring's 64 / 8 = 8 columns per device.
-    ({"loss.collective": "ring", "loss.chunk_size": 16}, r"chunk_size=16 does not divide the 8 logit columns each device holds with the ring; use a divisor such as 8"),
+    (
+        {"loss.collective": "ring", "loss.chunk_size": 16},
+        r"chunk_size=16 does not divide the 8 logit columns each device holds with the ring; use a divisor such as 8",
+    ),
     ({"data.task": "labeled"}, r"config.loss.name='clip' needs paired inputs but config.data.task is 'labeled'"),
-    ({"loss.name": "clip_masking_false_negatives"}, r"masks in-batch false negatives by the dataset's grouping ids, but 'sklearn_digits' has none; use 'clip', or a dataset with ids: \['cmudict'\]"),
+    (
+        {"loss.name": "clip_masking_false_negatives"},
+        r"masks in-batch false negatives by the dataset's grouping ids, but 'sklearn_digits' has none; use 'clip', or a dataset with ids: \['cmudict'\]",
+    ),
     # The losses with state (negatives beyond the batch).
-    ({"loss.name": "moco_queue", "loss.queue_size": 1000}, r"config.loss.queue_size=1000 must be a positive multiple of config.train.global_batch_size=64 \(the buffer holds whole global batches\); use e.g. 960"),
-    ({"loss.name": "sogclr", "loss.sogclr_table_size": 1000}, r"config.loss.sogclr_table_size=1000 is smaller than the 1437 examples of split 'train': every example needs its row. Use 0 \(the split's size\) or at least 1437"),
+    (
+        {"loss.name": "moco_queue", "loss.queue_size": 1000},
+        r"config.loss.queue_size=1000 must be a positive multiple of config.train.global_batch_size=64 \(the buffer holds whole global batches\); use e.g. 960",
+    ),
+    (
+        {"loss.name": "sogclr", "loss.sogclr_table_size": 1000},
+        r"config.loss.sogclr_table_size=1000 is smaller than the 1437 examples of split 'train': every example needs its row. Use 0 \(the split's size\) or at least 1437",
+    ),
     ({"loss.name": "sogclr", "loss.sogclr_gamma": 0.0}, r"config.loss.sogclr_gamma=0.0 must be in \(0, 1\]"),
-    ({"loss.name": "xbm", "data.task": "labeled", "loss.xbm_loss": "triplet"}, r"config.loss.xbm_loss='triplet' is not a label-based loss the memory can extend; use one of \['contrastive', 'multi_similarity', 'supcon'\]"),
-    ({"loss.name": "xbm", "data.task": "labeled", "loss.xbm_memory_size": 100}, r"config.loss.xbm_memory_size=100 must be a positive multiple of config.train.global_batch_size=64"),
-    ({"loss.name": "sogclr", "train.micro_batch_size": 16, "train.micro_batch_method": "accumulate"}, r"config.loss.name='sogclr' updates its state once per step, from the whole batch; config.train.micro_batch_method='accumulate'"),
-    ({"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum": 0.99, "train.micro_batch_size": 16}, r"config.loss.queue_momentum=0.99 embeds the keys with the momentum encoder over the whole batch, which micro-batches cannot split"),
+    (
+        {"loss.name": "xbm", "data.task": "labeled", "loss.xbm_loss": "triplet"},
+        r"config.loss.xbm_loss='triplet' is not a label-based loss the memory can extend; use one of \['contrastive', 'multi_similarity', 'supcon'\]",
+    ),
+    (
+        {"loss.name": "xbm", "data.task": "labeled", "loss.xbm_memory_size": 100},
+        r"config.loss.xbm_memory_size=100 must be a positive multiple of config.train.global_batch_size=64",
+    ),
+    (
+        {"loss.name": "sogclr", "train.micro_batch_size": 16, "train.micro_batch_method": "accumulate"},
+        r"config.loss.name='sogclr' updates its state once per step, from the whole batch; config.train.micro_batch_method='accumulate'",
+    ),
+    (
+        {"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum": 0.99, "train.micro_batch_size": 16},
+        r"config.loss.queue_momentum=0.99 embeds the keys with the momentum encoder over the whole batch, which micro-batches cannot split",
+    ),
 ]
 
 
@@ -124,7 +164,10 @@ def test_missing_workdir(config):
 def test_workdir_that_cannot_be_created(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    with pytest.raises(ConfigError, match=r"--workdir=.*a_file/run cannot be created or written \(Not a directory\); pass a directory you can write to"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--workdir=.*a_file/run cannot be created or written \(Not a directory\); pass a directory you can write to",
+    ):
         train.prepare_workdir(str(blocker / "run"))
 
 
@@ -177,7 +220,10 @@ ANOTHER_DATA_ORDER = [("data.seed", 1), ("seed", 3), ("train.global_batch_size",
 @pytest.mark.parametrize("field, value", ANOTHER_DATA_ORDER)
 def test_resume_with_another_data_order_is_refused(trained, config, field, value):
     config = override(config, {field: value, "train.num_train_steps": 4})
-    with pytest.raises(ConfigError, match=rf"Cannot resume from checkpoint 2: it was written with config.{field}=.*so the data order and RNG would not continue it. Set --config.{field}=.*, or use a new --workdir"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"Cannot resume from checkpoint 2: it was written with config.{field}=.*so the data order and RNG would not continue it. Set --config.{field}=.*, or use a new --workdir",
+    ):
         train.train_and_evaluate(config, trained)
 
 
@@ -188,4 +234,3 @@ def test_resume_with_more_steps_is_allowed(trained, config, tmp_path):
     config.train.num_train_steps = 3
     train.train_and_evaluate(config, workdir)
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))
-

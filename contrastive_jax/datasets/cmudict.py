@@ -120,10 +120,13 @@ class Cmudict(tfds.core.GeneratorBasedBuilder):
     def _generate_examples(self, split):
         for entry in entries():
             if split_of(entry.word) == split:
-                yield entry.line, {
-                    "word": entry.word,
-                    "phonemes": list(entry.phonemes),
-                    "word_id": np.int32(entry.word_id),
-                    "pronunciation_id": np.int32(entry.pronunciation_id),
-                    "line": np.int32(entry.line),
-                }
+                yield (
+                    entry.line,
+                    {
+                        "word": entry.word,
+                        "phonemes": list(entry.phonemes),
+                        "word_id": np.int32(entry.word_id),
+                        "pronunciation_id": np.int32(entry.pronunciation_id),
+                        "line": np.int32(entry.line),
+                    },
+                )

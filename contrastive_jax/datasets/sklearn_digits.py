@@ -79,8 +79,11 @@ class SklearnDigits(tfds.core.GeneratorBasedBuilder):
         digits = datasets.load_digits()
         pixels = np.round(digits.images * (255 / 16)).astype(np.uint8)[..., None]
         for row in rows:
-            yield int(row), {
-                "image": pixels[row],
-                "label": int(digits.target[row]),
-                "index": np.int32(row),
-            }
+            yield (
+                int(row),
+                {
+                    "image": pixels[row],
+                    "label": int(digits.target[row]),
+                    "index": np.int32(row),
+                },
+            )

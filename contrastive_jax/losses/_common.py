@@ -36,8 +36,7 @@ def check_temperature(temperature, name: str = "temperature") -> None:
     check_positive(
         temperature,
         name,
-        hint=f"logits are similarity / {name}; typical values are 0.05-0.2 for softmax "
-        "losses, 0.1 for SigLIP.",
+        hint=f"logits are similarity / {name}; typical values are 0.05-0.2 for softmax losses, 0.1 for SigLIP.",
     )
 
 
@@ -68,8 +67,7 @@ def check_labels(labels, batch_size: int, name: str = "labels") -> None:
     """Requires integer class labels of shape ``[batch_size]``."""
     if jnp.shape(labels) != (batch_size,):
         raise ValueError(
-            f"{name} must have shape [{batch_size}] (one integer class per row), got "
-            f"shape {jnp.shape(labels)}."
+            f"{name} must have shape [{batch_size}] (one integer class per row), got shape {jnp.shape(labels)}."
         )
     if not jnp.issubdtype(jnp.result_type(labels), jnp.integer):
         raise ValueError(f"{name} must be integers, got dtype {jnp.result_type(labels)}.")

@@ -38,7 +38,13 @@ def _negative_logsumexps(a, b, temperature, axis_name, streaming) -> tuple[jax.A
     a's (rows) and the local b's (columns), over the global batch."""
     ids = RowIds(_local_ids(a.shape[0], axis_name), None)
     stats = logit_stats.pair_stats(
-        _NEGATIVES_BOTH_WAYS, a, b, ids, ids, temperature=temperature, axis_name=axis_name,
+        _NEGATIVES_BOTH_WAYS,
+        a,
+        b,
+        ids,
+        ids,
+        temperature=temperature,
+        axis_name=axis_name,
         streaming=streaming,
     )
     return stats.row_lse, stats.col_lse
@@ -163,9 +169,7 @@ def sogclr_loss(
       The table carries no gradient.
     """
     _check_paired(a, b, ("a", "b"), temperature, axis_name)
-    if index is None or jnp.shape(index) != (a.shape[0],) or not jnp.issubdtype(
-        jnp.result_type(index), jnp.integer
-    ):
+    if index is None or jnp.shape(index) != (a.shape[0],) or not jnp.issubdtype(jnp.result_type(index), jnp.integer):
         raise ValueError(
             f"sogclr_loss needs index: the [{a.shape[0]}] int dataset index of each pair "
             f"(its row of the state table), got {None if index is None else jnp.shape(index)}."
@@ -175,8 +179,7 @@ def sogclr_loss(
     if not 0 < gamma <= 1:
         raise ValueError(f"gamma must be in (0, 1], got {gamma!r}.")
     lse = jnp.stack(
-        _negative_logsumexps(a, b, temperature, axis_name,
-                             Streaming(chunk_size, collective, matmul_dtype)),
+        _negative_logsumexps(a, b, temperature, axis_name, Streaming(chunk_size, collective, matmul_dtype)),
         axis=1,
     )  # [B, 2]
     log_u = jax.lax.stop_gradient(log_u)
@@ -191,9 +194,7 @@ def sogclr_loss(
     # d/ds_ij of ratio * lse is exp(s_ij / T) / u / (N - 1): SogCLR's weighted negatives.
     ratio = jnp.exp(log_g - new)
     per_direction = new + ratio * (lse - jax.lax.stop_gradient(lse))
-    loss = _common.global_mean(
-        jnp.mean(per_direction, axis=1) - _paired_logits(a, b, temperature), axis_name
-    )
+    loss = _common.global_mean(jnp.mean(per_direction, axis=1) - _paired_logits(a, b, temperature), axis_name)
     all_index, all_new = _gather_replicated((index, new), axis_name)
     rows = jnp.where(_last_occurrences(all_index), all_index, log_u.shape[0])
     return loss, log_u.at[rows].set(all_new, mode="drop")

@@ -28,9 +28,7 @@ def _check_logits_labels(logits, labels) -> None:
         raise ValueError(f"labels must be integer class indices, got {jnp.result_type(labels)}.")
 
 
-def softmax_cross_entropy(
-    logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0
-) -> jax.Array:
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0) -> jax.Array:
     """Softmax cross-entropy with integer labels, per example.
 
     Args:
@@ -64,8 +62,7 @@ def binary_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """
     if jnp.shape(logits) != jnp.shape(labels):
         raise ValueError(
-            f"logits and labels must have the same shape, got {jnp.shape(logits)} and "
-            f"{jnp.shape(labels)}."
+            f"logits and labels must have the same shape, got {jnp.shape(logits)} and {jnp.shape(labels)}."
         )
     logits = at_least_float32(logits)
     return optax.sigmoid_binary_cross_entropy(logits, labels.astype(logits.dtype))

@@ -74,9 +74,7 @@ def _paired_logits(x: jax.Array, y: jax.Array, temperature) -> jax.Array:
 
 
 def _check_group_ids(ids: jax.Array, batch_size: int) -> None:
-    if ids.ndim not in (1, 2) or ids.shape[0] != batch_size or not jnp.issubdtype(
-        ids.dtype, jnp.integer
-    ):
+    if ids.ndim not in (1, 2) or ids.shape[0] != batch_size or not jnp.issubdtype(ids.dtype, jnp.integer):
         raise ValueError(
             f"false_negative_ids must be ints of shape [B] or [B, K] with B = {batch_size} "
             f"(one row per pair), got {ids.dtype} {ids.shape}."
@@ -102,13 +100,9 @@ def _retrieval_metrics(a, b, stats, positive, temperature, axis_name) -> dict[st
     ``row_best_negative``, ``col_best_negative``) and its positive logits ``[B]``: no N^2
     work. Top-1 is right when the pair's logit beats every other candidate's (a tie
     counts as wrong)."""
-    a, b, stats, positive, temperature = jax.lax.stop_gradient(
-        (a, b, stats, positive, temperature)
-    )
+    a, b, stats, positive, temperature = jax.lax.stop_gradient((a, b, stats, positive, temperature))
     num_columns = a.shape[0] * (1 if axis_name is None else jax.lax.axis_size(axis_name))
-    negative = (_row_logit_totals(a, b, temperature, axis_name) - positive) / max(
-        num_columns - 1, 1
-    )
+    negative = (_row_logit_totals(a, b, temperature, axis_name) - positive) / max(num_columns - 1, 1)
     mean = lambda x: _common.global_mean(x, axis_name)  # noqa: E731
     return {
         "accuracy_a_to_b": mean((positive > stats.row_best_negative).astype(positive.dtype)),
@@ -159,7 +153,13 @@ def infonce_loss(
     _check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
     ids = RowIds(_local_ids(queries.shape[0], axis_name), None)
     total, row_lse, aux = logit_stats.pair_total(
-        _ROWS, queries, keys, ids, ids, temperature=temperature, axis_name=axis_name,
+        _ROWS,
+        queries,
+        keys,
+        ids,
+        ids,
+        temperature=temperature,
+        axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
         aux_spec=_METRICS._replace(row_logsumexp=False) if return_metrics else _NO_METRICS,
     )
@@ -172,9 +172,7 @@ def infonce_loss(
     return _with_metrics(loss, metrics, return_metrics)
 
 
-def npairs_loss(
-    anchors: jax.Array, positives: jax.Array, *, l2_reg: float = 0.0, axis_name=None
-) -> jax.Array:
+def npairs_loss(anchors: jax.Array, positives: jax.Array, *, l2_reg: float = 0.0, axis_name=None) -> jax.Array:
     """Multi-class N-pair loss (Sohn 2016) on raw dot products.
 
     InfoNCE without normalisation or temperature: the scale of the logits is learned
@@ -194,9 +192,7 @@ def npairs_loss(
     _common.check_pair(anchors, positives, "anchors", "positives")
     _common.check_axis_bound(axis_name)
     ids = RowIds(_local_ids(anchors.shape[0], axis_name), None)
-    stats = logit_stats.pair_stats(
-        _ROWS, anchors, positives, ids, ids, temperature=1.0, axis_name=axis_name
-    )
+    stats = logit_stats.pair_stats(_ROWS, anchors, positives, ids, ids, temperature=1.0, axis_name=axis_name)
     per_row = stats.row_lse - _paired_logits(anchors, positives, 1.0)
     if l2_reg:
         squared_norms = jnp.sum(jnp.square(_common.at_least_float32(anchors)), axis=1) + jnp.sum(
@@ -254,12 +250,15 @@ def clip_loss(
     if false_negative_ids is not None:
         _check_group_ids(false_negative_ids, a.shape[0])
     ids = RowIds(_local_ids(a.shape[0], axis_name), false_negative_ids)
-    spec = _ROWS_AND_COLUMNS._replace(
-        best=return_metrics, exclude_shared_label=false_negative_ids is not None
-    )
+    spec = _ROWS_AND_COLUMNS._replace(best=return_metrics, exclude_shared_label=false_negative_ids is not None)
     stats = logit_stats.pair_stats(
-        spec, a, b, ids, ids,
-        temperature=temperature, axis_name=axis_name,
+        spec,
+        a,
+        b,
+        ids,
+        ids,
+        temperature=temperature,
+        axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
     positive = _paired_logits(a, b, temperature)
@@ -306,7 +305,14 @@ def siglip_loss(
     _check_paired(a, b, ("a", "b"), temperature, axis_name)
     ids = RowIds(_local_ids(a.shape[0], axis_name), None)
     total, _, aux = logit_stats.pair_total(
-        _SIGLIP, a, b, ids, ids, temperature=temperature, bias=bias, axis_name=axis_name,
+        _SIGLIP,
+        a,
+        b,
+        ids,
+        ids,
+        temperature=temperature,
+        bias=bias,
+        axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
         aux_spec=_METRICS if return_metrics else _NO_METRICS,
     )
@@ -358,8 +364,14 @@ def ntxent_loss(
     views = jnp.concatenate([z1, z2])
     ids = RowIds(jnp.concatenate([local_rows, local_rows + global_batch]), None)
     total, _, _ = logit_stats.pair_total(
-        _ROWS_NOT_SELF, views, views, ids, ids, temperature=temperature,
-        axis_name=axis_name, streaming=Streaming(chunk_size, collective, matmul_dtype),
+        _ROWS_NOT_SELF,
+        views,
+        views,
+        ids,
+        ids,
+        temperature=temperature,
+        axis_name=axis_name,
+        streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
     positive = _paired_logits(views, jnp.concatenate([z2, z1]), temperature)
     return _common.global_mean(total / views.shape[0] - positive, axis_name)
@@ -399,7 +411,13 @@ def supcon_loss(
     _common.check_axis_bound(axis_name)
     ids = RowIds(_local_ids(z.shape[0], axis_name), labels)
     stats = logit_stats.pair_stats(
-        SUPCON, z, z, ids, ids, temperature=temperature, axis_name=axis_name,
+        SUPCON,
+        z,
+        z,
+        ids,
+        ids,
+        temperature=temperature,
+        axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
     return supcon_from_stats(stats, axis_name)
@@ -443,7 +461,13 @@ def contrastive_metrics(
     a, b, temperature = jax.lax.stop_gradient((a, b, temperature))
     ids = RowIds(_local_ids(a.shape[0], axis_name), None)
     stats = logit_stats.pair_stats(
-        _METRICS, a, b, ids, ids, temperature=temperature, axis_name=axis_name,
+        _METRICS,
+        a,
+        b,
+        ids,
+        ids,
+        temperature=temperature,
+        axis_name=axis_name,
         streaming=Streaming(chunk_size),
     )
     positive = _paired_logits(a, b, temperature)

@@ -110,9 +110,7 @@ def _setup(x, y, cols, temperature, bias, axis_name, streaming: Streaming) -> _S
     """Checks the options, gathers ``y`` unless ring, and resolves the tiling."""
     streaming.check(axis_name)
     dtype = _common.at_least_float32(x[:1, :1]).dtype
-    params = _match_varying(
-        jax.tree.map(lambda p: jnp.asarray(p, dtype), (temperature, bias)), x, axis_name
-    )
+    params = _match_varying(jax.tree.map(lambda p: jnp.asarray(p, dtype), (temperature, bias)), x, axis_name)
     ring = streaming.collective == "ring"
     if not ring:
         y, cols = jax.tree.map(lambda a: _common.gather_rows(a, axis_name), (y, cols))
@@ -123,8 +121,7 @@ def _setup(x, y, cols, temperature, bias, axis_name, streaming: Streaming) -> _S
     if chunk is None and ring:
         chunk = num_columns
     if chunk is not None:
-        what = ("each device's shard B_y with collective='ring'" if ring
-                else "the gathered global batch N_y")
+        what = "each device's shard B_y with collective='ring'" if ring else "the gathered global batch N_y"
         check_divides(chunk, num_columns, what)
     matmul_dtype = jnp.dtype(streaming.matmul_dtype or jnp.promote_types(x.dtype, y.dtype))
     plan = None if chunk is None else Plan(divisor_at_most(x.shape[0], chunk), chunk, matmul_dtype)
@@ -196,8 +193,7 @@ def pair_stats(
     if setup.plan is None:
         row, col = tile_stats(spec, _dense_logits(x, setup), rows, setup.cols)
     else:
-        row, col = two_pass(spec, setup.plan, setup.ring_axis, x, setup.y, rows, setup.cols,
-                             setup.params)
+        row, col = two_pass(spec, setup.plan, setup.ring_axis, x, setup.y, rows, setup.cols, setup.params)
     return _to_stats(row, _columns_over_devices(col, setup, local_cols, axis_name))
 
 
@@ -240,11 +236,13 @@ def pair_total(
         row_aux, col_aux = tile_stats(aux_spec, logits, rows, setup.cols)
         total = jnp.sum(per_row)
     elif setup.ring_axis is not None and spec.row_logsumexp:
-        merged = aux_spec._replace(row_logsumexp=True, pair_terms=spec.pair_terms,
-                                   exclude_self=spec.exclude_self,
-                                   exclude_shared_label=spec.exclude_shared_label)
-        row_aux, col_aux = two_pass(merged, setup.plan, setup.ring_axis, x, setup.y, rows,
-                                     setup.cols, setup.params)
+        merged = aux_spec._replace(
+            row_logsumexp=True,
+            pair_terms=spec.pair_terms,
+            exclude_self=spec.exclude_self,
+            exclude_shared_label=spec.exclude_shared_label,
+        )
+        row_aux, col_aux = two_pass(merged, setup.plan, setup.ring_axis, x, setup.y, rows, setup.cols, setup.params)
         per_row = row_aux.lse + sum(row_aux.sums.values())
         total = jnp.sum(per_row)
     else:

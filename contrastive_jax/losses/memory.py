@@ -44,9 +44,7 @@ _QUEUE = PairSpec(row_logsumexp=True)
 
 def _buffer_ids(buffer: jax.Array, global_batch: int, axis_name) -> jax.Array:
     """Ids ``[K_local]`` of this device's buffer rows, distinct from the batch's ``[0, N)``."""
-    return global_batch + _common.row_offset(buffer.shape[0], axis_name) + jnp.arange(
-        buffer.shape[0]
-    )
+    return global_batch + _common.row_offset(buffer.shape[0], axis_name) + jnp.arange(buffer.shape[0])
 
 
 @document_streaming
@@ -83,10 +81,13 @@ def moco_queue_loss(
     _common.check_embeddings(queue, "queue")
     global_batch = _common.global_batch_size(queries.shape[0], axis_name)
     stats = logit_stats.pair_stats(
-        _QUEUE, queries, jax.lax.stop_gradient(queue),
+        _QUEUE,
+        queries,
+        jax.lax.stop_gradient(queue),
         RowIds(_local_ids(queries.shape[0], axis_name), None),
         RowIds(_buffer_ids(queue, global_batch, axis_name), None),
-        temperature=temperature, axis_name=axis_name,
+        temperature=temperature,
+        axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
     positive = _paired_logits(queries, keys, temperature)
@@ -191,8 +192,14 @@ def xbm_loss(
     else:
         spec, temperature = PairSpec(pair_terms=_multi_similarity_terms(alpha, beta, base)), 1.0
     stats = logit_stats.pair_stats(
-        spec, z, candidates, RowIds(local_ids, labels), cols, temperature=temperature,
-        axis_name=axis_name, streaming=Streaming(chunk_size, collective, matmul_dtype),
+        spec,
+        z,
+        candidates,
+        RowIds(local_ids, labels),
+        cols,
+        temperature=temperature,
+        axis_name=axis_name,
+        streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
     sums = stats.row_sums
     if loss == "supcon":
@@ -225,9 +232,7 @@ def enqueue(buffers: Any, pointer: jax.Array, new: Any, *, axis_name=None) -> tu
     devices = 1 if axis_name is None else jax.lax.axis_size(axis_name)
     size, global_batch = local_rows * devices, local_batch * devices
     if size % global_batch:
-        raise ValueError(
-            f"the buffer's {size} rows must be a multiple of the global batch {global_batch}."
-        )
+        raise ValueError(f"the buffer's {size} rows must be a multiple of the global batch {global_batch}.")
     gathered = _common.gather_rows(jax.lax.stop_gradient(new), axis_name)
     position = (_common.row_offset(local_rows, axis_name) + jnp.arange(local_rows) - pointer) % size
     written = position < global_batch

@@ -40,9 +40,7 @@ def _check_labeled(z, labels, axis_name) -> None:
     _common.check_axis_bound(axis_name)
 
 
-def contrastive_loss(
-    z: jax.Array, labels: jax.Array, *, margin: float, axis_name=None
-) -> jax.Array:
+def contrastive_loss(z: jax.Array, labels: jax.Array, *, margin: float, axis_name=None) -> jax.Array:
     """Pairwise margin contrastive loss (Hadsell et al. 2006).
 
     For each ordered pair (i, j), i != j, with Euclidean distance d: ``d^2`` if the
@@ -145,14 +143,10 @@ def triplet_loss(
         hardest_positive = jnp.max(jnp.where(positives, distances, -_FAR), axis=1)
         hardest_negative = jnp.min(jnp.where(negatives, distances, _FAR), axis=1)
         valid = jnp.any(positives, axis=1) & jnp.any(negatives, axis=1)
-        per_anchor = jnp.where(
-            valid, jax.nn.relu(hardest_positive - hardest_negative + margin), 0.0
-        )
+        per_anchor = jnp.where(valid, jax.nn.relu(hardest_positive - hardest_negative + margin), 0.0)
         return _common.global_mean(per_anchor, axis_name, weights=valid)
     per_anchor_fn = _batch_all if mining == "batch_all" else _semi_hard
-    sums, counts = _per_anchor_blocks(
-        lambda d, p, n: per_anchor_fn(d, p, n, margin), distances, positives, negatives
-    )
+    sums, counts = _per_anchor_blocks(lambda d, p, n: per_anchor_fn(d, p, n, margin), distances, positives, negatives)
     return _common.global_mean(sums / jnp.maximum(counts, 1), axis_name, weights=counts)
 
 
@@ -202,9 +196,10 @@ def multi_similarity_loss(
         hardest_negative = jnp.max(jnp.where(negatives, sims, -_FAR), axis=1, keepdims=True)
         negatives = negatives & (sims + mining_margin > hardest_positive)
         positives = positives & (sims - mining_margin < hardest_negative)
-    per_row = _log1p_sum_exp(-alpha * (sims - base), positives) / alpha + _log1p_sum_exp(
-        beta * (sims - base), negatives
-    ) / beta
+    per_row = (
+        _log1p_sum_exp(-alpha * (sims - base), positives) / alpha
+        + _log1p_sum_exp(beta * (sims - base), negatives) / beta
+    )
     return _common.global_mean(per_row, axis_name)
 
 

@@ -19,15 +19,10 @@ def _check_proxies(z, labels, proxies, name) -> None:
     _common.check_labels(labels, z.shape[0])
     _common.check_embeddings(proxies, name)
     if proxies.shape[1] != z.shape[1]:
-        raise ValueError(
-            f"{name} must have shape [C, {z.shape[1]}] (one D-dim vector per class), got "
-            f"{proxies.shape}."
-        )
+        raise ValueError(f"{name} must have shape [C, {z.shape[1]}] (one D-dim vector per class), got {proxies.shape}.")
 
 
-def proxy_nca_loss(
-    z: jax.Array, labels: jax.Array, proxies: jax.Array, *, temperature
-) -> jax.Array:
+def proxy_nca_loss(z: jax.Array, labels: jax.Array, proxies: jax.Array, *, temperature) -> jax.Array:
     """Proxy-NCA (Movshovitz-Attias et al. 2017) in its ProxyNCA++ form (Teh et al. 2020).
 
     Softmax cross-entropy over ``-|z_n - p_n|^2 / temperature`` where ``z_n`` and the
@@ -56,9 +51,7 @@ def _margin_softmax(z, labels, weights, scale, target_logit_fn) -> jax.Array:
     return softmax_cross_entropy(scale * logits, labels)
 
 
-def cosface_loss(
-    z: jax.Array, labels: jax.Array, weights: jax.Array, *, scale: float, margin: float
-) -> jax.Array:
+def cosface_loss(z: jax.Array, labels: jax.Array, weights: jax.Array, *, scale: float, margin: float) -> jax.Array:
     """CosFace / large-margin cosine loss (Wang et al. 2018): target logit ``s (cos - m)``.
 
     Args:
@@ -76,9 +69,7 @@ def cosface_loss(
     return _margin_softmax(z, labels, weights, scale, lambda cos: cos - margin)
 
 
-def arcface_loss(
-    z: jax.Array, labels: jax.Array, weights: jax.Array, *, scale: float, margin: float
-) -> jax.Array:
+def arcface_loss(z: jax.Array, labels: jax.Array, weights: jax.Array, *, scale: float, margin: float) -> jax.Array:
     """ArcFace / additive angular margin loss (Deng et al. 2019): target ``s cos(theta + m)``.
 
     Where ``theta + m`` would pass pi the target logit continues linearly as

@@ -99,8 +99,7 @@ class LossSettings:
     def from_config(cls, config: ml_collections.ConfigDict) -> "LossSettings":
         """The settings of `config` (the whole experiment config)."""
         own = {f.name for f in dataclasses.fields(cls)} - {"seed", "embed_dim"}
-        return cls(**{name: config.loss[name] for name in own}, seed=config.seed,
-                   embed_dim=config.model.embed_dim)
+        return cls(**{name: config.loss[name] for name in own}, seed=config.seed, embed_dim=config.model.embed_dim)
 
 
 # (one device's model outputs and data fields, settings) -> (global loss, metrics).
@@ -231,16 +230,18 @@ def _check_multiple_of_batch(config: ml_collections.ConfigDict, field: str) -> N
 
 def _check_sogclr(config: ml_collections.ConfigDict) -> None:
     if not 0 < config.loss.sogclr_gamma <= 1:
-        raise ConfigError(
-            f"config.loss.sogclr_gamma={config.loss.sogclr_gamma} must be in (0, 1] (0.9 in "
-            "the paper)."
-        )
+        raise ConfigError(f"config.loss.sogclr_gamma={config.loss.sogclr_gamma} must be in (0, 1] (0.9 in the paper).")
 
 
 def _sogclr(o, c):
     loss, log_u = sogclr_loss(
-        o["za"], o["zb"], o["index"], o["state"]["log_u"], temperature=o["temperature"],
-        gamma=c.sogclr_gamma, **_streaming(c),
+        o["za"],
+        o["zb"],
+        o["index"],
+        o["state"]["log_u"],
+        temperature=o["temperature"],
+        gamma=c.sogclr_gamma,
+        **_streaming(c),
     )
     return loss, {}, {"log_u": log_u}
 
@@ -290,7 +291,9 @@ def _moco(o, c):
         + moco_queue_loss(o["zb"], keys_a, state["queue_a"], **streaming)
     )
     (queue_a, queue_b), pointer = enqueue(
-        (state["queue_a"], state["queue_b"]), state["pointer"], (keys_a, keys_b),
+        (state["queue_a"], state["queue_b"]),
+        state["pointer"],
+        (keys_a, keys_b),
         axis_name=DATA_AXIS,
     )
     return loss, {}, dict(state, queue_a=queue_a, queue_b=queue_b, pointer=pointer)
@@ -321,9 +324,7 @@ def _check_xbm(config: ml_collections.ConfigDict) -> None:
         )
     _check_multiple_of_batch(config, "xbm_memory_size")
     if config.loss.xbm_warmup_steps < 0:
-        raise ConfigError(
-            f"config.loss.xbm_warmup_steps={config.loss.xbm_warmup_steps} must be >= 0."
-        )
+        raise ConfigError(f"config.loss.xbm_warmup_steps={config.loss.xbm_warmup_steps} must be >= 0.")
 
 
 def _xbm(o, c):
@@ -332,11 +333,19 @@ def _xbm(o, c):
     state = o["state"]
     labels = jnp.where(o["step"] >= c.xbm_warmup_steps, state["labels"], -1)
     loss = xbm_loss(
-        o["za"], o["label"], state["memory"], labels, loss=c.xbm_loss,
-        temperature=o["temperature"], margin=c.margin, **_streaming(c),
+        o["za"],
+        o["label"],
+        state["memory"],
+        labels,
+        loss=c.xbm_loss,
+        temperature=o["temperature"],
+        margin=c.margin,
+        **_streaming(c),
     )
     (memory, labels), pointer = enqueue(
-        (state["memory"], state["labels"]), state["pointer"], (o["za"], o["label"]),
+        (state["memory"], state["labels"]),
+        state["pointer"],
+        (o["za"], o["label"]),
         axis_name=DATA_AXIS,
     )
     return loss, {}, {"memory": memory, "labels": labels, "pointer": pointer}
@@ -358,8 +367,7 @@ LOSSES: Mapping[str, Loss] = {
     # Decoupled contrastive learning: the positive out of both softmaxes' denominators.
     "dcl": Loss(
         lambda o, c: (
-            dcl_loss(o["za"], o["zb"], temperature=o["temperature"],
-                     weight_sigma=c.dcl_weight_sigma, **_streaming(c)),
+            dcl_loss(o["za"], o["zb"], temperature=o["temperature"], weight_sigma=c.dcl_weight_sigma, **_streaming(c)),
             {},
         ),
         frozenset({"za", "zb", "temperature"}),
@@ -370,7 +378,8 @@ LOSSES: Mapping[str, Loss] = {
         frozenset({"za", "zb", "temperature", "index"}),
         LossState(
             init=lambda c, params, num_examples: {"log_u": sogclr_init_state(num_examples)},
-            sharded=frozenset(), check=_check_sogclr,
+            sharded=frozenset(),
+            check=_check_sogclr,
         ),
     ),
     # MoCo queues of both towers' keys [K, D], split over the devices; a pointer; the
@@ -378,8 +387,9 @@ LOSSES: Mapping[str, Loss] = {
     "moco_queue": Loss(
         _moco,
         frozenset({"za", "zb", "temperature"}),
-        LossState(init=_moco_init, sharded=frozenset({"queue_a", "queue_b"}),
-                  check=_check_moco, after_step=_moco_after_step),
+        LossState(
+            init=_moco_init, sharded=frozenset({"queue_a", "queue_b"}), check=_check_moco, after_step=_moco_after_step
+        ),
     ),
     # Cross-batch memory [M, D] with labels [M], split over the devices; a pointer.
     "xbm": Loss(
@@ -389,50 +399,46 @@ LOSSES: Mapping[str, Loss] = {
     ),
     "supcon": _label_loss(
         lambda o, y, c: supcon_loss(
-            o["za"], y, temperature=o["temperature"], axis_name=DATA_AXIS,
-            chunk_size=c.chunk_size, collective=c.collective,
+            o["za"],
+            y,
+            temperature=o["temperature"],
+            axis_name=DATA_AXIS,
+            chunk_size=c.chunk_size,
+            collective=c.collective,
         ),
         "temperature",
     ),
-    "contrastive": _label_loss(
-        lambda o, y, c: contrastive_loss(o["za"], y, margin=c.margin, axis_name=DATA_AXIS)
-    ),
+    "contrastive": _label_loss(lambda o, y, c: contrastive_loss(o["za"], y, margin=c.margin, axis_name=DATA_AXIS)),
     "triplet": _label_loss(
-        lambda o, y, c: triplet_loss(
-            o["za"], y, margin=c.margin, mining=c.triplet_mining, axis_name=DATA_AXIS
-        )
+        lambda o, y, c: triplet_loss(o["za"], y, margin=c.margin, mining=c.triplet_mining, axis_name=DATA_AXIS)
     ),
-    "multi_similarity": _label_loss(
-        lambda o, y, c: multi_similarity_loss(o["za"], y, axis_name=DATA_AXIS)
-    ),
+    "multi_similarity": _label_loss(lambda o, y, c: multi_similarity_loss(o["za"], y, axis_name=DATA_AXIS)),
     "softmax_ce": _per_example_loss(
         lambda o, y, c: softmax_cross_entropy(o["logits"], y, label_smoothing=c.label_smoothing),
         "logits",
     ),
-    "focal": _per_example_loss(
-        lambda o, y, c: focal_loss(o["logits"], y, gamma=c.focal_gamma), "logits"
-    ),
+    "focal": _per_example_loss(lambda o, y, c: focal_loss(o["logits"], y, gamma=c.focal_gamma), "logits"),
     "bce": _per_example_loss(  # one-vs-all: summed over the C classes
-        lambda o, y, c: binary_cross_entropy(
-            o["logits"], jax.nn.one_hot(y, o["logits"].shape[-1])
-        ).sum(-1),
+        lambda o, y, c: binary_cross_entropy(o["logits"], jax.nn.one_hot(y, o["logits"].shape[-1])).sum(-1),
         "logits",
     ),
     "proxy_nca": _per_example_loss(
         lambda o, y, c: proxy_nca_loss(o["za"], y, o["proxies"], temperature=o["temperature"]),
-        "za", "proxies", "temperature",
+        "za",
+        "proxies",
+        "temperature",
     ),
     "cosface": _per_example_loss(  # scale s = 1 / temperature
-        lambda o, y, c: cosface_loss(
-            o["za"], y, o["proxies"], scale=1 / o["temperature"], margin=c.margin
-        ),
-        "za", "proxies", "temperature",
+        lambda o, y, c: cosface_loss(o["za"], y, o["proxies"], scale=1 / o["temperature"], margin=c.margin),
+        "za",
+        "proxies",
+        "temperature",
     ),
     "arcface": _per_example_loss(  # scale s = 1 / temperature; margin in radians
-        lambda o, y, c: arcface_loss(
-            o["za"], y, o["proxies"], scale=1 / o["temperature"], margin=c.margin
-        ),
-        "za", "proxies", "temperature",
+        lambda o, y, c: arcface_loss(o["za"], y, o["proxies"], scale=1 / o["temperature"], margin=c.margin),
+        "za",
+        "proxies",
+        "temperature",
     ),
 }
 

@@ -47,12 +47,12 @@ class Streaming(NamedTuple):
                 "on a single device use collective='all_gather' (the default)."
             )
         if self.matmul_dtype not in MATMUL_DTYPES:
-            raise ValueError(
-                f"matmul_dtype must be one of {MATMUL_DTYPES}, got {self.matmul_dtype!r}."
-            )
+            raise ValueError(f"matmul_dtype must be one of {MATMUL_DTYPES}, got {self.matmul_dtype!r}.")
         chunk = self.chunk_size
-        if chunk is not None and chunk != "auto" and (
-            not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1
+        if (
+            chunk is not None
+            and chunk != "auto"
+            and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1)
         ):
             raise ValueError(f"chunk_size must be a positive int, 'auto' or None, got {chunk!r}.")
 

@@ -91,7 +91,9 @@ def _product(a, b, contract: int, dtype) -> jax.Array:
     accumulation."""
     accumulate = jnp.promote_types(dtype, jnp.float32)
     return jax.lax.dot_general(
-        a.astype(dtype), b.astype(dtype), (((contract,), (0,)), ((), ())),
+        a.astype(dtype),
+        b.astype(dtype),
+        (((contract,), (0,)), ((), ())),
         preferred_element_type=accumulate,
     )
 
@@ -100,7 +102,9 @@ def tile_logits(x_scaled, y, bias, dtype) -> jax.Array:
     """Logits ``[b, c]``: ``(x / T) . y (+ bias)`` from ``dtype`` operands, in float32."""
     accumulate = jnp.promote_types(dtype, jnp.float32)
     logits = jax.lax.dot_general(
-        x_scaled.astype(dtype), y.astype(dtype), (((1,), (1,)), ((), ())),
+        x_scaled.astype(dtype),
+        y.astype(dtype),
+        (((1,), (1,)), ((), ())),
         preferred_element_type=accumulate,
     )
     return logits if bias is None else logits + bias
@@ -148,8 +152,13 @@ def tile_stats(spec, logits, rows, cols) -> tuple[Running, Running]:
     softmax_logits = _softmax_logits(spec, logits, same_id, same_label)
     terms = _pair_terms(spec, logits, same_id, same_label)
     negative_logits = jnp.where(same_id, -jnp.inf, logits) if spec.best else None
-    row = _side(softmax_logits, negative_logits, 1, lse=spec.row_logsumexp,
-                sums={name: jnp.sum(t, axis=1) for name, t in terms.items()})
+    row = _side(
+        softmax_logits,
+        negative_logits,
+        1,
+        lse=spec.row_logsumexp,
+        sums={name: jnp.sum(t, axis=1) for name, t in terms.items()},
+    )
     col = _side(softmax_logits, negative_logits, 0, lse=spec.col_logsumexp, sums={})
     return row, col
 
@@ -242,8 +251,7 @@ def _pair_term_names(spec, rows) -> tuple[str, ...]:
 
 def stats_init(spec, x, y, rows) -> tuple[Running, Running]:
     return (
-        _running_init(x, lse=spec.row_logsumexp, best=spec.best,
-                      sum_names=_pair_term_names(spec, rows)),
+        _running_init(x, lse=spec.row_logsumexp, best=spec.best, sum_names=_pair_term_names(spec, rows)),
         _running_init(y, lse=spec.col_logsumexp, best=spec.best),
     )
 

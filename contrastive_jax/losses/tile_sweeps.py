@@ -59,7 +59,8 @@ def _over_tiles(tile_fn, plan, x, y, rows, cols, row_carry, col_carry):
         return col_carry, row_carry_t
 
     col_carry, row_carry = jax.lax.scan(
-        row_of_tiles, _blocks(col_carry, plan.tile_cols),
+        row_of_tiles,
+        _blocks(col_carry, plan.tile_cols),
         _blocks((x, rows, row_carry), plan.tile_rows),
     )
     return _unblock(row_carry), _unblock(col_carry)
@@ -117,8 +118,9 @@ def _two_pass_forward(spec, plan, ring_axis, x, y, rows, cols, params):
         row, col = tile_stats(spec, logits, rows_t, cols_t)
         return merge(row_run, row), merge(col_run, col)
 
-    row, col = _sweep(tile_fn, plan, ring_axis, scaled_rows(x, temperature), y, rows, cols,
-                      *stats_init(spec, x, y, rows))
+    row, col = _sweep(
+        tile_fn, plan, ring_axis, scaled_rows(x, temperature), y, rows, cols, *stats_init(spec, x, y, rows)
+    )
     return (row, col), (x, y, rows, cols, params, row.lse, col.lse)
 
 
@@ -142,8 +144,15 @@ def _two_pass_backward(spec, plan, ring_axis, residuals, cotangents):
         return (dx_t, dbias_t, row_lse_t, g_row, g_sums), (dy_t, col_lse_t, g_col)
 
     (dx, dbias, *_), (dy, *_) = _sweep(
-        tile_fn, plan, ring_axis, x_scaled, y, rows, cols,
-        (dx, dbias, row_lse, row_cot.lse, row_cot.sums), (dy, col_lse, col_cot.lse),
+        tile_fn,
+        plan,
+        ring_axis,
+        x_scaled,
+        y,
+        rows,
+        cols,
+        (dx, dbias, row_lse, row_cot.lse, row_cot.sums),
+        (dy, col_lse, col_cot.lse),
     )
     return input_gradients(x, y, params, dx, dy, dbias)
 
@@ -186,8 +195,15 @@ def _one_pass_forward(spec, aux_spec, plan, ring_axis, x, y, rows, cols, params)
         )
 
     (per_row, dx, dbias, row_aux), (dy, col_aux) = _sweep(
-        tile_fn, plan, ring_axis, scaled_rows(x, temperature), y, rows, cols,
-        (jnp.zeros_like(dbias), dx, dbias, row_aux), (dy, col_aux),
+        tile_fn,
+        plan,
+        ring_axis,
+        scaled_rows(x, temperature),
+        y,
+        rows,
+        cols,
+        (jnp.zeros_like(dbias), dx, dbias, row_aux),
+        (dy, col_aux),
     )
     gradients = input_gradients(x, y, params, dx, dy, dbias)
     return (jnp.sum(per_row), (per_row, row_aux, col_aux)), gradients
