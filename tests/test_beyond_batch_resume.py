@@ -30,7 +30,9 @@ STATE_FIELDS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(STATE_FIELDS))
+# The queue (state split over the devices, a momentum encoder) by default; SogCLR's
+# replicated table with -m slow (the resume of replicated state is the parameters' own).
+@pytest.mark.parametrize("name", ["moco_queue", pytest.param("sogclr", marks=pytest.mark.slow)])
 def test_sigkill_and_resume_is_bitwise_with_the_loss_state(
     processes,
     load_config,

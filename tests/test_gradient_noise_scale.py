@@ -65,6 +65,7 @@ def test_groups_use_the_global_negatives():
     assert not np.allclose(first_half, local_only, atol=1e-4)  # the in-group loss differs
 
 
+@pytest.mark.slow  # 20 s: a training run; the estimator's properties are tested above
 def test_quick_run_writes_the_noise_scale(digits_data_dir, tmp_path):
     gns.main(["--quick", "--out", str(tmp_path), "--data-dir", digits_data_dir, "--steps", "4", "--every", "2"])
     result = json.loads((tmp_path / "noise_scale.json").read_text())
