@@ -549,22 +549,29 @@ READMES = ("README.md", "experiments/README.md")
 SHELL_VARIABLES = {"PORT": "12355", "i": "0", "SCRATCH": "/scratch", "TPU_NAME": "tpu", "ZONE": "zone"}
 
 
+def commands_in(source: str, text: str, *, inline: bool = True) -> list[tuple[str, str]]:
+    """`(source, command)` for every command in `text`'s ```bash blocks (and inline code
+    running Python, pip, pytest or sphinx-build): continuation lines joined, `&&` chains
+    split, variables filled in."""
+    commands = []
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    in_text = re.findall(r"`((?:\S*python3?|\S*pip|\S*pytest|\S*sphinx-build) [^`]*)`", text)
+    for block in blocks + (in_text if inline else []):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = re.sub(r"\s+#.*", "", line).strip().strip('"&').strip()
+            for part in line.split("&&"):
+                part = re.sub(r"\$(\w+)", lambda m: SHELL_VARIABLES[m.group(1)], part).strip()
+                if part and not part.startswith("#"):
+                    commands.append((source, part))
+    return commands
+
+
 def readme_commands(*, inline: bool = True) -> list[tuple[str, str]]:
-    """`(readme, command)` for every command in the READMEs' ```bash blocks (and inline
-    code): continuation lines joined, `&&` chains split, variables filled in."""
+    """`(readme, command)` for every command of the READMEs (see `commands_in`)."""
     commands = []
     for readme in READMES:
         with open(os.path.join(ROOT, readme)) as f:
-            text = f.read()
-        blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
-        in_text = re.findall(r"`((?:\S*python3?|\S*pip|\S*pytest) [^`]*)`", text)
-        for block in blocks + (in_text if inline else []):
-            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-                line = re.sub(r"\s+#.*", "", line).strip().strip('"&').strip()
-                for part in line.split("&&"):
-                    part = re.sub(r"\$(\w+)", lambda m: SHELL_VARIABLES[m.group(1)], part).strip()
-                    if part and not part.startswith("#"):
-                        commands.append((readme, part))
+            commands += commands_in(readme, f.read(), inline=inline)
     return commands
 
 

@@ -24,7 +24,7 @@ import time
 
 import pytest
 from subprocess_runs import ROOT
-from test_cli import readme_commands
+from test_cli import commands_in, readme_commands
 from test_cli import test_readme_python_command_parses as check_python_command
 
 from contrastive_jax.simulated_devices import device_count_env
@@ -34,7 +34,6 @@ BUILD_COMMAND = ".venv/bin/sphinx-build -W --keep-going -b html docs docs/_build
 # The languages a page's code may be in (named, always); only `python` is code that runs.
 FENCES = {"python", "bash", "text", "ipython", "console", "{toctree}", "{eval-rst}"}
 DOCUMENTED = ("contrastive_jax.losses", "contrastive_jax.sharding", "contrastive_jax.trainer")
-SHELL_VARIABLES = {"PORT": "12355", "i": "0", "SCRATCH": "/scratch", "TPU_NAME": "tpu", "ZONE": "zone"}
 
 
 def pages() -> list[str]:
@@ -93,21 +92,8 @@ def test_page_examples_run(page, tmp_path):
 
 
 def page_commands(*, inline: bool = True) -> list[tuple[str, str]]:
-    """`(page, command)` for every command in the pages' ```bash blocks (and inline code),
-    parsed as `test_cli.readme_commands` parses the READMEs'."""
-    commands = []
-    for page in pages():
-        text = read(page)
-        blocks = [code for language, _, code in code_blocks(text) if language == "bash"]
-        in_text = re.findall(r"`((?:\S*python3?|\S*pip|\S*pytest|\S*sphinx-build) [^`]*)`", text)
-        for block in blocks + (in_text if inline else []):
-            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-                line = re.sub(r"\s+#.*", "", line).strip().strip('"&').strip()
-                for part in line.split("&&"):
-                    part = re.sub(r"\$(\w+)", lambda m: SHELL_VARIABLES[m.group(1)], part).strip()
-                    if part and not part.startswith("#"):
-                        commands.append((page, part))
-    return commands
+    """`(page, command)` for every command of the pages, parsed as the READMEs' are."""
+    return [command for page in pages() for command in commands_in(page, read(page), inline=inline)]
 
 
 def test_page_commands_use_the_virtual_environment():
