@@ -36,8 +36,7 @@ def data_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("notebook_tfds"))
 
 
-@pytest.fixture(scope="module", params=[1, 8], ids=["1-device", "8-devices"])
-def executed(request, tmp_path_factory, data_dir):
+def execute(devices, tmp_path_factory, data_dir):
     """``(device count, notebook outputs, notebook_results.json)`` of one quick run."""
     out = tmp_path_factory.mktemp("notebook")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
@@ -45,15 +44,15 @@ def executed(request, tmp_path_factory, data_dir):
         env.setenv("CONTRASTIVE_JAX_NOTEBOOK_QUICK", "1")
         env.setenv("CONTRASTIVE_JAX_NOTEBOOK_OUT", str(out))
         env.setenv("CONTRASTIVE_JAX_DATA_DIR", data_dir)
-        env.setenv("XLA_FLAGS", with_device_count(os.environ.get("XLA_FLAGS", ""), request.param))
+        env.setenv("XLA_FLAGS", with_device_count(os.environ.get("XLA_FLAGS", ""), devices))
         nbclient.NotebookClient(
             notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
         ).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
-    return request.param, outputs, json.loads((out / "notebook_results.json").read_text())
+    return devices, outputs, json.loads((out / "notebook_results.json").read_text())
 
 
-def test_notebook_installs_only_what_is_missing_and_keeps_the_stack(executed):
+def check_installs_only_what_is_missing_and_keeps_the_stack(executed):
     devices, outputs, results = executed
     setup = results["setup"]
     for distribution, version in STACK_BEFORE.items():
@@ -65,13 +64,13 @@ def test_notebook_installs_only_what_is_missing_and_keeps_the_stack(executed):
     assert f"installed: {installed}" in text
 
 
-def test_notebook_finds_the_devices(executed):
+def check_finds_the_devices(executed):
     devices, outputs, results = executed
     assert (results["backend"], results["device_count"], results["process_count"]) == ("cpu", devices, 1)
     assert f"found {devices} CPU device(s)" in "".join(o.get("text", "") for o in outputs)
 
 
-def test_notebook_sharded_loss_equals_one_device(executed):
+def check_sharded_loss_equals_one_device(executed):
     devices, _, results = executed
     check = results["sharded_check"]
     assert check["devices"] == devices and check["global_batch"] == 16 * devices
@@ -80,7 +79,7 @@ def test_notebook_sharded_loss_equals_one_device(executed):
     assert check["max_abs_grad_difference"] < 1e-6
 
 
-def test_notebook_short_training_learns(executed):
+def check_short_training_learns(executed):
     _, outputs, results = executed
     run = results["train"]
     assert run["global_batch_size"] == 256
@@ -91,7 +90,7 @@ def test_notebook_short_training_learns(executed):
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1  # the loss curve, inline
 
 
-def test_notebook_one_chip_memory_and_large_batch(executed):
+def check_one_chip_memory_and_large_batch(executed):
     devices, _, results = executed
     memory = results["memory"]
     # Dense: the [N, N] logits and their gradient, 16 GiB each at N = 65,536.
@@ -103,3 +102,15 @@ def test_notebook_one_chip_memory_and_large_batch(executed):
     assert len(large["loss"]) == 4 and all(np.isfinite(large["loss"]))
     assert large["loss"][-1] < large["loss"][0]  # 4 steps of sqrt-scaled AdamW: the loss goes down
     assert 0 <= large["eval"]["a_to_b/R@1"] <= 1
+
+
+# One test per device count, so that each runs the notebook once (also under pytest-xdist,
+# whose workers would each run a shared fixture again); the 1-device run comes first.
+@pytest.mark.parametrize("devices", [1, 8], ids=["1-device", "8-devices"])
+def test_notebook_runs_all_on(devices, tmp_path_factory, data_dir):
+    executed = execute(devices, tmp_path_factory, data_dir)
+    check_installs_only_what_is_missing_and_keeps_the_stack(executed)
+    check_finds_the_devices(executed)
+    check_sharded_loss_equals_one_device(executed)
+    check_short_training_learns(executed)
+    check_one_chip_memory_and_large_batch(executed)
