@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
     aug.noise_std = 0.05  # Std of additive Gaussian pixel noise (pixels in [0, 1]); 0: off.
 
     config.model = model = ml_collections.ConfigDict()
-    model.encoder_a = "mlp"  # Tower a's encoder: a name in models.ENCODERS.
+    model.encoder_a = "mlp"  # Tower a's encoder: a name in encoders.ENCODERS.
     model.encoder_b = "mlp"  # Tower b's encoder (ignored when tie_towers).
     model.tie_towers = False  # One shared encoder and head for both inputs (SimCLR).
     model.mlp_hidden_dims = (256, 256)  # Hidden widths of the "mlp" encoder.
