@@ -19,13 +19,12 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from contrastive_jax import sharding
 from contrastive_jax.config_lib import ConfigError, override
 from contrastive_jax.losses import logit_stats
 from contrastive_jax.sharding import DATA_AXIS
-from contrastive_jax.trainer import Trainer, build
+from contrastive_jax.trainer import Trainer, build, numpy_dtype
 
 _GIB = 2**30
 # Candidate tiles: the largest divisor of the columns at most this (CPU's "auto" tile).
@@ -116,7 +115,7 @@ def batch_spec(
     return {
         key: jax.ShapeDtypeStruct(
             (global_batch_size, *spec.shape[1:]),
-            np.dtype(getattr(spec.dtype, "as_numpy_dtype", spec.dtype)),
+            numpy_dtype(spec.dtype),
             sharding=data,
         )
         for key, spec in element_spec.items()

@@ -64,7 +64,7 @@ class Trainer:
             (the input pipeline's `element_spec`, or `jax.ShapeDtypeStruct` values).
         """
         dummy = {
-            k: np.zeros((1, *spec.shape[1:]), _numpy_dtype(spec.dtype))
+            k: np.zeros((1, *spec.shape[1:]), numpy_dtype(spec.dtype))
             for k, spec in element_spec.items()
             if k in ("a", "b")
         }
@@ -258,7 +258,7 @@ class Trainer:
         return dict(batch, key_za=jax.lax.stop_gradient(keys["za"]), key_zb=jax.lax.stop_gradient(keys["zb"]))
 
 
-def _numpy_dtype(dtype) -> np.dtype:
+def numpy_dtype(dtype) -> np.dtype:
     """A NumPy dtype from a `tf.DType` or anything `np.dtype` takes."""
     return np.dtype(getattr(dtype, "as_numpy_dtype", dtype))
 

@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from contrastive_jax import checkpoint, input_pipeline, losses, optimizer, sharding, train
+from contrastive_jax import checkpoint, input_pipeline, losses, memory_fit, optimizer, sharding, train
 from contrastive_jax.config_lib import override
 from contrastive_jax.sharding import DATA_AXIS
 from contrastive_jax.trainer import build
@@ -330,14 +330,7 @@ def compiled_step(config):
     run = build(config, sharding.make_mesh(NUM_DEVICES))
     spec = input_pipeline.train_dataset(config).element_spec
     _, abstract = run.init_state(spec)
-    batch = {
-        key: jax.ShapeDtypeStruct(
-            (N, *spec[key].shape[1:]),
-            spec[key].dtype.as_numpy_dtype,
-            sharding=sharding.data_sharding(run.mesh),
-        )
-        for key in ("a", "b")
-    }
+    batch = memory_fit.batch_spec({k: spec[k] for k in ("a", "b")}, N, run.mesh)
     return run.jit_train_step(abstract).lower(abstract, batch).compile()
 
 
