@@ -98,6 +98,10 @@ def get_config() -> ml_collections.ConfigDict:
     # micro-batches' own losses (each sees m - 1 negatives, not N - 1).
     train.micro_batch_size = 0  # Examples per micro-batch (all devices); 0: no micro-batches.
     train.micro_batch_method = "grad_cache"  # "grad_cache" or "accumulate".
+    # The gradient noise scale B_simple (McCandlish et al. 2018; noise_scale): each step
+    # also takes the norm of every device's share of the gradient; logged as
+    # train/noise_scale. Needs >= 2 devices, no micro-batches and a loss without state.
+    train.log_noise_scale = False  # Log B_simple every log_every_steps.
     # Before the first step the compiled step's memory per device is checked against this
     # (GiB); None: the accelerator's limit, or on CPU the host's available memory / devices.
     train.memory_limit_gib = ml_collections.config_dict.placeholder(float)  # GiB per device, or None.

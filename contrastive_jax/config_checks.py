@@ -52,7 +52,24 @@ def check(config: ml_collections.ConfigDict, loss: losses.Loss, num_devices: int
                 f"one of {sorted(grad_cache.MICRO_BATCH_METHODS)}."
             )
         grad_cache.check_micro_batches(train.global_batch_size, train.micro_batch_size, num_devices)
+    if train.log_noise_scale:
+        _check_noise_scale(loss, train, num_devices)
     return _check_loss_state(loss, config)
+
+
+def _check_noise_scale(loss: losses.Loss, train: ml_collections.ConfigDict, num_devices: int) -> None:
+    """The noise scale compares each device's share of the gradient with the sum: it needs
+    two devices or more, the whole batch in one pass and a loss without state."""
+    if num_devices < 2:
+        raise ConfigError(
+            "config.train.log_noise_scale=True needs 2 or more devices on the data axis (it compares "
+            f"each device's gradient with their sum), not {num_devices}; set --config.num_simulated_devices=8 on CPU."
+        )
+    if train.micro_batch_size or loss.state is not None:
+        raise ConfigError(
+            "config.train.log_noise_scale=True needs config.train.micro_batch_size=0 and a loss without state "
+            f"(not micro_batch_size={train.micro_batch_size} with this loss); turn one of them off."
+        )
 
 
 def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict) -> int:

@@ -42,6 +42,7 @@ from contrastive_jax import (
     input_pipeline,
     memory_fit,
     metric_writer,
+    noise_scale,
     sharding,
 )
 from contrastive_jax.config_lib import ConfigError
@@ -238,6 +239,10 @@ def _train(
         if step % config.train.log_every_steps == 0 or step == num_steps:
             scalars = {f"train/{k}": float(np.mean([w[k] for w in window])) for k in window[0]}
             seconds_per_step = (time.perf_counter() - timer_start) / max(timed_steps, 1)
+            if noise_scale.SMALL_KEY in window[0]:
+                scalars["train/noise_scale"] = noise_scale.window_b_simple(
+                    window, config.train.global_batch_size, trainer.mesh.shape[DATA_AXIS]
+                )
             if timed_steps:
                 scalars["train/examples_per_second"] = config.train.global_batch_size / seconds_per_step
             writer.write(step, scalars)

@@ -22,7 +22,7 @@ from flax.training import train_state
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from contrastive_jax import config_checks, data_sources, grad_cache, losses, models, optimizer, sharding
+from contrastive_jax import config_checks, data_sources, grad_cache, losses, models, noise_scale, optimizer, sharding
 from contrastive_jax.sharding import DATA_AXIS
 
 # Model outputs with a batch dimension (split over the mesh); the rest are replicated.
@@ -53,6 +53,7 @@ class Trainer:
     micro_batch_method: str  # a name in grad_cache.MICRO_BATCH_METHODS
     id_keys: tuple[str, ...]  # the dataset's id keys, stacked into `groups`
     loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
+    log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
 
     def init_state(self, element_spec: Mapping[str, Any]) -> tuple[Callable[[], TrainState], TrainState]:
         """`(init, abstract_state)`: `init()` creates the initial state replicated over the
@@ -149,6 +150,9 @@ class Trainer:
                 num_micro_batches=batch["a"].shape[0] // self.micro_batch_size,
                 num_shards=self.mesh.shape[DATA_AXIS],
             )
+        elif self.log_noise_scale:
+            loss, metrics, updates, grads = self._noise_scale_value_and_grad(forward, state.params, batch)
+            loss_state = state.loss_state
         else:
 
             def full_batch_loss(params):
@@ -167,6 +171,28 @@ class Trainer:
         state = state.replace(loss_state=loss_state)
         metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads), learning_rate=learning_rate)
         return state, metrics
+
+    def _noise_scale_value_and_grad(self, forward, params, batch):
+        """`(loss, metrics, updates, grads)` of the global loss with each device's forward
+        and backward pass in `shard_map`, so that its share of the gradient is seen before
+        the sum: `metrics` add the noise scale's squared norms
+        (`noise_scale.per_device_value_and_grad`). Dropout masks are drawn per device;
+        BatchNorm statistics are the devices' mean."""
+
+        def per_device(params, local_batch):
+            def local_loss(p):
+                batched, shared, updates = forward(p, local_batch, jax.lax.axis_index(DATA_AXIS))
+                inputs = {**batched, **shared, **self.loss_data(local_batch)}
+                loss, metrics = self.loss.fn(inputs, self.loss_settings)
+                return loss, (dict(metrics, temperature=shared["temperature"]), updates)
+
+            (loss, (metrics, updates)), grads, small, big = noise_scale.per_device_value_and_grad(
+                local_loss, params, DATA_AXIS
+            )
+            metrics, updates = jax.lax.pmean((metrics, updates), DATA_AXIS)
+            return loss, dict(metrics, **{noise_scale.SMALL_KEY: small, noise_scale.BIG_KEY: big}), updates, grads
+
+        return jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=P())(params, batch)
 
     def loss_data(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """The data fields the loss reads (see `losses.registry`) from a batch: `label`
@@ -291,4 +317,5 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         micro_batch_method=train.micro_batch_method,
         id_keys=tuple(data_sources.SOURCES[config.data.name].id_keys),
         loss_table_size=loss_table_size,
+        log_noise_scale=train.log_noise_scale,
     )

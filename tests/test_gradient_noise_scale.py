@@ -1,6 +1,8 @@
-"""experiments/gradient_noise_scale.py: McCandlish et al.'s estimator against a closed form,
-the per-device gradient with global negatives, and a quick run of the tool."""
+"""contrastive_jax.noise_scale: McCandlish et al.'s estimator against a closed form, each
+device's share of the gradient with global negatives, the train step's option, and a
+quick run of experiments/gradient_noise_scale.py."""
 
+import functools
 import json
 import pathlib
 import sys
@@ -9,32 +11,54 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax import losses, noise_scale, sharding
+from contrastive_jax.sharding import DATA_AXIS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
     sys.path.insert(0, str(ROOT))
 
-from contrastive_jax import losses  # noqa: E402
-from experiments import gradient_noise_scale as gns  # noqa: E402
+
+@functools.cache
+def sharded_norms(loss_of_rows, num_devices=8):
+    """`per_device_value_and_grad` on `num_devices` devices, jitted: `(params, rows) ->
+    (loss, grads, small, big)`, `loss_of_rows(params, local rows)` the device's loss."""
+    mesh = sharding.make_mesh(num_devices)
+
+    def per_device(params, local_rows):
+        (loss, _), grads, small, big = noise_scale.per_device_value_and_grad(
+            lambda p: (loss_of_rows(p, local_rows), None), params, DATA_AXIS
+        )
+        return loss, grads, small, big
+
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=P()))
 
 
 def test_least_squares_noise_scale_matches_the_closed_form():
     """Least squares, x ~ N(0, I_d), y = x . w* + noise (std s), at w = w* + delta:
     per-example gradient g = x (x . delta - e), so G = delta, |G|^2 = |delta|^2 and
     E|g|^2 = (d + 2)|delta|^2 + d s^2, hence tr(Sigma) = (d + 1)|delta|^2 + d s^2."""
-    d, noise, b_small, groups, draws = 8, 0.5, 16, 8, 400
+    d, noise, b_small, devices, draws = 8, 0.5, 16, 8, 300
     delta = jnp.full((d,), 0.25)
     want_trace = (d + 1) * float(delta @ delta) + d * noise**2
-    want = gns.NoiseScale(float(delta @ delta), want_trace, want_trace / float(delta @ delta))
+    want = noise_scale.NoiseScale(float(delta @ delta), want_trace, want_trace / float(delta @ delta))
+
+    def mean_loss(w, rows):  # the global mean over all devices' rows
+        x, e = rows[:, :-1], rows[:, -1]
+        return jax.lax.pmean(jnp.mean(0.5 * jnp.square(x @ w - e)), DATA_AXIS)
 
     def draw(key):
         kx, ke = jax.random.split(key)
-        x = jax.random.normal(kx, (b_small * groups, d))
-        e = noise * jax.random.normal(ke, (b_small * groups,))
-        return gns.squared_gradient_norms(lambda w: 0.5 * jnp.square(x @ w - e), delta, groups)
+        x = jax.random.normal(kx, (b_small * devices, d))
+        e = noise * jax.random.normal(ke, (b_small * devices, 1))
+        _, grads, small, big = sharded_norms(mean_loss, devices)(delta, jnp.concatenate([x, e], axis=1))
+        np.testing.assert_allclose(grads, x.T @ (x @ delta - e[:, 0]) / len(x), rtol=1e-4, atol=1e-6)
+        return float(small), float(big)
 
     norms = np.array([draw(k) for k in jax.random.split(jax.random.key(0), draws)])
-    got = gns.estimate(*norms.mean(axis=0), b_small, b_small * groups)
+    got = noise_scale.estimate(*norms.mean(axis=0), b_small, b_small * devices)
     assert got.g_squared == pytest.approx(want.g_squared, rel=0.05)
     assert got.trace_sigma == pytest.approx(want.trace_sigma, rel=0.05)
     assert got.b_simple == pytest.approx(want.b_simple, rel=0.1)
@@ -43,34 +67,106 @@ def test_least_squares_noise_scale_matches_the_closed_form():
 def test_estimate_inverts_the_model_of_the_norms():
     """E|G_B|^2 = |G|^2 + tr(Sigma) / B: the estimator recovers both exactly."""
     g2, trace = 3.0, 120.0
-    got = gns.estimate(g2 + trace / 16, g2 + trace / 256, 16, 256)
+    got = noise_scale.estimate(g2 + trace / 16, g2 + trace / 256, 16, 256)
     np.testing.assert_allclose(got, (g2, trace, trace / g2))
     with pytest.raises(ValueError, match="b_small < b_big"):
-        gns.estimate(1.0, 1.0, 256, 16)
+        noise_scale.estimate(1.0, 1.0, 256, 16)
+    windows = [{noise_scale.SMALL_KEY: g2 + trace / 16, noise_scale.BIG_KEY: g2 + trace / 256}] * 3
+    assert noise_scale.window_b_simple(windows, 256, 16) == pytest.approx(trace / g2)
 
 
-def test_groups_use_the_global_negatives():
-    """The per-row CLIP terms average to clip_loss; a group's gradient is that of its own
-    rows' terms, each scored against all N columns (not a loss over the group alone)."""
-    za, zb = (losses.l2_normalize(jax.random.normal(k, (16, 4))) for k in jax.random.split(jax.random.key(1)))
-    per_row = lambda z: gns.clip_per_row_loss(z, zb, 0.1)  # noqa: E731
-    assert float(per_row(za).mean()) == pytest.approx(float(losses.clip_loss(za, zb, temperature=0.1)), rel=1e-5)
-    small, big = gns.squared_gradient_norms(per_row, za, 2)
-    first_half = jax.grad(lambda z: per_row(z)[:8].mean())(za)
-    second_half = jax.grad(lambda z: per_row(z)[8:].mean())(za)
-    want_small = (float(jnp.sum(first_half**2)) + float(jnp.sum(second_half**2))) / 2
-    assert small == pytest.approx(want_small, rel=1e-5)
-    assert big == pytest.approx(float(jnp.sum(jax.grad(lambda z: per_row(z).mean())(za) ** 2)), rel=1e-5)
-    local_only = jax.grad(lambda z: losses.clip_loss(z[:8], zb[:8], temperature=0.1))(za)
-    assert not np.allclose(first_half, local_only, atol=1e-4)  # the in-group loss differs
+def test_device_shares_use_the_global_negatives():
+    """A linear encoder z = normalize(x W) under the sharded CLIP loss: device d's share is
+    dL/dW_d, W_d the copy of W that embeds its rows, with every row scored against all N
+    columns (a float64 reference with one copy of W per device); not the gradient of a
+    CLIP loss over the device's rows alone."""
+    devices, rows, d_in, d_out = 4, 8, 6, 5
+    kx, ky, kw = jax.random.split(jax.random.key(1), 3)
+    x = jax.random.normal(kx, (devices * rows, d_in))
+    y = jax.random.normal(ky, (devices * rows, d_in))
+    w = 0.5 * jax.random.normal(kw, (d_in, d_out))
+
+    def embed(w, inputs):
+        return losses.l2_normalize(inputs @ w)
+
+    def sharded_loss(w, local):
+        return losses.clip_loss(embed(w, local[:, 0]), embed(w, local[:, 1]), temperature=0.1, axis_name=DATA_AXIS)
+
+    loss, grads, small, big = sharded_norms(sharded_loss, devices)(w, jnp.stack([x, y], axis=1))
+
+    from contrastive_jax import compat
+
+    with compat.enable_x64():
+        x64, y64, w64 = (np.asarray(v, np.float64) for v in (x, y, w))
+
+        def dense_loss(copies):  # copies [devices, d_in, d_out]: rows of device d use copies[d]
+            za = jnp.concatenate([embed(copies[k], x64[k * rows : (k + 1) * rows]) for k in range(devices)])
+            zb = jnp.concatenate([embed(copies[k], y64[k * rows : (k + 1) * rows]) for k in range(devices)])
+            return losses.clip_loss(za, zb, temperature=0.1)
+
+        copies = jnp.broadcast_to(w64, (devices, *w64.shape))
+        shares = np.asarray(jax.grad(dense_loss)(copies))
+        want_loss = float(dense_loss(copies))
+    assert float(loss) == pytest.approx(want_loss, rel=1e-5)
+    np.testing.assert_allclose(grads, shares.sum(0), rtol=1e-4, atol=1e-6)
+    want_small = np.mean([np.sum((devices * s) ** 2) for s in shares])
+    assert float(small) == pytest.approx(want_small, rel=1e-4)
+    assert float(big) == pytest.approx(np.sum(shares.sum(0) ** 2), rel=1e-4)
+    local_only = jax.grad(lambda w: losses.clip_loss(embed(w, x[:rows]), embed(w, y[:rows]), temperature=0.1))(w)
+    assert not np.allclose(devices * shares[0], local_only, atol=1e-3)  # the in-device loss differs
+
+
+@functools.cache
+def _tiny_overrides(data_dir):
+    return {
+        "data.data_dir": data_dir,
+        "model.mlp_hidden_dims": (32,),
+        "model.encoder_dim": 32,
+        "model.embed_dim": 16,
+        "model.dropout_rate": 0.0,
+        "train.global_batch_size": 64,
+        "optim.name": "sgd",
+        "optim.momentum": 0.0,
+        "optim.warmup_steps": 0,
+        "optim.grad_clip_norm": 0.0,
+    }
+
+
+def test_the_noise_scale_step_is_the_plain_step(load_config, digits_data_dir):
+    """With the option on the step's update is the plain step's (one forward and backward
+    per device, summed), and its metrics add the two norms, small > big."""
+    from contrastive_jax import input_pipeline
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.trainer import build
+
+    config = override(load_config("default"), _tiny_overrides(digits_data_dir))
+    mesh = sharding.make_mesh(8)
+    ds = input_pipeline.train_dataset(config)
+    batch = next(ds.as_numpy_iterator())
+    results = []
+    for on in (False, True):
+        trainer = build(override(config, {"train.log_noise_scale": on}), mesh)
+        init, abstract = trainer.init_state(ds.element_spec)
+        state, metrics = trainer.jit_train_step(abstract)(init(), batch)
+        results.append((jax.device_get(state.params), jax.device_get(metrics)))
+    (plain_params, plain), (params, metrics) = results
+    np.testing.assert_allclose(metrics["loss"], plain["loss"], rtol=1e-5)
+    np.testing.assert_allclose(metrics["grad_norm"], plain["grad_norm"], rtol=1e-4)
+    np.testing.assert_allclose(metrics["temperature"], plain["temperature"], rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), params, plain_params)
+    assert metrics[noise_scale.BIG_KEY] == pytest.approx(float(metrics["grad_norm"]) ** 2, rel=1e-4)
+    assert metrics[noise_scale.SMALL_KEY] > metrics[noise_scale.BIG_KEY] > 0
+    assert noise_scale.SMALL_KEY not in plain
 
 
 @pytest.mark.slow  # 20 s: a training run; the estimator's properties are tested above
 def test_quick_run_writes_the_noise_scale(digits_data_dir, tmp_path):
+    from experiments import gradient_noise_scale as gns
+
     gns.main(["--quick", "--out", str(tmp_path), "--data-dir", digits_data_dir, "--steps", "4", "--every", "2"])
     result = json.loads((tmp_path / "noise_scale.json").read_text())
     assert (result["global_batch_size"], result["small_batch_size"], result["devices"]) == (64, 8, 8)
-    assert [r["step"] for r in result["records"]] == [0, 2]
+    assert [r["step"] for r in result["records"]] == [2, 4]
     for record in result["records"]:
         assert record["small_sq_norm"] > record["big_sq_norm"] > 0  # smaller batches: noisier
         assert np.isfinite(record["b_simple_running"])
