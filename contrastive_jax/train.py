@@ -299,6 +299,8 @@ def _train(
                     results = evaluator(local_state(state))
                     writer.write(step, {f"eval/{k}": v for k, v in results.items()})
                     progress.message(console.eval_line(step, results))
+                if (save or run_eval) and not window:  # at a logging step: time the steps alone
+                    timer_start = time.perf_counter()
         if start_step >= num_steps:  # already trained: evaluate the restored state
             results = evaluator(local_state(state))
     finally:

@@ -253,7 +253,7 @@ def new_figure(title: str, *, ncols: int = 1, width: float = 5.0) -> tuple[matpl
 def errorbar(ax, records: Sequence[Mapping[str, Any]], by: str, metric: str, **kwargs) -> None:
     """Plots the mean of `metric` against `by` with seed standard-deviation error bars."""
     x, mean, std = summarize(records, by, metric, kwargs.pop("where", lambda r: True))
-    ax.errorbar(x, mean, yerr=std, marker="o", capsize=3, **kwargs)
+    ax.errorbar(x, mean, yerr=std, capsize=3, **{"marker": "o", **kwargs})
 
 
 def colors(n: int, name: str = "viridis") -> list:

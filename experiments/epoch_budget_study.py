@@ -1,0 +1,324 @@
+"""How large must the batch be? cmudict at an epoch budget: the batch against the alternatives.
+
+Every run trains `configs/cmudict_clip.py` (121,490 spelling / pronunciation pairs, two
+1-D CNN towers, 8 simulated CPU devices, every loss over the global batch) for the same
+number of epochs (`EPOCHS`: the largest N gets >= 300 steps), with the learning rate
+scaled by sqrt(N / 256) from `BASE_LEARNING_RATE` and a warmup of `WARMUP_EPOCHS`
+epochs, evaluating test R@1 both ways `EVALS` times along the run. The grid (`METHODS`):
+
+* CLIP and SigLIP at N in `BATCH_SIZES`, each seed: does a larger batch win at a fixed
+  number of epochs (SimCLR, Fig. 9), and where does the sigmoid loss stand (SigLIP)?
+  The CLIP runs log the gradient noise scale `B_simple` (`config.train.log_noise_scale`,
+  McCandlish et al. 2018): the batch beyond which more buys few fewer steps.
+* at the smallest N, the negatives beyond the batch: DCL, SogCLR (per-example state), a
+  MoCo queue of `QUEUE_SIZE` keys without and with a momentum (EMA) key encoder.
+
+Run (from the repository root; resumable: rerun the same command after a kill):
+  .venv/bin/python -m experiments.epoch_budget_study           # the grid, results committed
+  .venv/bin/python -m experiments.epoch_budget_study --quick   # CI: slices of the data
+
+Writes to `--out` (default `experiments/results/epoch_budget_study`): `results.{csv,json}`
+(every run's tags, final metrics and curves), `summary.md` (one row per method and N,
+the epoch and noise-scale tables) and the figures `r1_vs_batch.png`, `r1_vs_epochs.png`,
+`r1_vs_training_time.png`, `noise_scale.png`. Training time is the steps' own time (from
+the logged throughput; compilation, evaluation and checkpoints left out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from contrastive_jax import noise_scale
+from contrastive_jax.config_lib import override
+from experiments import sweep
+
+TRAIN_PAIRS = 121_490  # cmudict's training split
+EPOCHS = 11.0  # N = 4,096 gets ceil(11 * 121,490 / 4,096) = 327 steps
+BATCH_SIZES = (256, 1024, 4096)
+SMALL_BATCH = 256  # the alternatives' N
+SEEDS = (0, 1)
+REFERENCE_BATCH = 256
+BASE_LEARNING_RATE = 1e-3  # AdamW's peak at N = 256; x sqrt(N / 256) above
+WARMUP_EPOCHS = 0.5
+EVALS = 5  # test retrieval this many times per run, the last at the end
+LOG_WINDOWS_PER_EVAL = 8  # training scalars logged this many times between evaluations
+QUEUE_SIZE = 16_384  # MoCo keys per tower (a multiple of every N with a queue)
+METRICS = ("a_to_b/R@1", "b_to_a/R@1")
+CURVES = (
+    "train/loss",
+    "train/temperature",
+    "train/examples_per_second",
+    "train/noise_scale",
+    f"train/{noise_scale.SMALL_KEY}",
+    f"train/{noise_scale.BIG_KEY}",
+    *(f"eval/{m}" for m in METRICS),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One line of the grid: a loss (config overrides) at some batch sizes and seeds."""
+
+    label: str  # the legend's name
+    overrides: Mapping[str, Any]
+    batch_sizes: Sequence[int]
+    seeds: Sequence[int]
+
+
+def methods(batch_sizes: Sequence[int], small: int, seeds: Sequence[int], queue_size: int) -> list[Method]:
+    """The grid: CLIP (logging the noise scale) and SigLIP at every N; at N = `small`, DCL
+    and SogCLR (every seed) and the queue without EMA keys (the first seed); the queue
+    with EMA keys (MoCo's) at `small` and the next N, the first seed."""
+    queue = {"loss.name": "moco_queue", "loss.queue_size": queue_size, "loss.chunk_size": "auto"}
+    return [
+        Method("CLIP", {"loss.name": "clip", "train.log_noise_scale": True}, batch_sizes, seeds),
+        # SigLIP's initialisation: t' = log 10 (temperature 0.1), bias -10 (Zhai et al. 2023).
+        Method(
+            "SigLIP", {"loss.name": "siglip", "loss.temperature": 0.1, "loss.siglip_bias": -10.0}, batch_sizes, seeds
+        ),
+        Method("DCL", {"loss.name": "dcl"}, [small], seeds),
+        Method("SogCLR", {"loss.name": "sogclr", "loss.sogclr_gamma": 0.9}, [small], seeds),
+        Method(f"queue K={queue_size:,}", {**queue, "loss.queue_momentum": 0.0}, [small], seeds[:1]),
+        Method(
+            f"queue K={queue_size:,}, EMA 0.99",
+            {**queue, "loss.queue_momentum": 0.99},
+            sorted({small, *batch_sizes[1:2]}),
+            seeds[:1],
+        ),
+    ]
+
+
+def learning_rate(n: int) -> float:
+    """The sqrt rule: `BASE_LEARNING_RATE * sqrt(N / 256)`."""
+    return BASE_LEARNING_RATE * math.sqrt(n / REFERENCE_BATCH)
+
+
+def study_runs(grid: Sequence[Method], *, epochs: float, train_size: int, evals: int = EVALS) -> list[sweep.Run]:
+    """One run per (method, N, seed), each `ceil(epochs * train_size / N)` steps, logging
+    `LOG_WINDOWS_PER_EVAL` times per evaluation and checkpointing at the evaluations.
+    The first seed's runs come first: a grid stopped early has every method once."""
+    runs = []
+    for method in grid:
+        for n in method.batch_sizes:
+            steps_per_epoch = train_size / n
+            num_steps = math.ceil(epochs * steps_per_epoch)
+            # `evals` evaluations, the last at the end, each at a logging step
+            log_every = math.ceil(math.ceil(num_steps / evals) / LOG_WINDOWS_PER_EVAL)
+            eval_every = log_every * LOG_WINDOWS_PER_EVAL
+            for seed in method.seeds:
+                overrides = {
+                    **sweep.run_overrides(
+                        num_steps=num_steps, seed=seed, warmup_steps=round(WARMUP_EPOCHS * steps_per_epoch)
+                    ),
+                    "train.log_every_steps": log_every,
+                    "eval.every_steps": eval_every,
+                    "checkpoint.every_steps": eval_every,
+                    "train.global_batch_size": n,
+                    "optim.learning_rate": learning_rate(n),
+                    **method.overrides,
+                }
+                name = method.label.lower().replace(" ", "_").replace(",", "").replace("=", "")
+                runs.append(
+                    sweep.Run(
+                        name=f"{name}_batch{n:05d}_seed{seed}",
+                        tags={
+                            "method": method.label,
+                            "batch_size": n,
+                            "seed": seed,
+                            "steps": num_steps,
+                            "epochs": round(num_steps * n / train_size, 3),
+                            "learning_rate": learning_rate(n),
+                        },
+                        overrides=overrides,
+                    )
+                )
+    return sorted(runs, key=lambda r: r.tags["seed"])
+
+
+def training_seconds(record: Mapping[str, Any]) -> dict[int, float]:
+    """`{step: seconds}`: the steps' cumulative time at each logged step, from each logging
+    window's throughput (`train/examples_per_second` x the window's steps)."""
+    elapsed, previous, out = 0.0, 0, {}
+    for step, examples_per_second in record["curves"]["train/examples_per_second"]:
+        elapsed += (step - previous) * record["batch_size"] / examples_per_second
+        out[int(step)], previous = elapsed, step
+    return out
+
+
+def with_time_axes(record: dict[str, Any], train_size: int, num_devices: int) -> dict[str, Any]:
+    """The record plus `training_minutes` and, for each evaluation, `[step, epoch,
+    seconds, R@1 a->b, R@1 b->a]` in `evals`; and the noise scale's summary for runs that
+    logged it: `b_simple` (from the norms averaged over the second half of the run)."""
+    seconds = training_seconds(record)
+    logged = sorted(seconds)
+    at = lambda step: seconds[min(logged, key=lambda s: abs(s - step))]  # noqa: E731
+    curves = record["curves"]
+    evals = [
+        [step, step * record["batch_size"] / train_size, at(step), a, b]
+        for (step, a), (_, b) in zip(curves[f"eval/{METRICS[0]}"], curves[f"eval/{METRICS[1]}"], strict=True)
+    ]
+    out = dict(record, evals=evals, training_minutes=seconds[logged[-1]] / 60)
+    small = curves[f"train/{noise_scale.SMALL_KEY}"]
+    if small:
+        big = curves[f"train/{noise_scale.BIG_KEY}"]
+        half = len(small) // 2
+        out["b_simple"] = noise_scale.estimate(
+            np.mean([v for _, v in small[half:]]),
+            np.mean([v for _, v in big[half:]]),
+            record["batch_size"] // num_devices,
+            record["batch_size"],
+        ).b_simple
+    return out
+
+
+def _mean_over_seeds(records: Sequence[Mapping], key: str) -> np.ndarray:
+    """The seeds' mean of `record[key]` (a list of equal-length rows)."""
+    return np.mean([np.asarray(r[key], dtype=float) for r in records], axis=0)
+
+
+def _groups(records: Sequence[Mapping]) -> dict[tuple[str, int], list[Mapping]]:
+    """Records by (method, N), in the grid's order."""
+    groups: dict[tuple[str, int], list[Mapping]] = {}
+    for r in records:
+        groups.setdefault((r["method"], r["batch_size"]), []).append(r)
+    return groups
+
+
+def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
+    """The four figures (see the module docstring)."""
+    groups = _groups(records)
+    labels = list(dict.fromkeys(r["method"] for r in records))
+    figures = {}
+    fig, axes = sweep.new_figure(f"test R@1 after {max(r['epochs'] for r in records):.3g} epochs at every N", ncols=2)
+    for ax, metric in zip(axes, METRICS, strict=True):
+        for label, marker in zip(labels, "osD^v<>", strict=False):
+            sweep.errorbar(
+                ax,
+                records,
+                "batch_size",
+                metric,
+                where=lambda r, label=label: r["method"] == label,
+                label=label,
+                marker=marker,
+                linestyle="-" if len({r["batch_size"] for r in records if r["method"] == label}) > 1 else "none",
+            )
+        ax.set(xlabel="global batch N", ylabel=f"test {metric}")
+        sweep.log_spaced_ticks(ax, batch_sizes)
+    axes[0].legend(fontsize=7)
+    figures["r1_vs_batch"] = fig
+    for name, column, xlabel in (("r1_vs_epochs", 1, "epochs"), ("r1_vs_training_time", 2, "training minutes")):
+        fig, ax = sweep.new_figure(f"test {METRICS[0]} along the runs (mean over seeds)", width=7)
+        for ((label, n), group), color in zip(groups.items(), sweep.colors(len(groups), "tab20"), strict=True):
+            evals = _mean_over_seeds(group, "evals")
+            x = evals[:, column] / (60 if column == 2 else 1)
+            ax.plot(x, evals[:, 3], marker="o", markersize=3, color=color, label=f"{label}, N={n:,}")
+        ax.set(xlabel=xlabel, ylabel=f"test {METRICS[0]}", xscale="log" if column == 2 else "linear")
+        ax.legend(fontsize=6, ncols=2)
+        figures[name] = fig
+    fig, ax = sweep.new_figure("gradient noise scale B_simple along the CLIP runs (per logging window)", width=7)
+    for ((label, n), group), color in zip(groups.items(), sweep.colors(len(groups), "tab20"), strict=True):
+        curves = [dict(map(tuple, r["curves"]["train/noise_scale"])) for r in group]
+        if not curves[0]:
+            continue
+        steps = sorted(set.intersection(*(set(c) for c in curves)))
+        epochs = np.asarray(steps) * n / TRAIN_PAIRS
+        ax.plot(epochs, [np.mean([c[s] for c in curves]) for s in steps], color=color, label=f"{label}, N={n:,}")
+    ax.set(xlabel="epochs", ylabel="B_simple", yscale="symlog")
+    ax.legend(fontsize=7)
+    figures["noise_scale"] = fig
+    return figures
+
+
+def summary(records: Sequence[Mapping]) -> str:
+    """`summary.md`: the final table, R@1 at each evaluation, and the noise scale."""
+    groups = _groups(records)
+    rows = []
+    for (label, n), group in groups.items():
+        rows.append(
+            [
+                label,
+                f"{n:,}",
+                group[0]["steps"],
+                len(group),
+                *(sweep.mean_std(group, m) for m in METRICS),
+                sweep.mean_std(group, "train/loss"),
+                sweep.mean_std(group, "train/temperature"),
+                f"{np.mean([r['training_minutes'] for r in group]):.2f}",
+                sweep.mean_std(group, "b_simple") if "b_simple" in group[0] else "",
+            ]
+        )
+    epochs = sorted({r["epochs"] for r in records})
+    text = f"# cmudict, the same epoch budget at every N ({epochs[0]:g} to {epochs[-1]:g} epochs: whole steps)\n\n"
+    text += sweep.markdown_table(
+        rows,
+        [
+            "method",
+            "N",
+            "steps",
+            "seeds",
+            f"test {METRICS[0]}",
+            f"test {METRICS[1]}",
+            "final loss",
+            "temperature",
+            "training min",
+            "B_simple (2nd half)",
+        ],
+    )
+    text += f"\n## test {METRICS[0]} at each evaluation (mean over seeds): epoch -> R@1\n\n"
+    eval_rows = []
+    for (label, n), group in groups.items():
+        evals = _mean_over_seeds(group, "evals")
+        eval_rows.append([label, f"{n:,}", *(f"{e:.1f}: {r:.3f} ({t / 60:.1f} min)" for _, e, t, r, _ in evals)])
+    text += sweep.markdown_table(eval_rows, ["method", "N", *(f"eval {i + 1}" for i in range(len(eval_rows[0]) - 2))])
+    return text
+
+
+def run(args) -> list[dict]:
+    """Trains the grid (skipping finished runs), then writes results, figures and summary."""
+    base = sweep.load_config("cmudict_clip")
+    base.data.data_dir = args.data_dir
+    if args.quick:
+        base = override(base, QUICK_OVERRIDES)
+    grid = methods(args.batch_sizes, args.batch_sizes[0], args.seeds, args.queue_size)
+    runs = study_runs(grid, epochs=args.epochs, train_size=args.train_size, evals=args.evals)
+    records = sweep.run_grid(base, runs, args.out, curve_keys=CURVES)
+    records = [with_time_axes(r, args.train_size, base.num_simulated_devices) for r in records]
+    sweep.write_results(records, args.out)
+    sweep.save(plot(records, args.batch_sizes), args.out)
+    (args.out / "summary.md").write_text(summary(records))
+    print(f"wrote {args.out}")
+    return records
+
+
+FULL = dict(
+    batch_sizes=list(BATCH_SIZES),
+    seeds=list(SEEDS),
+    epochs=EPOCHS,
+    evals=EVALS,
+    queue_size=QUEUE_SIZE,
+    train_size=TRAIN_PAIRS,
+)
+# --quick: 2,048 training pairs, 1,024 test pairs, N = 64 and 128, one epoch.
+QUICK = dict(batch_sizes=[64, 128], seeds=[0], epochs=1.0, evals=2, queue_size=256, train_size=2048)
+QUICK_OVERRIDES = {"data.train_split": "train[:2048]", "eval.split": "test[:1024]"}
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = sweep.argument_parser(__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", type=sweep.int_list, help="CLIP / SigLIP's N; the first is the alternatives'")
+    parser.add_argument("--epochs", type=float, help=f"epochs per run (default {EPOCHS:g})")
+    parser.add_argument("--evals", type=int, help=f"evaluations per run (default {EVALS})")
+    parser.add_argument("--queue-size", type=int, help=f"MoCo keys per tower (default {QUEUE_SIZE:,})")
+    args = sweep.resolve(parser.parse_args(argv), "epoch_budget_study", FULL, QUICK)
+    if args.steps is not None:
+        parser.error("--steps: every run here trains a number of epochs; pass --epochs.")
+    return run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""experiments/epoch_budget_study.py: the grid's arithmetic, the time axis, and --quick
+end to end (every method once, resumable: a rerun skips the finished runs)."""
+
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
+    sys.path.insert(0, str(ROOT))
+
+from experiments import epoch_budget_study as study  # noqa: E402
+
+
+def test_grid_gives_every_batch_the_same_epochs_and_the_largest_300_steps():
+    grid = study.methods(study.BATCH_SIZES, study.SMALL_BATCH, study.SEEDS, study.QUEUE_SIZE)
+    runs = study.study_runs(grid, epochs=study.EPOCHS, train_size=study.TRAIN_PAIRS)
+    # CLIP and SigLIP at 3 N x 2 seeds; DCL, SogCLR x 2 seeds; queue; queue with EMA at 2 N
+    assert len(runs) == 2 * 3 * 2 + 2 * 2 + 1 + 2
+    assert [r.tags["seed"] for r in runs] == sorted(r.tags["seed"] for r in runs)
+    assert len({r.name for r in runs}) == len(runs)
+    for run in runs:
+        n, steps = run.tags["batch_size"], run.overrides["train.num_train_steps"]
+        assert steps == -(-study.EPOCHS * study.TRAIN_PAIRS // n)
+        assert run.overrides["optim.learning_rate"] == pytest.approx(1e-3 * np.sqrt(n / 256))
+        assert run.overrides["optim.warmup_steps"] == min(round(0.5 * study.TRAIN_PAIRS / n), steps // 5)
+        assert run.overrides["eval.every_steps"] == 8 * run.overrides["train.log_every_steps"]
+        evals = len(range(run.overrides["eval.every_steps"], steps, run.overrides["eval.every_steps"])) + 1
+        assert evals == study.EVALS  # the last at the end
+    assert min(r.overrides["train.num_train_steps"] for r in runs) >= 300
+    assert all(r.overrides["train.log_noise_scale"] for r in runs if r.tags["method"] == "CLIP")
+    queues = [r for r in runs if r.overrides["loss.name"] == "moco_queue"]
+    assert sorted(r.overrides["loss.queue_momentum"] for r in queues) == [0.0, 0.99, 0.99]
+    assert {r.tags["batch_size"] for r in runs if r.tags["method"] in ("DCL", "SogCLR")} == {256}
+    assert sorted(r.tags["batch_size"] for r in queues) == [256, 256, 1024]
+
+
+def test_training_seconds_add_up_the_logging_windows():
+    record = {"batch_size": 100, "curves": {"train/examples_per_second": [[10, 1000.0], [20, 500.0], [25, 250.0]]}}
+    assert study.training_seconds(record) == {10: 1.0, 20: 3.0, 25: 5.0}
+
+
+def test_quick_runs_every_method_and_resumes(tmp_path, cmudict_data_dir, capsys):
+    args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
+    records = study.main(args)
+    assert sorted({(r["method"], r["batch_size"]) for r in records}) == sorted(
+        [("CLIP", 64), ("CLIP", 128), ("SigLIP", 64), ("SigLIP", 128)]
+        + [(m, 64) for m in ("DCL", "SogCLR", "queue K=256", "queue K=256, EMA 0.99")]
+        + [("queue K=256, EMA 0.99", 128)]
+    )
+    for r in records:
+        assert 0 <= r["a_to_b/R@1"] <= 1 and len(r["evals"]) == 2
+        assert r["evals"][-1][0] == r["steps"] and r["training_minutes"] > 0
+        assert ("b_simple" in r) == (r["method"] == "CLIP")
+    assert all(np.isfinite(r["b_simple"]) for r in records if r["method"] == "CLIP")
+    for name in (
+        "results.json",
+        "results.csv",
+        "summary.md",
+        "r1_vs_batch.png",
+        "r1_vs_epochs.png",
+        "r1_vs_training_time.png",
+        "noise_scale.png",
+    ):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "B_simple" in (tmp_path / "summary.md").read_text()
+    capsys.readouterr()
+    assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(records))
+    assert capsys.readouterr().out.count("finished earlier, skipped") == len(records)
