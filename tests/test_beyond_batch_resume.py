@@ -30,9 +30,11 @@ STATE_FIELDS = {
 }
 
 
-# The queue (state split over the devices, a momentum encoder) by default; SogCLR's
-# replicated table with -m slow (the resume of replicated state is the parameters' own).
-@pytest.mark.parametrize("name", ["moco_queue", pytest.param("sogclr", marks=pytest.mark.slow)])
+# -m slow (45 s each): the default suite resumes the queue's state in process
+# (test_train.py::test_resume_reaches_the_uninterrupted_parameters) and SIGKILLs a plain
+# run (test_preemption.py); here both at once, for the queue and SogCLR's table.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["moco_queue", "sogclr"])
 def test_sigkill_and_resume_is_bitwise_with_the_loss_state(
     processes,
     load_config,

@@ -112,6 +112,9 @@ def test_digits_config_trains_and_evaluates(load_config, digits_data_dir, tmp_pa
     assert all(np.isfinite(v) for v in results.values())
 
 
+# -m slow: the epoch-budget study's --quick run (default suite) trains cmudict_clip with
+# each of these losses; the configs' own fields are traced by the locked-and-valid test.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CMUDICT_CONFIGS)
 def test_cmudict_config_trains_and_evaluates(load_config, cmudict_data_dir, tmp_path, name):
     config = load_config(name)

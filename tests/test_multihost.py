@@ -124,6 +124,7 @@ def test_both_processes_killed_then_resumed(processes, load_config, digits_data_
 HEARTBEAT_TIMEOUT = 6  # seconds; short to keep the test short (the default is 30)
 
 
+@pytest.mark.slow  # 50 s: waits out the heartbeat timeout
 def test_a_lost_process_stops_the_others_with_one_line_and_all_resume(
     processes,
     load_config,

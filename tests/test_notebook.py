@@ -4,11 +4,11 @@ The assertions read what the notebook measured (its `notebook_results.json`): wh
 first cell installed and kept, the devices it found, the sharded-vs-one-device loss
 check, the short training run, and the one-chip memory figures and large-batch run.
 
-CI runs this file in two environments: the newest versions, and a venv built from
-`constraints/minimum.txt` like Colab's TPU runtime (jax 0.7.2, no TensorFlow, no
-ml-collections), where the first notebook run must install what is missing, CPU-only,
-without touching jax or numpy. It needs no TensorFlow itself: the notebook prepares the
-TFDS data in this module's own data_dir.
+Marked slow (about 50 s a run): CI runs it in a venv built from `constraints/minimum.txt`
+like Colab's TPU runtime (jax 0.7.2, no TensorFlow, no ml-collections), where the first
+notebook run must install what is missing, CPU-only, without touching jax or numpy; run
+it on the newest versions with `pytest -m slow tests/test_notebook.py`. It needs no
+TensorFlow itself: the notebook prepares the TFDS data in this module's own data_dir.
 """
 
 import importlib.metadata
@@ -106,6 +106,7 @@ def check_one_chip_memory_and_large_batch(executed):
 
 # One test per device count, so that each runs the notebook once (also under pytest-xdist,
 # whose workers would each run a shared fixture again); the 1-device run comes first.
+@pytest.mark.slow
 @pytest.mark.parametrize("devices", [1, 8], ids=["1-device", "8-devices"])
 def test_notebook_runs_all_on(devices, tmp_path_factory, data_dir):
     executed = execute(devices, tmp_path_factory, data_dir)

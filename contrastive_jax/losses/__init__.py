@@ -14,7 +14,6 @@ from contrastive_jax.losses.classification import (
 )
 from contrastive_jax.losses.contrastive import (
     clip_loss,
-    contrastive_metrics,
     infonce_loss,
     infonce_loss_floor,
     npairs_loss,
@@ -22,6 +21,7 @@ from contrastive_jax.losses.contrastive import (
     siglip_loss,
     supcon_loss,
 )
+from contrastive_jax.losses.loss_types import Loss, LossSettings, LossState
 from contrastive_jax.losses.memory import (
     XBM_LOSSES,
     enqueue,
@@ -36,8 +36,9 @@ from contrastive_jax.losses.metric import (
     multi_similarity_loss,
     triplet_loss,
 )
+from contrastive_jax.losses.pairs import contrastive_metrics
 from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
-from contrastive_jax.losses.registry import LOSSES, Loss, LossSettings, LossState
+from contrastive_jax.losses.registry import LOSSES
 
 __all__ = [
     "LOSSES",

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax.losses import _common, logit_stats
-from contrastive_jax.losses.contrastive import _check_paired, _local_ids, _paired_logits
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, document_streaming
+from contrastive_jax.losses.pairs import check_paired, local_ids, paired_logits
 
 # Both directions' logsumexps over the negatives only: the pair's own logit left out.
 _NEGATIVES_BOTH_WAYS = PairSpec(row_logsumexp=True, col_logsumexp=True, exclude_self=True)
@@ -36,7 +36,7 @@ _NEGATIVES_BOTH_WAYS = PairSpec(row_logsumexp=True, col_logsumexp=True, exclude_
 def _negative_logsumexps(a, b, temperature, axis_name, streaming) -> tuple[jax.Array, jax.Array]:
     """``(row_lse [B], col_lse [B])``: ``log sum_{j != i} exp(s_ij / T)`` for the local
     a's (rows) and the local b's (columns), over the global batch."""
-    ids = RowIds(_local_ids(a.shape[0], axis_name), None)
+    ids = RowIds(local_ids(a.shape[0], axis_name), None)
     stats = logit_stats.pair_stats(
         _NEGATIVES_BOTH_WAYS,
         a,
@@ -80,14 +80,14 @@ def dcl_loss(
     Returns:
       Scalar mean over the global batch and both directions.
     """
-    _check_paired(a, b, ("a", "b"), temperature, axis_name)
+    check_paired(a, b, ("a", "b"), temperature, axis_name)
     row_lse, col_lse = _negative_logsumexps(
         a, b, temperature, axis_name, Streaming(chunk_size, collective, matmul_dtype)
     )
-    positive = _paired_logits(a, b, temperature)
+    positive = paired_logits(a, b, temperature)
     if weight_sigma is not None:
         _common.check_positive(weight_sigma, "weight_sigma")
-        cosine = jax.lax.stop_gradient(_paired_logits(a, b, 1.0))
+        cosine = jax.lax.stop_gradient(paired_logits(a, b, 1.0))
         scaled = jnp.exp(cosine / weight_sigma)
         mean = jnp.mean(scaled) if axis_name is None else jax.lax.pmean(jnp.mean(scaled), axis_name)
         positive = (2.0 - scaled / mean) * positive
@@ -168,7 +168,7 @@ def sogclr_loss(
       batch's rows updated (an index twice in a batch: its last occurrence is kept).
       The table carries no gradient.
     """
-    _check_paired(a, b, ("a", "b"), temperature, axis_name)
+    check_paired(a, b, ("a", "b"), temperature, axis_name)
     if index is None or jnp.shape(index) != (a.shape[0],) or not jnp.issubdtype(jnp.result_type(index), jnp.integer):
         raise ValueError(
             f"sogclr_loss needs index: the [{a.shape[0]}] int dataset index of each pair "
@@ -194,7 +194,7 @@ def sogclr_loss(
     # d/ds_ij of ratio * lse is exp(s_ij / T) / u / (N - 1): SogCLR's weighted negatives.
     ratio = jnp.exp(log_g - new)
     per_direction = new + ratio * (lse - jax.lax.stop_gradient(lse))
-    loss = _common.global_mean(jnp.mean(per_direction, axis=1) - _paired_logits(a, b, temperature), axis_name)
+    loss = _common.global_mean(jnp.mean(per_direction, axis=1) - paired_logits(a, b, temperature), axis_name)
     all_index, all_new = _gather_replicated((index, new), axis_name)
     rows = jnp.where(_last_occurrences(all_index), all_index, log_u.shape[0])
     return loss, log_u.at[rows].set(all_new, mode="drop")

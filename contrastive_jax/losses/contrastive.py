@@ -32,16 +32,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses import _common, logit_stats
+from contrastive_jax.losses import _common, logit_stats, pairs
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, document_streaming
 
 # Softmax over each row's candidates; with the columns too (CLIP); without the row itself.
 _ROWS = PairSpec(row_logsumexp=True)
 _ROWS_AND_COLUMNS = PairSpec(row_logsumexp=True, col_logsumexp=True)
 _ROWS_NOT_SELF = PairSpec(row_logsumexp=True, exclude_self=True)
-# What the in-batch metrics read: the row logsumexps and each row's and column's largest
-# logit other than its own pair's.
-_METRICS = PairSpec(row_logsumexp=True, best=True)
 _NO_METRICS = PairSpec()
 
 
@@ -63,54 +60,12 @@ SUPCON = PairSpec(row_logsumexp=True, exclude_self=True, pair_terms=_positive_te
 _SIGLIP = PairSpec(pair_terms=_sigmoid_terms)
 
 
-def _local_ids(local_batch: int, axis_name) -> jax.Array:
-    """Global indices ``[B]`` of this device's rows."""
-    return _common.row_offset(local_batch, axis_name) + jnp.arange(local_batch)
-
-
-def _paired_logits(x: jax.Array, y: jax.Array, temperature) -> jax.Array:
-    """Logits ``[B]`` of the local pairs ``x_i . y_i / temperature`` (the targets)."""
-    return jnp.sum(_common.at_least_float32(x) * _common.at_least_float32(y), axis=1) / temperature
-
-
 def _check_group_ids(ids: jax.Array, batch_size: int) -> None:
     if ids.ndim not in (1, 2) or ids.shape[0] != batch_size or not jnp.issubdtype(ids.dtype, jnp.integer):
         raise ValueError(
             f"false_negative_ids must be ints of shape [B] or [B, K] with B = {batch_size} "
             f"(one row per pair), got {ids.dtype} {ids.shape}."
         )
-
-
-def _check_paired(a, b, names, temperature, axis_name) -> None:
-    _common.check_pair(a, b, *names)
-    _common.check_temperature(temperature)
-    _common.check_axis_bound(axis_name)
-
-
-def _row_logit_totals(x: jax.Array, y: jax.Array, temperature, axis_name) -> jax.Array:
-    """``sum_j x_i . y_j / temperature`` over the global ``y``: ``[B]``, O(N D) work."""
-    y_sum = jnp.sum(_common.at_least_float32(y), axis=0)
-    if axis_name is not None:
-        y_sum = jax.lax.psum(y_sum, axis_name)
-    return _common.at_least_float32(x) @ y_sum / temperature
-
-
-def _retrieval_metrics(a, b, stats, positive, temperature, axis_name) -> dict[str, jax.Array]:
-    """:func:`contrastive_metrics` from a loss's statistics (``row_lse`` of ``a @ b.T / T``,
-    ``row_best_negative``, ``col_best_negative``) and its positive logits ``[B]``: no N^2
-    work. Top-1 is right when the pair's logit beats every other candidate's (a tie
-    counts as wrong)."""
-    a, b, stats, positive, temperature = jax.lax.stop_gradient((a, b, stats, positive, temperature))
-    num_columns = a.shape[0] * (1 if axis_name is None else jax.lax.axis_size(axis_name))
-    negative = (_row_logit_totals(a, b, temperature, axis_name) - positive) / max(num_columns - 1, 1)
-    mean = lambda x: _common.global_mean(x, axis_name)  # noqa: E731
-    return {
-        "accuracy_a_to_b": mean((positive > stats.row_best_negative).astype(positive.dtype)),
-        "accuracy_b_to_a": mean((positive > stats.col_best_negative).astype(positive.dtype)),
-        "positive_logit": mean(positive),
-        "negative_logit": mean(negative),
-        "logsumexp": mean(stats.row_lse),
-    }
 
 
 def _with_metrics(loss, metrics, return_metrics: bool):
@@ -143,15 +98,15 @@ def infonce_loss(
       temperature: scalar > 0 (a Python number or a traced, learnable array).
       axis_name: mesh axis to gather keys over, or None for a single device.
       {streaming_args}
-      return_metrics: also return :func:`contrastive_metrics` (queries as ``a``) from
+      return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` (queries as ``a``) from
         the loss's own statistics, without gradient and without more N^2 work.
 
     Returns:
       Scalar: mean over the global batch of ``-log softmax(q_i . K / T)_i``; with
       ``return_metrics``, ``(loss, metrics)``.
     """
-    _check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
-    ids = RowIds(_local_ids(queries.shape[0], axis_name), None)
+    pairs.check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
+    ids = RowIds(pairs.local_ids(queries.shape[0], axis_name), None)
     total, row_lse, aux = logit_stats.pair_total(
         _ROWS,
         queries,
@@ -161,12 +116,12 @@ def infonce_loss(
         temperature=temperature,
         axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
-        aux_spec=_METRICS._replace(row_logsumexp=False) if return_metrics else _NO_METRICS,
+        aux_spec=pairs.METRICS._replace(row_logsumexp=False) if return_metrics else _NO_METRICS,
     )
-    positive = _paired_logits(queries, keys, temperature)
+    positive = pairs.paired_logits(queries, keys, temperature)
     # The total spread evenly over the local rows: only its sum enters the mean.
     loss = _common.global_mean(total / queries.shape[0] - positive, axis_name)
-    metrics = lambda: _retrieval_metrics(  # noqa: E731
+    metrics = lambda: pairs.retrieval_metrics(  # noqa: E731
         queries, keys, aux._replace(row_lse=row_lse), positive, temperature, axis_name
     )
     return _with_metrics(loss, metrics, return_metrics)
@@ -191,9 +146,9 @@ def npairs_loss(anchors: jax.Array, positives: jax.Array, *, l2_reg: float = 0.0
     """
     _common.check_pair(anchors, positives, "anchors", "positives")
     _common.check_axis_bound(axis_name)
-    ids = RowIds(_local_ids(anchors.shape[0], axis_name), None)
+    ids = RowIds(pairs.local_ids(anchors.shape[0], axis_name), None)
     stats = logit_stats.pair_stats(_ROWS, anchors, positives, ids, ids, temperature=1.0, axis_name=axis_name)
-    per_row = stats.row_lse - _paired_logits(anchors, positives, 1.0)
+    per_row = stats.row_lse - pairs.paired_logits(anchors, positives, 1.0)
     if l2_reg:
         squared_norms = jnp.sum(jnp.square(_common.at_least_float32(anchors)), axis=1) + jnp.sum(
             jnp.square(_common.at_least_float32(positives)), axis=1
@@ -231,7 +186,7 @@ def clip_loss(
       temperature: scalar > 0.
       axis_name: mesh axis to gather both sides over, or None.
       {streaming_args}
-      return_metrics: also return :func:`contrastive_metrics` from the loss's own
+      return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` from the loss's own
         statistics, without gradient and without more N^2 work.
       false_negative_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or
         None. Pairs j != i sharing any id with pair i are in-batch false negatives
@@ -246,10 +201,10 @@ def clip_loss(
       directions from the row logsumexps of the local a's and the column logsumexps of
       the local b's); with ``return_metrics``, ``(loss, metrics)``.
     """
-    _check_paired(a, b, ("a", "b"), temperature, axis_name)
+    pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
     if false_negative_ids is not None:
         _check_group_ids(false_negative_ids, a.shape[0])
-    ids = RowIds(_local_ids(a.shape[0], axis_name), false_negative_ids)
+    ids = RowIds(pairs.local_ids(a.shape[0], axis_name), false_negative_ids)
     spec = _ROWS_AND_COLUMNS._replace(best=return_metrics, exclude_shared_label=false_negative_ids is not None)
     stats = logit_stats.pair_stats(
         spec,
@@ -261,9 +216,9 @@ def clip_loss(
         axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
-    positive = _paired_logits(a, b, temperature)
+    positive = pairs.paired_logits(a, b, temperature)
     loss = _common.global_mean(0.5 * (stats.row_lse + stats.col_lse) - positive, axis_name)
-    metrics = lambda: _retrieval_metrics(a, b, stats, positive, temperature, axis_name)  # noqa: E731
+    metrics = lambda: pairs.retrieval_metrics(a, b, stats, positive, temperature, axis_name)  # noqa: E731
     return _with_metrics(loss, metrics, return_metrics)
 
 
@@ -294,7 +249,7 @@ def siglip_loss(
       bias: scalar (SigLIP initialises -10 so the many negatives start near 0 loss).
       axis_name: mesh axis to gather ``b`` over, or None.
       {streaming_args}
-      return_metrics: also return :func:`contrastive_metrics` (logits without the
+      return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` (logits without the
         bias) from the same tiles, without gradient and without another matmul (it
         adds one logsumexp per tile).
 
@@ -302,8 +257,8 @@ def siglip_loss(
       Scalar: ``-sum_j log sigmoid(z_ij * logit_ij)``, summed over all N columns and
       averaged over the N rows; with ``return_metrics``, ``(loss, metrics)``.
     """
-    _check_paired(a, b, ("a", "b"), temperature, axis_name)
-    ids = RowIds(_local_ids(a.shape[0], axis_name), None)
+    pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
+    ids = RowIds(pairs.local_ids(a.shape[0], axis_name), None)
     total, _, aux = logit_stats.pair_total(
         _SIGLIP,
         a,
@@ -314,7 +269,7 @@ def siglip_loss(
         bias=bias,
         axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
-        aux_spec=_METRICS if return_metrics else _NO_METRICS,
+        aux_spec=pairs.METRICS if return_metrics else _NO_METRICS,
     )
     loss = _common.global_mean(jnp.full((a.shape[0],), -total / a.shape[0]), axis_name)
 
@@ -324,8 +279,8 @@ def siglip_loss(
             row_best_negative=aux.row_best_negative - bias,
             col_best_negative=aux.col_best_negative - bias,
         )
-        positive = _paired_logits(a, b, temperature)
-        return _retrieval_metrics(a, b, without_bias, positive, temperature, axis_name)
+        positive = pairs.paired_logits(a, b, temperature)
+        return pairs.retrieval_metrics(a, b, without_bias, positive, temperature, axis_name)
 
     return _with_metrics(loss, metrics, return_metrics)
 
@@ -357,10 +312,10 @@ def ntxent_loss(
     Returns:
       Scalar mean over the 2N anchors of the global batch.
     """
-    _check_paired(z1, z2, ("z1", "z2"), temperature, axis_name)
+    pairs.check_paired(z1, z2, ("z1", "z2"), temperature, axis_name)
     local_batch = z1.shape[0]
     global_batch = local_batch * (1 if axis_name is None else jax.lax.axis_size(axis_name))
-    local_rows = _local_ids(local_batch, axis_name)
+    local_rows = pairs.local_ids(local_batch, axis_name)
     views = jnp.concatenate([z1, z2])
     ids = RowIds(jnp.concatenate([local_rows, local_rows + global_batch]), None)
     total, _, _ = logit_stats.pair_total(
@@ -373,7 +328,7 @@ def ntxent_loss(
         axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
-    positive = _paired_logits(views, jnp.concatenate([z2, z1]), temperature)
+    positive = pairs.paired_logits(views, jnp.concatenate([z2, z1]), temperature)
     return _common.global_mean(total / views.shape[0] - positive, axis_name)
 
 
@@ -409,7 +364,7 @@ def supcon_loss(
     _common.check_labels(labels, z.shape[0])
     _common.check_temperature(temperature)
     _common.check_axis_bound(axis_name)
-    ids = RowIds(_local_ids(z.shape[0], axis_name), labels)
+    ids = RowIds(pairs.local_ids(z.shape[0], axis_name), labels)
     stats = logit_stats.pair_stats(
         SUPCON,
         z,
@@ -429,49 +384,6 @@ def supcon_from_stats(stats: logit_stats.PairStats, axis_name) -> jax.Array:
     num_positives = stats.row_sums["num_positives"]
     per_row = stats.row_lse - stats.row_sums["positive_logits"] / jnp.maximum(num_positives, 1.0)
     return _common.global_mean(per_row, axis_name, weights=num_positives > 0)
-
-
-def contrastive_metrics(
-    a: jax.Array,
-    b: jax.Array,
-    *,
-    temperature,
-    axis_name=None,
-    chunk_size: int | str | None = None,
-) -> dict[str, jax.Array]:
-    """In-batch diagnostics of a paired batch, for training logs (no gradients).
-
-    The paired losses return the same dict from their own statistics with
-    ``return_metrics=True``; this function costs a pass over the N x N logits of its own.
-
-    Args:
-      a: ``[B, D]`` L2-normalised embeddings.
-      b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
-      temperature: scalar > 0.
-      axis_name: mesh axis to gather over, or None.
-      chunk_size: None scores all N columns at once; an int streams tiles of that size
-        (memory ``chunk_size^2`` instead of ``B x N``); ``"auto"`` as for the losses.
-
-    Returns:
-      Scalars over the global batch: ``accuracy_a_to_b`` and ``accuracy_b_to_a``
-      (top-1 in-batch retrieval), ``positive_logit`` and ``negative_logit`` (mean of
-      the diagonal and off-diagonal logits), ``logsumexp`` (mean row logsumexp).
-    """
-    _check_paired(a, b, ("a", "b"), temperature, axis_name)
-    a, b, temperature = jax.lax.stop_gradient((a, b, temperature))
-    ids = RowIds(_local_ids(a.shape[0], axis_name), None)
-    stats = logit_stats.pair_stats(
-        _METRICS,
-        a,
-        b,
-        ids,
-        ids,
-        temperature=temperature,
-        axis_name=axis_name,
-        streaming=Streaming(chunk_size),
-    )
-    positive = _paired_logits(a, b, temperature)
-    return _retrieval_metrics(a, b, stats, positive, temperature, axis_name)
 
 
 def infonce_loss_floor(num_candidates: int, *, temperature: float = 1.0) -> float:

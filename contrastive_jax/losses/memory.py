@@ -28,14 +28,9 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax.losses import _common, logit_stats
-from contrastive_jax.losses.contrastive import (
-    SUPCON,
-    _check_paired,
-    _local_ids,
-    _paired_logits,
-    supcon_from_stats,
-)
+from contrastive_jax.losses.contrastive import SUPCON, supcon_from_stats
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, document_streaming
+from contrastive_jax.losses.pairs import check_paired, local_ids, paired_logits
 
 # The label-based losses XBM extends to the memory (their per-anchor terms stream).
 XBM_LOSSES = ("contrastive", "multi_similarity", "supcon")
@@ -77,20 +72,20 @@ def moco_queue_loss(
     Returns:
       Scalar mean over the global batch.
     """
-    _check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
+    check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
     _common.check_embeddings(queue, "queue")
     global_batch = _common.global_batch_size(queries.shape[0], axis_name)
     stats = logit_stats.pair_stats(
         _QUEUE,
         queries,
         jax.lax.stop_gradient(queue),
-        RowIds(_local_ids(queries.shape[0], axis_name), None),
+        RowIds(local_ids(queries.shape[0], axis_name), None),
         RowIds(_buffer_ids(queue, global_batch, axis_name), None),
         temperature=temperature,
         axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
     )
-    positive = _paired_logits(queries, keys, temperature)
+    positive = paired_logits(queries, keys, temperature)
     return _common.global_mean(jnp.logaddexp(positive, stats.row_lse) - positive, axis_name)
 
 
@@ -175,11 +170,11 @@ def xbm_loss(
     _common.check_embeddings(memory, "memory")
     _common.check_labels(memory_labels, memory.shape[0], "memory_labels")
     _common.check_axis_bound(axis_name)
-    local_ids = _local_ids(z.shape[0], axis_name)
+    row_ids = local_ids(z.shape[0], axis_name)
     global_batch = _common.global_batch_size(z.shape[0], axis_name)
     candidates = jnp.concatenate([z, jax.lax.stop_gradient(memory).astype(z.dtype)])
     cols = RowIds(
-        jnp.concatenate([local_ids, _buffer_ids(memory, global_batch, axis_name)]),
+        jnp.concatenate([row_ids, _buffer_ids(memory, global_batch, axis_name)]),
         jnp.concatenate([labels, memory_labels]),
         jnp.concatenate([jnp.ones_like(labels, bool), memory_labels >= 0]),
     )
@@ -195,7 +190,7 @@ def xbm_loss(
         spec,
         z,
         candidates,
-        RowIds(local_ids, labels),
+        RowIds(row_ids, labels),
         cols,
         temperature=temperature,
         axis_name=axis_name,

@@ -9,11 +9,9 @@ labels, a grouping loss a dataset with id keys, a classifier loss
 `config.model.num_classes > 0`, "bias" makes the model learn SigLIP's logit bias), so
 adding a loss touches this file only.
 
-Model outputs (see `models.TwoTower`): `za`, `zb` [B, D] L2-normalised; `logits` [B, C]
-(classifier head); `temperature`, `bias` scalars and `proxies` [C, D] (replicated).
-From the data: `label` [B] int; `groups` [B, K] int, the dataset's id keys
-(`data_sources.Source.id_keys`: cmudict's word and pronunciation ids), which mark
-in-batch false negatives for "clip_masking_false_negatives".
+The inputs are those of `loss_types` (model outputs and data fields); `groups` are the
+dataset's id keys (`data_sources.Source.id_keys`: cmudict's word and pronunciation ids),
+which mark in-batch false negatives for "clip_masking_false_negatives".
 
 The pair losses "clip", "infonce" and "siglip" also return the in-batch retrieval
 metrics (`losses.contrastive_metrics`) from their own statistics, so a train step does
@@ -31,8 +29,7 @@ Not registered: `batch_prototype_cross_entropy_loss` needs the number of trainin
 classes, which label-only losses do not configure.
 """
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -55,6 +52,7 @@ from contrastive_jax.losses.contrastive import (
     siglip_loss,
     supcon_loss,
 )
+from contrastive_jax.losses.loss_types import Loss, LossSettings, LossState
 from contrastive_jax.losses.memory import (
     XBM_LOSSES,
     enqueue,
@@ -65,116 +63,6 @@ from contrastive_jax.losses.memory import (
 from contrastive_jax.losses.metric import contrastive_loss, multi_similarity_loss, triplet_loss
 from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
 from contrastive_jax.sharding import DATA_AXIS
-
-Outputs = Mapping[str, jax.Array]
-Metrics = dict[str, jax.Array]
-CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
-
-
-@dataclasses.dataclass(frozen=True)
-class LossSettings:
-    """The loss's hyperparameters as plain Python values: `trainer.build` reads them
-    from the config once (`from_config`), and the loss functions, traced inside the
-    step, read these, never a ConfigDict. Each field is `config.loss.<name>`, but for
-    `seed` and `embed_dim` (`config.seed`, `config.model.embed_dim`: a queue's or
-    memory's first entries)."""
-
-    chunk_size: int | str | None
-    collective: str
-    margin: float
-    triplet_mining: str
-    label_smoothing: float
-    focal_gamma: float
-    dcl_weight_sigma: float | None
-    sogclr_gamma: float
-    queue_size: int
-    queue_momentum: float
-    xbm_loss: str
-    xbm_memory_size: int
-    xbm_warmup_steps: int
-    seed: int
-    embed_dim: int
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> "LossSettings":
-        """The settings of `config` (the whole experiment config)."""
-        own = {f.name for f in dataclasses.fields(cls)} - {"seed", "embed_dim"}
-        return cls(**{name: config.loss[name] for name in own}, seed=config.seed, embed_dim=config.model.embed_dim)
-
-
-# (one device's model outputs and data fields, settings) -> (global loss, metrics).
-LossFn = Callable[[Outputs, LossSettings], tuple[jax.Array, Metrics]]
-# The same for a loss with state (`Outputs` also holds `state` and `step`): (global
-# loss, metrics, new state).
-StatefulLossFn = Callable[[Outputs, LossSettings], tuple[jax.Array, Metrics, dict[str, Any]]]
-
-
-@dataclasses.dataclass(frozen=True)
-class LossState:
-    """What a loss keeps across steps, in `TrainState.loss_state`.
-
-    Attributes:
-      init: `(settings, params, num_examples) -> {name: global array}`, the first
-        state (`num_examples`: the rows of a per-example table, see `trainer.build`).
-      sharded: the names whose arrays are split over the data axis by rows (the
-        queue, the memory); the others are replicated.
-      check: `(config) -> None`, raising ConfigError for settings the state cannot
-        take (run by `trainer.build`, before anything compiles).
-      after_step: `(state, params, settings) -> state` after the optimizer step (the
-        momentum encoder's update), or None.
-    """
-
-    init: Callable[[LossSettings, Any, int], dict[str, Any]]
-    sharded: frozenset[str]
-    check: Callable[[ml_collections.ConfigDict], None]
-    after_step: Callable[[dict[str, Any], Any, LossSettings], dict[str, Any]] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Loss:
-    """A trainable loss.
-
-    Attributes:
-      fn: returns the scalar loss over the global batch (the same on every device) and
-        scalar metrics; with `state`, also the new state (see the module docstring).
-      inputs: the model outputs and data fields (`label`, `groups`, `index`) that `fn`
-        reads.
-      state: what the loss keeps across steps, or None.
-    """
-
-    fn: LossFn | StatefulLossFn
-    inputs: frozenset[str]
-    state: LossState | None = None
-
-    @property
-    def pairs(self) -> bool:
-        """Compares `za` with `zb`: needs two inputs per example."""
-        return "zb" in self.inputs
-
-    @property
-    def labels(self) -> bool:
-        """Needs a dataset with labels."""
-        return "label" in self.inputs
-
-    @property
-    def groups(self) -> bool:
-        """Needs a dataset with id keys (`groups`)."""
-        return "groups" in self.inputs
-
-    @property
-    def indices(self) -> bool:
-        """Reads each example's index in the training split (`index`)."""
-        return "index" in self.inputs
-
-    @property
-    def classifier(self) -> bool:
-        """Needs the classifier head (`config.model.num_classes > 0`)."""
-        return bool(self.inputs & CLASSIFIER_OUTPUTS)
-
-    @property
-    def learned_bias(self) -> bool:
-        """The model learns a logit bias (SigLIP's)."""
-        return "bias" in self.inputs
 
 
 def _streaming(c: LossSettings) -> dict[str, Any]:

@@ -1,0 +1,125 @@
+"""What a trainable loss is: `Loss` (its function and the inputs it reads), `LossState`
+(what it keeps across steps) and `LossSettings` (its hyperparameters as plain values).
+The table of losses is `losses.registry`.
+
+Model outputs (see `models.TwoTower`): `za`, `zb` [B, D] L2-normalised; `logits` [B, C]
+(classifier head); `temperature`, `bias` scalars and `proxies` [C, D] (replicated). From
+the data: `label` [B] int; `groups` [B, K] int (the dataset's id keys); `index` [B].
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import ml_collections
+
+Outputs = Mapping[str, jax.Array]
+Metrics = dict[str, jax.Array]
+CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+    """The loss's hyperparameters as plain Python values: `trainer.build` reads them
+    from the config once (`from_config`), and the loss functions, traced inside the
+    step, read these, never a ConfigDict. Each field is `config.loss.<name>`, but for
+    `seed` and `embed_dim` (`config.seed`, `config.model.embed_dim`: a queue's or
+    memory's first entries)."""
+
+    chunk_size: int | str | None
+    collective: str
+    margin: float
+    triplet_mining: str
+    label_smoothing: float
+    focal_gamma: float
+    dcl_weight_sigma: float | None
+    sogclr_gamma: float
+    queue_size: int
+    queue_momentum: float
+    xbm_loss: str
+    xbm_memory_size: int
+    xbm_warmup_steps: int
+    seed: int
+    embed_dim: int
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "LossSettings":
+        """The settings of `config` (the whole experiment config)."""
+        own = {f.name for f in dataclasses.fields(cls)} - {"seed", "embed_dim"}
+        return cls(**{name: config.loss[name] for name in own}, seed=config.seed, embed_dim=config.model.embed_dim)
+
+
+# (one device's model outputs and data fields, settings) -> (global loss, metrics).
+LossFn = Callable[[Outputs, LossSettings], tuple[jax.Array, Metrics]]
+# The same for a loss with state (`Outputs` also holds `state` and `step`): (global
+# loss, metrics, new state).
+StatefulLossFn = Callable[[Outputs, LossSettings], tuple[jax.Array, Metrics, dict[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossState:
+    """What a loss keeps across steps, in `TrainState.loss_state`.
+
+    Attributes:
+      init: `(settings, params, num_examples) -> {name: global array}`, the first
+        state (`num_examples`: the rows of a per-example table, see `trainer.build`).
+      sharded: the names whose arrays are split over the data axis by rows (the
+        queue, the memory); the others are replicated.
+      check: `(config) -> None`, raising ConfigError for settings the state cannot
+        take (run by `trainer.build`, before anything compiles).
+      after_step: `(state, params, settings) -> state` after the optimizer step (the
+        momentum encoder's update), or None.
+    """
+
+    init: Callable[[LossSettings, Any, int], dict[str, Any]]
+    sharded: frozenset[str]
+    check: Callable[[ml_collections.ConfigDict], None]
+    after_step: Callable[[dict[str, Any], Any, LossSettings], dict[str, Any]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Loss:
+    """A trainable loss.
+
+    Attributes:
+      fn: returns the scalar loss over the global batch (the same on every device) and
+        scalar metrics; with `state`, also the new state (see the module docstring).
+      inputs: the model outputs and data fields (`label`, `groups`, `index`) that `fn`
+        reads.
+      state: what the loss keeps across steps, or None.
+    """
+
+    fn: LossFn | StatefulLossFn
+    inputs: frozenset[str]
+    state: LossState | None = None
+
+    @property
+    def pairs(self) -> bool:
+        """Compares `za` with `zb`: needs two inputs per example."""
+        return "zb" in self.inputs
+
+    @property
+    def labels(self) -> bool:
+        """Needs a dataset with labels."""
+        return "label" in self.inputs
+
+    @property
+    def groups(self) -> bool:
+        """Needs a dataset with id keys (`groups`)."""
+        return "groups" in self.inputs
+
+    @property
+    def indices(self) -> bool:
+        """Reads each example's index in the training split (`index`)."""
+        return "index" in self.inputs
+
+    @property
+    def classifier(self) -> bool:
+        """Needs the classifier head (`config.model.num_classes > 0`)."""
+        return bool(self.inputs & CLASSIFIER_OUTPUTS)
+
+    @property
+    def learned_bias(self) -> bool:
+        """The model learns a logit bias (SigLIP's)."""
+        return "bias" in self.inputs
