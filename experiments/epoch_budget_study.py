@@ -151,9 +151,9 @@ def training_seconds(record: Mapping[str, Any]) -> dict[int, float]:
 
 
 def with_time_axes(record: dict[str, Any], train_size: int, num_devices: int) -> dict[str, Any]:
-    """The record plus `training_minutes` and, for each evaluation, `[step, epoch,
-    seconds, R@1 a->b, R@1 b->a]` in `evals`; and the noise scale's summary for runs that
-    logged it: `b_simple` (from the norms averaged over the second half of the run)."""
+    """The record plus `training_minutes`, `evals` (for each evaluation `[step, epoch,
+    seconds, R@1 a->b, R@1 b->a]`) and, for runs that logged the noise scale,
+    `noise_by_epoch` (`noise_by_epoch`)."""
     seconds = training_seconds(record)
     logged = sorted(seconds)
     at = lambda step: seconds[min(logged, key=lambda s: abs(s - step))]  # noqa: E731
@@ -163,17 +163,42 @@ def with_time_axes(record: dict[str, Any], train_size: int, num_devices: int) ->
         for (step, a), (_, b) in zip(curves[f"eval/{METRICS[0]}"], curves[f"eval/{METRICS[1]}"], strict=True)
     ]
     out = dict(record, evals=evals, training_minutes=seconds[logged[-1]] / 60)
-    small = curves[f"train/{noise_scale.SMALL_KEY}"]
-    if small:
-        big = curves[f"train/{noise_scale.BIG_KEY}"]
-        half = len(small) // 2
-        out["b_simple"] = noise_scale.estimate(
-            np.mean([v for _, v in small[half:]]),
-            np.mean([v for _, v in big[half:]]),
-            record["batch_size"] // num_devices,
-            record["batch_size"],
-        ).b_simple
+    if curves[f"train/{noise_scale.SMALL_KEY}"]:
+        out["noise_by_epoch"] = noise_by_epoch(record, train_size, num_devices)
+        out["noise_small_batch"] = record["batch_size"] // num_devices
     return out
+
+
+def noise_by_epoch(record: Mapping[str, Any], train_size: int, num_devices: int) -> list[list[float]]:
+    """McCandlish's estimate per epoch: `[epoch, |G_small|^2, |G_big|^2, |G|^2, tr(Sigma),
+    B_simple]`, the logged windows ending in epoch e (`(e - 1, e]`, the last one partial)
+    pooled. Where the noise swamps the signal the `|G|^2` estimate is <= 0 and
+    `B_simple` is not resolved (NaN)."""
+    n = record["batch_size"]
+    windows: dict[int, list[tuple[float, float]]] = {}
+    big = dict(map(tuple, record["curves"][f"train/{noise_scale.BIG_KEY}"]))
+    for step, small in record["curves"][f"train/{noise_scale.SMALL_KEY}"]:
+        windows.setdefault(math.ceil(step * n / train_size), []).append((small, big[step]))
+    return [
+        [epoch, *_estimate(*np.mean(norms, axis=0), n // num_devices, n)] for epoch, norms in sorted(windows.items())
+    ]
+
+
+def _estimate(small: float, big: float, b_small: int, b_big: int) -> list[float]:
+    """`[|G_small|^2, |G_big|^2, |G|^2, tr(Sigma), B_simple (NaN where |G|^2 <= 0)]`."""
+    estimate = noise_scale.estimate(small, big, b_small, b_big)
+    b_simple = estimate.b_simple if estimate.g_squared > 0 else float("nan")
+    return [float(small), float(big), estimate.g_squared, estimate.trace_sigma, b_simple]
+
+
+def pooled_noise(group: Sequence[Mapping]) -> np.ndarray:
+    """`noise_by_epoch` of the seeds of one N, their norms averaged before the estimate:
+    `[epochs, 6]` (the columns of `noise_by_epoch`)."""
+    n = group[0]["batch_size"]
+    norms = np.mean([np.asarray(r["noise_by_epoch"])[:, :3] for r in group], axis=0)
+    return np.asarray(
+        [[epoch, *_estimate(small, big, group[0]["noise_small_batch"], n)] for epoch, small, big in norms]
+    )
 
 
 def _mean_over_seeds(records: Sequence[Mapping], key: str) -> np.ndarray:
@@ -220,17 +245,23 @@ def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
         ax.set(xlabel=xlabel, ylabel=f"test {METRICS[0]}", xscale="log" if column == 2 else "linear")
         ax.legend(fontsize=6, ncols=2)
         figures[name] = fig
-    fig, ax = sweep.new_figure("gradient noise scale B_simple along the CLIP runs (per logging window)", width=7)
-    for ((label, n), group), color in zip(groups.items(), sweep.colors(len(groups), "tab20"), strict=True):
-        curves = [dict(map(tuple, r["curves"]["train/noise_scale"])) for r in group]
-        if not curves[0]:
-            continue
-        steps = sorted(set.intersection(*(set(c) for c in curves)))
-        epochs = np.asarray(steps) * n / TRAIN_PAIRS
-        ax.plot(epochs, [np.mean([c[s] for c in curves]) for s in steps], color=color, label=f"{label}, N={n:,}")
-    ax.set(xlabel="epochs", ylabel="B_simple", yscale="symlog")
-    ax.legend(fontsize=7)
-    figures["noise_scale"] = fig
+    noisy = {key: group for key, group in groups.items() if "noise_by_epoch" in group[0]}
+    if noisy:
+        fig, axes = sweep.new_figure("the gradient noise scale along the CLIP runs (per epoch, seeds pooled)", ncols=2)
+        for ((label, n), group), color in zip(noisy.items(), sweep.colors(len(noisy) + 1, "plasma"), strict=False):
+            rows = pooled_noise(group)
+            axes[0].plot(rows[:, 0], rows[:, 4], color=color, marker="o", label=f"tr Σ, N={n:,}")
+            resolved = rows[:, 3] > 0
+            axes[0].plot(
+                rows[resolved, 0], rows[resolved, 3], color=color, marker="x", linestyle="--", label=f"|G|², N={n:,}"
+            )
+            axes[1].plot(rows[:, 0], rows[:, 5], color=color, marker="o", label=f"{label}, N={n:,}")
+            axes[1].axhline(n, color=color, linestyle=":", linewidth=1)
+        axes[0].set(xlabel="epoch", ylabel="estimate (|G|² only where > 0)", yscale="log")
+        axes[1].set(xlabel="epoch", ylabel="B_simple = tr Σ / |G|² (gaps: |G|² ≤ 0)", yscale="log")
+        axes[0].legend(fontsize=6, ncols=2)
+        axes[1].legend(fontsize=7)
+        figures["noise_scale"] = fig
     return figures
 
 
@@ -249,7 +280,6 @@ def summary(records: Sequence[Mapping]) -> str:
                 sweep.mean_std(group, "train/loss"),
                 sweep.mean_std(group, "train/temperature"),
                 f"{np.mean([r['training_minutes'] for r in group]):.2f}",
-                sweep.mean_std(group, "b_simple") if "b_simple" in group[0] else "",
             ]
         )
     epochs = sorted({r["epochs"] for r in records})
@@ -266,7 +296,6 @@ def summary(records: Sequence[Mapping]) -> str:
             "final loss",
             "temperature",
             "training min",
-            "B_simple (2nd half)",
         ],
     )
     text += f"\n## test {METRICS[0]} at each evaluation (mean over seeds): epoch -> R@1\n\n"
@@ -275,6 +304,16 @@ def summary(records: Sequence[Mapping]) -> str:
         evals = _mean_over_seeds(group, "evals")
         eval_rows.append([label, f"{n:,}", *(f"{e:.1f}: {r:.3f} ({t / 60:.1f} min)" for _, e, t, r, _ in evals)])
     text += sweep.markdown_table(eval_rows, ["method", "N", *(f"eval {i + 1}" for i in range(len(eval_rows[0]) - 2))])
+    noisy = {key: group for key, group in groups.items() if "noise_by_epoch" in group[0]}
+    if noisy:
+        text += "\n## The gradient noise scale B_simple per epoch (seeds pooled; -: |G|^2 <= 0, not resolved)\n\n"
+        noise_rows = []
+        for (label, n), group in noisy.items():
+            rows = pooled_noise(group)
+            noise_rows.append([label, f"{n:,}", *("-" if np.isnan(b) else f"{b:,.0f}" for b in rows[:, 5])])
+            noise_rows.append(["", "tr Σ, \\|G\\|²", *(f"{t:.3g}, {g:.2g}" for g, t in rows[:, 3:5])])
+        width = max(len(r) for r in noise_rows) - 2
+        text += sweep.markdown_table(noise_rows, ["method", "N", *(f"epoch {e + 1}" for e in range(width))])
     return text
 
 

@@ -43,6 +43,23 @@ def test_training_seconds_add_up_the_logging_windows():
     assert study.training_seconds(record) == {10: 1.0, 20: 3.0, 25: 5.0}
 
 
+def test_noise_by_epoch_pools_each_epochs_windows_and_recovers_the_model():
+    """Windows logged at steps 5, 10 (epoch 1) and 15 (epoch 2) of N = 64 on 8 devices,
+    norms from E|G_B|^2 = |G|^2 + tr / B: each epoch's pooled estimate recovers |G|^2 and
+    tr; a pure-noise epoch (|G|^2 = 0 up to rounding, here < 0) is not resolved."""
+    n, b = 64, 8
+    norm = lambda g2, trace, batch: g2 + trace / batch  # noqa: E731
+    small = [[5, norm(2.0, 80.0, b)], [10, norm(4.0, 40.0, b)], [15, norm(-0.5, 30.0, b)]]
+    big = [[5, norm(2.0, 80.0, n)], [10, norm(4.0, 40.0, n)], [15, norm(-0.5, 30.0, n)]]
+    record = {"batch_size": n, "curves": {"train/noise_small_sq_norm": small, "train/noise_big_sq_norm": big}}
+    rows = study.noise_by_epoch(record, train_size=640, num_devices=8)  # 10 steps per epoch
+    assert [r[0] for r in rows] == [1, 2]
+    np.testing.assert_allclose(rows[0][3:], [3.0, 60.0, 20.0])
+    assert rows[1][3] == pytest.approx(-0.5) and np.isnan(rows[1][5])
+    pooled = study.pooled_noise([dict(record, noise_by_epoch=rows, noise_small_batch=b)] * 2)
+    np.testing.assert_allclose(pooled[0], rows[0])
+
+
 def test_quick_runs_every_method_and_resumes(tmp_path, cmudict_data_dir, capsys):
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
     records = study.main(args)
@@ -54,8 +71,8 @@ def test_quick_runs_every_method_and_resumes(tmp_path, cmudict_data_dir, capsys)
     for r in records:
         assert 0 <= r["a_to_b/R@1"] <= 1 and len(r["evals"]) == 2
         assert r["evals"][-1][0] == r["steps"] and r["training_minutes"] > 0
-        assert ("b_simple" in r) == (r["method"] == "CLIP")
-    assert all(np.isfinite(r["b_simple"]) for r in records if r["method"] == "CLIP")
+        assert ("noise_by_epoch" in r) == (r["method"] == "CLIP")
+    assert all(np.isfinite(r["noise_by_epoch"][0][4]) for r in records if r["method"] == "CLIP")  # tr Sigma
     for name in (
         "results.json",
         "results.csv",
