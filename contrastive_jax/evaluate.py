@@ -21,11 +21,10 @@ import os
 from collections.abc import Sequence
 
 import jax
-import ml_collections
 import numpy as np
 from sklearn import linear_model
 
-from contrastive_jax import data_sources, input_pipeline, sharding
+from contrastive_jax import sharding
 
 
 def cross_view_recall(
@@ -171,28 +170,50 @@ def collapse_diagnostics(z: np.ndarray) -> dict[str, float]:
 
 
 class Evaluator:
-    """Embeds the evaluation (and, for probes, training) split and computes metrics.
+    """Embeds the evaluation (and, for probes, training) examples and computes metrics.
 
-    Which metrics depends on the data: paired inputs (`pairs`) get cross-view R@K both
-    ways (answers grouped by the dataset's `data_sources.Source.match_keys`) and
-    alignment; labelled eval data gets leave-one-out retrieval (R@K, MAP@R,
-    R-precision); kNN and the linear probe run when every eval class is also a training
-    class (not on a class-disjoint split); uniformity and collapse diagnostics always.
+    Which metrics depends on the data: paired inputs (`b`) get cross-view R@K both ways
+    (answers grouped by `match_keys`) and alignment; labelled eval data gets
+    leave-one-out retrieval (R@K, MAP@R, R-precision); kNN and the linear probe run on
+    `probe_arrays` when every eval class is also one of theirs (not on a class-disjoint
+    split); uniformity and collapse diagnostics always.
+
+    Args:
+      mesh: the devices to embed on (data parallel).
+      eval_arrays: the evaluation examples, `a` [n, ...], optional `b` [n, ...], `label`
+        [n] and id keys [n] (`input_pipeline.eval_arrays`).
+      batch_size: examples per forward pass (rounded up to a multiple of the devices).
+      recall_ks: the K of R@K.
+      match_keys: `(a -> b, b -> a)`: the id key whose equal values count as right
+        answers (`data_sources.Source.match_keys`), or None: only the pair itself.
+      probe_arrays: labelled training examples for kNN and the linear probe, or None.
+      knn_k: neighbours of the kNN classifier; 0: no kNN.
+      linear_probe: fit a logistic-regression probe.
     """
 
-    def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh):
-        self._config = config
+    def __init__(
+        self,
+        mesh: jax.sharding.Mesh,
+        eval_arrays: dict[str, np.ndarray],
+        *,
+        batch_size: int,
+        recall_ks: Sequence[int],
+        match_keys: tuple[str | None, str | None] = (None, None),
+        probe_arrays: dict[str, np.ndarray] | None = None,
+        knn_k: int = 0,
+        linear_probe: bool = False,
+    ):
         self._mesh = mesh
-        self._eval = input_pipeline.eval_arrays(config, config.eval.split, class_range=config.eval.class_range)
+        self._eval = eval_arrays
+        self._recall_ks = tuple(recall_ks)
+        self._match_keys = match_keys
+        self._knn_k, self._linear_probe = knn_k, linear_probe
         self._train = None
-        if "label" in self._eval and (config.eval.knn_k > 0 or config.eval.linear_probe):
-            train = input_pipeline.eval_arrays(
-                config, config.data.train_split, class_range=config.data.train_class_range
-            )
-            if set(np.unique(self._eval["label"])) <= set(np.unique(train["label"])):
-                self._train = train
+        if probe_arrays is not None and "label" in eval_arrays and (knn_k > 0 or linear_probe):
+            if set(np.unique(eval_arrays["label"])) <= set(np.unique(probe_arrays["label"])):
+                self._train = probe_arrays
         devices = mesh.shape[sharding.DATA_AXIS]
-        self._batch_size = -(-config.eval.batch_size // devices) * devices
+        self._batch_size = -(-batch_size // devices) * devices
         self._embed = jax.jit(
             lambda state, a, b: state.apply_fn(
                 {"params": state.params, "batch_stats": state.batch_stats}, a, b, train=False
@@ -219,11 +240,11 @@ class Evaluator:
 
     def __call__(self, state) -> dict[str, float]:
         """All metrics for the current state, as a flat `{name: value}` dict."""
-        ks = tuple(self._config.eval.recall_ks)
+        ks = self._recall_ks
         z = self.embed(state, self._eval)
         out = {}
         if "zb" in z:
-            match_a, match_b = data_sources.SOURCES[self._config.data.name].match_keys or (None, None)
+            match_a, match_b = self._match_keys
             for name, query, gallery, match in (("a_to_b", "za", "zb", match_a), ("b_to_a", "zb", "za", match_b)):
                 groups = self._eval[match] if match else None
                 recall = cross_view_recall(z[query], z[gallery], ks, groups=groups)
@@ -235,9 +256,9 @@ class Evaluator:
             if self._train is not None:
                 train_z = self.embed(state, self._train)["za"]
                 train_labels = self._train["label"]
-                if self._config.eval.knn_k > 0:
-                    out["knn_top1"] = knn_accuracy(train_z, train_labels, z["za"], labels, k=self._config.eval.knn_k)
-                if self._config.eval.linear_probe:
+                if self._knn_k > 0:
+                    out["knn_top1"] = knn_accuracy(train_z, train_labels, z["za"], labels, k=self._knn_k)
+                if self._linear_probe:
                     out["linear_probe"] = linear_probe_accuracy(train_z, train_labels, z["za"], labels)
         out["uniformity"] = uniformity(z["za"])
         out |= {f"collapse/{k}": v for k, v in collapse_diagnostics(z["za"]).items()}

@@ -37,6 +37,7 @@ from contrastive_jax import (
     bad_loss,
     checkpoint,
     console,
+    data_sources,
     distributed,
     evaluate,
     input_pipeline,
@@ -174,6 +175,28 @@ def _finished_results(workdir: str, start_step: int, config) -> tuple[dict[str, 
     )
 
 
+def _evaluator(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> evaluate.Evaluator:
+    """`config.eval`'s evaluator on `mesh`: the eval split, and the training split for the
+    kNN and linear probes when they are on and the data have labels."""
+    ev = config.eval
+    eval_arrays = input_pipeline.eval_arrays(config, ev.split, class_range=ev.class_range)
+    probe_arrays = None
+    if "label" in eval_arrays and (ev.knn_k > 0 or ev.linear_probe):
+        probe_arrays = input_pipeline.eval_arrays(
+            config, config.data.train_split, class_range=config.data.train_class_range
+        )
+    return evaluate.Evaluator(
+        mesh,
+        eval_arrays,
+        batch_size=ev.batch_size,
+        recall_ks=ev.recall_ks,
+        match_keys=data_sources.SOURCES[config.data.name].match_keys or (None, None),
+        probe_arrays=probe_arrays,
+        knn_k=ev.knn_k,
+        linear_probe=ev.linear_probe,
+    )
+
+
 def _roll_back(bad: bad_loss.BadLoss, guard: bad_loss.LossGuard, ckpt, init, abstract_state, config):
     """`(step, state, record)` after a bad loss: the newest checkpoint's (or the initial
     state at step 0) and the rollback's record; FloatingPointError when it stops instead."""
@@ -216,7 +239,7 @@ def _train(
             lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)),
             state.replace(loss_state=None),
         )
-    evaluator = evaluate.Evaluator(config, eval_mesh)
+    evaluator = _evaluator(config, eval_mesh)
     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=start_step)
     if start_step > 0:  # a machine-readable record of every resume, kept across resumes
         writer.write(start_step, {"resumed_from_step": start_step})
