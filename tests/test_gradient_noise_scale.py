@@ -171,3 +171,20 @@ def test_quick_run_writes_the_noise_scale(digits_data_dir, tmp_path):
         assert record["small_sq_norm"] > record["big_sq_norm"] > 0  # smaller batches: noisier
         assert np.isfinite(record["b_simple_running"])
     assert (tmp_path / "noise_scale.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "fields, devices, message",
+    [
+        ({}, 1, "needs 2 or more devices"),
+        ({"train.micro_batch_size": 32}, 8, "micro_batch_size=0 and a loss without state"),
+        ({"loss.name": "sogclr"}, 8, "micro_batch_size=0 and a loss without state"),
+    ],
+)
+def test_the_option_refuses_what_it_cannot_measure(load_config, fields, devices, message):
+    from contrastive_jax.config_lib import ConfigError, override
+    from contrastive_jax.trainer import build
+
+    config = override(load_config("default"), {"train.log_noise_scale": True, **fields})
+    with pytest.raises(ConfigError, match=message):
+        build(config, sharding.make_mesh(devices))
