@@ -6,9 +6,9 @@ Each checkpoint `<workdir>/checkpoints/<step>/` holds three items:
   saved with `StandardSave`. It is restored onto whatever mesh the caller's abstract
   state names, so a checkpoint written on 8 devices restores on 1 (or 4, ...).
 * `data`: the input position as JSON, `{"next_step": s, "config": {...}}` (see
-  `position`). The input pipeline is a pure function of (config, step), so the step is
+  `resume.position`). The input pipeline is a pure function of (config, step), so the step is
   the whole position; the config is kept to check that a resumed run continues the same
-  stream (`RESUME_FIELDS`) and to name the fields that changed when the model did.
+  stream (`resume.RESUME_FIELDS`) and to name the fields that changed when the model did.
 * `integrity`: a fingerprint of every state leaf (a position-weighted sum of its bytes),
   computed before the save and checked after every restore.
 
@@ -22,43 +22,24 @@ previous one is used; a corrupt checkpoint is never loaded. Restoring onto a sta
 another structure (a different model or optimizer) raises `IncompatibleCheckpointError`
 before reading any array.
 
-Resuming (`Checkpointer.restore_latest`): the newest checkpoint that reads back intact,
-refused with the fields that changed when the run would not continue it (another seed,
-batch or data: `RESUME_FIELDS`; another model or optimizer: another state structure).
+Which checkpoint a run resumes from, and whether it may, is `resume.py`'s.
 
 Every process calls every method (orbax coordinates multi-process saves; process 0
 writes the shared files); the directory must be on storage all processes share.
 """
 
-import json
 import os
 import shutil
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
-from flax import traverse_util
 from jax.experimental import multihost_utils
 
 from contrastive_jax.config_lib import ConfigError
-
-# A resumed run continues the interrupted one only when these are unchanged: they fix
-# the data order, the augmentations and the RNG (see input_pipeline).
-RESUME_FIELDS = (
-    "seed",
-    "data.name",
-    "data.train_split",
-    "data.train_class_range",
-    "data.task",
-    "data.seed",
-    "data.examples_per_class",
-    "train.global_batch_size",
-)
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -119,42 +100,6 @@ class Checkpointer:
                 "integrity": ocp.JsonCheckpointHandler(),
             },
         )
-
-    def restore_latest(self, config: ml_collections.ConfigDict, abstract_state: Any) -> tuple[int, Any | None]:
-        """`(step, state)` of the newest intact checkpoint, or `(0, None)` when there is none.
-
-        Corrupt checkpoints are reported and quarantined, and the previous one is tried.
-
-        Raises:
-          ConfigError: the checkpoint was written with other `RESUME_FIELDS`.
-          IncompatibleCheckpointError: it holds another model or optimizer; the message
-            names the config fields that changed.
-        """
-        while (step := self.latest_step()) is not None:
-            try:
-                saved = self.restore_position(step)
-                _check_resume(saved, config, step)
-                return saved["next_step"], self._restore_onto(step, abstract_state, saved, config)
-            except CorruptCheckpointError as e:
-                self.quarantine(step, e)
-        return 0, None
-
-    def _restore_onto(self, step, abstract_state, saved, config):
-        """`restore_state`, naming the changed config fields when the model changed."""
-        try:
-            return self.restore_state(step, abstract_state)
-        except IncompatibleCheckpointError as e:
-            changed = {
-                k: v
-                for k, v in _changed_fields(saved, config).items()
-                if k.split(".")[1] in ("model", "loss", "optim", "data")
-            }
-            fields = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-            raise IncompatibleCheckpointError(
-                f"Cannot resume onto another model. {e}. Config fields changed since then: "
-                f"{fields or 'none in model/loss/optim/data'}. Set them back to resume, or "
-                "use a new --workdir to train the new model from scratch."
-            ) from None
 
     def latest_step(self) -> int | None:
         """The step of the newest complete checkpoint, or None."""
@@ -271,29 +216,3 @@ class Checkpointer:
     def close(self) -> None:
         """Waits for pending saves and releases the manager."""
         self._manager.close()
-
-
-def position(config: ml_collections.ConfigDict, next_step: int) -> dict[str, Any]:
-    """The input position saved with a checkpoint: the pipeline restarts at `next_step`;
-    the config tells what stream it was."""
-    return {"next_step": next_step, "config": json.loads(config.to_json_best_effort())}
-
-
-def _changed_fields(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> dict:
-    """`{"config.a.b": (value in the checkpoint, value now)}` for the fields that differ."""
-    flat = lambda tree: traverse_util.flatten_dict({"config": tree}, sep=".")  # noqa: E731
-    before, now = flat(saved.get("config", {})), flat(json.loads(config.to_json_best_effort()))
-    return {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)}
-
-
-def _check_resume(saved: Mapping[str, Any], config: ml_collections.ConfigDict, step: int) -> None:
-    """ConfigError when a run of `config` would not continue checkpoint `step`'s stream."""
-    changed = _changed_fields(saved, config)
-    for name in RESUME_FIELDS:
-        if f"config.{name}" in changed:
-            before, now = changed[f"config.{name}"]
-            raise ConfigError(
-                f"Cannot resume from checkpoint {step}: it was written with config.{name}="
-                f"{before!r}, this run has {now!r}, so the data order and RNG would not "
-                f"continue it. Set --config.{name}={before!r}, or use a new --workdir."
-            )

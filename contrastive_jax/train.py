@@ -2,7 +2,7 @@
 `workdir`, and evaluates.
 
     config --trainer.build--> Trainer (model, optimizer, loss; config checked, nothing read)
-    <workdir>/checkpoints --Checkpointer.restore_latest--> state and its step s
+    <workdir>/checkpoints --resume.restore_latest--> state and its step s
     input_pipeline.train_dataset(config, start_step=s) --> this process's rows of each batch
     memory_fit.compile_train_step: compiled once; its memory per device checked (or exit 2)
     Trainer.train_step (that executable): forward, loss over the global batch in shard_map, optax
@@ -44,6 +44,7 @@ from contrastive_jax import (
     memory_fit,
     metric_writer,
     noise_scale,
+    resume,
     sharding,
 )
 from contrastive_jax.config_lib import ConfigError
@@ -139,7 +140,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         opened_at = ckpt.latest_step() or 0
         ds = _train_batches(config, guard.first_batch(opened_at))
         init, abstract_state = trainer.init_state(ds.element_spec)
-        start_step, state = ckpt.restore_latest(config, abstract_state)
+        start_step, state = resume.restore_latest(ckpt, config, abstract_state)
         if state is not None and (done := _finished_results(workdir, start_step, config)):
             logging.info("%s", console.run_line(config, mesh, workdir))
             logging.info("%s", done[1])
@@ -203,7 +204,7 @@ def _roll_back(bad: bad_loss.BadLoss, guard: bad_loss.LossGuard, ckpt, init, abs
     ckpt.wait()  # a save still being written is the newest checkpoint
     last = ckpt.latest_step()
     guard.stop_unless_rolling_back(bad, f"step {last} in {ckpt.directory}" if last is not None else "none")
-    step, state = ckpt.restore_latest(config, abstract_state)
+    step, state = resume.restore_latest(ckpt, config, abstract_state)
     guard.restore(ckpt.restore_position(step) if state is not None else None)
     return step, init() if state is None else state, guard.roll_back(bad, step)
 
@@ -315,7 +316,7 @@ def _train(
                     batches = guard.batches(step, open_at)
                     continue
                 if save:
-                    ckpt.save(step, state, checkpoint.position(config, step) | guard.saved())
+                    ckpt.save(step, state, resume.position(config, step) | guard.saved())
                 if preempted:
                     break
                 if run_eval:

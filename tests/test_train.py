@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from contrastive_jax import checkpoint, input_pipeline, losses, memory_fit, optimizer, sharding, train
+from contrastive_jax import checkpoint, input_pipeline, losses, memory_fit, optimizer, resume, sharding, train
 from contrastive_jax.config_lib import override
 from contrastive_jax.sharding import DATA_AXIS
 from contrastive_jax.trainer import build
@@ -295,10 +295,10 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
 def test_checkpoint_restores_onto_a_different_device_count(config, tmp_path):
     _, state8, _, _ = make_state_and_batch(config, sharding.make_mesh(8))
     ckpt = checkpoint.Checkpointer(tmp_path, max_to_keep=1)
-    ckpt.save(3, state8, checkpoint.position(config, 3))
+    ckpt.save(3, state8, resume.position(config, 3))
     ckpt.wait()
     _, _, abstract2, _ = make_state_and_batch(config, sharding.make_mesh(2))
-    step, restored = ckpt.restore_latest(config, abstract2)
+    step, restored = resume.restore_latest(ckpt, config, abstract2)
     assert step == 3 and ckpt.restore_position(3)["next_step"] == 3
     chex.assert_trees_all_equal(jax.device_get(restored.params), jax.device_get(state8.params))
     leaf = jax.tree.leaves(restored.params)[0]
