@@ -4,7 +4,7 @@ McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training", Appendix A
 batch larger than about ``B_simple = tr(Sigma) / |G|^2`` buys few fewer steps, where
 ``G`` is the true gradient and ``Sigma`` the per-example gradient covariance. Both come
 from squared gradient norms at two batch sizes, each averaged over steps before the
-ratio (`estimate`):
+ratio (`estimate`)::
 
     |G|^2     ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
     tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big)

@@ -32,7 +32,7 @@ from contrastive_jax.simulated_devices import device_count_env
 DOCS = os.path.join(ROOT, "docs")
 BUILD_COMMAND = ".venv/bin/sphinx-build -W --keep-going -b html docs docs/_build/html"
 # The languages a page's code may be in (named, always); only `python` is code that runs.
-FENCES = {"python", "bash", "text", "ipython", "console", "{toctree}", "{eval-rst}"}
+FENCES = {"python", "bash", "text", "ipython", "console", "{toctree}", "{eval-rst}", "{include}"}
 DOCUMENTED = ("contrastive_jax.losses", "contrastive_jax.sharding", "contrastive_jax.trainer")
 
 
@@ -70,7 +70,7 @@ def python_script(page: str) -> str:
 def test_pages_use_known_code_languages():
     for page in pages():
         for language, line, _ in code_blocks(read(page)):
-            assert language in FENCES, f"{page}:{line}: ```{language} (Python examples use ```python)"
+            assert language.split()[0] in FENCES, f"{page}:{line}: ```{language} (Python examples use ```python)"
 
 
 @pytest.mark.parametrize("page", [p for p in pages() if python_script(p)])
