@@ -12,6 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
     sys.path.insert(0, str(ROOT))
 
+from contrastive_jax import noise_scale  # noqa: E402
 from experiments import epoch_budget_study as study  # noqa: E402
 
 
@@ -73,6 +74,12 @@ def test_quick_runs_every_method_and_resumes(tmp_path, cmudict_data_dir, capsys)
         assert r["evals"][-1][0] == r["steps"] and r["training_minutes"] > 0
         assert ("noise_by_epoch" in r) == (r["method"] == "CLIP")
     assert all(np.isfinite(r["noise_by_epoch"][0][4]) for r in records if r["method"] == "CLIP")  # tr Sigma
+    for r in (r for r in records if r["method"] == "CLIP"):  # the loop's B_simple: its window's norms
+        curves = {k: dict(map(tuple, v)) for k, v in r["curves"].items()}
+        for step, logged in curves["train/noise_scale"].items():
+            small, big = curves["train/noise_small_sq_norm"][step], curves["train/noise_big_sq_norm"][step]
+            want = noise_scale.estimate(small, big, r["batch_size"] // 8, r["batch_size"]).b_simple
+            assert logged == pytest.approx(want, rel=1e-6)
     for name in (
         "results.json",
         "results.csv",
