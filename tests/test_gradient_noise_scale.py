@@ -116,10 +116,15 @@ def test_device_shares_use_the_global_negatives():
     assert not np.allclose(devices * shares[0], local_only, atol=1e-3)  # the in-device loss differs
 
 
-@functools.cache
-def _tiny_overrides(data_dir):
-    return {
-        "data.data_dir": data_dir,
+def test_the_noise_scale_step_is_the_plain_step(load_config, digits_data_dir):
+    """With the option on the step's update is the plain step's (one forward and backward
+    per device, summed), and its metrics add the two norms, small > big."""
+    from contrastive_jax import input_pipeline
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.trainer import build
+
+    tiny = {
+        "data.data_dir": digits_data_dir,
         "model.mlp_hidden_dims": (32,),
         "model.encoder_dim": 32,
         "model.embed_dim": 16,
@@ -130,16 +135,7 @@ def _tiny_overrides(data_dir):
         "optim.warmup_steps": 0,
         "optim.grad_clip_norm": 0.0,
     }
-
-
-def test_the_noise_scale_step_is_the_plain_step(load_config, digits_data_dir):
-    """With the option on the step's update is the plain step's (one forward and backward
-    per device, summed), and its metrics add the two norms, small > big."""
-    from contrastive_jax import input_pipeline
-    from contrastive_jax.config_lib import override
-    from contrastive_jax.trainer import build
-
-    config = override(load_config("default"), _tiny_overrides(digits_data_dir))
+    config = override(load_config("default"), tiny)
     mesh = sharding.make_mesh(8)
     ds = input_pipeline.train_dataset(config)
     batch = next(ds.as_numpy_iterator())
