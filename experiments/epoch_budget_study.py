@@ -155,14 +155,12 @@ def with_time_axes(record: dict[str, Any], train_size: int, num_devices: int) ->
     seconds, R@1 a->b, R@1 b->a]`) and, for runs that logged the noise scale,
     `noise_by_epoch` (`noise_by_epoch`)."""
     seconds = training_seconds(record)
-    logged = sorted(seconds)
-    at = lambda step: seconds[min(logged, key=lambda s: abs(s - step))]  # noqa: E731
     curves = record["curves"]
     evals = [
-        [step, step * record["batch_size"] / train_size, at(step), a, b]
+        [step, step * record["batch_size"] / train_size, seconds[step], a, b]  # evaluations log too
         for (step, a), (_, b) in zip(curves[f"eval/{METRICS[0]}"], curves[f"eval/{METRICS[1]}"], strict=True)
     ]
-    out = dict(record, evals=evals, training_minutes=seconds[logged[-1]] / 60)
+    out = dict(record, evals=evals, training_minutes=seconds[max(seconds)] / 60)
     if curves[f"train/{noise_scale.SMALL_KEY}"]:
         out["noise_by_epoch"] = noise_by_epoch(record, train_size, num_devices)
         out["noise_small_batch"] = record["batch_size"] // num_devices
