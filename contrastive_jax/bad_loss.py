@@ -22,6 +22,7 @@ numbers into NaN: a fault injection for tests and drills, off (empty) by default
 """
 
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -38,24 +39,46 @@ ON_BAD_LOSS = ("stop", "rollback")
 ROLLBACKS_FILE = "rollbacks.json"  # in the workdir: the rollbacks so far and their skips
 
 
-def check_config(train: ml_collections.ConfigDict) -> None:
-    """The bad-loss fields of `config.train` (the counts are checked with the others).
+@dataclasses.dataclass(frozen=True)
+class GuardSettings:
+    """What `LossGuard` judges by, as plain values: `trainer.build` reads them from the
+    config once (`from_config`). Each field is `config.train.<name>` (its comment in
+    configs/default.py says what it does)."""
+
+    on_bad_loss: str  # one of ON_BAD_LOSS
+    loss_spike_factor: float
+    loss_spike_window_steps: int
+    rollback_skip_batches: int
+    max_rollbacks: int
+    rollback_window_steps: int
+    inject_nan_at_batches: tuple[int, ...]
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "GuardSettings":
+        """The settings of `config` (the whole experiment config)."""
+        own = {f.name for f in dataclasses.fields(cls)} - {"inject_nan_at_batches"}
+        train = config.train
+        return cls(**{name: train[name] for name in own}, inject_nan_at_batches=tuple(train.inject_nan_at_batches))
+
+
+def check_config(settings: GuardSettings) -> None:
+    """The bad-loss settings (their counts are checked with the config's other counts).
 
     Raises:
       ConfigError: an unknown `on_bad_loss`, a spike factor in (0, 1], or a batch
         number below 1 in `inject_nan_at_batches`.
     """
-    if train.on_bad_loss not in ON_BAD_LOSS:
-        raise ConfigError(f"config.train.on_bad_loss={train.on_bad_loss!r}; use one of {ON_BAD_LOSS}.")
-    factor = train.loss_spike_factor
+    if settings.on_bad_loss not in ON_BAD_LOSS:
+        raise ConfigError(f"config.train.on_bad_loss={settings.on_bad_loss!r}; use one of {ON_BAD_LOSS}.")
+    factor = settings.loss_spike_factor
     if not (factor == 0 or factor > 1):
         raise ConfigError(
             f"config.train.loss_spike_factor={factor!r} must be > 1 (a spike is a loss above "
             "that many times the running median), or 0 for no spike detection."
         )
-    if any(not isinstance(n, int) or n < 1 for n in train.inject_nan_at_batches):
+    if any(not isinstance(n, int) or n < 1 for n in settings.inject_nan_at_batches):
         raise ConfigError(
-            f"config.train.inject_nan_at_batches={train.inject_nan_at_batches!r} must hold "
+            f"config.train.inject_nan_at_batches={settings.inject_nan_at_batches!r} must hold "
             "batch numbers >= 1 (batch t: what step t reads when nothing was skipped)."
         )
 
@@ -84,11 +107,11 @@ class LossGuard:
     `lead` (process 0) writes `rollbacks.json`.
     """
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, lead: bool):
-        self._train = config.train
+    def __init__(self, settings: GuardSettings, workdir: str, *, lead: bool):
+        self._settings = settings
         self._path = os.path.join(workdir, ROLLBACKS_FILE)
         self._lead = lead
-        self._recent = collections.deque(maxlen=self._train.loss_spike_window_steps)
+        self._recent = collections.deque(maxlen=self._settings.loss_spike_window_steps)
         self.rollbacks: list[dict[str, Any]] = []
         if os.path.exists(self._path):
             with open(self._path) as f:
@@ -101,7 +124,7 @@ class LossGuard:
         for name, label in (("loss", "Loss"), ("grad_norm", "Gradient norm")):
             if not math.isfinite(values.get(name, 0.0)):
                 raise BadLoss(step, f"{label} is {values[name]}")
-        factor, recent = self._train.loss_spike_factor, self._recent
+        factor, recent = self._settings.loss_spike_factor, self._recent
         if factor and len(recent) == recent.maxlen:
             median = statistics.median(recent)
             if loss > factor * median:
@@ -133,20 +156,20 @@ class LossGuard:
             "config.optim.learning_rate or set config.optim.grad_clip_norm, then rerun to "
             "resume from it."
         )
-        if self._train.on_bad_loss == "stop":
+        if self._settings.on_bad_loss == "stop":
             raise FloatingPointError(f"{bad}; training stopped. {advice}")
         recent = self._recent_bad_steps(bad.step)
-        if len(recent) >= self._train.max_rollbacks:
+        if len(recent) >= self._settings.max_rollbacks:
             steps = ", ".join(map(str, [*recent, bad.step]))
             raise FloatingPointError(
                 f"{bad}, after {len(recent)} rollback{'s' if len(recent) > 1 else ''} within "
-                f"{self._train.rollback_window_steps} steps (bad steps {steps}); training "
-                f"stopped (config.train.max_rollbacks={self._train.max_rollbacks}). {advice}"
+                f"{self._settings.rollback_window_steps} steps (bad steps {steps}); training "
+                f"stopped (config.train.max_rollbacks={self._settings.max_rollbacks}). {advice}"
             )
 
     def _recent_bad_steps(self, step: int) -> list[int]:
         """The bad steps of the rollbacks within `rollback_window_steps` up to `step`."""
-        window = self._train.rollback_window_steps
+        window = self._settings.rollback_window_steps
         return [r["bad_step"] for r in self.rollbacks if step - window < r["bad_step"] <= step]
 
     def roll_back(self, bad: BadLoss, restored_step: int) -> dict[str, Any]:
@@ -157,7 +180,7 @@ class LossGuard:
         step) steps, so the bad step's batch is among them; the record is written to
         `rollbacks.json` (atomically) before this returns.
         """
-        count = max(self._train.rollback_skip_batches, bad.step - restored_step)
+        count = max(self._settings.rollback_skip_batches, bad.step - restored_step)
         numbers = [batch_number(restored_step + 1 + i, self.skipped) for i in range(count)]
         record = {
             "bad_step": bad.step,
@@ -191,7 +214,7 @@ class LossGuard:
         stream = opened if opened is not None else open_at(number)
         while True:
             for batch in stream:
-                if number in self._train.inject_nan_at_batches:
+                if number in self._settings.inject_nan_at_batches:
                     batch = {
                         k: np.full_like(v, np.nan) if np.issubdtype(v.dtype, np.floating) else v
                         for k, v in batch.items()
@@ -206,13 +229,13 @@ class LossGuard:
 
     def line(self, record: Mapping[str, Any]) -> str:
         """The log line of the rollback `roll_back` just recorded."""
-        train, skipped = self._train, record["skipped_batches"]
+        settings, skipped = self._settings, record["skipped_batches"]
         within = self._recent_bad_steps(record["bad_step"])
         contiguous = skipped[-1] - skipped[0] + 1 == len(skipped)
         numbers = f"{skipped[0]}-{skipped[-1]}" if contiguous else ", ".join(map(str, skipped))
         return (
             f"Rollback: {record['reason']} at step {record['bad_step']}; restored step "
             f"{record['restored_step']} and skipping {len(skipped)} batches ({numbers}); "
-            f"rollback {len(within)} of at most {train.max_rollbacks} within "
-            f"{train.rollback_window_steps} steps."
+            f"rollback {len(within)} of at most {settings.max_rollbacks} within "
+            f"{settings.rollback_window_steps} steps."
         )

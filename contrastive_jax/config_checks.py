@@ -24,6 +24,7 @@ _COUNTS = {
     "train.rollback_skip_batches": 1,
     "train.max_rollbacks": 1,
     "train.rollback_window_steps": 1,
+    "data.examples_per_class": 1,
 }
 
 
@@ -39,8 +40,9 @@ def check(config: ml_collections.ConfigDict, loss: losses.Loss, num_devices: int
         group, field = name.split(".")
         if config[group][field] < least:
             raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
-    data_sources.check_data_config(config.data)
-    bad_loss.check_config(train)
+    data = data_sources.DataSettings.from_config(config)
+    data_sources.check_data_config(data)
+    bad_loss.check_config(bad_loss.GuardSettings.from_config(config))
     _check_loss_inputs(loss, config)
     sharding.check_batch_divides(train.global_batch_size, num_devices, "config.train.global_batch_size")
     data_sources.per_process_batch_size(train.global_batch_size, jax.process_count())
@@ -54,7 +56,7 @@ def check(config: ml_collections.ConfigDict, loss: losses.Loss, num_devices: int
         grad_cache.check_micro_batches(train.global_batch_size, train.micro_batch_size, num_devices)
     if train.log_noise_scale:
         _check_noise_scale(loss, train, num_devices)
-    return _check_loss_state(loss, config)
+    return _check_loss_state(loss, config, data)
 
 
 def _check_noise_scale(loss: losses.Loss, train: ml_collections.ConfigDict, num_devices: int) -> None:
@@ -72,7 +74,7 @@ def _check_noise_scale(loss: losses.Loss, train: ml_collections.ConfigDict, num_
         )
 
 
-def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict) -> int:
+def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict, data: data_sources.DataSettings) -> int:
     """A loss with state: its own checks, one state update per step, and a per-example
     table (`config.loss.sogclr_table_size`; 0: the training split's size) that holds
     every example. Returns the table's rows (0 without one)."""
@@ -90,7 +92,7 @@ def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict) -> i
         return 0
     from contrastive_jax import input_pipeline  # TensorFlow, only for a per-example table
 
-    examples = input_pipeline.train_split_size(config.data)
+    examples = input_pipeline.train_split_size(data)
     table = config.loss.sogclr_table_size or examples
     if table < examples:
         raise ConfigError(

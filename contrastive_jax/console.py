@@ -107,18 +107,19 @@ def filtered_native_stderr():
                     sys.stderr.write(line)
 
 
-def run_line(config, mesh, workdir: str, *, memory=None) -> str:
+def run_line(mesh, workdir: str, *, global_batch_size: int, num_steps: int, memory=None) -> str:
     """The first line of a run: backend, devices, processes, global and per-device batch,
-    and `memory` (a `memory_fit.StepMemory`: the step's memory per device) when given."""
+    the steps, and `memory` (a `memory_fit.StepMemory`: the step's memory per device)
+    when given."""
     import jax
 
     devices = mesh.devices.size
     processes = jax.process_count()
-    batch = config.train.global_batch_size
+    batch = global_batch_size
     return (
         f"{jax.default_backend()}: {devices} devices, {processes} "
         f"process{'es' if processes > 1 else ''}; global batch {batch:,} "
-        f"({batch // devices:,} per device); {config.train.num_train_steps:,} steps; "
+        f"({batch // devices:,} per device); {num_steps:,} steps; "
         + (f"{memory}; " if memory is not None else "")
         + f"workdir {display_path(workdir)}"
     )

@@ -1,9 +1,11 @@
-"""The datasets the pipeline reads and the rules their config must follow (no TensorFlow).
+"""The datasets the pipeline reads, the settings it reads them with, and the rules those
+settings must follow (no TensorFlow).
 
-`SOURCES` says where each dataset's fields live; `check_data_config` rejects a
-`config.data` the pipeline cannot serve, with one line naming the fix. The trainer's
-checks read this module, so they run before TensorFlow is imported;
-`input_pipeline` reads the data itself.
+`SOURCES` says where each dataset's fields live; `DataSettings.from_config` reads
+`config.data` (and the global batch size) once into plain values, the only thing
+`input_pipeline` is given; `check_data_config` rejects settings the pipeline cannot
+serve, with one line naming the fix. The trainer's checks read this module, so they run
+before TensorFlow is imported; `input_pipeline` reads the data itself.
 """
 
 import dataclasses
@@ -59,6 +61,50 @@ SOURCES: Mapping[str, Source] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Augment:
+    """Random augmentation of training images (`config.data.augment`, whose comments
+    say what each field does and which value turns it off)."""
+
+    crop_min_area: float
+    flip: bool
+    color_jitter: float
+    noise_std: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """What the input pipeline reads and how, as plain values: `trainer.build` reads them
+    from the config once (`from_config`). Each field is `config.data.<name>` (its comment
+    in configs/default.py says what it does), but for `global_batch_size`
+    (`config.train.global_batch_size`: the rows of a step's batch)."""
+
+    name: str
+    task: str
+    global_batch_size: int
+    data_dir: str | None
+    train_split: str
+    train_class_range: tuple[int, int] | None
+    seed: int
+    image_size: int | None
+    text_max_length: int
+    examples_per_class: int
+    prefetch_batches: int
+    augment: Augment
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "DataSettings":
+        """The settings of `config` (the whole experiment config)."""
+        data = config.data
+        own = {f.name for f in dataclasses.fields(cls)} - {"global_batch_size", "augment", "train_class_range"}
+        return cls(
+            **{name: data[name] for name in own},
+            global_batch_size=config.train.global_batch_size,
+            train_class_range=None if data.train_class_range is None else tuple(data.train_class_range),
+            augment=Augment(**data.augment.to_dict()),
+        )
+
+
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
     """The number of examples each process reads per step."""
     if global_batch_size % process_count:
@@ -69,15 +115,16 @@ def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
     return global_batch_size // process_count
 
 
-def augments(data: ml_collections.ConfigDict) -> bool:
+def augments(data: DataSettings) -> bool:
     """Whether training inputs are randomly augmented (always for "views")."""
     aug = data.augment
     active = aug.crop_min_area < 1.0 or aug.flip or aug.color_jitter > 0 or aug.noise_std > 0
     return active or data.task == "views"
 
 
-def check_data_config(data: ml_collections.ConfigDict) -> None:
-    """Raises ConfigError for an unknown `config.data.task` or `config.data.name`, and for
+def check_data_config(data: DataSettings) -> None:
+    """Raises ConfigError for an unknown `config.data.task` or `config.data.name`, a
+    "labeled" batch that is not whole classes of `examples_per_class`, and for
     settings a sequence-pair dataset cannot use (another task, image augmentations, a
     `text_max_length` that would truncate)."""
     if data.task not in TASKS:
@@ -86,6 +133,12 @@ def check_data_config(data: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"config.data.name={data.name!r} is not a known dataset; use one of "
             f"{sorted(SOURCES)} or add it to data_sources.SOURCES."
+        )
+    if data.task == "labeled" and data.global_batch_size % data.examples_per_class:
+        raise ConfigError(
+            f"config.train.global_batch_size={data.global_batch_size} is not a multiple of "
+            f"config.data.examples_per_class={data.examples_per_class}; use a multiple of "
+            f"{data.examples_per_class}."
         )
     source = SOURCES[data.name]
     if source.sequence_keys:

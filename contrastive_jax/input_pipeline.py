@@ -1,6 +1,9 @@
 """tf.data input pipeline: deterministic, seekable batches for the three training tasks.
 
-Tasks (`config.data.task`):
+Every function here takes `data_sources.DataSettings` (plain values read from
+`config.data` once, by `trainer.build` or `DataSettings.from_config`), never a config.
+
+Tasks (`DataSettings.task`):
 
 * `pairs`: two modalities per example for a two-tower model. Image-only datasets give the
   top half (`a`) and the bottom half (`b`) of each image; image-text datasets give the
@@ -11,10 +14,10 @@ Tasks (`config.data.task`):
   (`word_id`, `pronunciation_id` [B]) that mark false negatives and score retrieval.
 * `views`: two random augmentations (`a`, `b`) of one image (SimCLR).
 * `labeled`: one (augmented) image `a` with its `label`; each batch holds
-  `config.data.examples_per_class` (m) examples of each of B / m classes.
+  `examples_per_class` (m) examples of each of B / m classes.
 
 Design. The split is decoded once into host memory; every global batch is then a pure
-function of `(config.data.seed, step)`, and process `p` of `P` takes rows
+function of `(seed, step)`, and process `p` of `P` takes rows
 `[p * B, (p + 1) * B)` of it (B = N / P, the per-process batch). The global batch, and
 so the training run, is the same whatever the number of processes: 2 processes x 4
 devices see exactly what 1 process x 8 devices sees.
@@ -26,7 +29,7 @@ devices see exactly what 1 process x 8 devices sees.
   `s`.
 * Augmentations use stateless ops seeded by the element number `i`.
 
-So the input position is just the step count: `train_dataset(config, start_step=s)`
+So the input position is just the step count: `train_dataset(data, start_step=s)`
 yields exactly the batches an uninterrupted run sees from step `s` on, with no replay,
 and a checkpoint only needs the step (see `train.py`). The cost of the design is that the
 split must fit in each host's memory (digits, CIFAR, CUB, Cars at the configured image
@@ -39,23 +42,17 @@ arrays with `jax.make_array_from_process_local_data`.
 
 from collections.abc import Mapping
 
-import ml_collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import contrastive_jax.datasets  # noqa: F401  (registers the local datasets with tfds)
 from contrastive_jax.config_lib import ConfigError
-from contrastive_jax.data_sources import (
-    SOURCES,
-    augments,
-    check_data_config,
-    per_process_batch_size,
-)
+from contrastive_jax.data_sources import SOURCES, Augment, DataSettings, augments, per_process_batch_size
 
 
 def load_split(
-    data: ml_collections.ConfigDict,
+    data: DataSettings,
     split: str,
     *,
     class_range: tuple[int, int] | None = None,
@@ -63,7 +60,7 @@ def load_split(
     """Reads a TFDS split into host memory.
 
     Args:
-      data: `config.data` (`name`, `data_dir`, `image_size`, `text_max_length`).
+      data: the data settings (`name`, `data_dir`, `image_size`, `text_max_length` are read).
       split: a TFDS split string, e.g. "train", "train+test", "test[:50%]".
       class_range: keep only the examples whose label is in `[lo, hi)`.
 
@@ -74,7 +71,6 @@ def load_split(
       for sequence pairs (the phonemes); the source's `id_keys` int32 [n]. Tokens are
       0-padded.
     """
-    check_data_config(data)
     source = SOURCES[data.name]
     builder = tfds.builder(data.name, data_dir=data.data_dir)
     builder.download_and_prepare()
@@ -124,7 +120,7 @@ def _byte_tokens(text: tf.Tensor, length: int) -> tf.Tensor:
     return tf.where(tokens > 0, tokens + 1, 0)
 
 
-def _augment(image: tf.Tensor, seed: tf.Tensor, aug: ml_collections.ConfigDict) -> tf.Tensor:
+def _augment(image: tf.Tensor, seed: tf.Tensor, aug: Augment) -> tf.Tensor:
     """Stateless random augmentation of one float image [H, W, C] in [0, 1]."""
     seeds = tf.random.experimental.stateless_split(seed, 5)
     shape = image.shape
@@ -152,7 +148,7 @@ def _augment(image: tf.Tensor, seed: tf.Tensor, aug: ml_collections.ConfigDict) 
     return tf.ensure_shape(tf.clip_by_value(image, 0.0, 1.0), shape)
 
 
-def _model_inputs(examples, task: str, data: ml_collections.ConfigDict, seeds=None):
+def _model_inputs(examples, data: DataSettings, seeds=None):
     """A batch's model inputs; augmented when `seeds` ([B, 2] int64, one per example) is given.
 
     Args:
@@ -173,7 +169,7 @@ def _model_inputs(examples, task: str, data: ml_collections.ConfigDict, seeds=No
         )
 
     out = {}
-    if task == "views":
+    if data.task == "views":
         if seeds is None:
             out["a"] = images
         else:
@@ -183,9 +179,9 @@ def _model_inputs(examples, task: str, data: ml_collections.ConfigDict, seeds=No
     else:
         if seeds is not None:
             images = augment(images, seeds)
-        if task == "pairs" and "text" in examples:
+        if data.task == "pairs" and "text" in examples:
             out["a"], out["b"] = images, examples["text"]
-        elif task == "pairs":
+        elif data.task == "pairs":
             half = images.shape[1] // 2
             out["a"], out["b"] = images[:, :half], images[:, half:]
         else:
@@ -198,12 +194,7 @@ def _model_inputs(examples, task: str, data: ml_collections.ConfigDict, seeds=No
 def _labeled_indices(labels: np.ndarray, batch_size: int, m: int, seed: tf.Tensor):
     """Returns step -> [N] example indices: N / m classes, m distinct examples of each."""
     classes, counts = np.unique(labels, return_counts=True)
-    num_classes_per_batch = batch_size // m
-    if batch_size % m:
-        raise ConfigError(
-            f"config.train.global_batch_size={batch_size} is not a multiple of "
-            f"config.data.examples_per_class={m}; use a multiple of {m}."
-        )
+    num_classes_per_batch = batch_size // m  # a whole number (data_sources.check_data_config)
     if num_classes_per_batch > len(classes):
         raise ConfigError(
             f"a batch of {batch_size} with config.data.examples_per_class={m} needs "
@@ -236,8 +227,8 @@ def _labeled_indices(labels: np.ndarray, batch_size: int, m: int, seed: tf.Tenso
     return indices
 
 
-def train_split_size(data: ml_collections.ConfigDict) -> int:
-    """The number of examples of `config.data.train_split` (TFDS metadata; the dataset
+def train_split_size(data: DataSettings) -> int:
+    """The number of examples of `data.train_split` (TFDS metadata; the dataset
     is prepared if it is not yet, nothing is decoded). With a class range, an upper
     bound on the examples kept."""
     builder = tfds.builder(data.name, data_dir=data.data_dir)
@@ -251,7 +242,7 @@ def num_examples(arrays: Mapping[str, np.ndarray]) -> int:
 
 
 def train_dataset(
-    config: ml_collections.ConfigDict,
+    data: DataSettings,
     *,
     start_step: int = 0,
     process_index: int = 0,
@@ -269,9 +260,7 @@ def train_dataset(
       labels, the source's id keys int32 [B], and `index` int32 [B], each example's
       position in the loaded split (SogCLR's per-example state) (B = per-process batch).
     """
-    data = config.data
-    check_data_config(data)
-    global_batch_size = config.train.global_batch_size
+    global_batch_size = data.global_batch_size
     batch_size = per_process_batch_size(global_batch_size, process_count)
     arrays = load_split(data, data.train_split, class_range=data.train_class_range)
     n = num_examples(arrays)
@@ -320,7 +309,7 @@ def train_dataset(
             ids,
             fn_output_signature=tf.int64,
         )
-        inputs = _model_inputs(examples, data.task, data, seeds=seeds if augments(data) else None)
+        inputs = _model_inputs(examples, data, seeds=seeds if augments(data) else None)
         return inputs | {"index": tf.cast(index, tf.int32)}
 
     ds = tf.data.Dataset.counter(start_step).map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -329,18 +318,15 @@ def train_dataset(
     return ds.with_options(options).prefetch(data.prefetch_batches)
 
 
-def eval_arrays(
-    config: ml_collections.ConfigDict, split: str, *, class_range: tuple[int, int] | None = None
-) -> dict[str, np.ndarray]:
+def eval_arrays(data: DataSettings, split: str, *, class_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """A whole evaluation split's model inputs, in a fixed order, without augmentation.
 
     Returns:
       `a` float32 [n, ...] (int32 tokens for sequence pairs); `b` [n, ...] for `pairs`;
       `label` int32 [n] when available; the source's id keys int32 [n].
     """
-    check_data_config(config.data)
-    arrays = load_split(config.data, split, class_range=class_range)
+    arrays = load_split(data, split, class_range=class_range)
     ds = tf.data.Dataset.from_tensor_slices(arrays)
-    ds = ds.batch(4096).map(lambda ex: _model_inputs(ex, config.data.task, config.data))
+    ds = ds.batch(4096).map(lambda ex: _model_inputs(ex, data))
     chunks = list(tfds.as_numpy(ds))
     return {key: np.concatenate([c[key] for c in chunks]) for key in chunks[0]}

@@ -72,13 +72,13 @@ def needed_bytes(compiled: jax.stages.Compiled) -> int:
     )
 
 
-def device_memory(config: ml_collections.ConfigDict) -> tuple[int, str]:
-    """`(bytes, where the figure comes from)`: the memory of one device.
+def device_memory(limit: float | None) -> tuple[int, str]:
+    """`(bytes, where the figure comes from)`: the memory of one device, `limit` GiB
+    (`config.train.memory_limit_gib`) when it is not None.
 
     Raises:
-      ConfigError: `config.train.memory_limit_gib` is set but not positive.
+      ConfigError: `limit` is not positive.
     """
-    limit = config.train.memory_limit_gib
     if limit is not None:
         if not limit > 0:
             raise ConfigError(
@@ -123,7 +123,7 @@ def batch_spec(
 
 
 def _compile(trainer: Trainer, abstract_state, element_spec) -> jax.stages.Compiled:
-    spec = batch_spec(element_spec, trainer.config.train.global_batch_size, trainer.mesh)
+    spec = batch_spec(element_spec, trainer.data.global_batch_size, trainer.mesh)
     return trainer.jit_train_step(abstract_state).lower(abstract_state, spec).compile()
 
 
@@ -143,7 +143,7 @@ def compile_train_step(trainer: Trainer, abstract_state, element_spec) -> tuple[
       ConfigError: the step needs more memory than the device has; the message gives
         both figures and the settings that fit, each with its measured need.
     """
-    available, source = device_memory(trainer.config)  # checked before compiling
+    available, source = device_memory(trainer.memory_limit_gib)  # checked before compiling
     compiled = _compile(trainer, abstract_state, element_spec)
     memory = StepMemory(needed_bytes(compiled), available, source)
     if not memory.fits:

@@ -1,9 +1,10 @@
 """The training loop: `train_and_evaluate(config, workdir)` trains, resuming from
 `workdir`, and evaluates.
 
-    config --trainer.build--> Trainer (model, optimizer, loss; config checked, nothing read)
+    config --trainer.build--> Trainer (model, optimizer, loss, data and bad-loss settings:
+                              the config checked and read into plain values; no data read)
     <workdir>/checkpoints --resume.restore_latest--> state and its step s
-    input_pipeline.train_dataset(config, start_step=s) --> this process's rows of each batch
+    input_pipeline.train_dataset(trainer.data, start_step=s) --> this process's rows of each batch
     memory_fit.compile_train_step: compiled once; its memory per device checked (or exit 2)
     Trainer.train_step (that executable): forward, loss over the global batch in shard_map, optax
     every k steps: metrics.jsonl / TensorBoard, a checkpoint, evaluate.Evaluator
@@ -22,6 +23,7 @@ Multi-process runs (`distributed.initialize`) train on one global batch per step
 the number of processes (see `input_pipeline`).
 """
 
+import functools
 import json
 import os
 import tempfile
@@ -88,11 +90,11 @@ def prepare_workdir(workdir: str | os.PathLike | None) -> str:
     return workdir
 
 
-def _train_batches(config: ml_collections.ConfigDict, first_batch: int) -> tf.data.Dataset:
+def _train_batches(data: data_sources.DataSettings, first_batch: int) -> tf.data.Dataset:
     """This process's rows of the global batches numbered `first_batch`, `first_batch + 1`,
     ... (batch t: what step t reads when no batch was skipped, see `bad_loss`)."""
     return input_pipeline.train_dataset(
-        config,
+        data,
         start_step=first_batch - 1,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
@@ -135,25 +137,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     workdir = prepare_workdir(workdir)
     tf.config.set_visible_devices([], "GPU")  # tf.data only; keep accelerators for JAX.
     ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep)
-    guard = bad_loss.LossGuard(config, workdir, lead=jax.process_index() == 0)
+    guard = bad_loss.LossGuard(trainer.guard, workdir, lead=jax.process_index() == 0)
+    run_line = functools.partial(
+        console.run_line,
+        mesh,
+        workdir,
+        global_batch_size=trainer.data.global_batch_size,
+        num_steps=config.train.num_train_steps,
+    )
     try:
         opened_at = ckpt.latest_step() or 0
-        ds = _train_batches(config, guard.first_batch(opened_at))
+        ds = _train_batches(trainer.data, guard.first_batch(opened_at))
         init, abstract_state = trainer.init_state(ds.element_spec)
         start_step, state = resume.restore_latest(ckpt, config, abstract_state)
         if state is not None and (done := _finished_results(workdir, start_step, config)):
-            logging.info("%s", console.run_line(config, mesh, workdir))
+            logging.info("%s", run_line())
             logging.info("%s", done[1])
             return done[0]
         step_fn, memory = memory_fit.compile_train_step(trainer, abstract_state, ds.element_spec)
-        logging.info("%s", console.run_line(config, mesh, workdir, memory=memory))
+        logging.info("%s", run_line(memory=memory))
         if state is None:
             state = init()
         else:
             guard.restore(ckpt.restore_position(start_step))
             logging.info("Resumed from %s at step %d.", ckpt.directory, start_step)
         if start_step != opened_at:  # the newest checkpoint was corrupt: an older one
-            ds = _train_batches(config, guard.first_batch(start_step))
+            ds = _train_batches(trainer.data, guard.first_batch(start_step))
         return _train(trainer, step_fn, ckpt, guard, init, state, abstract_state, ds, start_step, workdir)
     finally:  # also on errors: finish the saves already started
         ckpt.close()
@@ -176,22 +185,21 @@ def _finished_results(workdir: str, start_step: int, config) -> tuple[dict[str, 
     )
 
 
-def _evaluator(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> evaluate.Evaluator:
-    """`config.eval`'s evaluator on `mesh`: the eval split, and the training split for the
-    kNN and linear probes when they are on and the data have labels."""
-    ev = config.eval
-    eval_arrays = input_pipeline.eval_arrays(config, ev.split, class_range=ev.class_range)
+def _evaluator(
+    ev: ml_collections.ConfigDict, data: data_sources.DataSettings, mesh: jax.sharding.Mesh
+) -> evaluate.Evaluator:
+    """The evaluator of `config.eval` (`ev`) on `mesh`: the eval split, and the training
+    split for the kNN and linear probes when they are on and the data have labels."""
+    eval_arrays = input_pipeline.eval_arrays(data, ev.split, class_range=ev.class_range)
     probe_arrays = None
     if "label" in eval_arrays and (ev.knn_k > 0 or ev.linear_probe):
-        probe_arrays = input_pipeline.eval_arrays(
-            config, config.data.train_split, class_range=config.data.train_class_range
-        )
+        probe_arrays = input_pipeline.eval_arrays(data, data.train_split, class_range=data.train_class_range)
     return evaluate.Evaluator(
         mesh,
         eval_arrays,
         batch_size=ev.batch_size,
         recall_ks=ev.recall_ks,
-        match_keys=data_sources.SOURCES[config.data.name].match_keys or (None, None),
+        match_keys=data_sources.SOURCES[data.name].match_keys or (None, None),
         probe_arrays=probe_arrays,
         knn_k=ev.knn_k,
         linear_probe=ev.linear_probe,
@@ -240,12 +248,12 @@ def _train(
             lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)),
             state.replace(loss_state=None),
         )
-    evaluator = _evaluator(config, eval_mesh)
+    evaluator = _evaluator(config.eval, trainer.data, eval_mesh)
     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=start_step)
     if start_step > 0:  # a machine-readable record of every resume, kept across resumes
         writer.write(start_step, {"resumed_from_step": start_step})
     progress = console.Progress(total_steps=num_steps, start_step=start_step, enabled=lead)
-    open_at = lambda number: _train_batches(config, number).as_numpy_iterator()  # noqa: E731
+    open_at = lambda number: _train_batches(trainer.data, number).as_numpy_iterator()  # noqa: E731
     batches = guard.batches(start_step, open_at, opened=ds.as_numpy_iterator())
     window: list[dict[str, float]] = []  # the metrics of the steps since the last log
     timer_start, timed_steps = time.perf_counter(), 0  # steps finished since timer_start

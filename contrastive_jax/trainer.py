@@ -22,7 +22,17 @@ from flax.training import train_state
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from contrastive_jax import config_checks, data_sources, grad_cache, losses, models, noise_scale, optimizer, sharding
+from contrastive_jax import (
+    bad_loss,
+    config_checks,
+    data_sources,
+    grad_cache,
+    losses,
+    models,
+    noise_scale,
+    optimizer,
+    sharding,
+)
 from contrastive_jax.sharding import DATA_AXIS
 
 # Model outputs with a batch dimension (split over the mesh); the rest are replicated.
@@ -41,8 +51,10 @@ class TrainState(train_state.TrainState):
 class Trainer:
     """The parts of a run that `build` checked against each other and the mesh."""
 
-    config: ml_collections.ConfigDict  # for the loop; the step reads only the fields below
+    config: ml_collections.ConfigDict  # for the loop; below it, only the plain values below
     mesh: jax.sharding.Mesh
+    data: data_sources.DataSettings  # what the input pipeline reads
+    guard: bad_loss.GuardSettings  # what judges a step's loss
     model: models.TwoTower
     tx: optax.GradientTransformation
     schedule: optax.Schedule
@@ -54,6 +66,7 @@ class Trainer:
     id_keys: tuple[str, ...]  # the dataset's id keys, stacked into `groups`
     loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
     log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
+    memory_limit_gib: float | None = None  # one device's memory; None: the device's own (memory_fit)
 
     def init_state(self, element_spec: Mapping[str, Any]) -> tuple[Callable[[], TrainState], TrainState]:
         """`(init, abstract_state)`: `init()` creates the initial state replicated over the
@@ -307,6 +320,8 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
     return Trainer(
         config,
         mesh,
+        data_sources.DataSettings.from_config(config),
+        bad_loss.GuardSettings.from_config(config),
         model,
         tx,
         schedule,
@@ -318,4 +333,5 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         id_keys=tuple(data_sources.SOURCES[config.data.name].id_keys),
         loss_table_size=loss_table_size,
         log_noise_scale=train.log_noise_scale,
+        memory_limit_gib=train.memory_limit_gib,
     )

@@ -76,10 +76,11 @@ def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
     from configs import default
     from contrastive_jax import input_pipeline, sharding, trainer
     from contrastive_jax.config_lib import override
+    from contrastive_jax.data_sources import DataSettings
 
     config = default.get_config()
     shapes_only = override(config, {"train.global_batch_size": NUM_DEVICES})
-    spec = input_pipeline.train_dataset(shapes_only).element_spec  # the input shapes
+    spec = input_pipeline.train_dataset(DataSettings.from_config(shapes_only)).element_spec  # the input shapes
     config = override(
         config,
         {

@@ -124,7 +124,7 @@ def test_batch_numbers_leave_out_the_skipped_ones():
 
 def guard(load_config, tmp_path, **fields):
     config = override(load_config("default"), {f"train.{k}": v for k, v in fields.items()})
-    return bad_loss.LossGuard(config, str(tmp_path), lead=True)
+    return bad_loss.LossGuard(bad_loss.GuardSettings.from_config(config), str(tmp_path), lead=True)
 
 
 def test_a_spike_is_a_loss_above_k_times_the_running_median(load_config, tmp_path):

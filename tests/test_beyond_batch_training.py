@@ -10,6 +10,7 @@ import pytest
 
 from contrastive_jax import input_pipeline, sharding
 from contrastive_jax.config_lib import override
+from contrastive_jax.data_sources import DataSettings
 from contrastive_jax.trainer import build
 
 N = 64
@@ -52,7 +53,7 @@ def config(load_config, digits_data_dir):
 def run_steps(config, num_devices, num_steps=3):
     """`(states after each step, losses, batches)`: `num_steps` jitted steps from the start."""
     trainer = build(config, sharding.make_mesh(num_devices))
-    ds = input_pipeline.train_dataset(config)
+    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
     init, abstract = trainer.init_state(ds.element_spec)
     step = trainer.jit_train_step(abstract)
     state, states, values, batches = init(), [], [], []
@@ -86,8 +87,9 @@ def test_grad_cache_equals_the_whole_batch_with_the_state(config, name):
 
 def test_the_pipeline_gives_each_example_its_index(config):
     """`index` is the example's row in the loaded split: its pixels are the batch's."""
-    arrays = input_pipeline.load_split(config.data, config.data.train_split)
-    for step, batch in enumerate(input_pipeline.train_dataset(config).take(2).as_numpy_iterator()):
+    data = DataSettings.from_config(config)
+    arrays = input_pipeline.load_split(data, data.train_split)
+    for step, batch in enumerate(input_pipeline.train_dataset(data).take(2).as_numpy_iterator()):
         images = arrays["image"][batch["index"]].astype(np.float32) / 255.0
         np.testing.assert_array_equal(batch["a"], images[:, :4], err_msg=f"step {step}")
         np.testing.assert_array_equal(batch["label"], arrays["label"][batch["index"]])

@@ -8,6 +8,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from contrastive_jax import data_sources, input_pipeline
+from contrastive_jax.data_sources import DataSettings
 from contrastive_jax.datasets import cmudict
 
 SIZES = {"train": 121_490, "test": 13_676}
@@ -104,7 +105,7 @@ def decode(tokens_a, tokens_b):
 
 
 def test_pairs_are_dictionary_lines_as_padded_token_sequences(config):
-    it = input_pipeline.train_dataset(config).as_numpy_iterator()
+    it = input_pipeline.train_dataset(DataSettings.from_config(config)).as_numpy_iterator()
     batch = next(it)
     length = config.data.text_max_length
     assert batch["a"].shape == batch["b"].shape == (512, length)
@@ -121,8 +122,9 @@ def test_pairs_are_dictionary_lines_as_padded_token_sequences(config):
 
 
 def test_stream_is_a_function_of_the_step(config):
-    first = [next(iter(input_pipeline.train_dataset(config, start_step=s).as_numpy_iterator())) for s in (0, 3)]
-    it = input_pipeline.train_dataset(config).as_numpy_iterator()
+    data = DataSettings.from_config(config)
+    first = [next(iter(input_pipeline.train_dataset(data, start_step=s).as_numpy_iterator())) for s in (0, 3)]
+    it = input_pipeline.train_dataset(data).as_numpy_iterator()
     stream = [next(it) for _ in range(4)]
     for key in first[0]:
         np.testing.assert_array_equal(first[0][key], stream[0][key])
@@ -131,7 +133,7 @@ def test_stream_is_a_function_of_the_step(config):
 
 
 def test_eval_arrays_hold_the_whole_split_with_its_ids(config):
-    arrays = input_pipeline.eval_arrays(config, "test")
+    arrays = input_pipeline.eval_arrays(DataSettings.from_config(config), "test")
     assert arrays["a"].shape == (13_676, config.data.text_max_length)
     assert set(arrays) == {"a", "b", "word_id", "pronunciation_id"}
     test_lines = [e for e in cmudict.entries() if cmudict.split_of(e.word) == "test"]
@@ -153,4 +155,4 @@ def test_bad_config_raises_a_clear_error(config, field, value, message):
         node = node[part]
     node[name] = value
     with pytest.raises(ValueError, match=message):
-        data_sources.check_data_config(config.data)
+        data_sources.check_data_config(DataSettings.from_config(config))

@@ -12,6 +12,7 @@ import tensorflow_datasets as tfds
 
 from contrastive_jax import data_sources, input_pipeline, losses, sharding, train, trainer
 from contrastive_jax.config_lib import override
+from contrastive_jax.data_sources import DataSettings
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits", "dml_digits_xbm")
@@ -66,8 +67,9 @@ def test_real_data_config_builds_pipeline_and_model_on_mock_data(load_config, na
     config.train.global_batch_size = 8
     config.data.examples_per_class = 1  # mock labels are random: few repeats per class
     with tfds.testing.mock_data(num_examples=64, policy=tfds.testing.MockPolicy.USE_CODE):
-        batch = next(input_pipeline.train_dataset(config).as_numpy_iterator())
-        evaluation = input_pipeline.eval_arrays(config, config.eval.split, class_range=config.eval.class_range)
+        data = DataSettings.from_config(config)
+        batch = next(input_pipeline.train_dataset(data).as_numpy_iterator())
+        evaluation = input_pipeline.eval_arrays(data, config.eval.split, class_range=config.eval.class_range)
     size = config.data.image_size or 32
     assert batch["a"].shape == (8, size, size, 3)
     assert evaluation["a"].shape[1:] == batch["a"].shape[1:]
@@ -91,7 +93,7 @@ def test_every_classifier_loss_traces_a_step_of_dml_digits(load_config, digits_d
             "model.num_classes": 6,
         },
     )
-    batch = next(input_pipeline.train_dataset(config).as_numpy_iterator())
+    batch = next(input_pipeline.train_dataset(DataSettings.from_config(config)).as_numpy_iterator())
     names = sorted(name for name, loss in losses.LOSSES.items() if loss.classifier)
     assert {"softmax_ce", "focal", "bce", "proxy_nca", "cosface", "arcface"} <= set(names)
     for name in names:

@@ -14,6 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses, noise_scale, sharding
+from contrastive_jax.data_sources import DataSettings
 from contrastive_jax.sharding import DATA_AXIS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -137,7 +138,7 @@ def test_the_noise_scale_step_is_the_plain_step(load_config, digits_data_dir):
     }
     config = override(load_config("default"), tiny)
     mesh = sharding.make_mesh(8)
-    ds = input_pipeline.train_dataset(config)
+    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
     batch = next(ds.as_numpy_iterator())
     results = []
     for on in (False, True):

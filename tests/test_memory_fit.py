@@ -10,6 +10,7 @@ from subprocess_runs import tiny_fields
 
 from contrastive_jax import input_pipeline, memory_fit, sharding, train, trainer
 from contrastive_jax.config_lib import ConfigError, override
+from contrastive_jax.data_sources import DataSettings
 
 # N = 1,024 with dense logits: 1.4 MiB per device (a [128, 1024] block of logits and its
 # gradient dominate); 0.95 MiB leaves room for the ring's or micro-batches' step only.
@@ -22,7 +23,7 @@ TOO_BIG = {
 def compiled(config):
     """`compile_train_step` of `config` on all 8 devices."""
     run = trainer.build(config, sharding.make_mesh())
-    spec = input_pipeline.train_dataset(config).element_spec
+    spec = input_pipeline.train_dataset(DataSettings.from_config(config)).element_spec
     return memory_fit.compile_train_step(run, run.init_state(spec)[1], spec)
 
 
@@ -71,18 +72,17 @@ def test_the_loop_runs_the_step_the_check_compiled_and_logs_its_memory(
     assert re.search(r"; 2 steps; step needs \d+\.\d KiB per device of 1\.0 GiB; workdir ", first)
 
 
-def test_the_device_memory_is_the_limit_or_the_hosts_available_share(load_config):
-    config = load_config("default")
-    assert memory_fit.device_memory(override(config, {"train.memory_limit_gib": 1.5})) == (
+def test_the_device_memory_is_the_limit_or_the_hosts_available_share():
+    assert memory_fit.device_memory(1.5) == (
         int(1.5 * 2**30),
         "config.train.memory_limit_gib",
     )
-    available, source = memory_fit.device_memory(config)  # the CPU: the host's / 8
+    available, source = memory_fit.device_memory(None)  # the CPU: the host's / 8
     with open("/proc/meminfo") as f:
         [kib] = [int(line.split()[1]) for line in f if line.startswith("MemAvailable:")]
     assert source == "host memory available / 8 devices"
     assert available == pytest.approx(kib * 1024 / 8, rel=0.2)
     with pytest.raises(ConfigError, match=r"config.train.memory_limit_gib=0.0 must be > 0"):
-        memory_fit.device_memory(override(config, {"train.memory_limit_gib": 0.0}))
+        memory_fit.device_memory(0.0)
     assert memory_fit.format_bytes(17.2 * 2**30) == "17.2 GiB"
     assert memory_fit.format_bytes(1536) == "1.5 KiB"

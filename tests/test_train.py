@@ -18,6 +18,7 @@ import pytest
 
 from contrastive_jax import checkpoint, input_pipeline, losses, memory_fit, optimizer, resume, sharding, train
 from contrastive_jax.config_lib import override
+from contrastive_jax.data_sources import DataSettings
 from contrastive_jax.sharding import DATA_AXIS
 from contrastive_jax.trainer import build
 
@@ -46,7 +47,7 @@ def config(load_config, digits_data_dir):
 def make_state_and_batch(config, mesh):
     """`(trainer, initial state, abstract state, first batch)` on `mesh`."""
     trainer = build(config, mesh)
-    ds = input_pipeline.train_dataset(config)
+    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
     init, abstract = trainer.init_state(ds.element_spec)
     return trainer, init(), abstract, next(ds.as_numpy_iterator())
 
@@ -117,7 +118,7 @@ def test_build_reads_the_config_once_state_and_step_read_none(config, fields):
     """Under the loop, the state's creation and the traced step read plain values that
     `build` took from the config; no ConfigDict enters jitted or shard_map'ped code."""
     config = override(config, fields)
-    ds = input_pipeline.train_dataset(config)
+    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
     trainer = dataclasses.replace(build(config, sharding.make_mesh(8)), config=_Untouchable())
     init, abstract = trainer.init_state(ds.element_spec)
     state, metrics = trainer.jit_train_step(abstract)(init(), next(ds.as_numpy_iterator()))
@@ -337,7 +338,7 @@ def compiled_step(config):
     inputs (`build(config, mesh).jit_train_step(...).lower(...).compile()`)."""
     config = override(config, {"train.global_batch_size": N})
     run = build(config, sharding.make_mesh(NUM_DEVICES))
-    spec = input_pipeline.train_dataset(config).element_spec
+    spec = input_pipeline.train_dataset(DataSettings.from_config(config)).element_spec
     _, abstract = run.init_state(spec)
     batch = memory_fit.batch_spec({k: spec[k] for k in ("a", "b")}, N, run.mesh)
     return run.jit_train_step(abstract).lower(abstract, batch).compile()
