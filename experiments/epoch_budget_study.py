@@ -340,9 +340,9 @@ FULL = dict(
     queue_size=QUEUE_SIZE,
     train_size=TRAIN_PAIRS,
 )
-# --quick: 2,048 training pairs, 1,024 test pairs, N = 64 and 128, one epoch.
-QUICK = dict(batch_sizes=[64, 128], seeds=[0], epochs=1.0, evals=2, queue_size=256, train_size=2048)
-QUICK_OVERRIDES = {"data.train_split": "train[:2048]", "eval.split": "test[:1024]"}
+# --quick: 1,024 training pairs, 512 test pairs, N = 64, one epoch: every method once.
+QUICK = dict(batch_sizes=[64], seeds=[0], epochs=1.0, evals=2, queue_size=256, train_size=1024)
+QUICK_OVERRIDES = {"data.train_split": "train[:1024]", "eval.split": "test[:512]"}
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:

@@ -1,4 +1,4 @@
-"""experiments/bench_losses.py: its workers time the losses and its targets read them."""
+"""experiments/bench_losses*.py: its workers time the losses and its targets read them."""
 
 import importlib.util
 import json
@@ -10,6 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import bench_losses  # noqa: E402
+import bench_losses_grid  # noqa: E402
+import bench_losses_report  # noqa: E402
+import bench_losses_worker  # noqa: E402
 
 SPEC = {
     "n": 64,
@@ -21,25 +24,27 @@ SPEC = {
 }  # moco_queue's K (the others ignore it)
 
 
-@pytest.mark.parametrize("loss", bench_losses.LOSSES)
+@pytest.mark.parametrize("loss", bench_losses_grid.LOSSES)
 @pytest.mark.parametrize("chunk", [None, 16, "auto"])
 def test_jax_worker_times_a_loss_and_reports_its_memory(loss, chunk):
-    result = bench_losses.run_worker(SPEC | {"worker": "jax", "loss": loss, "chunk": chunk})
+    result = bench_losses_worker.run_worker(SPEC | {"worker": "jax", "loss": loss, "chunk": chunk})
     assert result["seconds"] > 0 and result["temp_bytes"] > 0
     assert math.isfinite(result["value"]) and result["value"] != 0  # SogCLR's may be < 0
     assert result["peak_rss_bytes"] > 2**20
 
 
 def test_jax_worker_skips_what_does_not_fit():
-    result = bench_losses.run_worker(SPEC | {"worker": "jax", "loss": "clip", "chunk": None, "max_memory_bytes": 1})
+    result = bench_losses_worker.run_worker(
+        SPEC | {"worker": "jax", "loss": "clip", "chunk": None, "max_memory_bytes": 1}
+    )
     assert "seconds" not in result and result["skipped"].startswith("needs")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="pip install -e '.[bench]'")
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
 def test_torch_reference_computes_the_same_loss(loss):
-    ours = bench_losses.run_worker(SPEC | {"worker": "jax", "loss": loss, "chunk": 16})
-    torch = bench_losses.run_worker(SPEC | {"worker": "torch", "loss": loss})
+    ours = bench_losses_worker.run_worker(SPEC | {"worker": "jax", "loss": loss, "chunk": 16})
+    torch = bench_losses_worker.run_worker(SPEC | {"worker": "torch", "loss": loss})
     assert torch["value"] == pytest.approx(ours["value"], rel=1e-5)
 
 
@@ -62,7 +67,7 @@ def test_targets_read_the_points():
         point("clip", 16384, 512, None, 40.0, "torch"),
     ]
     peak = points[1]["gflops"] / 0.8  # the streamed point runs at 80% of peak
-    rows = {t: (m, v) for t, m, v in bench_losses.evaluate_targets(points, peak, {})}
+    rows = {t: (m, v) for t, m, v in bench_losses_report.evaluate_targets(points, peak, {})}
     assert rows["streamed clip N=16,384 D=512: useful 6N^2D / jnp.dot peak >= 70%"] == (
         "80% (chunk 1024, 8.00 s)",
         "met",
@@ -78,7 +83,7 @@ def test_targets_read_the_points():
 def test_quick_sweep_writes_its_results(tmp_path):
     bench_losses.main(["--quick", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "results.json").read_text())
-    assert {p["loss"] for p in result["points"]} == set(bench_losses.LOSSES)
+    assert {p["loss"] for p in result["points"]} == set(bench_losses_grid.LOSSES)
     assert all("seconds" in p for p in result["points"] if p["worker"] == "jax")
     assert (tmp_path / "results.md").read_text().count("| clip |") >= 4
     assert (tmp_path / "results.png").stat().st_size > 0

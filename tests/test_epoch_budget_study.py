@@ -64,11 +64,10 @@ def test_noise_by_epoch_pools_each_epochs_windows_and_recovers_the_model():
 def test_quick_runs_every_method_and_resumes(tmp_path, cmudict_data_dir, capsys):
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
     records = study.main(args)
-    assert sorted({(r["method"], r["batch_size"]) for r in records}) == sorted(
-        [("CLIP", 64), ("CLIP", 128), ("SigLIP", 64), ("SigLIP", 128)]
-        + [(m, 64) for m in ("DCL", "SogCLR", "queue K=256", "queue K=256, EMA 0.99")]
-        + [("queue K=256, EMA 0.99", 128)]
+    assert sorted(r["method"] for r in records) == sorted(
+        ["CLIP", "SigLIP", "DCL", "SogCLR", "queue K=256", "queue K=256, EMA 0.99"]
     )
+    assert {r["batch_size"] for r in records} == {64}
     for r in records:
         assert 0 <= r["a_to_b/R@1"] <= 1 and len(r["evals"]) == 2
         assert r["evals"][-1][0] == r["steps"] and r["training_minutes"] > 0

@@ -13,7 +13,14 @@ if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the
     sys.path.insert(0, str(ROOT))
 
 from contrastive_jax.config_lib import override  # noqa: E402
-from experiments import batch_size_sweep, loss_comparison, sweep, temperature_sweep  # noqa: E402
+from experiments import (  # noqa: E402
+    batch_size_sweep,
+    batch_size_sweep_grid,
+    batch_size_sweep_report,
+    loss_comparison,
+    sweep,
+    temperature_sweep,
+)
 
 COMMON = ["results.csv", "results.json", "summary.md"]
 
@@ -99,7 +106,7 @@ def test_override_sets_dotted_fields_on_a_locked_copy(load_config):
 
 
 def test_fixed_epochs_gives_each_batch_size_its_steps(load_config):
-    runs = batch_size_sweep.make_runs(load_config("default"), [16, 64], [0, 1], epochs=2, train_size=1437)
+    runs = batch_size_sweep_grid.make_runs(load_config("default"), [16, 64], [0, 1], epochs=2, train_size=1437)
     assert [r.tags["steps"] for r in runs] == [180, 180, 45, 45]
     assert [r.overrides["optim.warmup_steps"] for r in runs[::2]] == [36, 9]  # at most a fifth
     assert len({r.name for r in runs}) == 4
@@ -107,12 +114,12 @@ def test_fixed_epochs_gives_each_batch_size_its_steps(load_config):
 
 def test_cmudict_study_grid_scales_the_learning_rate_and_warmup_in_epochs(load_config):
     base = load_config("cmudict_clip")
-    runs = batch_size_sweep.study_runs(base, [256, 16384, 65536], [0, 1], epochs=3, steps=40, train_size=121_490)
+    runs = batch_size_sweep_grid.study_runs(base, [256, 16384, 65536], [0, 1], epochs=3, steps=40, train_size=121_490)
     # N <= 16,384: 3 rules at fixed epochs + sqrt at fixed steps; N = 65,536: fixed-epoch sqrt.
     assert len(runs) == 2 * (4 + 4 + 1) and len({r.name for r in runs}) == 18
     tags = {(r.tags["budget"], r.tags["scaling"], r.tags["batch_size"], r.tags["seed"]): r for r in runs}
     assert {k[:3] for k in tags if k[2] == 65536} == {("epochs", "sqrt", 65536)}
-    base_lr = batch_size_sweep.BASE_LEARNING_RATE
+    base_lr = batch_size_sweep_grid.BASE_LEARNING_RATE
     for rule, factor in (("none", 1.0), ("linear", 64.0), ("sqrt", 8.0)):
         run = tags["epochs", rule, 16384, 1]
         assert run.overrides["optim.learning_rate"] == pytest.approx(base_lr * factor)
@@ -133,7 +140,7 @@ def test_cmudict_study_grid_scales_the_learning_rate_and_warmup_in_epochs(load_c
     assert "loss.chunk_size" not in tags["epochs", "none", 256, 0].overrides
     assert not any("train.micro_batch_size" in run.overrides for run in runs)
     # The false-negative-masking series: its loss, only up to N = 16,384.
-    masked = batch_size_sweep.study_runs(
+    masked = batch_size_sweep_grid.study_runs(
         base, [256, 65536], [0], epochs=3, steps=40, train_size=121_490, masked_loss="clip_masked"
     )
     extra = [r for r in masked if r.tags["loss"] == "clip_masked"]
@@ -193,6 +200,6 @@ def test_study_figures_when_the_first_series_skips_the_largest_batch():
 
     records = [record("fixed epochs, none", n, s) for n in (256, 512) for s in (0, 1)]
     records += [record("fixed epochs, sqrt", n, s) for n in (256, 512, 65536) for s in (0, 1)]
-    figures = batch_size_sweep.plot(records, "a_to_b/R@1")
+    figures = batch_size_sweep_report.plot(records, "a_to_b/R@1")
     assert {"metric_vs_batch", "loss_curves", "temperature_vs_batch", "mi_bound"} <= set(figures)
     assert len(figures["loss_curves"].axes[0].get_lines()) == 2 * 2  # 2 sizes: curve + log N line
