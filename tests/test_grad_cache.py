@@ -72,6 +72,7 @@ def test_split_and_merge_are_inverse_and_spread_over_shards():
     np.testing.assert_array_equal(grad_cache.merge(micro, 4), x)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("name", sorted(KERNELS))
 @pytest.mark.parametrize("num_micro_batches", [2, 4])
 def test_grad_cache_equals_full_batch_gradient_on_8_devices(name, num_micro_batches):
@@ -137,6 +138,7 @@ def _train_step_result(config, micro_batch_size, method="grad_cache"):
     return jax.device_get(state.params), jax.device_get(metrics)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
 def test_train_step_with_grad_cache_equals_the_full_batch_step(load_config, digits_data_dir, loss):
     config = load_config("default")

@@ -37,6 +37,7 @@ def sharded_norms(loss_of_rows, num_devices=8):
     return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=P()))
 
 
+@pytest.mark.compat
 def test_least_squares_noise_scale_matches_the_closed_form():
     """Least squares, x ~ N(0, I_d), y = x . w* + noise (std s), at w = w* + delta:
     per-example gradient g = x (x . delta - e), so G = delta, |G|^2 = |delta|^2 and
@@ -76,6 +77,7 @@ def test_estimate_inverts_the_model_of_the_norms():
     assert noise_scale.window_b_simple(windows, 256, 16) == pytest.approx(trace / g2)
 
 
+@pytest.mark.compat
 def test_device_shares_use_the_global_negatives():
     """A linear encoder z = normalize(x W) under the sharded CLIP loss: device d's share is
     dL/dW_d, W_d the copy of W that embeds its rows, with every row scored against all N

@@ -91,6 +91,7 @@ def test_chunked_equals_dense(name, chunk_size):
     ],
     ids=["all_gather-chunked", "ring", "ring-chunked"],
 )
+@pytest.mark.compat
 def test_sharded_streaming_equals_dense_on_8_devices(name, mode):
     _assert_equal_to_dense(name, *_value_and_grads(name, num_devices=8, **mode))
 
@@ -109,6 +110,7 @@ def test_more_device_counts(name, num_devices, mode):
     _assert_equal_to_dense(name, *_value_and_grads(name, num_devices=num_devices, **mode))
 
 
+@pytest.mark.compat
 def test_ring_under_pmap_gives_each_device_its_rows_gradient():
     a, b = _paired()
     devices = 4

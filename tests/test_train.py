@@ -125,6 +125,7 @@ def test_build_reads_the_config_once_state_and_step_read_none(config, fields):
     assert np.isfinite(metrics["loss"]) and int(state.step) == 1
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("loss", ["clip", "siglip"])
 def test_sharded_steps_equal_single_device_steps(config, loss):
     config = override(config, {"loss.name": loss})
@@ -256,6 +257,7 @@ def saved_state(workdir, step):
 QUEUE = {"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum": 0.9, "loss.chunk_size": 32}
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("fields", [{}, QUEUE], ids=["clip", "moco_queue"])
 def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypatch, fields):
     config = override(config, fields)
@@ -294,6 +296,7 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
         assert json.load(f)["step"] == 12
 
 
+@pytest.mark.compat
 def test_checkpoint_restores_onto_a_different_device_count(config, tmp_path):
     _, state8, _, _ = make_state_and_batch(config, sharding.make_mesh(8))
     ckpt = checkpoint.Checkpointer(tmp_path, max_to_keep=1)
