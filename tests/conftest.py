@@ -23,14 +23,26 @@ import pytest  # noqa: E402
 
 
 def _prepared(name: str, tmp_path_factory) -> str:
-    """A fresh TFDS data_dir holding the local dataset `name`, prepared."""
+    """A TFDS data_dir holding the local dataset `name`, prepared once per test session:
+    under pytest-xdist the first worker to ask prepares it in the session's shared temp
+    directory (the others wait on a file lock), so each dataset is built once. Tests read
+    it and must not write to it."""
+    import fcntl
+
     import tensorflow_datasets as tfds
 
     import contrastive_jax.datasets  # noqa: F401  (registers the builders)
 
-    data_dir = str(tmp_path_factory.mktemp(f"tfds_{name}"))
-    tfds.builder(name, data_dir=data_dir).download_and_prepare()
-    return data_dir
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's directory, above each worker's own
+    data_dir, done = root / f"tfds_{name}", root / f"tfds_{name}.prepared"
+    with open(root / f"tfds_{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            tfds.builder(name, data_dir=str(data_dir)).download_and_prepare()
+            done.touch()
+    return str(data_dir)
 
 
 @pytest.fixture(scope="session")

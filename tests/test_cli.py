@@ -404,7 +404,7 @@ def test_ctrl_c_before_training_exits_without_a_traceback(forked_cli, tiny_confi
     )
 
 
-# --- a run's output: a few short lines, a summary, a rerun that is already done ---------
+# --- a run: Ctrl-C saves, the printed command resumes; a few short lines, a summary ------
 
 STEP_LINE = r"step (\d+): loss \d+\.\d{4}, [\d,]+ examples/s, ETA \w+ \(\d+% of 40\)"
 EVAL_LINE = (
@@ -413,45 +413,71 @@ EVAL_LINE = (
 )
 
 
-def test_run_prints_a_few_short_lines_a_summary_and_a_rerun_is_already_done(tiny_config, tmp_path):
+def logged_steps(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [row["step"] for row in map(json.loads, f) if "train/loss" in row]
+
+
+def test_ctrl_c_saves_the_printed_command_resumes_and_a_rerun_is_already_done(processes, digits_data_dir, tmp_path):
     """The default run's cadence (1,000 steps logged every 50, evaluated and saved every
-    500: 20 step lines, 2 evaluations) on the tiny model: 40 steps logged every 2."""
+    500: 20 step lines, 2 evaluations) on the tiny model: 40 steps logged every 2. Ctrl-C
+    before step 3 saves step 3 and prints the command that resumes; that command trains
+    to the end with a few short lines and a summary; run again, it is already done."""
+    config = write_config(
+        tmp_path / "run.py",
+        tiny_fields(
+            digits_data_dir,
+            train__num_train_steps=40,
+            train__log_every_steps=2,
+            eval__every_steps=20,
+            checkpoint__every_steps=20,
+            eval__knn_k=1,
+            eval__linear_probe=True,
+        ),
+    )
     workdir = str(tmp_path / "run")
-    args = [
-        f"--config={tiny_config}",
-        f"--workdir={workdir}",
-        "--config.train.num_train_steps=40",
-        "--config.train.log_every_steps=2",
-        "--config.eval.every_steps=20",
-        "--config.checkpoint.every_steps=20",
-        "--config.eval.knn_k=1",
-        "--config.eval.linear_probe=True",
-    ]
-    result = cli(*args, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stderr.splitlines()
+    interrupted = processes.start(config, workdir, num_devices=8, fault="batch:3:SIGINT", stderr=subprocess.PIPE)
+    status, stdout, stderr = processes.wait_apart(interrupted)
+    assert (status, stdout) == (130, ""), stderr[-3000:]
+    lines = stderr.splitlines()
+    assert (
+        "Ctrl-C: finishing the current step, then saving a checkpoint (press Ctrl-C again to abort at once)." in lines
+    )
+    assert lines[-2] == f"Ctrl-C: stopped after step 3 and saved it in {workdir}/checkpoints. To resume, run:"
+    python = os.path.relpath(sys.executable, ROOT)
+    command = f"{python} -m contrastive_jax.main --config={config} --workdir={workdir}"
+    assert lines[-1] == f"  {command}"
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
+    assert logged_steps(workdir) == [2]
+
+    resumed = subprocess.run(shlex.split(command), cwd=ROOT, env=USER_ENV, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    lines = resumed.stderr.splitlines()
     run_line = "cpu: 8 devices, 1 process; global batch 64 (8 per device); 40 steps; "
     memory = r"step needs \d+\.\d KiB per device of \d+\.\d GiB; "  # the compiled step's
     assert re.fullmatch(re.escape(run_line) + memory + re.escape(f"workdir {workdir}"), lines[0])
+    assert lines[1] == f"Resumed from {workdir}/checkpoints at step 3."
+    assert re.fullmatch(r"step 4: loss \d+\.\d{4}", lines[2])  # its first step compiles: not timed
     steps = [int(m.group(1)) for line in lines if (m := re.fullmatch(STEP_LINE, line))]
     evals = [m for line in lines if (m := re.fullmatch(EVAL_LINE, line))]
-    assert steps == list(range(2, 41, 2)) and [int(m.group(1)) for m in evals] == [20, 40]
-    assert len(lines) == 1 + len(steps) + len(evals) <= 30, result.stderr  # nothing else
-    assert max(map(len, lines[1:])) <= 150  # the metric lines
+    assert steps == list(range(6, 41, 2)) and [int(m.group(1)) for m in evals] == [20, 40]
+    assert len(lines) == 3 + len(steps) + len(evals) <= 30, resumed.stderr  # nothing else
+    assert max(map(len, lines[2:])) <= 150  # the metric lines
+    assert logged_steps(workdir) == list(range(2, 41, 2))  # none twice
     with open(os.path.join(workdir, "eval_results.json")) as f:
         final = json.load(f)
-    assert evals[-1].group(2) == f"{final['a_to_b/R@1']:.3f}"
-    summary = result.stdout.splitlines()
+    assert final["step"] == 40 and evals[-1].group(2) == f"{final['a_to_b/R@1']:.3f}"
+    summary = resumed.stdout.splitlines()
     assert summary[0].startswith(f"{workdir}: trained to step 40 (this command: ")
     for name in ("a_to_b/R@1", "b_to_a/R@1", "retrieval/MAP@R", "knn_top1", "linear_probe"):
-        assert re.search(rf"^  {re.escape(name)} +{final[name]:.4f}  \w", result.stdout, re.M), name
+        assert re.search(rf"^  {re.escape(name)} +{final[name]:.4f}  \w", resumed.stdout, re.M), name
     for path in ("checkpoints/", "metrics.jsonl", "tensorboard/", "eval_results.json"):
-        assert re.search(rf"^  \w+ +{re.escape(os.path.join(workdir, path))} ", result.stdout, re.M)
+        assert re.search(rf"^  \w+ +{re.escape(os.path.join(workdir, path))} ", resumed.stdout, re.M)
         assert os.path.exists(os.path.join(workdir, path))
 
     files = {p: os.stat(os.path.join(workdir, p)).st_mtime_ns for p in ("eval_results.json", "metrics.jsonl")}
     started = time.perf_counter()
-    again = cli(*args)
+    again = subprocess.run(shlex.split(command), cwd=ROOT, env=USER_ENV, capture_output=True, text=True, timeout=120)
     print(f"rerun of a finished run: {time.perf_counter() - started:.1f} s")
     assert again.returncode == 0, again.stderr
     assert again.stderr.splitlines() == [
@@ -463,7 +489,7 @@ def test_run_prints_a_few_short_lines_a_summary_and_a_rerun_is_already_done(tiny
     ]
     assert again.stdout.splitlines()[2:] == summary[2:]  # the same table
     assert files == {p: os.stat(os.path.join(workdir, p)).st_mtime_ns for p in files}
-    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20", "40"]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20", "3", "40"]
 
 
 def test_progress_lines_off_a_terminal(caplog):
@@ -497,37 +523,6 @@ def test_progress_on_a_terminal_is_one_bar(monkeypatch, caplog):
 
 
 # --- Ctrl-C ---------------------------------------------------------------------------
-
-
-def logged_steps(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [row["step"] for row in map(json.loads, f) if "train/loss" in row]
-
-
-def test_ctrl_c_saves_the_step_and_prints_the_command_that_resumes(processes, tiny_config, tmp_path):
-    workdir = str(tmp_path / "run")
-    interrupted = processes.start(  # Ctrl-C just before step 3 (of 8; saves every 2)
-        tiny_config, workdir, num_devices=8, fault="batch:3:SIGINT", stderr=subprocess.PIPE
-    )
-    status, stdout, stderr = processes.wait_apart(interrupted)
-    assert (status, stdout) == (130, ""), stderr[-3000:]
-    lines = stderr.splitlines()
-    assert (
-        "Ctrl-C: finishing the current step, then saving a checkpoint (press Ctrl-C again to abort at once)." in lines
-    )
-    assert lines[-2] == f"Ctrl-C: stopped after step 3 and saved it in {workdir}/checkpoints. To resume, run:"
-    python = os.path.relpath(sys.executable, ROOT)
-    command = f"{python} -m contrastive_jax.main --config={tiny_config} --workdir={workdir}"
-    assert lines[-1] == f"  {command}"
-    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "3"]
-    assert logged_steps(workdir) == [1, 2, 3]
-
-    resumed = subprocess.run(shlex.split(command), cwd=ROOT, env=USER_ENV, capture_output=True, text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"Resumed from {workdir}/checkpoints at step 3." in resumed.stderr.splitlines()
-    assert logged_steps(workdir) == list(range(1, 9))  # steps 4-8 added, none twice
-    with open(os.path.join(workdir, "eval_results.json")) as f:
-        assert json.load(f)["step"] == 8
 
 
 def test_second_ctrl_c_aborts_at_once(processes, tiny_config, tmp_path):
