@@ -9,6 +9,7 @@ per case, which runs the command line's entry point `main.run()` with that case'
 arguments; each case is its own process with its own exit status and stderr.
 """
 
+import functools
 import io
 import json
 import logging
@@ -612,11 +613,18 @@ def test_readme_python_command_parses(words):
         return
     script = words[2].replace(".", os.sep) + ".py" if words[1] == "-m" else words[1]
     assert os.path.isfile(os.path.join(ROOT, script)), script
-    entry = words[1:3] if words[1] == "-m" else words[1:2]
-    result = subprocess.run([sys.executable, *entry, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    status, usage, errors = help_of(*(words[1:3] if words[1] == "-m" else words[1:2]))
+    assert status == 0, errors
     for option in [w.split("=")[0] for w in words if w.startswith("--")]:
-        assert re.search(rf"(?<![\w-]){option}(?![\w-])", result.stdout), option
+        assert re.search(rf"(?<![\w-]){option}(?![\w-])", usage), option
+
+
+@functools.cache
+def help_of(*entry: str) -> tuple[int, str, str]:
+    """`(exit status, stdout, stderr)` of `python ENTRY --help`, run once per entry point
+    (the READMEs run several commands of one script)."""
+    result = subprocess.run([sys.executable, *entry, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return result.returncode, result.stdout, result.stderr
 
 
 @pytest.mark.slow
