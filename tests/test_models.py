@@ -107,10 +107,11 @@ def test_classifier_head_and_text_tower(config):
     image = jnp.ones((2, 4, 8, 1))
     tokens = jnp.array([[5, 6, 0, 0], [7, 0, 0, 0]])
     variables = model.init(jax.random.key(0), image, tokens)
-    out = model.apply(variables, image, tokens)
+    apply = jax.jit(model.apply)  # one compile, not one per op
+    out = apply(variables, image, tokens)
     assert out["logits"].shape == (2, 10) and out["proxies"].shape == (10, 64)
     # The text embedding depends on the real tokens.
-    changed = model.apply(variables, image, tokens.at[0, 1].set(9))["zb"]
+    changed = apply(variables, image, tokens.at[0, 1].set(9))["zb"]
     assert not np.allclose(changed[0], out["zb"][0])
     np.testing.assert_allclose(changed[1], out["zb"][1], rtol=1e-6)
 
@@ -136,17 +137,18 @@ def test_text_cnn_ignores_padding_and_depends_on_every_real_token():
     cnn = encoders.TextCNN(vocab_size=257, features=(8, 8), out_dim=4)
     tokens = jnp.array([[5, 6, 7, 0, 0], [9, 0, 0, 0, 0]])
     variables = cnn.init(jax.random.key(0), tokens)
-    out = cnn.apply(variables, tokens)
+    apply = jax.jit(cnn.apply)  # one compile per shape, not one per op
+    out = apply(variables, tokens)
     # Padded further, or with no padding at all, the real tokens give the same output.
-    longer = cnn.apply(variables, jnp.pad(tokens, ((0, 0), (0, 7))))
+    longer = apply(variables, jnp.pad(tokens, ((0, 0), (0, 7))))
     np.testing.assert_allclose(longer, out, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(cnn.apply(variables, tokens[1:, :1]), out[1:], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(apply(variables, tokens[1:, :1]), out[1:], rtol=1e-6, atol=1e-6)
     for position in range(3):  # every real token of row 0 matters, row 1 is untouched
-        changed = cnn.apply(variables, tokens.at[0, position].set(11))
+        changed = apply(variables, tokens.at[0, position].set(11))
         assert not np.allclose(changed[0], out[0])
         np.testing.assert_allclose(changed[1], out[1], rtol=1e-6)
     # An all-padding row is finite.
-    assert np.all(np.isfinite(cnn.apply(variables, jnp.zeros((1, 5), jnp.int32))))
+    assert np.all(np.isfinite(apply(variables, jnp.zeros((1, 5), jnp.int32))))
 
 
 @pytest.mark.parametrize("kernel_size", [1, 3, 4])
