@@ -1,8 +1,7 @@
 """The training loop: `train_and_evaluate(config, workdir)` trains, resuming from
 `workdir`, and evaluates.
 
-    config --trainer.build--> Trainer (model, optimizer, loss, data and bad-loss settings:
-                              the config checked and read into plain values; no data read)
+    config --trainer.build--> Trainer (model, optimizer, loss; plain values for all below)
     <workdir>/checkpoints --resume.restore_latest--> state and its step s
     input_pipeline.train_dataset(trainer.data, start_step=s) --> this process's rows of each batch
     memory_fit.compile_train_step: compiled once; its memory per device checked (or exit 2)
