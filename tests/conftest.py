@@ -5,7 +5,10 @@ import tempfile
 
 from contrastive_jax.simulated_devices import with_device_count  # noqa: E402  (JAX-free)
 
-os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), 8)
+# The tests' programs are tiny and compiled once each: compile them fast (LLVM at -O0);
+# the child processes the tests start inherit the flags, so their results compare alike.
+_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+os.environ["XLA_FLAGS"] = with_device_count(f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}", 8)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the session's workers and every process the tests
