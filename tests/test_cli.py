@@ -419,6 +419,7 @@ def logged_steps(workdir):
         return [row["step"] for row in map(json.loads, f) if "train/loss" in row]
 
 
+@pytest.mark.e2e
 def test_ctrl_c_saves_the_printed_command_resumes_and_a_rerun_is_already_done(processes, digits_data_dir, tmp_path):
     """The default run's cadence (1,000 steps logged every 50, evaluated and saved every
     500: 20 step lines, 2 evaluations) on the tiny model: 40 steps logged every 2. Ctrl-C

@@ -61,6 +61,7 @@ def test_noise_by_epoch_pools_each_epochs_windows_and_recovers_the_model():
     np.testing.assert_allclose(pooled[0], rows[0])
 
 
+@pytest.mark.e2e
 def test_quick_runs_every_method_and_resumes(tmp_path, cmudict_data_dir, capsys):
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
     records = study.main(args)

@@ -44,6 +44,7 @@ def launch(processes, config, workdir, faults=(None, None), flags=()):
     ]
 
 
+@pytest.mark.e2e
 def test_two_processes_train_like_one(processes, load_config, digits_data_dir, tmp_path):
     fields = tiny_fields(digits_data_dir, train__num_train_steps=4, checkpoint__every_steps=4)
     workdir = str(tmp_path / "two")

@@ -30,6 +30,7 @@ def run_quick(driver, out, data_dir, *extra):
     return json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.e2e
 def test_batch_size_sweep_quick_then_skips_resumes_and_refuses(tmp_path, digits_data_dir, capsys):
     records = run_quick(batch_size_sweep, tmp_path, digits_data_dir)
     expected = COMMON + ["metric_vs_batch.png", "loss_curves.png", "temperature_vs_batch.png", "mi_bound.png"]
