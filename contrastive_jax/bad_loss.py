@@ -33,7 +33,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.config_lib import ConfigError, group_values
 
 ON_BAD_LOSS = ("stop", "rollback")
 ROLLBACKS_FILE = "rollbacks.json"  # in the workdir: the rollbacks so far and their skips
@@ -56,9 +56,8 @@ class GuardSettings:
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "GuardSettings":
         """The settings of `config` (the whole experiment config)."""
-        own = {f.name for f in dataclasses.fields(cls)} - {"inject_nan_at_batches"}
-        train = config.train
-        return cls(**{name: train[name] for name in own}, inject_nan_at_batches=tuple(train.inject_nan_at_batches))
+        own = group_values(cls, config.train, besides={"inject_nan_at_batches"})
+        return cls(**own, inject_nan_at_batches=tuple(config.train.inject_nan_at_batches))
 
 
 def check_config(settings: GuardSettings) -> None:

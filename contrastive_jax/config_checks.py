@@ -28,9 +28,16 @@ _COUNTS = {
 }
 
 
-def check(config: ml_collections.ConfigDict, loss: losses.Loss, num_devices: int) -> int:
-    """Checks `config` for `loss` on `num_devices` devices; returns the rows of the loss's
-    per-example state table (0 without one).
+def check(
+    config: ml_collections.ConfigDict,
+    loss: losses.Loss,
+    num_devices: int,
+    data: data_sources.DataSettings,
+    guard: bad_loss.GuardSettings,
+) -> int:
+    """Checks `config` for `loss` on `num_devices` devices, with the data and bad-loss
+    settings `trainer.build` read from it; returns the rows of the loss's per-example
+    state table (0 without one).
 
     Raises:
       ConfigError: a field with a bad or inconsistent value; the message names it and a fix.
@@ -40,9 +47,8 @@ def check(config: ml_collections.ConfigDict, loss: losses.Loss, num_devices: int
         group, field = name.split(".")
         if config[group][field] < least:
             raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
-    data = data_sources.DataSettings.from_config(config)
     data_sources.check_data_config(data)
-    bad_loss.check_config(bad_loss.GuardSettings.from_config(config))
+    bad_loss.check_config(guard)
     _check_loss_inputs(loss, config)
     sharding.check_batch_divides(train.global_batch_size, num_devices, "config.train.global_batch_size")
     data_sources.per_process_batch_size(train.global_batch_size, jax.process_count())

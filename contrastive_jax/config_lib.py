@@ -8,7 +8,8 @@ Importing this module does not start JAX (the sweep drivers override fields befo
 they choose the number of simulated devices).
 """
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Set
 from typing import Any
 
 import ml_collections
@@ -17,6 +18,13 @@ import ml_collections
 class ConfigError(ValueError):
     """A config, flag or workdir that cannot train; the one-line message names the field
     and a fix."""
+
+
+def group_values(settings_type: type, group: ml_collections.ConfigDict, *, besides: Set[str] = frozenset()) -> dict:
+    """`{field: group[field]}` for the fields of the dataclass `settings_type` not in
+    `besides`: what a plain-values settings class (`LossSettings`, `DataSettings`, ...)
+    copies from its config group as it is."""
+    return {f.name: group[f.name] for f in dataclasses.fields(settings_type) if f.name not in besides}
 
 
 def override(config: ml_collections.ConfigDict, fields: Mapping[str, Any]) -> ml_collections.ConfigDict:

@@ -115,11 +115,10 @@ def run_line(mesh, workdir: str, *, global_batch_size: int, num_steps: int, memo
 
     devices = mesh.devices.size
     processes = jax.process_count()
-    batch = global_batch_size
     return (
         f"{jax.default_backend()}: {devices} devices, {processes} "
-        f"process{'es' if processes > 1 else ''}; global batch {batch:,} "
-        f"({batch // devices:,} per device); {num_steps:,} steps; "
+        f"process{'es' if processes > 1 else ''}; global batch {global_batch_size:,} "
+        f"({global_batch_size // devices:,} per device); {num_steps:,} steps; "
         + (f"{memory}; " if memory is not None else "")
         + f"workdir {display_path(workdir)}"
     )

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import ml_collections
 
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.config_lib import ConfigError, group_values
 
 TASKS = ("pairs", "views", "labeled")
 # Byte-level text tokens: 1 + the UTF-8 byte value; 0 pads. No vocabulary file needed.
@@ -96,9 +96,9 @@ class DataSettings:
     def from_config(cls, config: ml_collections.ConfigDict) -> "DataSettings":
         """The settings of `config` (the whole experiment config)."""
         data = config.data
-        own = {f.name for f in dataclasses.fields(cls)} - {"global_batch_size", "augment", "train_class_range"}
+        own = group_values(cls, data, besides={"global_batch_size", "augment", "train_class_range"})
         return cls(
-            **{name: data[name] for name in own},
+            **own,
             global_batch_size=config.train.global_batch_size,
             train_class_range=None if data.train_class_range is None else tuple(data.train_class_range),
             augment=Augment(**data.augment.to_dict()),

@@ -314,14 +314,16 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
     """
     train = config.train
     loss = losses.registry.get(config.loss.name)
-    loss_table_size = config_checks.check(config, loss, mesh.shape[DATA_AXIS])
+    data = data_sources.DataSettings.from_config(config)
+    guard = bad_loss.GuardSettings.from_config(config)
+    loss_table_size = config_checks.check(config, loss, mesh.shape[DATA_AXIS], data, guard)
     model = models.create_model(config, text_vocab_size=data_sources.TEXT_VOCAB_SIZE, learned_bias=loss.learned_bias)
     tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
     return Trainer(
         config,
         mesh,
-        data_sources.DataSettings.from_config(config),
-        bad_loss.GuardSettings.from_config(config),
+        data,
+        guard,
         model,
         tx,
         schedule,

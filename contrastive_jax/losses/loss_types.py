@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import ml_collections
 
+from contrastive_jax.config_lib import group_values
+
 Outputs = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
 CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
@@ -46,8 +48,8 @@ class LossSettings:
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "LossSettings":
         """The settings of `config` (the whole experiment config)."""
-        own = {f.name for f in dataclasses.fields(cls)} - {"seed", "embed_dim"}
-        return cls(**{name: config.loss[name] for name in own}, seed=config.seed, embed_dim=config.model.embed_dim)
+        own = group_values(cls, config.loss, besides={"seed", "embed_dim"})
+        return cls(**own, seed=config.seed, embed_dim=config.model.embed_dim)
 
 
 # (one device's model outputs and data fields, settings) -> (global loss, metrics).
