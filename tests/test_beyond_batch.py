@@ -48,7 +48,7 @@ def _float64(fn, *arrays):
     """``fn`` of the arrays in float64, value and gradients (every array argument)."""
     with compat.enable_x64():
         arrays = [jnp.asarray(np.asarray(x, np.float64)) for x in arrays]
-        value, grads = jax.value_and_grad(fn, argnums=tuple(range(len(arrays))))(*arrays)
+        value, grads = jax.jit(jax.value_and_grad(fn, argnums=tuple(range(len(arrays)))))(*arrays)
         return float(value), [np.asarray(g) for g in grads]
 
 
@@ -87,8 +87,8 @@ def _dcl_dense(a, b, temperature, sigma=None):
 @pytest.mark.parametrize("sigma", [None, 0.5])
 def test_dcl_matches_the_float64_reference_and_its_gradient(sigma):
     a, b = _pairs()
-    value, grads = jax.value_and_grad(
-        lambda a, b: losses.dcl_loss(a, b, temperature=T, weight_sigma=sigma), argnums=(0, 1)
+    value, grads = jax.jit(
+        jax.value_and_grad(lambda a, b: losses.dcl_loss(a, b, temperature=T, weight_sigma=sigma), argnums=(0, 1))
     )(a, b)
     _close(value, _dcl_numpy(a, b, T, sigma))
     want_value, want_grads = _float64(functools.partial(_dcl_dense, temperature=T, sigma=sigma), a, b)
@@ -197,8 +197,9 @@ def test_sogclr_first_visit_is_dcl_minus_log_negatives():
     def sog(a, b):
         return losses.sogclr_loss(a, b, index, losses.sogclr_init_state(N), temperature=T)[0]
 
-    value, grads = jax.value_and_grad(sog, argnums=(0, 1))(a, b)
-    dcl_value, dcl_grads = jax.value_and_grad(lambda a, b: losses.dcl_loss(a, b, temperature=T), argnums=(0, 1))(a, b)
+    value, grads = jax.jit(jax.value_and_grad(sog, argnums=(0, 1)))(a, b)
+    dcl = jax.value_and_grad(lambda a, b: losses.dcl_loss(a, b, temperature=T), argnums=(0, 1))
+    dcl_value, dcl_grads = jax.jit(dcl)(a, b)
     _close(value, dcl_value - np.log(N - 1))
     _grads_close(grads, dcl_grads)
 
@@ -414,8 +415,9 @@ def test_xbm_with_an_empty_memory_is_the_plain_loss(loss, plain):
     z, labels, memory, _ = _xbm_inputs()
     empty = jnp.full((K,), -1)
     unit = _common.l2_normalize
-    got = jax.value_and_grad(lambda z: losses.xbm_loss(unit(z), labels, memory, empty, loss=loss, **XBM_HYPER[loss]))(z)
-    want = jax.value_and_grad(lambda z: plain(unit(z), labels))(z)
+    xbm = jax.value_and_grad(lambda z: losses.xbm_loss(unit(z), labels, memory, empty, loss=loss, **XBM_HYPER[loss]))
+    got = jax.jit(xbm)(z)
+    want = jax.jit(jax.value_and_grad(lambda z: plain(unit(z), labels)))(z)
     _close(got[0], want[0], 1e-4)
     _grads_close([got[1]], [want[1]], 1e-4)
 

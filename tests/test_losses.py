@@ -16,6 +16,12 @@ LOG_1P_E_INV = math.log1p(math.exp(-1.0))  # log(1 + 1/e)
 EXAMPLES = loss_examples(16, 8)
 
 
+def value_and_grad(fn, x):
+    """`fn(x)` and its gradient, compiled as one program (eager, each operation of the
+    loss would compile on its own)."""
+    return jax.jit(jax.value_and_grad(fn))(x)
+
+
 def unit(key, shape):
     x = jax.random.normal(jax.random.key(key), shape)
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
@@ -102,7 +108,7 @@ def unit(key, shape):
     ],
 )
 def test_golden_value(value, expected):
-    np.testing.assert_allclose(value(), expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(jax.jit(value)(), expected, rtol=1e-5, atol=1e-7)
 
 
 def test_batch_prototype_cross_entropy_matches_its_pairwise_expansion():
@@ -174,7 +180,7 @@ def test_check_grads_against_finite_differences(name):
     with compat.enable_x64():
         arrays64 = [x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in arrays]
         check_grads(
-            lambda x: loss_fn(x, *arrays64[1:], **hyperparameters),
+            jax.jit(lambda x: loss_fn(x, *arrays64[1:], **hyperparameters)),
             (arrays64[0],),
             order=1,
             modes=("rev",),
@@ -193,7 +199,8 @@ def test_proxy_losses_check_grads():
             (losses.cosface_loss, {"scale": 8.0, "margin": 0.35}),
             (losses.arcface_loss, {"scale": 8.0, "margin": 0.5}),
         ]:
-            check_grads(lambda z, w: fn(z, labels, w, **kw).mean(), (z, weights), order=1, modes=("rev",), eps=1e-6)
+            loss = jax.jit(lambda z, w: fn(z, labels, w, **kw).mean())  # noqa: B023  (called in this iteration)
+            check_grads(loss, (z, weights), order=1, modes=("rev",), eps=1e-6)
 
 
 # ------------------------------------------------------------------- focal loss
@@ -218,10 +225,10 @@ def focal_reference(logits, labels, gamma):
 def test_focal_loss_gradient_is_finite_on_confident_rows(gamma):
     """Issue 13: one row with p_y rounding to 1 made the whole gradient NaN (gamma < 1)."""
     lg, y = jnp.array([[20.0, 0.0, 0.0]]), jnp.array([0])
-    assert np.all(np.isfinite(jax.grad(lambda x: losses.focal_loss(x, y, gamma=gamma).sum())(lg)))
+    assert np.all(np.isfinite(value_and_grad(lambda x: losses.focal_loss(x, y, gamma=gamma).sum(), lg)[1]))
     for margin in MARGINS:
         logits, labels = confident_and_wrong_rows(margin)
-        value, grad = jax.value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=gamma).sum())(logits)
+        value, grad = value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=gamma).sum(), logits)  # noqa: B023
         assert np.isfinite(value) and np.all(np.isfinite(grad)), margin
 
 
@@ -230,8 +237,8 @@ def test_focal_loss_with_gamma_0_is_softmax_cross_entropy(margin):
     random_logits = 3.0 * jax.random.normal(jax.random.key(20), (6, 5))
     random_labels = jnp.array([0, 4, 2, 2, 1, 3])
     for logits, labels in [confident_and_wrong_rows(margin), (random_logits, random_labels)]:
-        focal, focal_grad = jax.value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=0.0).sum())(logits)
-        ce, ce_grad = jax.value_and_grad(lambda x: losses.softmax_cross_entropy(x, labels).sum())(logits)
+        focal, focal_grad = value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=0.0).sum(), logits)  # noqa: B023
+        ce, ce_grad = value_and_grad(lambda x: losses.softmax_cross_entropy(x, labels).sum(), logits)  # noqa: B023
         np.testing.assert_allclose(focal, ce, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(focal_grad, ce_grad, atol=1e-6)
 
@@ -246,13 +253,12 @@ def test_focal_loss_gradient_matches_a_float64_reference(gamma):
     random_labels = jnp.array([0, 4, 2, 2, 1, 3])
     cases = [confident_and_wrong_rows(m) for m in (0.0, 5.0, 17.0, 30.0)] + [(random_logits, random_labels)]
     for logits, labels in cases:
-        value, grad = jax.value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=gamma).sum())(logits)
+        value, grad = value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=gamma).sum(), logits)  # noqa: B023
         with compat.enable_x64():
             logits64 = jnp.asarray(np.asarray(logits, np.float64))
-            ref_value, ref_grad = jax.value_and_grad(lambda x: focal_reference(x, labels, gamma).sum())(logits64)
-            check_grads(
-                lambda x: losses.focal_loss(x, labels, gamma=gamma), (logits64,), order=1, modes=("rev",), eps=1e-6
-            )
+            ref_value, ref_grad = value_and_grad(lambda x: focal_reference(x, labels, gamma).sum(), logits64)  # noqa: B023
+            focal = jax.jit(lambda x: losses.focal_loss(x, labels, gamma=gamma))  # noqa: B023
+            check_grads(focal, (logits64,), order=1, modes=("rev",), eps=1e-6)
         np.testing.assert_allclose(value, ref_value, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(grad, ref_grad, rtol=1e-4, atol=1e-6)
 
@@ -318,7 +324,7 @@ TEMPERATURE_LOSSES = ["infonce", "clip", "ntxent", "supcon", "siglip"]
 def test_finite_at_inverse_temperature_100(name):
     loss_fn, arrays, hyperparameters = EXAMPLES[name]
     hyperparameters = {**hyperparameters, "temperature": 0.01}
-    value, grad = jax.value_and_grad(lambda x: loss_fn(x, *arrays[1:], **hyperparameters))(arrays[0])
+    value, grad = value_and_grad(lambda x: loss_fn(x, *arrays[1:], **hyperparameters), arrays[0])
     assert np.isfinite(value) and np.all(np.isfinite(grad))
 
 
@@ -326,17 +332,18 @@ def test_finite_at_inverse_temperature_100(name):
 def test_bfloat16_inputs_give_float32_losses(name):
     loss_fn, arrays, hyperparameters = EXAMPLES[name]
     half = [x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in arrays]
-    value, grad = jax.value_and_grad(lambda x: loss_fn(x, *half[1:], **hyperparameters))(half[0])
+    value, grad = value_and_grad(lambda x: loss_fn(x, *half[1:], **hyperparameters), half[0])
     assert value.dtype == jnp.float32
     assert np.all(np.isfinite(np.asarray(grad, np.float32)))
-    np.testing.assert_allclose(value, loss_fn(*arrays, **hyperparameters), rtol=0.05, atol=0.02)
+    full = jax.jit(lambda *arrays: loss_fn(*arrays, **hyperparameters))(*arrays)
+    np.testing.assert_allclose(value, full, rtol=0.05, atol=0.02)
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_duplicate_embeddings_are_finite(name):
     loss_fn, arrays, hyperparameters = EXAMPLES[name]
     first = jnp.concatenate([arrays[0][:4]] * 4)  # every row appears 4 times
-    value, grad = jax.value_and_grad(lambda x: loss_fn(x, *arrays[1:], **hyperparameters))(first)
+    value, grad = value_and_grad(lambda x: loss_fn(x, *arrays[1:], **hyperparameters), first)
     assert np.isfinite(value) and np.all(np.isfinite(grad))
 
 
@@ -353,7 +360,7 @@ def test_duplicate_embeddings_are_finite(name):
 def test_rows_with_every_candidate_masked(loss_fn, hyperparameters):
     """All labels distinct: no anchor has a positive. The loss is defined and finite."""
     z = unit(13, (6, 4))
-    value, grad = jax.value_and_grad(lambda z: loss_fn(z, jnp.arange(6), **hyperparameters))(z)
+    value, grad = value_and_grad(lambda z: loss_fn(z, jnp.arange(6), **hyperparameters), z)
     assert np.isfinite(value) and np.all(np.isfinite(grad))
     if loss_fn is not losses.multi_similarity_loss:  # MS keeps its negative term
         assert float(value) == 0.0

@@ -46,7 +46,7 @@ def test_pmap_equals_single_device(name, num_devices=8):
     values, grads = jax.pmap(jax.value_and_grad(local_loss), axis_name="batch", devices=jax.devices()[:num_devices])(
         *[x.reshape(num_devices, -1, *x.shape[1:]) for x in arrays]
     )  # queues split too
-    single, single_grad = jax.value_and_grad(lambda x: loss_fn(x, *arrays[1:], **hyperparameters))(arrays[0])
+    single, single_grad = jax.jit(jax.value_and_grad(lambda x: loss_fn(x, *arrays[1:], **hyperparameters)))(arrays[0])
     _close(values, np.full(num_devices, single))
     _close(grads.reshape(single_grad.shape), single_grad)
 

@@ -1,5 +1,6 @@
 """Models: reference parameter counts, output contracts, temperature, ties, dtypes."""
 
+import functools
 import math
 
 import chex
@@ -39,8 +40,8 @@ def config(load_config):
 def test_two_tower_outputs(config):
     model = models.create_model(config, text_vocab_size=257)
     a, b = jax.random.uniform(jax.random.key(1), (2, 5, 4, 8, 1))
-    variables = model.init(jax.random.key(0), a, b)
-    out = model.apply(variables, a, b)
+    variables = jax.jit(model.init)(jax.random.key(0), a, b)
+    out = jax.jit(model.apply)(variables, a, b)
     assert out["za"].shape == out["zb"].shape == (5, 64)
     assert out["za"].dtype == jnp.float32
     np.testing.assert_allclose(jnp.linalg.norm(out["za"], axis=1), 1.0, rtol=1e-6)
@@ -54,18 +55,18 @@ def test_siglip_temperature_and_bias(config):
     config.loss.name, config.loss.temperature = "siglip", 0.1
     model = models.create_model(config, text_vocab_size=257, learned_bias=losses.LOSSES["siglip"].learned_bias)
     x = jnp.zeros((2, 4, 8, 1))
-    variables = model.init(jax.random.key(0), x, x)
+    variables = jax.jit(model.init)(jax.random.key(0), x, x)
     assert variables["params"][models.TEMPERATURE_PARAM] == pytest.approx(math.log(10))
-    assert model.apply(variables, x, x)["bias"] == -10.0
+    assert jax.jit(model.apply)(variables, x, x)["bias"] == -10.0
 
 
 def test_fixed_temperature_is_not_a_parameter(config):
     config.loss.learn_temperature = False
     model = models.create_model(config, text_vocab_size=257)
     x = jnp.zeros((2, 4, 8, 1))
-    variables = model.init(jax.random.key(0), x, x)
+    variables = jax.jit(model.init)(jax.random.key(0), x, x)
     assert models.TEMPERATURE_PARAM not in variables["params"]
-    np.testing.assert_allclose(model.apply(variables, x, x)["temperature"], 0.07, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(model.apply)(variables, x, x)["temperature"], 0.07, rtol=1e-6)
 
 
 def test_clamp_caps_inverse_temperature_at_100():
@@ -80,8 +81,8 @@ def test_tied_towers_share_one_encoder(config):
     x = jax.random.uniform(jax.random.key(1), (3, 8, 8, 1))
     config.model.tie_towers = True
     tied = models.create_model(config, text_vocab_size=257)
-    variables = tied.init(jax.random.key(0), x, x)
-    out = tied.apply(variables, x, x)
+    variables = jax.jit(tied.init)(jax.random.key(0), x, x)
+    out = jax.jit(tied.apply)(variables, x, x)
     np.testing.assert_array_equal(out["za"], out["zb"])
     config.model.tie_towers = False
     untied = models.create_model(config, text_vocab_size=257)
@@ -92,9 +93,9 @@ def test_bfloat16_compute_keeps_float32_params_and_embeddings(config):
     config.model.compute_dtype = "bfloat16"
     model = models.create_model(config, text_vocab_size=257)
     x = jnp.ones((2, 4, 8, 1))
-    variables = model.init(jax.random.key(0), x, x)
+    variables = jax.jit(model.init)(jax.random.key(0), x, x)
     assert {p.dtype for p in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
-    out = model.apply(variables, x, x)
+    out = jax.jit(model.apply)(variables, x, x)
     assert out["za"].dtype == jnp.float32
 
 
@@ -106,7 +107,7 @@ def test_classifier_head_and_text_tower(config):
     model = models.create_model(config, text_vocab_size=257)
     image = jnp.ones((2, 4, 8, 1))
     tokens = jnp.array([[5, 6, 0, 0], [7, 0, 0, 0]])
-    variables = model.init(jax.random.key(0), image, tokens)
+    variables = jax.jit(model.init)(jax.random.key(0), image, tokens)
     apply = jax.jit(model.apply)  # one compile, not one per op
     out = apply(variables, image, tokens)
     assert out["logits"].shape == (2, 10) and out["proxies"].shape == (10, 64)
@@ -136,7 +137,7 @@ def test_unknown_encoder_names_the_field(config):
 def test_text_cnn_ignores_padding_and_depends_on_every_real_token():
     cnn = encoders.TextCNN(vocab_size=257, features=(8, 8), out_dim=4)
     tokens = jnp.array([[5, 6, 7, 0, 0], [9, 0, 0, 0, 0]])
-    variables = cnn.init(jax.random.key(0), tokens)
+    variables = jax.jit(cnn.init)(jax.random.key(0), tokens)
     apply = jax.jit(cnn.apply)  # one compile per shape, not one per op
     out = apply(variables, tokens)
     # Padded further, or with no padding at all, the real tokens give the same output.
@@ -163,6 +164,6 @@ def test_conv1d_equals_flax_conv_in_value_and_gradient(kernel_size):
         return jnp.sum(jnp.sin(module.apply(params, x)))
 
     np.testing.assert_allclose(conv.apply(params, x), flax_conv.apply(params, x), atol=1e-5)
-    grads = jax.grad(loss, argnums=(1, 2))(conv, params, x)
-    expected = jax.grad(loss, argnums=(1, 2))(flax_conv, params, x)
+    grads = jax.jit(jax.grad(functools.partial(loss, conv), argnums=(0, 1)))(params, x)
+    expected = jax.jit(jax.grad(functools.partial(loss, flax_conv), argnums=(0, 1)))(params, x)
     chex.assert_trees_all_close(grads, expected, atol=1e-5)
