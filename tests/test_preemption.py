@@ -70,7 +70,6 @@ def run_until_done(processes, config, workdir, faults):
 
 
 @pytest.mark.e2e
-@pytest.mark.compat
 def test_sigkill_mid_write_and_sigterm_then_resume_is_bitwise_identical(
     processes,
     reference,
