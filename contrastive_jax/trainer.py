@@ -332,7 +332,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         seed=config.seed,
         micro_batch_size=train.micro_batch_size,
         micro_batch_method=train.micro_batch_method,
-        id_keys=tuple(data_sources.SOURCES[config.data.name].id_keys),
+        id_keys=tuple(data_sources.SOURCES[data.name].id_keys),
         loss_table_size=loss_table_size,
         log_noise_scale=train.log_noise_scale,
         memory_limit_gib=train.memory_limit_gib,
