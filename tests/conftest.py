@@ -19,7 +19,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the session's workers and every process the tests
 # start, holding every program however fast it compiled: the CLI and resume tests compile
 # the same tiny train step dozens of times, and the loss tests the same float64 references
-# (caching all of them took the suite from 335 s to 302 s, cold, side by side).
+# (caching all of them took the suite from 335 s to 302 s, cold, one run after the other).
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "contrastive_jax_test_jax_cache")
 )
