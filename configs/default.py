@@ -23,16 +23,23 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_simulated_devices = 8  # Simulated CPU devices; 1: no simulation.
 
     config.data = data = ml_collections.ConfigDict()
-    data.name = "sklearn_digits"  # A TFDS name listed in data_sources.SOURCES.
-    data.data_dir = None  # TFDS data directory; None: TFDS's default (~/tensorflow_datasets).
+    # The data: a built-in dataset ("sklearn_digits", "cmudict", "shapes": written to
+    # records on first use under data_dir), or your own record set (data.records, written by
+    # `python -m contrastive_jax.write_records`; docs/own_data.md).
+    data.name = "sklearn_digits"  # A built-in dataset (data_sources.BUILTIN); ignored with data.records.
+    data.records = ml_collections.config_dict.placeholder(str)  # A record set's directory; None: data.name.
+    data.data_dir = None  # Where built-in datasets' records are written; None: ~/.cache/contrastive_jax.
     data.task = "pairs"  # "pairs" (two halves / image-text), "views" (SimCLR), "labeled".
-    data.train_split = "train"  # TFDS split string used for training.
+    data.train_split = "train"  # Split used for training ("a+b": both).
     data.train_class_range = ml_collections.config_dict.placeholder(tuple)  # (lo, hi): keep labels in [lo, hi).
     data.seed = 0  # Seeds the data order and augmentations; the stream is a function of it.
-    data.image_size = ml_collections.config_dict.placeholder(int)  # Resize to this square size on load; None: native.
-    data.text_max_length = 64  # Caption length in byte tokens (image-text datasets).
+    data.image_size = ml_collections.config_dict.placeholder(int)  # Square size images are resized to; None: native.
+    data.text_max_length = 64  # Tokens per caption / text (truncated, 0-padded).
+    data.tokenizer = "bytes"  # "bytes" (1 + UTF-8 byte), a SentencePiece .model or a tokenizers .json file.
     data.examples_per_class = 4  # Task "labeled": m examples of each class in a batch.
-    data.prefetch_batches = 2  # Batches tf.data prepares ahead of the trainer.
+    data.num_workers = 0  # Processes decoding and augmenting batches; 0: two threads of the trainer's process.
+    data.prefetch_batches = 2  # Batches prepared ahead of the trainer (per worker).
+    data.on_bad_record = "stop"  # A record that cannot be read: "stop" (exit 2, naming it) or "skip" it.
     data.augment = aug = ml_collections.ConfigDict()
     aug.crop_min_area = 1.0  # Random resized crop's minimum area fraction; 1.0: no crop.
     aug.flip = False  # Random horizontal flips (wrong for digits).
@@ -120,7 +127,7 @@ def get_config() -> ml_collections.ConfigDict:
     train.inject_nan_at_batches = ()  # Batch numbers to poison; (): none.
 
     config.eval = ev = ml_collections.ConfigDict()
-    ev.split = "test"  # TFDS split evaluated (queries and gallery).
+    ev.split = "test"  # Split evaluated (queries and gallery).
     ev.class_range = ml_collections.config_dict.placeholder(tuple)  # (lo, hi): keep labels in [lo, hi).
     ev.every_steps = 500  # Evaluate every k steps (and at the end); 0: only at the end.
     ev.batch_size = 512  # Examples embedded per forward pass.

@@ -11,7 +11,7 @@ a loss's `LossState.check`); this module says which apply and when.
 import jax
 import ml_collections
 
-from contrastive_jax import bad_loss, data_sources, grad_cache, losses, sharding
+from contrastive_jax import bad_loss, data_sources, grad_cache, losses, records, sharding
 from contrastive_jax.config_lib import ConfigError
 
 # Count fields and their least value (every_steps 0: only at the end).
@@ -34,10 +34,10 @@ def check(
     num_devices: int,
     data: data_sources.DataSettings,
     guard: bad_loss.GuardSettings,
-) -> int:
+) -> tuple[int, records.Metadata]:
     """Checks `config` for `loss` on `num_devices` devices, with the data and bad-loss
     settings `trainer.build` read from it; returns the rows of the loss's per-example
-    state table (0 without one).
+    state table (0 without one) and the record set's metadata.
 
     Raises:
       ConfigError: a field with a bad or inconsistent value; the message names it and a fix.
@@ -47,9 +47,9 @@ def check(
         group, field = name.split(".")
         if config[group][field] < least:
             raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
-    data_sources.check_data_config(data)
+    metadata = data_sources.check_data_config(data)
     bad_loss.check_config(guard)
-    _check_loss_inputs(loss, config)
+    _check_loss_inputs(loss, config, data, metadata)
     sharding.check_batch_divides(train.global_batch_size, num_devices, "config.train.global_batch_size")
     data_sources.per_process_batch_size(train.global_batch_size, jax.process_count())
     _check_chunk_size(config.loss, train.global_batch_size, num_devices)
@@ -96,7 +96,7 @@ def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict, data
         )
     if not loss.indices:
         return 0
-    from contrastive_jax import input_pipeline  # TensorFlow, only for a per-example table
+    from contrastive_jax import input_pipeline  # reads the labels for a class range
 
     examples = input_pipeline.train_split_size(data)
     table = config.loss.sogclr_table_size or examples
@@ -109,7 +109,9 @@ def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict, data
     return table
 
 
-def _check_loss_inputs(loss: losses.Loss, config: ml_collections.ConfigDict) -> None:
+def _check_loss_inputs(
+    loss: losses.Loss, config: ml_collections.ConfigDict, data: data_sources.DataSettings, metadata: records.Metadata
+) -> None:
     """The data and the model give the loss what it reads (`loss.inputs`)."""
     name, task = config.loss.name, config.data.task
     if loss.pairs and task == "labeled":
@@ -117,17 +119,16 @@ def _check_loss_inputs(loss: losses.Loss, config: ml_collections.ConfigDict) -> 
             f"config.loss.name={name!r} needs paired inputs but config.data.task is "
             "'labeled'; use task 'pairs' or 'views', or a label loss."
         )
-    if loss.labels and data_sources.SOURCES[config.data.name].label_key is None:
+    if loss.labels and not metadata.has("label"):
         pair_losses = sorted(k for k, v in losses.LOSSES.items() if not v.labels)
         raise ConfigError(
-            f"config.loss.name={name!r} needs labels but {config.data.name!r} has none; use one of {pair_losses}."
+            f"config.loss.name={name!r} needs labels but {data.display_name!r} has none; use one of {pair_losses}."
         )
-    if loss.groups and not data_sources.SOURCES[config.data.name].id_keys:
-        grouped = sorted(k for k, v in data_sources.SOURCES.items() if v.id_keys)
+    if loss.groups and not metadata.id_keys:
         raise ConfigError(
             f"config.loss.name={name!r} masks in-batch false negatives by the dataset's "
-            f"grouping ids, but {config.data.name!r} has none; use 'clip', or a dataset "
-            f"with ids: {grouped}."
+            f"grouping ids, but {data.display_name!r} has none; use 'clip', or a dataset "
+            "with ids (e.g. 'cmudict', or records written with id keys)."
         )
     if loss.classifier != (config.model.num_classes > 0):
         classifier_losses = sorted(k for k, v in losses.LOSSES.items() if v.classifier)

@@ -1,64 +1,36 @@
-"""The datasets the pipeline reads, the settings it reads them with, and the rules those
-settings must follow (no TensorFlow).
+"""The data a run reads, the settings it reads them with, and the rules those settings
+must follow (no TensorFlow, no JAX).
 
-`SOURCES` says where each dataset's fields live; `DataSettings.from_config` reads
-`config.data` (and the global batch size) once into plain values, the only thing
-`input_pipeline` is given; `check_data_config` rejects settings the pipeline cannot
-serve, with one line naming the fix. The trainer's checks read this module, so they run
-before TensorFlow is imported; `input_pipeline` reads the data itself.
+A run reads a record set (`records`: ArrayRecord shards and their metadata), either the
+user's own (`config.data.records=DIR`, written by `python -m contrastive_jax.write_records`)
+or a built-in dataset (`config.data.name`), which is written to records on first use
+under `config.data.data_dir` by the same writer (one process writes, the others wait).
+`DataSettings.from_config` reads `config.data` (and the global batch size) once into
+plain values, the only thing `input_pipeline` is given; `check_data_config` rejects
+settings the pipeline cannot serve, with one line naming the fix.
 """
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+import fcntl
+import os
 
 import ml_collections
 
+from contrastive_jax import records
 from contrastive_jax.config_lib import ConfigError, group_values
 
 TASKS = ("pairs", "views", "labeled")
-# Byte-level text tokens: 1 + the UTF-8 byte value; 0 pads. No vocabulary file needed.
-TEXT_VOCAB_SIZE = 257
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """Where the fields live in a TFDS dataset's examples."""
-
-    image_key: str | None = "image"  # None: no images (a sequence-pair dataset).
-    label_key: str | None = "label"  # None: the dataset has no class labels.
-    caption_key: tuple[str, ...] | None = None  # Path to a [num_captions] string tensor.
-    # Sequence pairs: a string feature (tower a reads its bytes) and a sequence of class
-    # ids (tower b reads id + 1), e.g. a spelling and its phonemes.
-    sequence_keys: tuple[str, str] | None = None
-    # Integer features carried into batches and evaluation arrays as they are.
-    id_keys: tuple[str, ...] = ()
-    # Paired retrieval: the id feature that says which gallery items answer a query,
-    # a -> b and b -> a (item j answers query i when their ids are equal); None: only
-    # item i answers query i.
-    match_keys: tuple[str, str] | None = None
-    max_text_length: int = 0  # The longest text / sequence; text_max_length must hold it.
-
-
-# The datasets the pipeline knows how to read; add a line to support another one.
-SOURCES: Mapping[str, Source] = {
-    "sklearn_digits": Source(),
-    "cifar10": Source(),
-    "cifar100": Source(),
-    "caltech_birds2011": Source(),
-    "cars196": Source(),
-    "coco_captions": Source(label_key=None, caption_key=("captions", "text")),
-    # Spelling -> pronunciation is right when the retrieved pronunciation is the query's
-    # own string (homophones share a pronunciation_id); pronunciation -> spelling when
-    # the retrieved spelling is (alternate pronunciations share a word_id).
-    "cmudict": Source(
-        image_key=None,
-        label_key=None,
-        sequence_keys=("word", "phonemes"),
-        id_keys=("word_id", "pronunciation_id"),
-        match_keys=("pronunciation_id", "word_id"),
-        max_text_length=28,  # the longest spelling and pronunciation (tests/test_cmudict.py)
-    ),
+BAD_RECORD_POLICIES = ("stop", "skip")
+# The built-in datasets: `config.data.name` -> the writer's source. Their records are
+# written once per version of the writer's generator (the directory names the version).
+BUILTIN = {
+    "sklearn_digits": "builtin:sklearn_digits",
+    "cmudict": "builtin:cmudict",
+    "shapes": "builtin:shapes",
 }
+BUILTIN_VERSION = 1
+DEFAULT_DATA_DIR = os.path.join("~", ".cache", "contrastive_jax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +51,8 @@ class DataSettings:
     in configs/default.py says what it does), but for `global_batch_size`
     (`config.train.global_batch_size`: the rows of a step's batch)."""
 
-    name: str
+    name: str | None
+    records: str | None
     task: str
     global_batch_size: int
     data_dir: str | None
@@ -88,8 +61,11 @@ class DataSettings:
     seed: int
     image_size: int | None
     text_max_length: int
+    tokenizer: str
     examples_per_class: int
+    num_workers: int
     prefetch_batches: int
+    on_bad_record: str
     augment: Augment
 
     @classmethod
@@ -103,6 +79,56 @@ class DataSettings:
             train_class_range=None if data.train_class_range is None else tuple(data.train_class_range),
             augment=Augment(**data.augment.to_dict()),
         )
+
+    @property
+    def display_name(self) -> str:
+        """The dataset as messages name it: the built-in name or the records directory."""
+        return self.name if self.records is None else self.records
+
+
+def builtin_records(name: str, data_dir: str | None) -> str:
+    """The directory of the built-in dataset `name`'s records under `data_dir`
+    (`DEFAULT_DATA_DIR` when None), written first if they are not there yet: one process
+    writes, the others wait on a file lock."""
+    root = os.path.expanduser(data_dir or DEFAULT_DATA_DIR)
+    directory = os.path.abspath(os.path.join(root, f"{name}-v{BUILTIN_VERSION}"))
+    if not os.path.exists(os.path.join(directory, records.METADATA_FILE)):
+        from contrastive_jax import write_records
+
+        os.makedirs(root, exist_ok=True)
+        with _file_lock(f"{directory}.lock"):
+            if not os.path.exists(os.path.join(directory, records.METADATA_FILE)):
+                write_records.write(BUILTIN[name], directory)
+    return directory
+
+
+def open_metadata(data: DataSettings) -> records.Metadata:
+    """The metadata of the run's record set: `config.data.records`, or the built-in
+    dataset's (`builtin_records`).
+
+    Raises:
+      DataError: no record set there, or its metadata is not this format's.
+    """
+    if data.records is not None:
+        return records.read_metadata(os.path.expanduser(data.records))
+    return records.read_metadata(builtin_records(data.name, data.data_dir))
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def text_vocab_size(data: DataSettings, metadata: records.Metadata) -> int:
+    """The text towers' vocabulary: the tokenizer's, or the sequence ids + 1 if larger."""
+    from contrastive_jax import tokenizers
+
+    return max(tokenizers.load(data.tokenizer).vocab_size, metadata.sequence_vocab_size + 1)
 
 
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
@@ -122,17 +148,23 @@ def augments(data: DataSettings) -> bool:
     return active or data.task == "views"
 
 
-def check_data_config(data: DataSettings) -> None:
-    """Raises ConfigError for an unknown `config.data.task` or `config.data.name`, a
-    "labeled" batch that is not whole classes of `examples_per_class`, and for
-    settings a sequence-pair dataset cannot use (another task, image augmentations, a
-    `text_max_length` that would truncate)."""
+def check_data_config(data: DataSettings) -> records.Metadata:
+    """Raises ConfigError for settings the pipeline cannot serve: an unknown task, name
+    or bad-record policy, no record set, a "labeled" batch that is not whole classes of
+    `examples_per_class`, a split the set lacks, and settings a sequence-pair dataset
+    cannot use (another task, image augmentations, a `text_max_length` that would
+    truncate). Returns the record set's metadata."""
     if data.task not in TASKS:
         raise ConfigError(f"config.data.task={data.task!r} is not a task; use one of {TASKS}.")
-    if data.name not in SOURCES:
+    if data.on_bad_record not in BAD_RECORD_POLICIES:
         raise ConfigError(
-            f"config.data.name={data.name!r} is not a known dataset; use one of "
-            f"{sorted(SOURCES)} or add it to data_sources.SOURCES."
+            f"config.data.on_bad_record={data.on_bad_record!r} is not a policy; use one of {BAD_RECORD_POLICIES}."
+        )
+    if data.records is None and data.name not in BUILTIN:
+        raise ConfigError(
+            f"config.data.name={data.name!r} is not a built-in dataset; use one of {sorted(BUILTIN)}, or "
+            "write your data with `python -m contrastive_jax.write_records --out=DIR ...` and set "
+            "config.data.records=DIR."
         )
     if data.task == "labeled" and data.global_batch_size % data.examples_per_class:
         raise ConfigError(
@@ -140,22 +172,37 @@ def check_data_config(data: DataSettings) -> None:
             f"config.data.examples_per_class={data.examples_per_class}; use a multiple of "
             f"{data.examples_per_class}."
         )
-    source = SOURCES[data.name]
-    if source.sequence_keys:
-        if data.task != "pairs":
+    metadata = open_metadata(data)
+    metadata.split(data.train_split)
+    if metadata.has("sequence"):
+        _check_sequence_pairs(data, metadata)
+    if data.task in ("views", "labeled") or metadata.has("captions"):
+        if not metadata.has("image"):
             raise ConfigError(
-                f"config.data.name={data.name!r} holds sequence pairs; set "
-                f"config.data.task='pairs' (not {data.task!r})."
+                f"config.data.task={data.task!r} needs images and {data.display_name} has none; use task 'pairs'."
             )
-        if augments(data):
-            raise ConfigError(
-                f"config.data.augment applies to images and {data.name!r} has none; set "
-                "config.data.augment.noise_std=0.0 (and crop_min_area=1.0, flip=False, "
-                "color_jitter=0.0)."
-            )
-    if data.text_max_length < source.max_text_length:
+    if data.task == "labeled" and not metadata.has("label"):
         raise ConfigError(
-            f"config.data.text_max_length={data.text_max_length} would truncate {data.name!r}, "
-            f"whose longest text is {source.max_text_length} tokens; set it to at least "
-            f"{source.max_text_length}."
+            f"config.data.task='labeled' needs labels but {data.display_name} has none; use task 'pairs' or 'views'."
+        )
+    return metadata
+
+
+def _check_sequence_pairs(data: DataSettings, metadata: records.Metadata) -> None:
+    name = data.display_name
+    if data.task != "pairs":
+        raise ConfigError(
+            f"{name} holds sequence pairs; set config.data.task='pairs' (not {data.task!r})."
+        )
+    if augments(data):
+        raise ConfigError(
+            f"config.data.augment applies to images and {name} has none; set "
+            "config.data.augment.noise_std=0.0 (and crop_min_area=1.0, flip=False, "
+            "color_jitter=0.0)."
+        )
+    if data.text_max_length < metadata.max_text_length:
+        raise ConfigError(
+            f"config.data.text_max_length={data.text_max_length} would truncate {name}, "
+            f"whose longest text is {metadata.max_text_length} tokens; set it to at least "
+            f"{metadata.max_text_length}."
         )

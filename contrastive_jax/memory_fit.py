@@ -18,13 +18,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 import ml_collections
 
 from contrastive_jax import sharding
 from contrastive_jax.config_lib import ConfigError, override
 from contrastive_jax.losses import logit_stats
 from contrastive_jax.sharding import DATA_AXIS
-from contrastive_jax.trainer import Trainer, build, numpy_dtype
+from contrastive_jax.trainer import Trainer, build
 
 _GIB = 2**30
 # Candidate tiles: the largest divisor of the columns at most this (CPU's "auto" tile).
@@ -115,7 +116,7 @@ def batch_spec(
     return {
         key: jax.ShapeDtypeStruct(
             (global_batch_size, *spec.shape[1:]),
-            numpy_dtype(spec.dtype),
+            np.dtype(spec.dtype),
             sharding=data,
         )
         for key, spec in element_spec.items()

@@ -31,7 +31,6 @@ import time
 import jax
 import ml_collections
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
 from contrastive_jax import (
@@ -89,7 +88,7 @@ def prepare_workdir(workdir: str | os.PathLike | None) -> str:
     return workdir
 
 
-def _train_batches(data: data_sources.DataSettings, first_batch: int) -> tf.data.Dataset:
+def _train_batches(data: data_sources.DataSettings, first_batch: int) -> input_pipeline.TrainStream:
     """This process's rows of the global batches numbered `first_batch`, `first_batch + 1`,
     ... (batch t: what step t reads when no batch was skipped, see `bad_loss`)."""
     return input_pipeline.train_dataset(
@@ -134,7 +133,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     mesh = sharding.make_mesh()
     trainer = build(config, mesh)
     workdir = prepare_workdir(workdir)
-    tf.config.set_visible_devices([], "GPU")  # tf.data only; keep accelerators for JAX.
     ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep)
     guard = bad_loss.LossGuard(trainer.guard, workdir, lead=jax.process_index() == 0)
     run_line = functools.partial(
@@ -184,11 +182,10 @@ def _finished_results(workdir: str, start_step: int, config) -> tuple[dict[str, 
     )
 
 
-def _evaluator(
-    ev: ml_collections.ConfigDict, data: data_sources.DataSettings, mesh: jax.sharding.Mesh
-) -> evaluate.Evaluator:
+def _evaluator(ev: ml_collections.ConfigDict, trainer: Trainer, mesh: jax.sharding.Mesh) -> evaluate.Evaluator:
     """The evaluator of `config.eval` (`ev`) on `mesh`: the eval split, and the training
     split for the kNN and linear probes when they are on and the data have labels."""
+    data = trainer.data
     eval_arrays = input_pipeline.eval_arrays(data, ev.split, class_range=ev.class_range)
     probe_arrays = None
     if "label" in eval_arrays and (ev.knn_k > 0 or ev.linear_probe):
@@ -198,7 +195,7 @@ def _evaluator(
         eval_arrays,
         batch_size=ev.batch_size,
         recall_ks=ev.recall_ks,
-        match_keys=data_sources.SOURCES[data.name].match_keys or (None, None),
+        match_keys=trainer.match_keys or (None, None),
         probe_arrays=probe_arrays,
         knn_k=ev.knn_k,
         linear_probe=ev.linear_probe,
@@ -247,24 +244,25 @@ def _train(
             lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)),
             state.replace(loss_state=None),
         )
-    evaluator = _evaluator(config.eval, trainer.data, eval_mesh)
+    evaluator = _evaluator(config.eval, trainer, eval_mesh)
     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=start_step)
     if start_step > 0:  # a machine-readable record of every resume, kept across resumes
         writer.write(start_step, {"resumed_from_step": start_step})
     progress = console.Progress(total_steps=num_steps, start_step=start_step, enabled=lead)
-    open_at = lambda number: _train_batches(trainer.data, number).as_numpy_iterator()  # noqa: E731
-    batches = guard.batches(start_step, open_at, opened=ds.as_numpy_iterator())
+    open_at = lambda number: iter(_train_batches(trainer.data, number))  # noqa: E731
+    batches = guard.batches(start_step, open_at, opened=iter(ds))
     window: list[dict[str, float]] = []  # the metrics of the steps since the last log
     timer_start, timed_steps = time.perf_counter(), 0  # steps finished since timer_start
+    input_wait, skipped_records = 0.0, 0  # seconds waited for batches since timer_start; records skipped
 
     def record(step: int, metrics) -> None:
         """Fetches a finished step's metrics, raises BadLoss on a bad one, logs every k."""
-        nonlocal timer_start, timed_steps
+        nonlocal timer_start, timed_steps, input_wait
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         guard.check(step, values)
         window.append(values)
         if step == start_step + 1:  # the first step warms up: time the steps after it
-            timer_start, timed_steps = time.perf_counter(), 0
+            timer_start, timed_steps, input_wait = time.perf_counter(), 0, 0.0
         else:
             timed_steps += 1
         if step % config.train.log_every_steps == 0 or step == num_steps:
@@ -276,10 +274,13 @@ def _train(
                 )
             if timed_steps:
                 scalars["train/examples_per_second"] = config.train.global_batch_size / seconds_per_step
+                scalars["train/input_wait_share"] = input_wait / (time.perf_counter() - timer_start)
+            if skipped_records:
+                scalars["train/skipped_records"] = skipped_records
             writer.write(step, scalars)
             progress.log(step, scalars, seconds_per_step=seconds_per_step if timed_steps else None)
             window.clear()
-            timer_start, timed_steps = time.perf_counter(), 0
+            timer_start, timed_steps, input_wait = time.perf_counter(), 0, 0.0
 
     def every(k: int, step: int) -> bool:
         return step == num_steps or (k > 0 and step % k == 0)
@@ -292,7 +293,11 @@ def _train(
         with distributed.Preemption() as preemption:
             while step < num_steps:
                 step, dispatched = step + 1, dispatched + 1
-                state, metrics = step_fn(state, _global_batch(next(batches), data_sharding))
+                waiting_since = time.perf_counter()
+                batch = next(batches)
+                input_wait += time.perf_counter() - waiting_since
+                skipped_records += int(batch.pop("skipped_records", 0))
+                state, metrics = step_fn(state, _global_batch(batch, data_sharding))
                 try:
                     if pending is not None:
                         record(*pending)  # step t-1's metrics, read after dispatching step t
@@ -331,7 +336,7 @@ def _train(
                     writer.write(step, {f"eval/{k}": v for k, v in results.items()})
                     progress.message(console.eval_line(step, results))
                 if (save or run_eval) and not window:  # at a logging step: time the steps alone
-                    timer_start = time.perf_counter()
+                    timer_start, input_wait = time.perf_counter(), 0.0
         if start_step >= num_steps:  # already trained: evaluate the restored state
             results = evaluator(local_state(state))
     finally:

@@ -64,6 +64,7 @@ class Trainer:
     micro_batch_size: int  # examples per micro-batch over all devices; 0: none
     micro_batch_method: str  # a name in grad_cache.MICRO_BATCH_METHODS
     id_keys: tuple[str, ...]  # the dataset's id keys, stacked into `groups`
+    match_keys: tuple[str, str] | None  # paired retrieval's id keys (records.Metadata)
     loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
     log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
     memory_limit_gib: float | None = None  # one device's memory; None: the device's own (memory_fit)
@@ -78,7 +79,7 @@ class Trainer:
             (the input pipeline's `element_spec`, or `jax.ShapeDtypeStruct` values).
         """
         dummy = {
-            k: np.zeros((1, *spec.shape[1:]), numpy_dtype(spec.dtype))
+            k: np.zeros((1, *spec.shape[1:]), np.dtype(spec.dtype))
             for k, spec in element_spec.items()
             if k in ("a", "b")
         }
@@ -297,11 +298,6 @@ class Trainer:
         return dict(batch, key_za=jax.lax.stop_gradient(keys["za"]), key_zb=jax.lax.stop_gradient(keys["zb"]))
 
 
-def numpy_dtype(dtype) -> np.dtype:
-    """A NumPy dtype from a `tf.DType` or anything `np.dtype` takes."""
-    return np.dtype(getattr(dtype, "as_numpy_dtype", dtype))
-
-
 def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer:
     """The `Trainer` for `config` on `mesh`, checking each part as it is built.
 
@@ -316,8 +312,9 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
     loss = losses.registry.get(config.loss.name)
     data = data_sources.DataSettings.from_config(config)
     guard = bad_loss.GuardSettings.from_config(config)
-    loss_table_size = config_checks.check(config, loss, mesh.shape[DATA_AXIS], data, guard)
-    model = models.create_model(config, text_vocab_size=data_sources.TEXT_VOCAB_SIZE, learned_bias=loss.learned_bias)
+    loss_table_size, metadata = config_checks.check(config, loss, mesh.shape[DATA_AXIS], data, guard)
+    text_vocab_size = data_sources.text_vocab_size(data, metadata)
+    model = models.create_model(config, text_vocab_size=text_vocab_size, learned_bias=loss.learned_bias)
     tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
     return Trainer(
         config,
@@ -332,7 +329,8 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         seed=config.seed,
         micro_batch_size=train.micro_batch_size,
         micro_batch_method=train.micro_batch_method,
-        id_keys=tuple(data_sources.SOURCES[data.name].id_keys),
+        id_keys=metadata.id_keys,
+        match_keys=metadata.match_keys,
         loss_table_size=loss_table_size,
         log_noise_scale=train.log_noise_scale,
         memory_limit_gib=train.memory_limit_gib,

@@ -142,7 +142,7 @@ def run(
         from contrastive_jax.data_sources import DataSettings
 
         data = DataSettings.from_config(base)
-        train_size = input_pipeline.num_examples(input_pipeline.load_split(data, data.train_split))
+        train_size = input_pipeline.train_split_size(data)
     runs = make_runs(base, batch_sizes, seeds, steps=steps, epochs=epochs, train_size=train_size)
     return sweep.run_sweep(base, runs, out, figures=lambda r: plot(r, metric), summary=lambda r: summary(r, metric))
 
@@ -169,8 +169,8 @@ def run_study(
 
     base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     data = data_sources.DataSettings.from_config(base)
-    train = input_pipeline.load_split(data, data.train_split)
-    groups = {key: train[key] for key in data_sources.SOURCES[base.data.name].id_keys}
+    train = input_pipeline.eval_arrays(data, data.train_split)
+    groups = {key: train[key] for key in data_sources.open_metadata(data).id_keys}
     runs = study_runs(
         base,
         batch_sizes,

@@ -33,31 +33,23 @@ import pytest  # noqa: E402
 
 
 def _prepared(name: str, tmp_path_factory) -> str:
-    """A TFDS data_dir holding the local dataset `name`, prepared once per test session:
-    under pytest-xdist the first worker to ask prepares it in the session's shared temp
-    directory (the others wait on a file lock), so each dataset is built once. Tests read
-    it and must not write to it."""
-    import fcntl
-
-    import tensorflow_datasets as tfds
-
-    import contrastive_jax.datasets  # noqa: F401  (registers the builders)
+    """A `config.data.data_dir` holding the built-in dataset `name`'s records, written
+    once per test session: under pytest-xdist the first worker to ask writes them in the
+    session's shared temp directory (the others wait on the writer's file lock). Tests
+    read them and must not write to them."""
+    from contrastive_jax import data_sources
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the session's directory, above each worker's own
-    data_dir, done = root / f"tfds_{name}", root / f"tfds_{name}.prepared"
-    with open(root / f"tfds_{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            tfds.builder(name, data_dir=str(data_dir)).download_and_prepare()
-            done.touch()
-    return str(data_dir)
+    data_dir = str(root / "records")
+    data_sources.builtin_records(name, data_dir)
+    return data_dir
 
 
 @pytest.fixture(scope="session")
 def digits_data_dir(tmp_path_factory):
-    """A TFDS data_dir holding `sklearn_digits`, prepared once per test session."""
+    """A data_dir holding `sklearn_digits`' records, written once per test session."""
     return _prepared("sklearn_digits", tmp_path_factory)
 
 
@@ -84,7 +76,7 @@ def load_config():
 
 @pytest.fixture(scope="session")
 def cmudict_data_dir(tmp_path_factory):
-    """A TFDS data_dir holding `cmudict`, prepared once per test session (~15 s)."""
+    """A data_dir holding `cmudict`'s records, written once per test session."""
     return _prepared("cmudict", tmp_path_factory)
 
 

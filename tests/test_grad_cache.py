@@ -133,7 +133,7 @@ def _train_step_result(config, micro_batch_size, method="grad_cache"):
     run = trainer.build(config, sharding.make_mesh(NUM_DEVICES))
     ds = input_pipeline.train_dataset(DataSettings.from_config(config))
     init, _ = run.init_state(ds.element_spec)
-    batch = jax.device_put(next(ds.as_numpy_iterator()), sharding.data_sharding(run.mesh))
+    batch = jax.device_put(next(iter(ds)), sharding.data_sharding(run.mesh))
     state, metrics = jax.jit(run.train_step)(init(), batch)
     return jax.device_get(state.params), jax.device_get(metrics)
 

@@ -142,7 +142,7 @@ def test_the_noise_scale_step_is_the_plain_step(load_config, digits_data_dir):
     config = override(load_config("default"), tiny)
     mesh = sharding.make_mesh(8)
     ds = input_pipeline.train_dataset(DataSettings.from_config(config))
-    batch = next(ds.as_numpy_iterator())
+    batch = next(iter(ds))
     results = []
     for on in (False, True):
         trainer = build(override(config, {"train.log_noise_scale": on}), mesh)

@@ -1,9 +1,13 @@
-"""The input pipeline: task outputs, determinism, seeking, epochs, sharding, errors."""
+"""The input pipeline: task outputs, determinism, seeking, epochs, sharding, bad records."""
+
+import io
+import itertools
 
 import numpy as np
 import pytest
+from PIL import Image
 
-from contrastive_jax import data_sources, input_pipeline
+from contrastive_jax import data_sources, input_pipeline, records
 from contrastive_jax.data_sources import DataSettings
 
 
@@ -15,25 +19,58 @@ def config(load_config, digits_data_dir):
     return config
 
 
-def take(ds, num):
-    it = ds.as_numpy_iterator()
-    return [next(it) for _ in range(num)]
+def take(stream, num):
+    return list(itertools.islice(iter(stream), num))
 
 
-def train_images(config):
-    return input_pipeline.load_split(DataSettings.from_config(config), config.data.train_split)["image"]
+def write_image_text_set(directory, num, *, corrupt=(), size=12):
+    """A record set of `num` solid-colour PNGs, two captions each; the records numbered
+    in `corrupt` hold bytes that are no image."""
+    examples = []
+    for i in range(num):
+        buffer = io.BytesIO()
+        Image.new("RGB", (size, size), (i * 7 % 256, i * 13 % 256, 50)).save(buffer, "PNG")
+        image = b"not an image" if i in corrupt else buffer.getvalue()
+        examples.append({"image": image, "captions": [f"colour {i}", f"the {i}th colour"], "label": i % 3})
+    directory.mkdir(parents=True, exist_ok=True)
+    halves = [examples[: num // 2], examples[num // 2 :]]
+    shards = [records.shard_name("train", k, 2) for k in range(2)]
+    for shard, part in zip(shards, halves):
+        records.write_shard(str(directory / shard), part)
+    np.save(records.labels_file(str(directory), "train"), np.array([e["label"] for e in examples], np.int32))
+    records.write_metadata(
+        records.Metadata(
+            directory=str(directory),
+            splits={"train": records.Split(tuple(shards), tuple(len(h) for h in halves))},
+            fields=("image", "captions", "label"),
+            num_classes=3,
+        )
+    )
+    return str(directory)
+
+
+@pytest.fixture
+def image_text_config(load_config, tmp_path):
+    config = load_config("default")
+    config.data.records = write_image_text_set(tmp_path / "set", 40, corrupt=(5, 6))
+    config.data.image_size = 8
+    config.data.text_max_length = 16
+    config.train.global_batch_size = 16
+    return config
 
 
 def test_pairs_are_top_and_bottom_halves_covering_each_epoch(config):
     # 1437 = 3 x 479: three batches are exactly one epoch, every image once.
     config.train.global_batch_size = 479
-    batches = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 6)
+    data = DataSettings.from_config(config)
+    batches = take(input_pipeline.train_dataset(data), 6)
     assert batches[0]["a"].shape == (479, 4, 8, 1) and batches[0]["b"].shape == (479, 4, 8, 1)
-    expected = sorted(map(bytes, train_images(config)))
+    split = input_pipeline.eval_arrays(data, "train")
+    expected = sorted(map(bytes, np.concatenate([split["a"], split["b"]], axis=1)))
     for epoch in (batches[:3], batches[3:]):
         images = np.concatenate([np.concatenate([b["a"], b["b"]], axis=1) for b in epoch])
-        images = np.round(images * 255).astype(np.uint8)
         assert sorted(map(bytes, images)) == expected
+        assert sorted(np.concatenate([b["index"] for b in epoch])) == list(range(1437))
     # Each epoch has its own order.
     assert not np.array_equal(batches[0]["a"], batches[3]["a"])
 
@@ -51,6 +88,7 @@ def test_same_seed_same_stream_other_seed_other_stream(config):
 
 @pytest.mark.parametrize("task", ["pairs", "views", "labeled"])
 def test_starting_at_a_step_continues_the_stream(config, task):
+    """A resumed run (a stream opened at step s) reads bitwise what an uninterrupted one does."""
     config.data.task = task
     config.data.augment.noise_std = 0.1
     config.data.augment.crop_min_area = 0.5
@@ -59,8 +97,19 @@ def test_starting_at_a_step_continues_the_stream(config, task):
         config.train.global_batch_size = 40
     stream = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 3)
     resumed = take(input_pipeline.train_dataset(DataSettings.from_config(config), start_step=2), 1)[0]
+    assert resumed.keys() == stream[2].keys()
     for key in resumed:
         np.testing.assert_array_equal(stream[2][key], resumed[key])
+
+
+def test_worker_processes_give_the_same_batches(config):
+    config.data.augment.noise_std = 0.1
+    in_process = take(input_pipeline.train_dataset(DataSettings.from_config(config), start_step=5), 3)
+    config.data.num_workers = 2
+    workers = take(input_pipeline.train_dataset(DataSettings.from_config(config), start_step=5), 3)
+    for x, y in zip(in_process, workers):
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
 
 
 def test_views_are_two_different_augmentations(config):
@@ -79,22 +128,29 @@ def test_labeled_batches_hold_m_distinct_examples_of_each_class(config):
     for batch in take(input_pipeline.train_dataset(DataSettings.from_config(config)), 5):
         classes, counts = np.unique(batch["label"], return_counts=True)
         assert len(classes) == 8 and set(counts) == {4}
-        assert len({bytes(x) for x in batch["a"]}) == 32
+        assert len(set(batch["index"])) == 32
 
 
 @pytest.mark.parametrize("task", ["pairs", "labeled"])
-def test_processes_take_their_rows_of_one_global_batch(config, task):
-    """Process p of P gets rows [p N/P, (p+1) N/P) of the batch one process sees."""
+def test_processes_take_their_rows_of_one_global_batch(config, task, monkeypatch):
+    """Process p of P gets rows [p N/P, (p+1) N/P) of the batch one process sees, and
+    reads only those records from disk."""
     config.data.task = task
     config.data.augment.noise_std = 0.1
     config.train.global_batch_size = 40  # 10 classes x 4 for "labeled"
     data = DataSettings.from_config(config)
     whole = take(input_pipeline.train_dataset(data, start_step=3), 1)[0]
+    reads = []
+    read = records.RecordSet.read
+    monkeypatch.setattr(records.RecordSet, "read", lambda self, i: reads.append(i) or read(self, i))
     for count in (2, 4):
-        parts = [
-            take(input_pipeline.train_dataset(data, start_step=3, process_index=p, process_count=count), 1)[0]
-            for p in range(count)
-        ]
+        parts = []
+        for p in range(count):
+            stream = input_pipeline.train_dataset(data, start_step=3, process_index=p, process_count=count)
+            reads.clear()
+            parts.append(take(stream, 1)[0])
+            # One read per row of this step (and at most the prefetched steps' rows).
+            assert 40 // count <= len(reads) <= 40 // count * (1 + data.prefetch_batches + 1)
         assert parts[0]["a"].shape[0] == 40 // count
         for key in whole:
             np.testing.assert_array_equal(np.concatenate([part[key] for part in parts]), whole[key])
@@ -107,6 +163,41 @@ def test_eval_arrays_are_the_whole_split_in_order(config):
     np.testing.assert_array_equal(arrays["a"], again["a"])
     restricted = input_pipeline.eval_arrays(DataSettings.from_config(config), "test", class_range=(6, 10))
     assert set(np.unique(restricted["label"])) == {6, 7, 8, 9}
+    both = input_pipeline.eval_arrays(DataSettings.from_config(config), "train+test")
+    assert len(both["a"]) == 1437 + 360
+    np.testing.assert_array_equal(both["a"][1437:], arrays["a"])
+
+
+def test_captions_are_drawn_per_visit_as_a_function_of_the_position(image_text_config):
+    image_text_config.data.on_bad_record = "skip"
+    data = DataSettings.from_config(image_text_config)
+    batches = take(input_pipeline.train_dataset(data), 10)
+    again = take(input_pipeline.train_dataset(data, start_step=4), 1)[0]
+    np.testing.assert_array_equal(again["b"], batches[4]["b"])
+    texts = {(int(i), bytes(t[t > 0] - 1).decode()) for b in batches for i, t in zip(b["index"], b["b"])}
+    assert {f"colour {i}" for i, _ in texts} & {t for _, t in texts}  # the first caption ...
+    assert {f"the {i}th colour" for i, _ in texts} & {t for _, t in texts}  # ... and the second
+    assert all(t in (f"colour {i}", f"the {i}th colour") for i, t in texts)
+    assert batches[0]["a"].shape == (16, 8, 8, 3) and batches[0]["a"].dtype == np.float32
+
+
+def test_a_bad_record_stops_with_its_shard_and_number(image_text_config):
+    data = DataSettings.from_config(image_text_config)
+    with pytest.raises(records.DataError, match=r"train-00000-of-00002.array_record, record 5: cannot decode"):
+        take(input_pipeline.train_dataset(data), 3)  # 3 x 16 rows cover records 5 and 6
+
+
+def test_skipped_records_are_the_same_in_every_run(image_text_config):
+    image_text_config.data.on_bad_record = "skip"
+    data = DataSettings.from_config(image_text_config)
+    first = take(input_pipeline.train_dataset(data), 5)
+    second = take(input_pipeline.train_dataset(data, start_step=0), 5)
+    # Two epochs (5 x 16 rows of 40): example 5 passes over records 5 and 6, example 6 over 6.
+    assert sum(int(b["skipped_records"]) for b in first) == 2 * (2 + 1)
+    for x, y in zip(first, second):
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+    assert not {5, 6} & {int(i) for b in first for i in b["index"]}
 
 
 @pytest.mark.parametrize(
@@ -114,6 +205,8 @@ def test_eval_arrays_are_the_whole_split_in_order(config):
     [
         ("data.task", "triples", "config.data.task"),
         ("data.name", "mnist_typo", "config.data.name"),
+        ("data.on_bad_record", "ignore", "config.data.on_bad_record"),
+        ("data.train_split", "validation", "has no split 'validation'"),
         ("train.global_batch_size", 2000, "larger than the 1437 examples"),
     ],
 )
@@ -121,6 +214,12 @@ def test_bad_config_raises_a_clear_error(config, field, value, message):
     group, name = field.split(".")
     config[group][name] = value
     with pytest.raises(ValueError, match=message):
+        checked_stream(config)
+
+
+def test_a_missing_record_set_names_the_command_that_writes_one(config, tmp_path):
+    config.data.records = str(tmp_path / "nowhere")
+    with pytest.raises(records.DataError, match="no record set in .*nowhere .*write_records"):
         checked_stream(config)
 
 
