@@ -1,8 +1,16 @@
 # python -m contrastive_jax.main --config=configs/clip_coco.py --workdir=runs/clip_coco
 """CLIP (Radford et al. 2021) on COCO Captions: a ViT-S/16 image tower and a byte-level
-Transformer text tower, image-text retrieval on the 5k Karpathy test split. Needs the
-network once for the TFDS download (`coco_captions`, ~38 GB) and an accelerator. Images
-are held in host memory at 128 px (~6 GB for train+restval per process count).
+Transformer text tower, image-text retrieval on the 5k Karpathy test split. Needs an
+accelerator, and COCO as a record set, written once (the TFDS download needs the network
+and `pip install 'contrastive-jax[tfds]'`; ~20 GB of JPEGs as they are):
+
+    for split in train restval test; do
+      python -m contrastive_jax.write_records --source=tfds:coco_captions --split=$split \
+          --encode=jpeg --out=data/coco_captions
+    done
+
+Images are read from disk and decoded per step (at 128 px), so memory does not grow with
+the dataset; each image keeps its 5 captions and one is drawn per visit.
 """
 
 from configs import default
@@ -11,11 +19,12 @@ from configs import default
 def get_config():
     """Image-text contrastive training with the symmetric InfoNCE (CLIP) loss."""
     config = default.get_config()
-    config.data.name = "coco_captions"  # TFDS catalogue dataset (downloaded once).
-    config.data.task = "pairs"  # (image, first caption) pairs.
+    config.data.records = "data/coco_captions"  # The record set written above.
+    config.data.task = "pairs"  # (image, one of its captions) pairs.
     config.data.train_split = "train+restval"  # Karpathy train (113k images).
-    config.data.image_size = 128  # Resized on load.
+    config.data.image_size = 128  # Crops resized to 128 px.
     config.data.text_max_length = 64  # Bytes per caption.
+    config.data.num_workers = 4  # Decoding processes.
     config.data.augment.crop_min_area = 0.5  # Mild random resized crops.
     config.data.augment.noise_std = 0.0  # No pixel noise.
     config.model.encoder_a = "vit_small"  # ViT-S.

@@ -1,6 +1,11 @@
 # python -m contrastive_jax.main --config=configs/simclr_cifar10.py --workdir=runs/simclr_cifar10
-"""SimCLR (Chen et al. 2020) on CIFAR-10 with a ResNet-18 (CIFAR stem). Needs the network
-once for the TFDS download (`cifar10`, ~160 MB); an accelerator is advisable.
+"""SimCLR (Chen et al. 2020) on CIFAR-10 with a ResNet-18 (CIFAR stem). An accelerator
+is advisable. CIFAR-10 as a record set, written once (the TFDS download needs the
+network and `pip install 'contrastive-jax[tfds]'`):
+
+    for split in train test; do
+      python -m contrastive_jax.write_records --source=tfds:cifar10 --split=$split --out=data/cifar10
+    done
 """
 
 from configs import default
@@ -9,7 +14,8 @@ from configs import default
 def get_config():
     """SimCLR's CIFAR-10 recipe: LARS, batch 512, NT-Xent at temperature 0.5."""
     config = default.get_config()
-    config.data.name = "cifar10"  # TFDS catalogue dataset (downloaded once).
+    config.data.records = "data/cifar10"  # The record set written above.
+    config.data.num_workers = 2  # Decoding processes.
     config.data.task = "views"  # Two augmentations of one image.
     config.data.augment.crop_min_area = 0.08  # SimCLR's random resized crop.
     config.data.augment.flip = True  # Horizontal flips.

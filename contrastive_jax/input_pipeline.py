@@ -42,7 +42,7 @@ import jax
 from absl import flags
 import numpy as np
 
-from contrastive_jax import data_sources, example_reader
+from contrastive_jax import data_sources, example_reader, records
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.data_sources import DataSettings, per_process_batch_size
 
@@ -91,7 +91,15 @@ class TrainStream:
             batches = batches.mp_prefetch(
                 grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=prefetch)
             )
-        return iter(batches)
+        return _one_line_errors(iter(batches))
+
+
+def _one_line_errors(batches: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    """`batches`, with a bad record's DataError cut to its own line (grain appends a note)."""
+    try:
+        yield from batches
+    except records.DataError as e:
+        raise records.DataError(str(e).splitlines()[0]) from None
 
 
 def train_dataset(

