@@ -62,7 +62,7 @@ def check(
         grad_cache.check_micro_batches(train.global_batch_size, train.micro_batch_size, num_devices)
     if train.log_noise_scale:
         _check_noise_scale(loss, train, num_devices)
-    return _check_loss_state(loss, config, data)
+    return _check_loss_state(loss, config, data), metadata
 
 
 def _check_noise_scale(loss: losses.Loss, train: ml_collections.ConfigDict, num_devices: int) -> None:

@@ -191,9 +191,7 @@ def check_data_config(data: DataSettings) -> records.Metadata:
 def _check_sequence_pairs(data: DataSettings, metadata: records.Metadata) -> None:
     name = data.display_name
     if data.task != "pairs":
-        raise ConfigError(
-            f"{name} holds sequence pairs; set config.data.task='pairs' (not {data.task!r})."
-        )
+        raise ConfigError(f"{name} holds sequence pairs; set config.data.task='pairs' (not {data.task!r}).")
     if augments(data):
         raise ConfigError(
             f"config.data.augment applies to images and {name} has none; set "

@@ -1,32 +1,38 @@
 """Records to model inputs: which examples a step's batch holds, and each one's inputs.
 
 `Examples` reads one split's records (optionally only the labels in a class range) and
-turns record `i` into the model's inputs; `BatchReader` maps a step number to this
+turns a record into the model's inputs; `BatchReader` maps a step number to this
 process's rows of that step's global batch. Both are plain picklable objects (grain's
 worker processes receive them) and import neither JAX nor TensorFlow.
 
-Every random choice is seeded by `(config.data.seed, stream, position)`, where the
-position `step * N + k` numbers the rows of the global batches, so a batch is a pure
-function of `(seed, step)` whatever the number of processes or workers.
+Every random choice is a counter-based draw (`stateless_random`) keyed by
+`config.data.seed` and the row's position `step * N + k` in the stream, so a batch is a
+pure function of `(seed, step)` whatever the number of processes or workers.
 """
 
-import numpy as np
-from grain import experimental as grain_experimental
+import dataclasses
 
-from contrastive_jax import images, records, tokenizers
+import numpy as np
+
+from contrastive_jax import images, records, stateless_random, tokenizers
 from contrastive_jax.data_sources import DataSettings, augments
 from contrastive_jax.records import DataError
 
-# Independent random streams of `config.data.seed`.
-_ORDER, _CLASSES, _AUGMENT, _CAPTION = range(4)
-_SHUFFLE_ROUNDS = 4
+# Independent random streams of `config.data.seed` (the epochs' orders use _ORDER + epoch).
+_CLASSES, _AUGMENT, _CAPTION, _NOISE, _ORDER = 1, 2, 3, 4, 1 << 32
+_VIEWS = 2
 # A record that cannot be read is replaced by the next readable one (on_bad_record="skip").
 _MAX_REPLACEMENTS = 100
+_FIX = "rewrite it with `write_records`, which reports and leaves out bad inputs"
 
 
-def rng(*words: int) -> np.random.Generator:
-    """A generator seeded by the integers `words` (e.g. seed, stream, position)."""
-    return np.random.default_rng(np.random.SeedSequence([int(w) for w in words]))
+@dataclasses.dataclass(frozen=True)
+class Visit:
+    """The random draws of one row of the stream (None for evaluation: no augmentation,
+    the first caption)."""
+
+    draws: np.ndarray  # float64 [_VIEWS, images.NUM_DRAWS]: crops, flips, jitter
+    caption: float  # uniform in [0, 1): which caption
 
 
 class Examples:
@@ -54,31 +60,34 @@ class Examples:
         labels = self.records.labels()
         return labels if self.kept is None else labels[self.kept]
 
-    def record(self, i: int) -> dict:
-        """Example `i`'s record, decoded; DataError naming the shard and record."""
-        number = int(i if self.kept is None else self.kept[i])
-        try:
-            return records.decode(self.records.read(number))
-        except DataError:
-            raise
-        except Exception as e:
-            shard, position = self.records.where(number)
-            raise DataError(f"{shard}, record {position}: cannot be read ({e}); {_FIX}") from None
+    def _record_number(self, i: int) -> int:
+        return int(i if self.kept is None else self.kept[i])
 
-    def inputs(self, i: int, position: int | None = None) -> dict[str, np.ndarray]:
+    def read(self, indices) -> list[bytes]:
+        """The record bytes of examples `indices` (int [k])."""
+        return self.records.read_many([self._record_number(i) for i in indices])
+
+    def inputs(self, i: int, visit: Visit | None = None, record: bytes | None = None) -> dict[str, np.ndarray]:
         """Example `i`'s model inputs: `a`, `b` (pairs, views), `label`, the id keys.
 
-        `position` (the row's number in the stream) seeds the augmentation and the caption
-        drawn; None: evaluation (no augmentation, the first caption).
-        """
-        example = self.record(i)
-        try:
-            return self._inputs(example, position)
-        except ValueError as e:
-            shard, record = self.records.where(int(i if self.kept is None else self.kept[i]))
-            raise DataError(f"{shard}, record {record}: {e}; {_FIX}") from None
+        Args:
+          visit: the row's random draws; None: evaluation.
+          record: example `i`'s record bytes if already read.
 
-    def _inputs(self, example: dict, position: int | None) -> dict[str, np.ndarray]:
+        Raises:
+          DataError: the record cannot be read; the message names its shard and number.
+        """
+        number = self._record_number(i)
+        try:
+            example = records.decode(self.records.read(number) if record is None else record)
+            return self._inputs(example, visit)
+        except DataError:
+            raise
+        except Exception as e:  # a corrupt record: msgpack, PIL or a missing field
+            shard, position = self.records.where(number)
+            raise DataError(f"{shard}, record {position}: {e}; {_FIX}") from None
+
+    def _inputs(self, example: dict, visit: Visit | None) -> dict[str, np.ndarray]:
         data, meta = self.data, self.metadata
         out = {"label": np.int32(example["label"])} if meta.has("label") else {}
         out |= {key: np.int32(example[key]) for key in meta.id_keys}
@@ -87,40 +96,39 @@ class Examples:
             sequence = np.pad(ids, (0, data.text_max_length - len(ids)))
             return out | {"a": self.tokenizer.encode(example["text"], data.text_max_length), "b": sequence}
         image = images.decode(example["image"], meta.image_channels, data.image_size)
-        if position is None or not augments(data):
-            first = images.to_array(images.resized(image, data.image_size)).astype(np.float32) / 255.0
-        else:
-            augment_rng = rng(data.seed, _AUGMENT, position)
-            first = images.augmented(image, data.image_size, data.augment, augment_rng)
-            if data.task == "views":
-                return out | {"a": first, "b": images.augmented(image, data.image_size, data.augment, augment_rng)}
-        if data.task == "views":  # evaluation: the image once
-            return out | {"a": first}
+        views = [self._view(image, visit, v) for v in range(_VIEWS if data.task == "views" and visit else 1)]
+        if data.task == "views":
+            return out | dict(zip(("a", "b"), views))
         if data.task == "pairs" and meta.has("captions"):
             captions = example["captions"]
             if not captions or not all(c.strip() for c in captions):
                 raise ValueError("an empty caption")
-            chosen = 0 if position is None else int(rng(data.seed, _CAPTION, position).integers(len(captions)))
-            return out | {"a": first, "b": self.tokenizer.encode(captions[chosen], data.text_max_length)}
+            chosen = 0 if visit is None else int(visit.caption * len(captions))
+            return out | {"a": views[0], "b": self.tokenizer.encode(captions[chosen], data.text_max_length)}
         if data.task == "pairs":  # an image alone: its top and bottom halves
-            half = first.shape[0] // 2
-            return out | {"a": first[:half], "b": first[half:]}
-        return out | {"a": first}
+            half = views[0].shape[0] // 2
+            return out | {"a": views[0][:half], "b": views[0][half:]}
+        return out | {"a": views[0]}
 
-    def inputs_or_replacement(self, i: int, position: int | None) -> tuple[dict[str, np.ndarray], int]:
+    def _view(self, image, visit: Visit | None, view: int) -> np.ndarray:
+        """float32 [H, W, C]: the image as it is (evaluation), or augmented (not yet
+        noised and clipped: `BatchReader` does that for the batch)."""
+        data = self.data
+        if visit is None or not augments(data):
+            return images.to_array(images.resized(image, data.image_size)).astype(np.float32) / 255.0
+        return images.augmented(image, data.image_size, data.augment, visit.draws[view])
+
+    def inputs_or_replacement(self, i: int, visit: Visit, record: bytes) -> tuple[dict[str, np.ndarray], int]:
         """`(inputs, skipped)`: example `i`'s inputs, or with `on_bad_record="skip"` those
         of the next readable example (`skipped` records passed over); the choice depends
         on the records alone, so every run skips the same ones."""
         for skipped in range(_MAX_REPLACEMENTS):
             try:
-                return self.inputs((i + skipped) % len(self), position), skipped
+                return self.inputs((i + skipped) % len(self), visit, record if skipped == 0 else None), skipped
             except DataError as e:
                 if self.data.on_bad_record == "stop":
                     raise DataError(f"{e} (or set config.data.on_bad_record='skip')") from None
         raise DataError(f"{_MAX_REPLACEMENTS} records in a row from example {i} cannot be read; rewrite the set.")
-
-
-_FIX = "rewrite it with `write_records`, which reports and leaves out bad inputs"
 
 
 def stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -146,58 +154,79 @@ class BatchReader:
         self.size, self.seed = data.global_batch_size, data.seed
         self.members = None
         if data.task == "labeled":
-            self.members = self._class_members(examples.labels(), data.examples_per_class)
+            self.members = _class_members(examples.labels(), self.size, data.examples_per_class)
 
-    def _class_members(self, labels: np.ndarray, m: int) -> list[np.ndarray]:
-        classes = np.unique(labels)
-        members = [np.flatnonzero(labels == c) for c in classes]
-        needed = self.size // m
-        if needed > len(classes):
-            raise DataError(
-                f"a batch of {self.size} with config.data.examples_per_class={m} needs {needed} classes but the "
-                f"split has {len(classes)}; raise examples_per_class or lower the global batch size."
-            )
-        smallest = min(range(len(classes)), key=lambda c: len(members[c]))
-        if len(members[smallest]) < m:
-            raise DataError(
-                f"class {classes[smallest]} has {len(members[smallest])} examples, fewer than "
-                f"config.data.examples_per_class={m}; lower examples_per_class."
-            )
-        return members
+    def positions(self, step: int) -> np.ndarray:
+        """int64 [rows]: the stream positions of this process's rows of batch `step`."""
+        return step * self.size + np.arange(self.size)[self.rows]
 
     def indices(self, step: int) -> np.ndarray:
         """int64 [rows]: the examples of this process's rows of batch `step`."""
-        positions = step * self.size + np.arange(self.size)[self.rows]
         if self.members is not None:  # N / m classes, m distinct examples of each
             m = self.examples.data.examples_per_class
-            draw = rng(self.seed, _CLASSES, step)
+            draw = np.random.default_rng(np.random.SeedSequence([self.seed, _CLASSES, step]))
             chosen = draw.permutation(len(self.members))[: self.size // m]
             picked = np.concatenate([draw.choice(self.members[c], m, replace=False) for c in chosen])
             return picked[self.rows]
-        n = len(self.examples)
         # Element i is at position i mod n of epoch i // n's permutation.
-        return np.array(
-            [
-                grain_experimental.index_shuffle(
-                    index=int(p % n), max_index=n - 1, seed=_epoch_seed(self.seed, p // n), rounds=_SHUFFLE_ROUNDS
-                )
-                for p in positions
-            ],
-            np.int64,
-        )
+        positions, n = self.positions(step), len(self.examples)
+        out = np.empty(len(positions), np.int64)
+        for epoch in np.unique(positions // n):
+            where = positions // n == epoch
+            out[where] = stateless_random.permute(positions[where] % n, n, self.seed, _ORDER + int(epoch))
+        return out
+
+    def visits(self, step: int) -> list[Visit]:
+        """The random draws of this process's rows of batch `step`."""
+        positions = self.positions(step)
+        counters = positions[:, None] * (_VIEWS * images.NUM_DRAWS) + np.arange(_VIEWS * images.NUM_DRAWS)
+        draws = stateless_random.uniform(self.seed, _AUGMENT, counters).reshape(len(positions), _VIEWS, -1)
+        captions = stateless_random.uniform(self.seed, _CAPTION, positions)
+        return [Visit(d, float(c)) for d, c in zip(draws, captions)]
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
-        positions = step * self.size + np.arange(self.size)[self.rows]
+        indices = self.indices(step)
         rows, skipped = [], 0
-        for i, position in zip(self.indices(step), positions):
-            inputs, passed = self.examples.inputs_or_replacement(int(i), int(position))
+        for i, visit, record in zip(indices, self.visits(step), self.examples.read(indices)):
+            inputs, passed = self.examples.inputs_or_replacement(int(i), visit, record)
             rows.append(inputs | {"index": np.int32((i + passed) % len(self.examples))})
             skipped += passed
-        batch = stack(rows)
+        batch = self._noised(stack(rows), step)
         if self.examples.data.on_bad_record == "skip":
             batch["skipped_records"] = np.int32(skipped)
         return batch
 
+    def _noised(self, batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
+        """The batch with its augmented images' pixel noise added and clipped to [0, 1]:
+        image `key` of row position p gets draws (p, pixel) of its own stream."""
+        data = self.examples.data
+        if not augments(data) or self.examples.metadata.has("sequence"):
+            return batch
+        positions = self.positions(step).astype(np.uint64)
+        for stream, key in enumerate(k for k in ("a", "b") if k in batch and batch[k].dtype == np.float32):
+            size = int(np.prod(batch[key].shape[1:]))
+            noise = None
+            if data.augment.noise_std > 0:
+                counters = positions[:, None] * np.uint64(size) + np.arange(size, dtype=np.uint64)
+                noise = stateless_random.normal(self.seed, _NOISE + stream, counters).reshape(batch[key].shape)
+            batch[key] = images.add_noise(batch[key], data.augment.noise_std, noise)
+        return batch
 
-def _epoch_seed(seed: int, epoch: int) -> int:
-    return int(np.random.SeedSequence([seed, _ORDER, int(epoch)]).generate_state(1)[0] >> 1)
+
+def _class_members(labels: np.ndarray, batch_size: int, m: int) -> list[np.ndarray]:
+    """The examples of each class; DataError when a batch cannot hold m of N / m classes."""
+    classes = np.unique(labels)
+    members = [np.flatnonzero(labels == c) for c in classes]
+    needed = batch_size // m
+    if needed > len(classes):
+        raise DataError(
+            f"a batch of {batch_size} with config.data.examples_per_class={m} needs {needed} classes but the "
+            f"split has {len(classes)}; raise examples_per_class or lower the global batch size."
+        )
+    smallest = min(range(len(classes)), key=lambda c: len(members[c]))
+    if len(members[smallest]) < m:
+        raise DataError(
+            f"class {classes[smallest]} has {len(members[smallest])} examples, fewer than "
+            f"config.data.examples_per_class={m}; lower examples_per_class."
+        )
+    return members

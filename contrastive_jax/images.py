@@ -1,7 +1,7 @@
 """Image decoding and augmentation for the input pipeline (PIL and NumPy, no TensorFlow).
 
-Every random choice is drawn from a `np.random.Generator` the caller seeds from the
-example's position in the stream, so an augmented image is a pure function of
+Every random choice comes from draws the caller makes from the example's position in
+the stream (`stateless_random`), so an augmented image is a pure function of
 `(seed, position)`: a resumed run, or another number of processes, sees the same pixels.
 """
 
@@ -24,19 +24,34 @@ def decode(encoded: bytes, channels: int, size: int | None = None) -> Image.Imag
 
     Grey, palette, CMYK and alpha images are converted (alpha is dropped). A JPEG larger
     than twice `size` is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (libjpeg's
-    scaling, PIL's `draft`), never below `size`.
+    scaling, PIL's `draft`), never below `size`. Binary PGM / PPM files (raw pixels:
+    what small images are best stored as) are read without PIL's decoders.
 
     Raises:
       ValueError: the bytes are not an image PIL can decode.
     """
     try:
-        image = Image.open(io.BytesIO(encoded))
-        if size is not None and image.format == "JPEG":
-            image.draft("L" if channels == 1 else "RGB", (size, size))
-        image = image.convert("L" if channels == 1 else "RGB")
+        image = _netpbm(encoded)
+        if image is None:
+            image = Image.open(io.BytesIO(encoded))
+            if size is not None and image.format == "JPEG":
+                image.draft("L" if channels == 1 else "RGB", (size, size))
+        mode = "L" if channels == 1 else "RGB"
+        return image if image.mode == mode else image.convert(mode)
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ...
         raise ValueError(f"cannot decode the image ({type(e).__name__}: {e})") from None
-    return image
+
+
+def _netpbm(encoded: bytes) -> Image.Image | None:
+    """A binary 8-bit PGM (P5) or PPM (P6) file's image; None for any other file."""
+    if encoded[:2] not in (b"P5", b"P6"):
+        return None
+    magic, width, height, maximum, _ = encoded.split(maxsplit=4)
+    width, height, channels = int(width), int(height), 1 if magic == b"P5" else 3
+    if int(maximum) != 255:
+        return None
+    pixels = np.frombuffer(encoded[len(encoded) - width * height * channels :], np.uint8)
+    return Image.fromarray(pixels.reshape((height, width) if channels == 1 else (height, width, 3)))
 
 
 def to_array(image: Image.Image) -> np.ndarray:
@@ -52,39 +67,56 @@ def resized(image: Image.Image, size: int | None) -> Image.Image:
     return image.resize((size, size), Image.Resampling.BILINEAR)
 
 
-def _crop_box(width: int, height: int, min_area: float, rng: np.random.Generator) -> tuple[int, int, int, int]:
+# Uniform draws `augmented` reads: 4 per crop attempt (area, aspect, left, top), then
+# the flip, the brightness and the contrast.
+NUM_DRAWS = 4 * _CROP_ATTEMPTS + 3
+
+
+def _crop_box(width: int, height: int, min_area: float, draws: np.ndarray) -> tuple[int, int, int, int]:
     """(left, top, right, bottom) of a random crop of `min_area`-1 of the image's area
     and an aspect ratio in `_ASPECT_RANGE`; the whole image when no draw fits."""
-    log_ratio = np.log(_ASPECT_RANGE)
-    for _ in range(_CROP_ATTEMPTS):
-        area = width * height * rng.uniform(min_area, 1.0)
-        ratio = math.exp(rng.uniform(*log_ratio))
+    log_low, log_high = np.log(_ASPECT_RANGE)
+    for attempt in range(_CROP_ATTEMPTS):
+        u_area, u_ratio, u_left, u_top = draws[4 * attempt : 4 * attempt + 4]
+        area = width * height * (min_area + (1.0 - min_area) * u_area)
+        ratio = math.exp(log_low + (log_high - log_low) * u_ratio)
         w, h = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
         if 0 < w <= width and 0 < h <= height:
-            left, top = int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1))
+            left, top = int(u_left * (width - w + 1)), int(u_top * (height - h + 1))
             return left, top, left + w, top + h
     return 0, 0, width, height
 
 
-def augmented(image: Image.Image, size: int | None, aug: Augment, rng: np.random.Generator) -> np.ndarray:
-    """float32 [size, size, C] in [0, 1] (native size when `size` is None): a random
-    resized crop, flip, brightness / contrast jitter and Gaussian noise, each on when
-    `aug` says so, drawn from `rng`."""
+def augmented(image: Image.Image, size: int | None, aug: Augment, draws: np.ndarray) -> np.ndarray:
+    """float32 [size, size, C] (native size when `size` is None), not yet clipped to
+    [0, 1]: a random resized crop, flip and brightness / contrast jitter, each on when
+    `aug` says so. (The pixel noise and the clip are added to the whole batch at once:
+    `add_noise`.)
+
+    Args:
+      draws: float64 [NUM_DRAWS] uniform in [0, 1): every random choice.
+    """
     width, height = image.size
     out_size = (size, size) if size is not None else (width, height)
     if aug.crop_min_area < 1.0:
-        box = _crop_box(width, height, aug.crop_min_area, rng)
+        box = _crop_box(width, height, aug.crop_min_area, draws)
         image = image.resize(out_size, Image.Resampling.BILINEAR, box=box)
     elif image.size != out_size:
         image = image.resize(out_size, Image.Resampling.BILINEAR)
     pixels = to_array(image).astype(np.float32) / 255.0
-    if aug.flip and rng.uniform() < 0.5:
+    flip, brightness, contrast = draws[4 * _CROP_ATTEMPTS :]
+    if aug.flip and flip < 0.5:
         pixels = pixels[:, ::-1]
     if aug.color_jitter > 0:
         strength = 0.8 * aug.color_jitter
-        pixels = pixels + rng.uniform(-strength, strength)
+        pixels = pixels + np.float32(strength * (2 * brightness - 1))
         mean = pixels.mean(axis=(0, 1), keepdims=True)
-        pixels = (pixels - mean) * rng.uniform(1 - strength, 1 + strength) + mean
-    if aug.noise_std > 0:
-        pixels = pixels + aug.noise_std * rng.standard_normal(pixels.shape, np.float32)
+        pixels = (pixels - mean) * np.float32(1 + strength * (2 * contrast - 1)) + mean
+    return pixels
+
+
+def add_noise(pixels: np.ndarray, std: float, noise: np.ndarray) -> np.ndarray:
+    """float32 [B, H, W, C]: `pixels + std * noise`, clipped to [0, 1]."""
+    if std > 0:
+        pixels = pixels + np.float32(std) * noise
     return np.clip(pixels, 0.0, 1.0, dtype=np.float32)

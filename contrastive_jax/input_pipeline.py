@@ -39,8 +39,8 @@ from collections.abc import Iterator
 
 import grain
 import jax
-from absl import flags
 import numpy as np
+from absl import flags
 
 from contrastive_jax import data_sources, example_reader, records
 from contrastive_jax.config_lib import ConfigError
@@ -74,7 +74,9 @@ class TrainStream:
         rows = slice(process_index * batch_size, (process_index + 1) * batch_size)
         self.reader = example_reader.BatchReader(examples, rows)
         self.data, self.start_step = data, start_step
-        first = example_reader.stack([examples.inputs(0, position=0)]) | {"index": np.zeros(1, np.int32)}
+        visit = self.reader.visits(start_step)[0]
+        first, _ = examples.inputs_or_replacement(0, visit, examples.read([0])[0])
+        first = example_reader.stack([first]) | {"index": np.zeros(1, np.int32)}
         self.element_spec = {
             key: jax.ShapeDtypeStruct((batch_size, *value.shape[1:]), value.dtype) for key, value in first.items()
         }

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 import ml_collections
+import numpy as np
 
 from contrastive_jax import sharding
 from contrastive_jax.config_lib import ConfigError, override

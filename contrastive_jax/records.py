@@ -258,8 +258,19 @@ class RecordSet:
 
     def read(self, index: int) -> bytes:
         """The bytes of record `index` (0 <= index < len(self))."""
-        shard = int(np.searchsorted(self._offsets, index, side="right")) - 1
-        return self._reader(shard).read([index - int(self._offsets[shard])])[0]
+        return self.read_many([index])[0]
+
+    def read_many(self, indices) -> list[bytes]:
+        """The bytes of records `indices` (int [k]), in that order: one read per shard."""
+        indices = np.asarray(indices, np.int64)
+        shards = np.searchsorted(self._offsets, indices, side="right") - 1
+        out: list[bytes] = [b""] * len(indices)
+        for shard in np.unique(shards):
+            where = np.flatnonzero(shards == shard)
+            values = self._reader(int(shard)).read((indices[where] - self._offsets[shard]).tolist())
+            for k, value in zip(where, values):
+                out[k] = value
+        return out
 
     def labels(self) -> np.ndarray:
         """int32 [n]: every record's label, from the `<split>.labels.npy` files."""

@@ -67,9 +67,7 @@ def _checked_image(encoded: bytes, where: str) -> bytes | BadInput:
     return encoded
 
 
-def _caption_example(
-    image: bytes | None, captions: Sequence[str], label, where: str
-) -> dict | BadInput:
+def _caption_example(image: bytes | None, captions: Sequence[str], label, where: str) -> dict | BadInput:
     """A record of an image, its captions and optional label; or why it is left out."""
     if image is None:
         return BadInput(where, "the image file is missing")
@@ -147,9 +145,11 @@ class WebDatasetSource:
     """A folder of WebDataset tar shards (`key.jpg` + `key.txt` / `key.json` [+ `key.cls`])."""
 
     def __init__(self, folder: str, split: str):
-        tars = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".tar")) if (
-            os.path.isdir(folder)
-        ) else []
+        tars = (
+            sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".tar"))
+            if (os.path.isdir(folder))
+            else []
+        )
         if not tars:
             raise ConfigError(f"--source=webdataset:{folder}: no .tar files there; give the folder of the shards.")
         self.split_name = split
@@ -357,7 +357,9 @@ def write(source_spec, out: str, *, split: str = "train", shards: int = 0, worke
             for k in range(count)
         ]
         results = _run(tasks, workers)
-        splits[name] = records.Split(tuple(os.path.basename(t[4]) for t in tasks), tuple(r["num_records"] for r in results))
+        splits[name] = records.Split(
+            tuple(os.path.basename(t[4]) for t in tasks), tuple(r["num_records"] for r in results)
+        )
         labels = [label for r in results for label in r["labels"]]
         if labels:
             np.save(records.labels_file(out, name), np.asarray(labels, np.int32))
@@ -371,8 +373,11 @@ def write(source_spec, out: str, *, split: str = "train", shards: int = 0, worke
         fields=tuple(info.pop("fields")),
         num_classes=info.pop("num_classes", num_classes),
         max_text_length=info.pop("max_text_length", longest),
-        source={"spec": source_spec if isinstance(source_spec, str) else type(source).__name__,
-                "skipped": len(skipped), "skipped_first": skipped[:MAX_REASONS_KEPT]},
+        source={
+            "spec": source_spec if isinstance(source_spec, str) else type(source).__name__,
+            "skipped": len(skipped),
+            "skipped_first": skipped[:MAX_REASONS_KEPT],
+        },
         **info,
     )
     if existing and existing.fields != metadata.fields:
@@ -385,6 +390,7 @@ def write(source_spec, out: str, *, split: str = "train", shards: int = 0, worke
 
 def _run(tasks: list[tuple], workers: int) -> list[dict]:
     """Each task's `_write_shard` result, in order, on `workers` processes."""
+
     def report(k, result):
         kept = " (kept from an earlier run)" if result.get("kept") else ""
         print(f"{os.path.basename(tasks[k][4])}: {result['num_records']} records{kept}", file=sys.stderr, flush=True)
@@ -413,7 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 2)[2],
     )
-    parser.add_argument("--source", required=True, help="csv:FILE, jsonl:FILE, webdataset:FOLDER, tfds:NAME, builtin:NAME")
+    parser.add_argument(
+        "--source", required=True, help="csv:FILE, jsonl:FILE, webdataset:FOLDER, tfds:NAME, builtin:NAME"
+    )
     parser.add_argument("--out", required=True, help="the record set's directory (created; splits are added)")
     parser.add_argument("--split", default="train", help="the split written (files, TFDS)")
     parser.add_argument("--shards", type=int, default=0, help=f"shards per split; 0: one per {RECORDS_PER_SHARD:,}")

@@ -142,10 +142,14 @@ def test_processes_take_their_rows_of_one_global_batch(config, task, monkeypatch
     data = DataSettings.from_config(config)
     whole = input_pipeline.train_dataset(data).reader(3)  # step 3's batch, read here (nothing prefetched)
     reads, here = [], threading.get_ident()  # reads in this thread (earlier streams prefetch in theirs)
-    read = records.RecordSet.read
-    monkeypatch.setattr(
-        records.RecordSet, "read", lambda self, i: (threading.get_ident() == here and reads.append(i)) or read(self, i)
-    )
+    read = records.RecordSet.read_many
+
+    def counted(self, indices):
+        if threading.get_ident() == here:
+            reads.extend(indices)
+        return read(self, indices)
+
+    monkeypatch.setattr(records.RecordSet, "read_many", counted)
     for count in (2, 4):
         parts = []
         for p in range(count):
@@ -178,7 +182,9 @@ def test_captions_are_drawn_per_visit_as_a_function_of_the_position(image_text_c
     batches = take(input_pipeline.train_dataset(data), 10)
     again = take(input_pipeline.train_dataset(data, start_step=4), 1)[0]
     np.testing.assert_array_equal(again["b"], batches[4]["b"])
-    texts = {(int(i), bytes((t[t > 0] - 1).astype(np.uint8)).decode()) for b in batches for i, t in zip(b["index"], b["b"])}
+    texts = {
+        (int(i), bytes((t[t > 0] - 1).astype(np.uint8)).decode()) for b in batches for i, t in zip(b["index"], b["b"])
+    }
     assert {f"colour {i}" for i, _ in texts} & {t for _, t in texts}  # the first caption ...
     assert {f"the {i}th colour" for i, _ in texts} & {t for _, t in texts}  # ... and the second
     assert all(t in (f"colour {i}", f"the {i}th colour") for i, t in texts)
@@ -187,7 +193,10 @@ def test_captions_are_drawn_per_visit_as_a_function_of_the_position(image_text_c
 
 def test_a_bad_record_stops_with_its_shard_and_number(image_text_config):
     data = DataSettings.from_config(image_text_config)
-    with pytest.raises(records.DataError, match=r"^\S+/train-00000-of-00002.array_record, record [56]: cannot decode the image .*'skip'\)$"):
+    with pytest.raises(
+        records.DataError,
+        match=r"^\S+/train-00000-of-00002.array_record, record [56]: cannot decode the image .*'skip'\)$",
+    ):
         take(input_pipeline.train_dataset(data), 3)  # 3 x 16 rows cover records 5 and 6
 
 

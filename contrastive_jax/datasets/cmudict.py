@@ -30,7 +30,6 @@ import hashlib
 import re
 from importlib import resources
 
-
 SPLITS = ("train", "test")
 # The longest spelling (characters) and pronunciation (phonemes) in the dictionary.
 MAX_WORD_LENGTH = 28

@@ -1,7 +1,8 @@
 """scikit-learn's handwritten digits, the built-in dataset `sklearn_digits`, with no download.
 
 `sklearn.datasets.load_digits` ships 1,797 8x8 grey-level images of the digits 0-9 in the
-scikit-learn wheel. This module gives them as records (8x8 grey PNGs with their labels),
+scikit-learn wheel. This module gives them as records (8x8 grey PGM files, raw pixels,
+with their labels),
 which `write_records --source=builtin:sklearn_digits` writes and the pipeline reads like
 any other record set (`config.data.name="sklearn_digits"` writes them on first use).
 
@@ -64,9 +65,9 @@ def _pixels_and_labels() -> tuple[np.ndarray, np.ndarray]:
 
 
 def examples(split: str, start: int, stop: int):
-    """Records `start` to `stop` of `split`: `image` (8x8 grey PNG bytes) and `label`."""
+    """Records `start` to `stop` of `split`: `image` (8x8 grey PGM bytes) and `label`."""
     pixels, labels = _pixels_and_labels()
     for row in split_indices()[split][start:stop]:
-        png = io.BytesIO()
-        Image.fromarray(pixels[row], "L").save(png, "PNG")
-        yield {"image": png.getvalue(), "label": int(labels[row])}
+        pgm = io.BytesIO()
+        Image.fromarray(pixels[row], "L").save(pgm, "PPM")  # binary PGM (P5) for grey
+        yield {"image": pgm.getvalue(), "label": int(labels[row])}
