@@ -1,14 +1,17 @@
 """Training and evaluation scalars to `<workdir>/metrics.jsonl` and TensorBoard.
 
 `clu.metric_writers` would do the same, but its last release is from April 2024; these
-40 lines keep the JSONL file exact across resumes (see `MetricWriter`).
+lines keep the JSONL file exact across resumes (see `MetricWriter`) and write
+TensorBoard's event files with the `tensorboard` package's own writer, without TensorFlow.
 """
 
 import json
 import os
+import time
 from collections.abc import Mapping
 
-import tensorflow as tf
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 
 class MetricWriter:
@@ -32,7 +35,7 @@ class MetricWriter:
                 f.writelines(kept)
             os.replace(f"{path}.tmp", path)
             self._jsonl = open(path, "a")
-            self._summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+            self._summary = EventFileWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         """Appends one JSON line `{"step": step, **scalars}` and the TensorBoard scalars."""
@@ -40,9 +43,9 @@ class MetricWriter:
             return
         self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
         self._jsonl.flush()
-        with self._summary.as_default(step=step):
-            for name, value in scalars.items():
-                tf.summary.scalar(name, value)
+        values = [summary_pb2.Summary.Value(tag=name, simple_value=float(value)) for name, value in scalars.items()]
+        event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values))
+        self._summary.add_event(event)
         self._summary.flush()
 
     def close(self) -> None:

@@ -179,16 +179,15 @@ class WebDatasetSource:
         try:
             for tar, key, files in self.items[start:stop]:
                 archive = archives.setdefault(tar, tarfile.open(tar))
-                read = lambda suffix: archive.extractfile(files[suffix]).read()  # noqa: E731
-                image_suffix = next((s for s in IMAGE_SUFFIXES if s in files), None)
+                contents = {suffix: archive.extractfile(name).read() for suffix, name in files.items()}
                 captions = []
-                if ".json" in files:
-                    meta = json.loads(read(".json"))
+                if ".json" in contents:
+                    meta = json.loads(contents[".json"])
                     captions = meta.get("captions") or [meta.get("caption", "")]
-                elif ".txt" in files:
-                    captions = [read(".txt").decode("utf-8")]
-                label = int(read(".cls").decode().strip()) if ".cls" in files else None
-                image = read(image_suffix) if image_suffix else None
+                elif ".txt" in contents:
+                    captions = [contents[".txt"].decode("utf-8")]
+                label = int(contents[".cls"].decode().strip()) if ".cls" in contents else None
+                image = next((contents[s] for s in IMAGE_SUFFIXES if s in contents), None)
                 yield _caption_example(image, captions, label, f"{tar} key {key}")
         finally:
             for archive in archives.values():
