@@ -2,16 +2,19 @@
 
 `clu.metric_writers` would do the same, but its last release is from April 2024; these
 lines keep the JSONL file exact across resumes (see `MetricWriter`) and write
-TensorBoard's event files with the `tensorboard` package's own writer, without TensorFlow.
+TensorBoard's event files with the `tensorboard` package's record writer on a plain file
+(its `EventFileWriter` goes through `tensorboard.compat.tf`, which imports TensorFlow
+whenever it is installed).
 """
 
 import json
 import os
+import socket
 import time
 from collections.abc import Mapping
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 
 class MetricWriter:
@@ -35,7 +38,7 @@ class MetricWriter:
                 f.writelines(kept)
             os.replace(f"{path}.tmp", path)
             self._jsonl = open(path, "a")
-            self._summary = EventFileWriter(os.path.join(workdir, "tensorboard"))
+            self._summary = _event_file(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         """Appends one JSON line `{"step": step, **scalars}` and the TensorBoard scalars."""
@@ -45,10 +48,20 @@ class MetricWriter:
         self._jsonl.flush()
         values = [summary_pb2.Summary.Value(tag=name, simple_value=float(value)) for name, value in scalars.items()]
         event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values))
-        self._summary.add_event(event)
+        self._summary.write(event.SerializeToString())
         self._summary.flush()
 
     def close(self) -> None:
         if self._enabled:
             self._jsonl.close()
             self._summary.close()
+
+
+def _event_file(directory: str) -> RecordWriter:
+    """A new TensorBoard event file in `directory` (named as TensorFlow names them), its
+    version record written."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}")
+    events = RecordWriter(open(path, "wb"))
+    events.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+    return events

@@ -81,6 +81,13 @@ def cmudict_data_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def shapes_data_dir(tmp_path_factory):
+    """A data_dir holding the generated `shapes` set's records (10,000 pictures at 64 px),
+    written once per test session (~4 s)."""
+    return _prepared("shapes", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def trained(load_config, digits_data_dir, tmp_path_factory):
     """A workdir holding checkpoint 2 of the tiny config (`subprocess_runs.tiny_fields`);
     tests resume from it but must not change it (copy it first)."""

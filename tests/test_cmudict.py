@@ -1,13 +1,13 @@
-"""The cmudict TFDS builder: the exact split by word, the counts and the grouping ids."""
+"""The built-in cmudict records: the exact split by word, the counts and the grouping ids."""
 
 import collections
 import hashlib
+import itertools
 
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
-from contrastive_jax import data_sources, input_pipeline
+from contrastive_jax import data_sources, input_pipeline, records
 from contrastive_jax.data_sources import DataSettings
 from contrastive_jax.datasets import cmudict
 
@@ -15,17 +15,36 @@ SIZES = {"train": 121_490, "test": 13_676}
 
 
 @pytest.fixture(scope="module")
-def splits(cmudict_data_dir):
-    return {
-        name: tfds.as_numpy(tfds.load("cmudict", split=name, data_dir=cmudict_data_dir, batch_size=-1))
-        for name in SIZES
-    }
+def metadata(cmudict_data_dir):
+    return records.read_metadata(data_sources.builtin_records("cmudict", cmudict_data_dir))
 
 
-def test_split_sizes(cmudict_data_dir):
-    builder = tfds.builder("cmudict", data_dir=cmudict_data_dir)
-    assert {name: info.num_examples for name, info in builder.info.splits.items()} == SIZES
+@pytest.fixture(scope="module")
+def splits(metadata):
+    """Each split's records as columns: `word` (bytes), `phonemes` (ids, 0-padded),
+    the ids, and `line` (the dictionary line: records are in file order)."""
+    out = {}
+    lines = {"train": [], "test": []}
+    for entry in cmudict.entries():
+        lines[cmudict.split_of(entry.word)].append(entry.line)
+    for name in SIZES:
+        split = records.RecordSet(metadata, name)
+        examples = [records.decode(r) for r in split.read_many(range(len(split)))]
+        out[name] = {
+            "word": [e["text"].encode() for e in examples],
+            "phonemes": [e["sequence"] for e in examples],
+            "word_id": np.array([e["word_id"] for e in examples]),
+            "pronunciation_id": np.array([e["pronunciation_id"] for e in examples]),
+            "line": np.array(lines[name]),
+        }
+    return out
+
+
+def test_split_sizes(metadata):
+    assert {name: split.num_records for name, split in metadata.splits.items()} == SIZES
     assert len(cmudict.entries()) == 135_166
+    assert metadata.id_keys == ("word_id", "pronunciation_id")
+    assert metadata.match_keys == ("pronunciation_id", "word_id")
 
 
 def test_split_is_md5_of_the_word_with_all_its_pronunciations(splits):
@@ -55,8 +74,7 @@ def test_examples_are_the_dictionary_lines(splits):
         for i in range(0, len(split["line"]), 997):
             entry = entries[split["line"][i]]
             assert split["word"][i].decode() == entry.word
-            ids = split["phonemes"][i]  # 0-padded to the longest in the split
-            assert tuple(symbols[ids[: len(entry.phonemes)]]) == entry.phonemes
+            assert tuple(symbols[split["phonemes"][i]]) == entry.phonemes
 
 
 def test_grouping_ids(splits):
@@ -70,7 +88,7 @@ def test_grouping_ids(splits):
     first = {e.word: e for e in entries}
     assert first["knight"].pronunciation_id == first["night"].pronunciation_id  # homophones
     assert first["knight"].word_id != first["night"].word_id
-    # The TFDS examples carry the ids of their lines.
+    # The records carry the ids of their lines.
     for split in splits.values():
         for i in range(0, len(split["line"]), 997):
             entry = entries[split["line"][i]]
@@ -78,12 +96,12 @@ def test_grouping_ids(splits):
             assert split["pronunciation_id"][i] == entry.pronunciation_id
 
 
-def test_longest_sequences():
+def test_longest_sequences(metadata):
     entries = cmudict.entries()
     assert max(len(e.word.encode()) for e in entries) == cmudict.MAX_WORD_LENGTH
     assert max(len(e.phonemes) for e in entries) == cmudict.MAX_PHONEMES
     longest = max(cmudict.MAX_WORD_LENGTH, cmudict.MAX_PHONEMES)
-    assert data_sources.SOURCES["cmudict"].max_text_length == longest  # the TensorFlow-free copy
+    assert metadata.max_text_length == longest and metadata.sequence_vocab_size == 84
 
 
 # Through the input pipeline: configs/cmudict_clip.py reading the (smaller) test split.
@@ -105,8 +123,7 @@ def decode(tokens_a, tokens_b):
 
 
 def test_pairs_are_dictionary_lines_as_padded_token_sequences(config):
-    it = input_pipeline.train_dataset(DataSettings.from_config(config)).as_numpy_iterator()
-    batch = next(it)
+    batch = next(iter(input_pipeline.train_dataset(DataSettings.from_config(config))))
     length = config.data.text_max_length
     assert batch["a"].shape == batch["b"].shape == (512, length)
     assert batch["a"].dtype == batch["b"].dtype == np.int32
@@ -123,9 +140,8 @@ def test_pairs_are_dictionary_lines_as_padded_token_sequences(config):
 
 def test_stream_is_a_function_of_the_step(config):
     data = DataSettings.from_config(config)
-    first = [next(iter(input_pipeline.train_dataset(data, start_step=s).as_numpy_iterator())) for s in (0, 3)]
-    it = input_pipeline.train_dataset(data).as_numpy_iterator()
-    stream = [next(it) for _ in range(4)]
+    first = [next(iter(input_pipeline.train_dataset(data, start_step=s))) for s in (0, 3)]
+    stream = list(itertools.islice(input_pipeline.train_dataset(data), 4))
     for key in first[0]:
         np.testing.assert_array_equal(first[0][key], stream[0][key])
         np.testing.assert_array_equal(first[1][key], stream[3][key])
@@ -143,7 +159,7 @@ def test_eval_arrays_hold_the_whole_split_with_its_ids(config):
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("data.text_max_length", 20, r"text_max_length=20 would truncate 'cmudict'.*at least 28"),
+        ("data.text_max_length", 20, r"text_max_length=20 would truncate cmudict.*at least 28"),
         ("data.task", "views", r"sequence pairs; set config.data.task='pairs'"),
         ("data.augment.noise_std", 0.1, r"augment applies to images.*noise_std=0.0"),
     ],

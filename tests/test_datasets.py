@@ -1,28 +1,40 @@
-"""The sklearn_digits TFDS builder: prepared locally, read through the ordinary tfds path."""
+"""The built-in sklearn_digits records: written locally, read back as the pipeline reads them."""
 
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 from sklearn import datasets
 
+from contrastive_jax import data_sources, images, records
 from contrastive_jax.datasets import sklearn_digits
 
 SIZES = {"train": 1437, "test": 360, "disjoint_train": 1083, "disjoint_test": 714}
 
 
 @pytest.fixture(scope="module")
-def splits(digits_data_dir):
-    return {
-        name: tfds.as_numpy(tfds.load("sklearn_digits", split=name, data_dir=digits_data_dir, batch_size=-1))
-        for name in SIZES
-    }
+def metadata(digits_data_dir):
+    return records.read_metadata(data_sources.builtin_records("sklearn_digits", digits_data_dir))
 
 
-def test_split_sizes_and_metadata(digits_data_dir):
-    builder = tfds.builder("sklearn_digits", data_dir=digits_data_dir)
-    assert {name: info.num_examples for name, info in builder.info.splits.items()} == SIZES
-    assert builder.info.features["label"].num_classes == 10
-    assert builder.info.supervised_keys == ("image", "label")
+@pytest.fixture(scope="module")
+def splits(metadata):
+    """Each split's `image` uint8 [n, 8, 8, 1], `label` [n] and `index` (the row in
+    `load_digits()`, from the split's definition: records are in that order)."""
+    out = {}
+    for name in SIZES:
+        split = records.RecordSet(metadata, name)
+        examples = [records.decode(r) for r in split.read_many(range(len(split)))]
+        out[name] = {
+            "image": np.stack([images.to_array(images.decode(e["image"], 1)) for e in examples]),
+            "label": np.array([e["label"] for e in examples]),
+            "index": sklearn_digits.split_indices()[name],
+        }
+        np.testing.assert_array_equal(split.labels(), out[name]["label"])
+    return out
+
+
+def test_split_sizes_and_metadata(metadata):
+    assert {name: split.num_records for name, split in metadata.splits.items()} == SIZES
+    assert (metadata.num_classes, metadata.image_channels, metadata.fields) == (10, 1, ("image", "label"))
 
 
 def test_pixels_and_labels_match_sklearn(splits):

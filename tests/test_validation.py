@@ -41,7 +41,9 @@ BAD_VALUES = [
     # Unknown names list the valid ones.
     ("loss.name", "clipp", r"config.loss.name='clipp'; use one of \['arcface', 'bce', 'clip', "),
     ("model.encoder_a", "vit", r"config.model.encoder_a='vit'.*\['cnn', "),
-    ("data.name", "mnist_typo", r"config.data.name='mnist_typo' is not a known dataset; use one of \["),
+    ("data.name", "mnist_typo", r"config.data.name='mnist_typo' is not a built-in dataset; use one of \[.*config.data.records=DIR"),
+    ("data.on_bad_record", "ignore", r"config.data.on_bad_record='ignore' is not a policy; use one of \('stop', 'skip'\)"),
+    ("data.tokenizer", "gpt2", r"config.data.tokenizer='gpt2' is not a tokenizer; use 'bytes', a SentencePiece"),
     ("optim.name", "adam", r"config.optim.name='adam'; use one of \('adamw', "),
     ("data.task", "pair", r"config.data.task='pair' is not a task; use one of \('pairs', "),
     ("train.micro_batch_method", "cache", r"config.train.micro_batch_method='cache'; use one of"),
@@ -90,7 +92,7 @@ BAD_COMBINATIONS = [
     ({"data.task": "labeled"}, r"config.loss.name='clip' needs paired inputs but config.data.task is 'labeled'"),
     (
         {"loss.name": "clip_masking_false_negatives"},
-        r"masks in-batch false negatives by the dataset's grouping ids, but 'sklearn_digits' has none; use 'clip', or a dataset with ids: \['cmudict'\]",
+        r"masks in-batch false negatives by the dataset's grouping ids, but 'sklearn_digits' has none; use 'clip', or a dataset with ids \(e.g. 'cmudict', or records written with id keys\)",
     ),
     # The losses with state (negatives beyond the batch).
     (
