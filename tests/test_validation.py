@@ -41,8 +41,16 @@ BAD_VALUES = [
     # Unknown names list the valid ones.
     ("loss.name", "clipp", r"config.loss.name='clipp'; use one of \['arcface', 'bce', 'clip', "),
     ("model.encoder_a", "vit", r"config.model.encoder_a='vit'.*\['cnn', "),
-    ("data.name", "mnist_typo", r"config.data.name='mnist_typo' is not a built-in dataset; use one of \[.*config.data.records=DIR"),
-    ("data.on_bad_record", "ignore", r"config.data.on_bad_record='ignore' is not a policy; use one of \('stop', 'skip'\)"),
+    (
+        "data.name",
+        "mnist_typo",
+        r"config.data.name='mnist_typo' is not a built-in dataset; use one of \[.*config.data.records=DIR",
+    ),
+    (
+        "data.on_bad_record",
+        "ignore",
+        r"config.data.on_bad_record='ignore' is not a policy; use one of \('stop', 'skip'\)",
+    ),
     ("data.tokenizer", "gpt2", r"config.data.tokenizer='gpt2' is not a tokenizer; use 'bytes', a SentencePiece"),
     ("optim.name", "adam", r"config.optim.name='adam'; use one of \('adamw', "),
     ("data.task", "pair", r"config.data.task='pair' is not a task; use one of \('pairs', "),
