@@ -111,11 +111,11 @@ class Examples:
         return out | {"a": views[0]}
 
     def _view(self, image, visit: Visit | None, view: int) -> np.ndarray:
-        """float32 [H, W, C]: the image as it is (evaluation), or augmented (not yet
-        noised and clipped: `BatchReader` does that for the batch)."""
+        """uint8 [H, W, C]: the image as it is (evaluation), or cropped and flipped
+        (`BatchReader` adds the colour jitter and noise to the whole batch)."""
         data = self.data
         if visit is None or not augments(data):
-            return images.to_array(images.resized(image, data.image_size)).astype(np.float32) / 255.0
+            return images.to_array(images.resized(image, data.image_size))
         return images.augmented(image, data.image_size, data.augment, visit.draws[view])
 
     def inputs_or_replacement(self, i: int, visit: Visit, record: bytes) -> tuple[dict[str, np.ndarray], int]:
@@ -178,11 +178,14 @@ class BatchReader:
 
     def visits(self, step: int) -> list[Visit]:
         """The random draws of this process's rows of batch `step`."""
+        captions = stateless_random.uniform(self.seed, _CAPTION, self.positions(step))
+        return [Visit(d, float(c)) for d, c in zip(self.draws(step), captions)]
+
+    def draws(self, step: int) -> np.ndarray:
+        """float64 [rows, _VIEWS, images.NUM_DRAWS]: each row's augmentation draws."""
         positions = self.positions(step)
         counters = positions[:, None] * (_VIEWS * images.NUM_DRAWS) + np.arange(_VIEWS * images.NUM_DRAWS)
-        draws = stateless_random.uniform(self.seed, _AUGMENT, counters).reshape(len(positions), _VIEWS, -1)
-        captions = stateless_random.uniform(self.seed, _CAPTION, positions)
-        return [Visit(d, float(c)) for d, c in zip(draws, captions)]
+        return stateless_random.uniform(self.seed, _AUGMENT, counters).reshape(len(positions), _VIEWS, -1)
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         indices = self.indices(step)
@@ -191,25 +194,27 @@ class BatchReader:
             inputs, passed = self.examples.inputs_or_replacement(int(i), visit, record)
             rows.append(inputs | {"index": np.int32((i + passed) % len(self.examples))})
             skipped += passed
-        batch = self._noised(stack(rows), step)
+        batch = self._photometric(stack(rows), step)
         if self.examples.data.on_bad_record == "skip":
             batch["skipped_records"] = np.int32(skipped)
         return batch
 
-    def _noised(self, batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
-        """The batch with its augmented images' pixel noise added and clipped to [0, 1]:
-        image `key` of row position p gets draws (p, pixel) of its own stream."""
+    def _photometric(self, batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
+        """The batch with its images' colour jitter and pixel noise (`images.photometric`,
+        float32), when the augmentation has any; else the images stay uint8. Image `key`
+        of the row at position p gets noise draws (p, pixel) of its own stream."""
         data = self.examples.data
-        if not augments(data) or self.examples.metadata.has("sequence"):
+        if not (augments(data) and images.changes_colours(data.augment)) or self.examples.metadata.has("sequence"):
             return batch
-        positions = self.positions(step).astype(np.uint64)
-        for stream, key in enumerate(k for k in ("a", "b") if k in batch and batch[k].dtype == np.float32):
+        positions, draws = self.positions(step).astype(np.uint64), self.draws(step)
+        for stream, key in enumerate(k for k in ("a", "b") if k in batch and batch[k].dtype == np.uint8):
             size = int(np.prod(batch[key].shape[1:]))
             noise = None
             if data.augment.noise_std > 0:
                 counters = positions[:, None] * np.uint64(size) + np.arange(size, dtype=np.uint64)
                 noise = stateless_random.normal(self.seed, _NOISE + stream, counters).reshape(batch[key].shape)
-            batch[key] = images.add_noise(batch[key], data.augment.noise_std, noise)
+            view = stream if data.task == "views" else 0  # the halves of one image: its draws
+            batch[key] = images.photometric(batch[key], data.augment, draws[:, view], noise)
         return batch
 
 

@@ -88,10 +88,9 @@ def _crop_box(width: int, height: int, min_area: float, draws: np.ndarray) -> tu
 
 
 def augmented(image: Image.Image, size: int | None, aug: Augment, draws: np.ndarray) -> np.ndarray:
-    """float32 [size, size, C] (native size when `size` is None), not yet clipped to
-    [0, 1]: a random resized crop, flip and brightness / contrast jitter, each on when
-    `aug` says so. (The pixel noise and the clip are added to the whole batch at once:
-    `add_noise`.)
+    """uint8 [size, size, C] (native size when `size` is None): a random resized crop and
+    flip, each on when `aug` says so. (Brightness / contrast jitter and pixel noise are
+    applied to the whole batch at once: `photometric`.)
 
     Args:
       draws: float64 [NUM_DRAWS] uniform in [0, 1): every random choice.
@@ -103,20 +102,31 @@ def augmented(image: Image.Image, size: int | None, aug: Augment, draws: np.ndar
         image = image.resize(out_size, Image.Resampling.BILINEAR, box=box)
     elif image.size != out_size:
         image = image.resize(out_size, Image.Resampling.BILINEAR)
-    pixels = to_array(image).astype(np.float32) / 255.0
-    flip, brightness, contrast = draws[4 * _CROP_ATTEMPTS :]
-    if aug.flip and flip < 0.5:
-        pixels = pixels[:, ::-1]
+    if aug.flip and draws[4 * _CROP_ATTEMPTS] < 0.5:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return to_array(image)
+
+
+def changes_colours(aug: Augment) -> bool:
+    """Whether `photometric` changes pixels (else images stay uint8 to the model)."""
+    return aug.color_jitter > 0 or aug.noise_std > 0
+
+
+def photometric(pixels: np.ndarray, aug: Augment, draws: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
+    """float32 [B, H, W, C] in [0, 1]: uint8 `pixels` [B, H, W, C] with brightness and
+    contrast jitter (each image its own) and Gaussian noise, each on when `aug` says so.
+
+    Args:
+      draws: float64 [B, NUM_DRAWS]: each image's `augmented` draws (its last two).
+      noise: float32 [B, H, W, C] standard normal draws (used when `aug.noise_std` > 0).
+    """
+    pixels = pixels.astype(np.float32) / 255.0
     if aug.color_jitter > 0:
         strength = 0.8 * aug.color_jitter
-        pixels = pixels + np.float32(strength * (2 * brightness - 1))
-        mean = pixels.mean(axis=(0, 1), keepdims=True)
-        pixels = (pixels - mean) * np.float32(1 + strength * (2 * contrast - 1)) + mean
-    return pixels
-
-
-def add_noise(pixels: np.ndarray, std: float, noise: np.ndarray) -> np.ndarray:
-    """float32 [B, H, W, C]: `pixels + std * noise`, clipped to [0, 1]."""
-    if std > 0:
-        pixels = pixels + np.float32(std) * noise
+        brightness, contrast = (draws[:, -2:] * 2 - 1).astype(np.float32).T[..., None, None, None]
+        pixels = pixels + strength * brightness
+        mean = pixels.mean(axis=(1, 2), keepdims=True)
+        pixels = (pixels - mean) * (1 + strength * contrast) + mean
+    if aug.noise_std > 0:
+        pixels = pixels + np.float32(aug.noise_std) * noise
     return np.clip(pixels, 0.0, 1.0, dtype=np.float32)

@@ -64,6 +64,9 @@ class TwoTower(nn.Module):
     temperature_init)`) unless `learn_temperature` is False; `bias_init` adds SigLIP's
     learnable logit bias; `num_classes > 0` adds a classifier on tower a's embedding.
 
+    Inputs `a`, `b`: images [B, H, W, C], uint8 (scaled to [0, 1] here) or float32 in
+    [0, 1], or int32 tokens [B, L].
+
     Returns a dict: `za` [B, D] (and `zb` [B, D] when `b` is given), L2-normalised
     float32; `temperature` and (SigLIP) `bias` float32 scalars; `logits` [B, C] and
     `proxies` [C, D] with a classifier.
@@ -80,6 +83,7 @@ class TwoTower(nn.Module):
 
     @nn.compact
     def __call__(self, a, b=None, *, train: bool = False):
+        a, b = _scaled_pixels(a), _scaled_pixels(b)
         ya = self.head_a(self.tower_a(a, train=train))
         out = {"za": losses.l2_normalize(ya)}
         if b is not None:
@@ -95,6 +99,12 @@ class TwoTower(nn.Module):
         if self.num_classes:
             out["logits"], out["proxies"] = ClassifierHead(self.num_classes)(ya)
         return out
+
+
+def _scaled_pixels(x):
+    """uint8 images (the input pipeline's, unless colour augmentation made them float)
+    as float32 in [0, 1]; anything else (float images, int32 tokens, None) as it is."""
+    return x.astype(jnp.float32) / 255.0 if x is not None and x.dtype == jnp.uint8 else x
 
 
 def clamp_temperature(params):

@@ -118,8 +118,22 @@ def test_views_are_two_different_augmentations(config):
     config.data.augment.crop_min_area = 0.5
     batch = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 1)[0]
     assert batch["a"].shape == batch["b"].shape == (256, 8, 8, 1)
-    assert np.abs(batch["a"] - batch["b"]).mean() > 0.01
-    assert batch["a"].min() >= 0 and batch["a"].max() <= 1
+    assert batch["a"].dtype == np.uint8  # crops alone leave pixels exact: the model scales them
+    assert np.abs(batch["a"].astype(np.float32) - batch["b"]).mean() > 2
+    config.data.augment.color_jitter = 0.4
+    jittered = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 1)[0]
+    assert jittered["a"].dtype == np.float32 and jittered["a"].min() >= 0 and jittered["a"].max() <= 1
+    # The same crops; then each image's brightness and contrast: a few grey levels apart.
+    difference = np.abs(jittered["a"] * 255 - batch["a"]).mean()
+    assert 1 < difference < 60
+
+
+def test_pixel_noise_is_the_stated_strength(config):
+    config.data.augment.noise_std = 0.05
+    noisy = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 1)[0]
+    clean = input_pipeline.eval_arrays(DataSettings.from_config(config), "train")["a"][noisy["index"]] / 255.0
+    inside = (clean > 0.2) & (clean < 0.8)  # where the clip does not cut the noise
+    assert abs(float(np.std(noisy["a"][inside] - clean[inside])) - 0.05) < 0.003
 
 
 def test_labeled_batches_hold_m_distinct_examples_of_each_class(config):
