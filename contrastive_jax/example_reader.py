@@ -199,12 +199,18 @@ class BatchReader:
             batch["skipped_records"] = np.int32(skipped)
         return batch
 
+    @property
+    def changes_colours(self) -> bool:
+        """Whether training images become float32 (colour jitter or noise); else uint8."""
+        data = self.examples.data
+        return augments(data) and images.changes_colours(data.augment) and not self.examples.metadata.has("sequence")
+
     def _photometric(self, batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
         """The batch with its images' colour jitter and pixel noise (`images.photometric`,
         float32), when the augmentation has any; else the images stay uint8. Image `key`
         of the row at position p gets noise draws (p, pixel) of its own stream."""
         data = self.examples.data
-        if not (augments(data) and images.changes_colours(data.augment)) or self.examples.metadata.has("sequence"):
+        if not self.changes_colours:
             return batch
         positions, draws = self.positions(step).astype(np.uint64), self.draws(step)
         for stream, key in enumerate(k for k in ("a", "b") if k in batch and batch[k].dtype == np.uint8):

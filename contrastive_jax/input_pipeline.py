@@ -77,8 +77,13 @@ class TrainStream:
         visit = self.reader.visits(start_step)[0]
         first, _ = examples.inputs_or_replacement(0, visit, examples.read([0])[0])
         first = example_reader.stack([first]) | {"index": np.zeros(1, np.int32)}
+        colour = self.reader.changes_colours  # then `reader` makes the uint8 images float32
+
+        def dtype(value):
+            return np.float32 if colour and value.dtype == np.uint8 else value.dtype
+
         self.element_spec = {
-            key: jax.ShapeDtypeStruct((batch_size, *value.shape[1:]), value.dtype) for key, value in first.items()
+            key: jax.ShapeDtypeStruct((batch_size, *value.shape[1:]), dtype(value)) for key, value in first.items()
         }
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:

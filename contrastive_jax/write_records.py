@@ -1,7 +1,8 @@
 """Writes training data as a record set: `python -m contrastive_jax.write_records`.
 
     python -m contrastive_jax.write_records --source=SOURCE --out=DIR [--split=NAME]
-        [--shards=N] [--workers=K] [--encode=png|jpeg]
+        [--shards=N] [--workers=K] [--encode=png|jpeg] [--tfds-data-dir=DIR]
+        [--num-examples=N --seed=S --image-size=PX]   (builtin:shapes)
 
 SOURCE is one of:
 
@@ -9,8 +10,8 @@ SOURCE is one of:
   file's folder or absolute), `caption` (one) or `captions` (a JSON list; in a CSV, also
   several `caption` columns), optionally `label` (an int).
 * `webdataset:FOLDER`: every `*.tar` in it, as img2dataset writes them: per key an image
-  (`.jpg`, `.jpeg`, `.png`, `.webp`), its caption(s) from `.txt` or `.json` (`caption` or
-  `captions`), optionally a `.cls` label.
+  (`.jpg`, `.jpeg`, `.png`, `.webp`), its caption(s) from `.json` (`captions` or
+  `caption`) or `.txt`, optionally a `.cls` label.
 * `tfds:NAME`: a TFDS dataset's split (`--tfds-data-dir`; needs
   `pip install 'contrastive-jax[tfds]'`): its `image`, `label` and captions (a `caption`
   / `text` string, or `captions/text` as in `coco_captions`), images encoded as `--encode`.
@@ -18,27 +19,31 @@ SOURCE is one of:
   set: `--num-examples`, `--seed`, `--image-size`, `--encode`): all their splits at once.
 
 Files and TFDS write one split per command (`--split`, default "train"); run it again
-with another split and the same DIR to add one. Image files are stored as they are;
-every image is decoded once to check it. A bad input (an image that does not decode or
-is missing, an empty caption) is reported on its own line as it is found, left out, and
-counted in the metadata (`source.skipped`). Shards are written in parallel by `--workers`
-processes; each shard is renamed into place when whole, and a rerun keeps the shards
-already written, so an interrupted command is resumed by running it again.
+with another split and the same DIR to add one (the metadata lists both). Image files are
+stored as they are; every image is decoded once, as the reader decodes it, to check it.
+A bad input (an image that is missing or does not decode, an empty caption, a label that
+is not an int, a row that does not parse) is reported on its own line as it is found,
+left out, and counted in the metadata (`source.skipped`, the first reasons in
+`source.skipped_first`). Shards (independent ranges of the source) are written in
+parallel by `--workers` processes; each is renamed into place when whole, and a rerun of
+the same command keeps the shards already written, so an interrupted command is resumed
+by running it again. The metadata is written last.
 """
 
 import argparse
 import csv
 import dataclasses
-import io
+import importlib
 import json
 import multiprocessing
 import os
+import shlex
 import sys
 import tarfile
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from contrastive_jax import records
 from contrastive_jax.config_lib import ConfigError
@@ -46,7 +51,9 @@ from contrastive_jax.config_lib import ConfigError
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 RECORDS_PER_SHARD = 10_000
 MAX_REASONS_KEPT = 20
-_PROGRESS = ".progress"  # per-shard results of a finished shard, for a rerun
+BUILTIN = ("sklearn_digits", "cmudict", "shapes")
+_PROGRESS_DIR = ".progress"  # per finished shard: what the metadata needs of it, for a rerun
+_SOURCES = "csv:FILE, jsonl:FILE, webdataset:FOLDER, tfds:NAME or builtin:sklearn_digits|cmudict|shapes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,28 +64,26 @@ class BadInput:
     reason: str
 
 
-def _checked_image(encoded: bytes, where: str) -> bytes | BadInput:
-    """`encoded` if it decodes as an image, else why not."""
-    try:
-        with Image.open(io.BytesIO(encoded)) as image:
-            image.load()
-    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ...
-        return BadInput(where, f"the image does not decode ({type(e).__name__}: {e})")
-    return encoded
+def _caption_example(image: bytes | None, captions, label, where: str, *, has_label: bool) -> dict | BadInput:
+    """The record of an image file's bytes, its captions and (when `has_label`) label;
+    or why it is left out."""
+    from contrastive_jax import images  # the reader's decoder: what passes here, reads
 
-
-def _caption_example(image: bytes | None, captions: Sequence[str], label, where: str) -> dict | BadInput:
-    """A record of an image, its captions and optional label; or why it is left out."""
     if image is None:
         return BadInput(where, "the image file is missing")
-    captions = [str(c) for c in captions]
-    if not captions or not all(c.strip() for c in captions):
+    captions = [captions] if isinstance(captions, str) else list(captions or ())
+    if not captions or not all(isinstance(c, str) and c.strip() for c in captions):
         return BadInput(where, "an empty caption")
-    checked = _checked_image(image, where)
-    if isinstance(checked, BadInput):
-        return checked
-    example = {"image": checked, "captions": captions}
-    return example if label is None else example | {"label": int(label)}
+    try:
+        label = int(label) if has_label else None
+    except (TypeError, ValueError):
+        return BadInput(where, f"the label {label!r} is not an int")
+    try:
+        images.decode(image, 3).load()
+    except (ValueError, OSError) as e:
+        return BadInput(where, f"the image does not decode ({e})")
+    example = {"image": image, "captions": captions}
+    return example if label is None else example | {"label": label}
 
 
 def _read(path: str) -> bytes | None:
@@ -96,80 +101,89 @@ class TableSource:
         if not os.path.isfile(path):
             raise ConfigError(f"--source={kind}:{path}: no such file; give the path of the {kind.upper()} file.")
         self.path, self.split_name, self.kind = os.path.abspath(path), split, kind
-        with open(path, newline="") as f:
-            if kind == "csv":
-                reader = csv.reader(f)
-                header = next(reader)
-                self.rows = [self._csv_row(header, values) for values in reader]
-            else:
-                self.rows = [json.loads(line) for line in f if line.strip()]
-        if not self.rows or "image" not in self.rows[0]:
+        with open(path, newline="", encoding="utf-8") as f:
+            lines = list(csv.reader(f)) if kind == "csv" else [line for line in f if line.strip()]
+        header = lines.pop(0) if kind == "csv" and lines else []
+        self.rows = [self._parse(header, line, number) for number, line in enumerate(lines, 1)]
+        named = [row for row in self.rows if isinstance(row, dict)]
+        if not any("image" in row for row in named):
             raise ConfigError(f"--source={kind}:{path} has no rows with an `image` column; see --help.")
-        self.has_label = "label" in self.rows[0]
+        self.has_label = any("label" in row for row in named)
+        self.options: dict[str, Any] = {}
 
-    @staticmethod
-    def _csv_row(header: list[str], values: list[str]) -> dict:
-        row = {"captions": []}
-        for name, value in zip(header, values):
-            if name == "caption":
-                row["captions"].append(value)
-            elif name == "captions":
-                row["captions"] += json.loads(value)
-            else:
-                row[name] = value
-        return row
+    def _parse(self, header: list[str], line, number: int) -> dict | BadInput:
+        """Row `number` (from 1) as {"image", "captions", ["label"]}, or why it is not one."""
+        where = f"{self.path} row {number}"
+        try:
+            if self.kind == "jsonl":
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    return BadInput(where, "the line is not a JSON object")
+                row["captions"] = [row.pop("caption")] if "caption" in row else row.get("captions", [])
+                return row
+            row = {"captions": []}
+            for name, value in zip(header, line):
+                if name == "caption":
+                    row["captions"].append(value)
+                elif name == "captions":
+                    row["captions"] += json.loads(value)
+                else:
+                    row[name] = value
+            return row
+        except json.JSONDecodeError as e:
+            return BadInput(where, f"not valid JSON ({e})")
+
+    def splits(self) -> tuple[str, ...]:
+        return (self.split_name,)
 
     @property
     def info(self) -> dict:
         return {"fields": ("image", "captions", *(("label",) if self.has_label else ()))}
-
-    def splits(self) -> tuple[str, ...]:
-        return (self.split_name,)
 
     def num_examples(self, split: str) -> int:
         return len(self.rows)
 
     def examples(self, split: str, start: int, stop: int) -> Iterator[dict | BadInput]:
         folder = os.path.dirname(self.path)
-        for number, row in enumerate(self.rows[start:stop], start):
-            captions = row.get("captions", [])
-            captions = [captions] if isinstance(captions, str) else list(captions)
-            if "caption" in row:
-                captions.insert(0, row["caption"])
-            image = _read(os.path.join(folder, row["image"]))
-            where = f"{self.path} row {number + 1} ({row['image']})"
-            yield _caption_example(image, captions, row.get("label"), where)
+        for number, row in enumerate(self.rows[start:stop], start + 1):
+            if isinstance(row, BadInput):
+                yield row
+                continue
+            image = row.get("image") or ""
+            where = f"{self.path} row {number} ({image})"
+            data = _read(os.path.join(folder, image)) if image else None
+            yield _caption_example(data, row["captions"], row.get("label"), where, has_label=self.has_label)
 
 
 class WebDatasetSource:
-    """A folder of WebDataset tar shards (`key.jpg` + `key.txt` / `key.json` [+ `key.cls`])."""
+    """A folder of WebDataset tar shards (`key.jpg` + `key.txt` / `key.json` [+ `key.cls`]);
+    a member's key is its path up to the first dot of its file name (WebDataset's rule)."""
 
     def __init__(self, folder: str, split: str):
-        tars = (
-            sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".tar"))
-            if (os.path.isdir(folder))
-            else []
-        )
+        tars = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".tar")) if (
+            os.path.isdir(folder)
+        ) else []  # fmt: skip
         if not tars:
             raise ConfigError(f"--source=webdataset:{folder}: no .tar files there; give the folder of the shards.")
-        self.split_name = split
-        self.items: list[tuple[str, str, dict[str, str]]] = []  # (tar, key, suffix -> member)
+        self.split_name, self.options = split, {}
+        self.items: list[tuple[str, str, dict[str, str]]] = []  # (tar, key, suffix -> member name)
         for tar in tars:
+            by_key: dict[str, dict[str, str]] = {}
             with tarfile.open(tar) as archive:
-                by_key: dict[str, dict[str, str]] = {}
                 for member in archive.getmembers():
                     if member.isfile():
-                        key, suffix = os.path.splitext(member.name)
-                        by_key.setdefault(key, {})[suffix.lower()] = member.name
+                        folder_part, name = os.path.split(member.name)
+                        stem, _, suffix = name.partition(".")
+                        by_key.setdefault(os.path.join(folder_part, stem), {})[f".{suffix.lower()}"] = member.name
             self.items += [(tar, key, files) for key, files in by_key.items()]
         self.has_label = any(".cls" in files for _, _, files in self.items)
+
+    def splits(self) -> tuple[str, ...]:
+        return (self.split_name,)
 
     @property
     def info(self) -> dict:
         return {"fields": ("image", "captions", *(("label",) if self.has_label else ()))}
-
-    def splits(self) -> tuple[str, ...]:
-        return (self.split_name,)
 
     def num_examples(self, split: str) -> int:
         return len(self.items)
@@ -180,22 +194,29 @@ class WebDatasetSource:
             for tar, key, files in self.items[start:stop]:
                 archive = archives.setdefault(tar, tarfile.open(tar))
                 contents = {suffix: archive.extractfile(name).read() for suffix, name in files.items()}
-                captions = []
-                if ".json" in contents:
-                    meta = json.loads(contents[".json"])
-                    captions = meta.get("captions") or [meta.get("caption", "")]
-                elif ".txt" in contents:
-                    captions = [contents[".txt"].decode("utf-8")]
-                label = int(contents[".cls"].decode().strip()) if ".cls" in contents else None
-                image = next((contents[s] for s in IMAGE_SUFFIXES if s in contents), None)
-                yield _caption_example(image, captions, label, f"{tar} key {key}")
+                yield self._example(contents, f"{tar} key {key}")
         finally:
             for archive in archives.values():
                 archive.close()
 
+    def _example(self, contents: dict[str, bytes], where: str) -> dict | BadInput:
+        """The record of one key's files (suffix -> bytes), or why it is left out."""
+        captions = []
+        try:
+            if ".json" in contents:
+                meta = json.loads(contents[".json"])
+                captions = meta.get("captions") or meta.get("caption") or []
+            if not captions and ".txt" in contents:
+                captions = [contents[".txt"].decode("utf-8")]
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            return BadInput(where, f"its caption file does not parse ({type(e).__name__})")
+        label = contents[".cls"].decode("utf-8", "replace").strip() if ".cls" in contents else None
+        image = next((contents[s] for s in IMAGE_SUFFIXES if s in contents), None)
+        return _caption_example(image, captions, label, where, has_label=self.has_label)
+
 
 class TfdsSource:
-    """A TFDS dataset's split (TensorFlow, only here)."""
+    """A TFDS dataset's split, its images encoded as `image_format` (TensorFlow, only here)."""
 
     def __init__(self, name: str, split: str, data_dir: str | None, image_format: str):
         try:
@@ -204,24 +225,33 @@ class TfdsSource:
             raise ConfigError(
                 f"--source=tfds:{name} needs TensorFlow Datasets: pip install 'contrastive-jax[tfds]'."
             ) from None
-        builder = tfds.builder(name, data_dir=data_dir)
+        try:
+            builder = tfds.builder(name, data_dir=data_dir)
+        except Exception as e:  # DatasetNotFoundError, or a bad name / config
+            raise ConfigError(f"--source=tfds:{name}: {str(e).splitlines()[0]}") from None
         builder.download_and_prepare()
+        if split not in builder.info.splits or "image" not in builder.info.features:
+            raise ConfigError(
+                f"--source=tfds:{name} needs an `image` feature and --split={split!r}; it has the features "
+                f"{sorted(builder.info.features.keys())} and the splits {sorted(builder.info.splits)}."
+            )
         self.name, self.split_name, self.data_dir, self.image_format = name, split, data_dir, image_format
+        self.options = {"tfds_data_dir": data_dir, "encode": image_format}
         self.size = builder.info.splits[split].num_examples
         features = builder.info.features
         self.has_label = "label" in features
         self.caption_path = next(
             (path for path in (("captions", "text"), ("caption",), ("text",)) if _has_feature(features, path)), None
         )
-        self.channels = features["image"].shape[-1] if "image" in features else 3
+        self.channels = features["image"].shape[-1]
+
+    def splits(self) -> tuple[str, ...]:
+        return (self.split_name,)
 
     @property
     def info(self) -> dict:
         fields = ("image", *(("captions",) if self.caption_path else ()), *(("label",) if self.has_label else ()))
         return {"fields": fields, "image_channels": 1 if self.channels == 1 else 3}
-
-    def splits(self) -> tuple[str, ...]:
-        return (self.split_name,)
 
     def num_examples(self, split: str) -> int:
         return self.size
@@ -229,9 +259,12 @@ class TfdsSource:
     def examples(self, split: str, start: int, stop: int) -> Iterator[dict | BadInput]:
         import tensorflow_datasets as tfds
 
+        from contrastive_jax.datasets.shapes import encode
+
         dataset = tfds.load(self.name, split=f"{split}[{start}:{stop}]", data_dir=self.data_dir, shuffle_files=False)
         for number, example in enumerate(tfds.as_numpy(dataset), start):
-            out = {"image": _encode(example["image"], self.image_format)}
+            pixels = example["image"]
+            out = {"image": encode(pixels[..., 0] if pixels.shape[-1] == 1 else pixels, self.image_format)}
             if self.caption_path:
                 captions = example
                 for key in self.caption_path:
@@ -255,23 +288,23 @@ def _has_feature(features, path: Sequence[str]) -> bool:
     return True
 
 
-def _encode(pixels: np.ndarray, image_format: str) -> bytes:
-    """uint8 [H, W, C] pixels as PNG (lossless) or JPEG (quality 95) bytes."""
-    image = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels)
-    out = io.BytesIO()
-    image.save(out, "JPEG" if image_format == "jpeg" else "PNG", quality=95)
-    return out.getvalue()
-
-
 class BuiltinSource:
-    """A built-in dataset module of `contrastive_jax.datasets` (all its splits)."""
+    """A built-in dataset module of `contrastive_jax.datasets` (all its splits); holds the
+    module's name, so it pickles to the writer's processes."""
 
-    def __init__(self, module, splits: Sequence[str]):
-        self.module, self._splits = module, tuple(splits)
-        self.info = module.INFO
+    def __init__(self, name: str):
+        self.name, self.options = name, {}
+
+    @property
+    def module(self):
+        return importlib.import_module(f"contrastive_jax.datasets.{self.name}")
 
     def splits(self) -> tuple[str, ...]:
-        return self._splits
+        return self.module.SPLITS
+
+    @property
+    def info(self) -> dict:
+        return self.module.INFO
 
     def num_examples(self, split: str) -> int:
         return self.module.num_examples(split)
@@ -280,42 +313,61 @@ class BuiltinSource:
         return self.module.examples(split, start, stop)
 
 
-def open_source(spec: str, args: argparse.Namespace):
-    """The source `spec` names (see the module docstring), with the command's options."""
+def open_source(spec: str, *, split: str, encode: str, tfds_data_dir, num_examples: int, seed: int, image_size: int):
+    """The source `spec` names (see the module docstring), with the command's options.
+
+    Raises:
+      ConfigError: `spec` names no source, or one that is not there.
+    """
     kind, _, where = spec.partition(":")
     if kind in ("csv", "jsonl"):
-        return TableSource(where, args.split, kind)
+        return TableSource(where, split, kind)
     if kind == "webdataset":
-        return WebDatasetSource(where, args.split)
+        return WebDatasetSource(where, split)
     if kind == "tfds":
-        return TfdsSource(where, args.split, args.tfds_data_dir, args.encode)
-    if kind == "builtin":
-        from contrastive_jax.datasets import cmudict, shapes, sklearn_digits
+        return TfdsSource(where, split, tfds_data_dir, encode)
+    if kind == "builtin" and where == "shapes":
+        from contrastive_jax.datasets import shapes
 
-        if where == "sklearn_digits":
-            return BuiltinSource(sklearn_digits, sklearn_digits.split_indices())
-        if where == "cmudict":
-            return BuiltinSource(cmudict, cmudict.SPLITS)
-        if where == "shapes":
-            return shapes.Shapes(args.num_examples, args.seed, args.image_size, args.encode)
-    raise ConfigError(
-        f"--source={spec!r} is not a source; use csv:FILE, jsonl:FILE, webdataset:FOLDER, tfds:NAME or "
-        "builtin:sklearn_digits|cmudict|shapes."
-    )
+        if num_examples < 3 or image_size < 8:
+            raise ConfigError(f"builtin:shapes needs --num-examples >= 3 and --image-size >= 8 (pixels a side).")
+        return shapes.Shapes(num_examples, seed, image_size, encode)
+    if kind == "builtin" and where in BUILTIN:
+        return BuiltinSource(where)
+    raise ConfigError(f"--source={spec!r} is not a source; use {_SOURCES}.")
 
 
-def _write_shard(task: tuple) -> dict:
-    """Writes one shard (a range of a split) and returns what the metadata needs of it."""
-    source, split, start, stop, path = task
-    progress = os.path.join(os.path.dirname(path), _PROGRESS, os.path.basename(path) + ".json")
-    if os.path.exists(path) and os.path.exists(progress):
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """Records [start, stop) of a split, written to `path`; `key` says what they are (the
+    source and its options), so a rerun keeps the shard only if it was written alike."""
+
+    split: str
+    start: int
+    stop: int
+    path: str
+    key: str
+
+
+def _progress_file(task: ShardTask) -> str:
+    return os.path.join(os.path.dirname(task.path), _PROGRESS_DIR, os.path.basename(task.path) + ".json")
+
+
+def _write_shard(source, task: ShardTask) -> dict:
+    """Writes one shard, reporting its bad inputs as they are found; returns what the
+    metadata needs of it (`num_records`, `labels`, `skipped` reasons, `longest` text),
+    kept from an earlier run when the shard is there and was written by the same task."""
+    progress = _progress_file(task)
+    if os.path.exists(task.path) and os.path.exists(progress):
         with open(progress) as f:
-            return json.load(f) | {"kept": True}
+            done = json.load(f)
+        if done.pop("key", None) == task.key:
+            return done | {"kept": True}
     labels, skipped, longest = [], [], 0
 
     def good_examples():
         nonlocal longest
-        for example in source.examples(split, start, stop):
+        for example in source.examples(task.split, task.start, task.stop):
             if isinstance(example, BadInput):
                 print(f"skipped {example.where}: {example.reason}", file=sys.stderr, flush=True)
                 skipped.append(f"{example.where}: {example.reason}")
@@ -325,122 +377,77 @@ def _write_shard(task: tuple) -> dict:
             longest = max(longest, len(example.get("text", "").encode()), len(example.get("sequence", ())))
             yield example
 
-    count = records.write_shard(path, good_examples())
+    count = records.write_shard(task.path, good_examples())
     result = {"num_records": count, "labels": labels, "skipped": skipped, "longest": longest}
     os.makedirs(os.path.dirname(progress), exist_ok=True)
-    with open(progress, "w") as f:
-        json.dump(result, f)
+    with open(f"{progress}.tmp", "w") as f:
+        json.dump(result | {"key": task.key}, f)
+    os.replace(f"{progress}.tmp", progress)
     return result
 
 
-def write(source_spec, out: str, *, split: str = "train", shards: int = 0, workers: int = 1, **options):
-    """Writes the source `source_spec` (a spec string, or an opened source) as a record
-    set in `out`, adding its split(s) to a set already there; returns the metadata.
+_worker_source = None  # the source, in a writer process
 
-    Options are the command's: `encode`, `tfds_data_dir`, `num_examples`, `seed`,
-    `image_size` (see `main`'s flags).
-    """
-    args = argparse.Namespace(split=split, **(_DEFAULTS | options))
-    source = open_source(source_spec, args) if isinstance(source_spec, str) else source_spec
-    out = os.path.abspath(out)
-    os.makedirs(out, exist_ok=True)
-    existing = records.read_metadata(out) if os.path.exists(os.path.join(out, records.METADATA_FILE)) else None
-    splits = dict(existing.splits) if existing else {}
-    skipped, longest, num_classes = [], 0, existing.num_classes if existing else 0
-    for name in source.splits():
-        size = source.num_examples(name)
-        count = shards or max(1, -(-size // RECORDS_PER_SHARD))
-        bounds = [size * k // count for k in range(count + 1)]
-        tasks = [
-            (source, name, bounds[k], bounds[k + 1], os.path.join(out, records.shard_name(name, k, count)))
-            for k in range(count)
-        ]
-        results = _run(tasks, workers)
-        splits[name] = records.Split(
-            tuple(os.path.basename(t[4]) for t in tasks), tuple(r["num_records"] for r in results)
+
+def _set_worker_source(source) -> None:
+    global _worker_source
+    _worker_source = source
+
+
+def _write_shard_in_worker(numbered_task: tuple[int, ShardTask]) -> tuple[int, dict]:
+    number, task = numbered_task
+    return number, _write_shard(_worker_source, task)
+
+
+def _run(source, tasks: list[ShardTask], workers: int) -> list[dict]:
+    """Each task's `_write_shard` result, in order, written by `workers` processes (the
+    source is sent to each once); prints a line per shard as it is done."""
+    results: list[dict] = [{}] * len(tasks)
+
+    def report(number: int, result: dict) -> None:
+        results[number] = result
+        kept = ", kept from an earlier run" if result.get("kept") else ""
+        done = sum(bool(r) for r in results)
+        print(
+            f"[{done}/{len(tasks)}] {os.path.basename(tasks[number].path)}: {result['num_records']:,} records, "
+            f"{len(result['skipped'])} skipped{kept}",
+            file=sys.stderr,
+            flush=True,
         )
-        labels = [label for r in results for label in r["labels"]]
-        if labels:
-            np.save(records.labels_file(out, name), np.asarray(labels, np.int32))
-            num_classes = max(num_classes, max(labels) + 1)
-        skipped += [reason for r in results for reason in r["skipped"]]
-        longest = max([longest, *(r["longest"] for r in results)])
-    info = dict(source.info)
-    metadata = records.Metadata(
-        directory=out,
-        splits=splits,
-        fields=tuple(info.pop("fields")),
-        num_classes=info.pop("num_classes", num_classes),
-        max_text_length=info.pop("max_text_length", longest),
-        source={
-            "spec": source_spec if isinstance(source_spec, str) else type(source).__name__,
-            "skipped": len(skipped),
-            "skipped_first": skipped[:MAX_REASONS_KEPT],
-        },
-        **info,
-    )
-    if existing and existing.fields != metadata.fields:
-        raise ConfigError(
-            f"{out} holds records with fields {existing.fields}, these have {metadata.fields}; write to another --out."
-        )
-    records.write_metadata(metadata)
-    return metadata
-
-
-def _run(tasks: list[tuple], workers: int) -> list[dict]:
-    """Each task's `_write_shard` result, in order, on `workers` processes."""
-
-    def report(k, result):
-        kept = " (kept from an earlier run)" if result.get("kept") else ""
-        print(f"{os.path.basename(tasks[k][4])}: {result['num_records']} records{kept}", file=sys.stderr, flush=True)
 
     if workers <= 1 or len(tasks) == 1:
-        results = []
-        for k, task in enumerate(tasks):
-            results.append(_write_shard(task))
-            report(k, results[-1])
+        for number, task in enumerate(tasks):
+            report(number, _write_shard(source, task))
         return results
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        results = []
-        for k, result in enumerate(pool.imap(_write_shard, tasks)):
-            report(k, result)
-            results.append(result)
-        return results
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(min(workers, len(tasks)), initializer=_set_worker_source, initargs=(source,)) as pool:
+        for number, result in pool.imap_unordered(_write_shard_in_worker, enumerate(tasks)):
+            report(number, result)
+    return results
 
 
-_DEFAULTS = {"encode": "png", "tfds_data_dir": None, "num_examples": 10_000, "seed": 0, "image_size": 64}
+def _command(spec: str, out: str, split: str, shards: int, workers: int, options: dict) -> str:
+    """The command line that writes (or resumes writing) these splits."""
+    flags = {"source": spec, "out": out, "split": split, "shards": shards, "workers": workers, **options}
+    words = [f"--{name.replace('_', '-')}={value}" for name, value in flags.items() if value is not None]
+    return shlex.join(["python", "-m", "contrastive_jax.write_records", *words])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m contrastive_jax.write_records",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 2)[2],
-    )
-    parser.add_argument(
-        "--source", required=True, help="csv:FILE, jsonl:FILE, webdataset:FOLDER, tfds:NAME, builtin:NAME"
-    )
-    parser.add_argument("--out", required=True, help="the record set's directory (created; splits are added)")
-    parser.add_argument("--split", default="train", help="the split written (files, TFDS)")
-    parser.add_argument("--shards", type=int, default=0, help=f"shards per split; 0: one per {RECORDS_PER_SHARD:,}")
-    parser.add_argument("--workers", type=int, default=1, help="processes writing shards in parallel")
-    parser.add_argument("--encode", choices=("png", "jpeg"), default="png", help="decoded images (TFDS, shapes)")
-    parser.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir (tfds: sources)")
-    parser.add_argument("--num-examples", type=int, default=10_000, help="builtin:shapes: pictures in all")
-    parser.add_argument("--seed", type=int, default=0, help="builtin:shapes: the seed")
-    parser.add_argument("--image-size", type=int, default=64, help="builtin:shapes: pixels per side")
-    args = parser.parse_args(argv)
-    options = {k: getattr(args, k) for k in _DEFAULTS}
-    try:
-        metadata = write(args.source, args.out, split=args.split, shards=args.shards, workers=args.workers, **options)
-    except (ConfigError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    counts = ", ".join(f"{name} {split.num_records:,}" for name, split in metadata.splits.items())
-    print(f"wrote {metadata.directory}: {counts} records; {metadata.source['skipped']} inputs skipped")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _write_split(source, name: str, out: str, shards: int, workers: int, key: str) -> tuple[records.Split, dict]:
+    """Writes split `name` of `source` into `out`: (its `Split`, a summary: `labels`,
+    `skipped` reasons and the `longest` text of its records)."""
+    size = source.num_examples(name)
+    count = shards or max(1, -(-size // RECORDS_PER_SHARD))
+    bounds = [size * k // count for k in range(count + 1)]
+    tasks = [
+        ShardTask(name, bounds[k], bounds[k + 1], os.path.join(out, records.shard_name(name, k, count)), key)
+        for k in range(count)
+    ]
+    results = _run(source, tasks, workers)
+    split = records.Split(tuple(os.path.basename(t.path) for t in tasks), tuple(r["num_records"] for r in results))
+    summary = {
+        "labels": [label for r in results for label in r["labels"]],
+        "skipped": [reason for r in results for reason in r["skipped"]],
+        "longest": max(r["longest"] for r in results),
+    }
+    return split, summary
