@@ -30,7 +30,6 @@ the same command keeps the shards already written, so an interrupted command is 
 by running it again. The metadata is written last.
 """
 
-import argparse
 import csv
 import dataclasses
 import importlib
@@ -42,8 +41,6 @@ import sys
 import tarfile
 from collections.abc import Iterator, Sequence
 from typing import Any
-
-import numpy as np
 
 from contrastive_jax import records
 from contrastive_jax.config_lib import ConfigError
@@ -330,7 +327,7 @@ def open_source(spec: str, *, split: str, encode: str, tfds_data_dir, num_exampl
         from contrastive_jax.datasets import shapes
 
         if num_examples < 3 or image_size < 8:
-            raise ConfigError(f"builtin:shapes needs --num-examples >= 3 and --image-size >= 8 (pixels a side).")
+            raise ConfigError("builtin:shapes needs --num-examples >= 3 and --image-size >= 8 (pixels a side).")
         return shapes.Shapes(num_examples, seed, image_size, encode)
     if kind == "builtin" and where in BUILTIN:
         return BuiltinSource(where)
