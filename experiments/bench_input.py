@@ -21,6 +21,11 @@ Scale: a 0.5 GB and an 8 GB record set (the same JPEGs repeated), each read by a
 process (2 workers, 224 px): seconds from the start of the process to the first batch,
 and the peak resident memory of the process and its workers after 40 batches.
 
+In training (`--training`): the share of step time the loop waited for input
+(`train/input_wait_share`, logged every logging step) in `configs/cmudict_clip.py` and
+in `configs/clip_shapes.py` (ViT-Ti and text-Transformer towers on the generated set),
+each run for a few hundred steps on 8 simulated devices.
+
 Writes `experiments/results/bench_input/results.json` and `results.md`.
 """
 
@@ -227,9 +232,38 @@ def scale(jpegs: list[bytes], folder: pathlib.Path, sizes_gb: tuple[float, ...],
     return out
 
 
+TRAINING_RUNS = {  # config -> overrides: a few hundred steps, logged every 25
+    "cmudict_clip": ["--config.train.num_train_steps=300", "--config.eval.every_steps=0"],
+    "clip_shapes": ["--config.train.num_train_steps=100", "--config.eval.every_steps=0"],
+}
+
+
+def training(folder: pathlib.Path) -> dict:
+    """Each `TRAINING_RUNS` run's input-wait shares (every logging step but the first)."""
+    out = {}
+    for config, overrides in TRAINING_RUNS.items():
+        workdir = folder / config
+        command = [sys.executable, "-m", "contrastive_jax.main", f"--config=configs/{config}.py"]
+        command += [f"--workdir={workdir}", "--config.train.log_every_steps=25", *overrides]
+        started = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+        lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+        shares = [line["train/input_wait_share"] for line in lines if "train/input_wait_share" in line]
+        speed = [line["train/examples_per_second"] for line in lines if "train/examples_per_second" in line]
+        out[config] = {
+            "input_wait_share_mean": float(np.mean(shares)),
+            "input_wait_share_max": float(np.max(shares)),
+            "examples_per_second": float(np.median(speed)),
+            "seconds": time.perf_counter() - started,
+        }
+        print(f"training {config}: {out[config]}", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer images and batches, 0.1 / 0.5 GB sets")
+    parser.add_argument("--training", action="store_true", help="also the input-wait share of two training runs")
     args = parser.parse_args()
     num_images, num_batches = (256, 8) if args.quick else (1024, 40)
     sizes_gb = (0.1, 0.5) if args.quick else (0.5, 8.0)
@@ -254,6 +288,8 @@ def main() -> None:
             results["throughput"][f"{size}px"] = row
             print(f"{size} px: {json.dumps(row)}", flush=True)
         results["scale"] = scale(jpegs, pathlib.Path(tmp), sizes_gb, num_batches)
+        if args.training:
+            results["training"] = training(pathlib.Path(tmp))
     out = RESULTS / ("quick" if args.quick else "")
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -290,6 +326,13 @@ def report(results: dict) -> str:
             f"| {name} | {row['gib_on_disk']:.2f} GiB | {row['seconds_to_first_batch']:.2f} | "
             f"{row['peak_rss_mib']:.0f} | {row['workers_rss_mib']:.0f} |"
         )
+    if "training" in results:
+        lines += ["", "| training run | input wait, mean | max | examples/s |", "|---|---|---|---|"]
+        for name, row in results["training"].items():
+            lines.append(
+                f"| `configs/{name}.py` | {row['input_wait_share_mean']:.1%} | {row['input_wait_share_max']:.1%} "
+                f"| {row['examples_per_second']:.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
