@@ -23,6 +23,7 @@ from contrastive_jax.config_lib import ConfigError
 RESUME_FIELDS = (
     "seed",
     "data.name",
+    "data.records",
     "data.train_split",
     "data.train_class_range",
     "data.task",
