@@ -82,7 +82,7 @@ class DataSettings:
 
     @property
     def display_name(self) -> str:
-        """The dataset as messages name it: the built-in name or the records directory."""
+        """Names the dataset in messages (its built-in name or its records directory)."""
         return self.name if self.records is None else self.records
 
 

@@ -1,6 +1,6 @@
 """The on-disk training data: ArrayRecord shards of msgpack records, and their metadata.
 
-A record set is a directory:
+A record set is a directory::
 
     DIR/metadata.json                       what is in it (`Metadata`)
     DIR/<split>-00000-of-00008.array_record one shard: records in order
@@ -8,7 +8,7 @@ A record set is a directory:
                                             for class-balanced batches without a scan
 
 A record is one example as stored, a msgpack map of these fields (each optional, but a
-split's records all have the same ones, listed in the metadata):
+split's records all have the same ones, listed in the metadata)::
 
     image      bytes      the encoded image file as it was (JPEG, PNG, ...)
     captions   [str]      every caption of the image (one is drawn per visit)

@@ -65,7 +65,7 @@ nitpick_ignore_regex = [
         (
             r"(jax|jaxlib|jnp|flax|nn|optax|orbax|ocp|np|numpy|ml_collections|tf|"
             r"tensorflow|tfds|tensorflow_datasets|absl|chex|collections|typing|os|"
-            r"pathlib|threading|dataclasses|enum|abc|concurrent|logging|io|types)\..*"
+            r"pathlib|threading|dataclasses|enum|abc|concurrent|logging|io|types|PIL|grain)\..*"
         ),
     ),
     (

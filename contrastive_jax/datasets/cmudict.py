@@ -11,7 +11,8 @@ record per line:
   `cmudict.symbols`, 84 symbols);
 * `word_id`: the same for every line of one spelling (groups its pronunciations);
 * `pronunciation_id`: the same for every line with one pronunciation string (groups
-  homophones, e.g. "knight" and "night");
+  homophones, e.g. "knight" and "night").
+
 Records are in file order (`Entry.line`).
 
 Ids count distinct spellings / pronunciation strings in order of first appearance in the
