@@ -1,5 +1,7 @@
 """Writes training data as a record set: `python -m contrastive_jax.write_records`.
 
+Usage::
+
     python -m contrastive_jax.write_records --source=SOURCE --out=DIR [--split=NAME]
         [--shards=N] [--workers=K] [--encode=png|jpeg] [--tfds-data-dir=DIR]
         [--num-examples=N --seed=S --image-size=PX]   (builtin:shapes)
@@ -30,308 +32,25 @@ the same command keeps the shards already written, so an interrupted command is 
 by running it again. The metadata is written last.
 """
 
-import csv
+import argparse
+import concurrent.futures
 import dataclasses
-import importlib
 import json
 import multiprocessing
 import os
 import shlex
 import sys
-import tarfile
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
+
+import numpy as np
 
 from contrastive_jax import records
 from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.record_inputs import SOURCES, BadInput, open_source
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 RECORDS_PER_SHARD = 10_000
 MAX_REASONS_KEPT = 20
-BUILTIN = ("sklearn_digits", "cmudict", "shapes")
 _PROGRESS_DIR = ".progress"  # per finished shard: what the metadata needs of it, for a rerun
-_SOURCES = "csv:FILE, jsonl:FILE, webdataset:FOLDER, tfds:NAME or builtin:sklearn_digits|cmudict|shapes"
-
-
-@dataclasses.dataclass(frozen=True)
-class BadInput:
-    """An input left out, and why (`where`: the file / row / key)."""
-
-    where: str
-    reason: str
-
-
-def _caption_example(image: bytes | None, captions, label, where: str, *, has_label: bool) -> dict | BadInput:
-    """The record of an image file's bytes, its captions and (when `has_label`) label;
-    or why it is left out."""
-    from contrastive_jax import images  # the reader's decoder: what passes here, reads
-
-    if image is None:
-        return BadInput(where, "the image file is missing")
-    captions = [captions] if isinstance(captions, str) else list(captions or ())
-    if not captions or not all(isinstance(c, str) and c.strip() for c in captions):
-        return BadInput(where, "an empty caption")
-    try:
-        label = int(label) if has_label else None
-    except (TypeError, ValueError):
-        return BadInput(where, f"the label {label!r} is not an int")
-    try:
-        images.decode(image, 3).load()
-    except (ValueError, OSError) as e:
-        return BadInput(where, f"the image does not decode ({e})")
-    example = {"image": image, "captions": captions}
-    return example if label is None else example | {"label": label}
-
-
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-class TableSource:
-    """A CSV or JSONL file of (image path, caption(s)[, label]) rows."""
-
-    def __init__(self, path: str, split: str, kind: str):
-        if not os.path.isfile(path):
-            raise ConfigError(f"--source={kind}:{path}: no such file; give the path of the {kind.upper()} file.")
-        self.path, self.split_name, self.kind = os.path.abspath(path), split, kind
-        with open(path, newline="", encoding="utf-8") as f:
-            lines = list(csv.reader(f)) if kind == "csv" else [line for line in f if line.strip()]
-        header = lines.pop(0) if kind == "csv" and lines else []
-        self.rows = [self._parse(header, line, number) for number, line in enumerate(lines, 1)]
-        named = [row for row in self.rows if isinstance(row, dict)]
-        if not any("image" in row for row in named):
-            raise ConfigError(f"--source={kind}:{path} has no rows with an `image` column; see --help.")
-        self.has_label = any("label" in row for row in named)
-        self.options: dict[str, Any] = {}
-
-    def _parse(self, header: list[str], line, number: int) -> dict | BadInput:
-        """Row `number` (from 1) as {"image", "captions", ["label"]}, or why it is not one."""
-        where = f"{self.path} row {number}"
-        try:
-            if self.kind == "jsonl":
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    return BadInput(where, "the line is not a JSON object")
-                row["captions"] = [row.pop("caption")] if "caption" in row else row.get("captions", [])
-                return row
-            row = {"captions": []}
-            for name, value in zip(header, line):
-                if name == "caption":
-                    row["captions"].append(value)
-                elif name == "captions":
-                    row["captions"] += json.loads(value)
-                else:
-                    row[name] = value
-            return row
-        except json.JSONDecodeError as e:
-            return BadInput(where, f"not valid JSON ({e})")
-
-    def splits(self) -> tuple[str, ...]:
-        return (self.split_name,)
-
-    @property
-    def info(self) -> dict:
-        return {"fields": ("image", "captions", *(("label",) if self.has_label else ()))}
-
-    def num_examples(self, split: str) -> int:
-        return len(self.rows)
-
-    def examples(self, split: str, start: int, stop: int) -> Iterator[dict | BadInput]:
-        folder = os.path.dirname(self.path)
-        for number, row in enumerate(self.rows[start:stop], start + 1):
-            if isinstance(row, BadInput):
-                yield row
-                continue
-            image = row.get("image") or ""
-            where = f"{self.path} row {number} ({image})"
-            data = _read(os.path.join(folder, image)) if image else None
-            yield _caption_example(data, row["captions"], row.get("label"), where, has_label=self.has_label)
-
-
-class WebDatasetSource:
-    """A folder of WebDataset tar shards (`key.jpg` + `key.txt` / `key.json` [+ `key.cls`]);
-    a member's key is its path up to the first dot of its file name (WebDataset's rule)."""
-
-    def __init__(self, folder: str, split: str):
-        tars = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".tar")) if (
-            os.path.isdir(folder)
-        ) else []  # fmt: skip
-        if not tars:
-            raise ConfigError(f"--source=webdataset:{folder}: no .tar files there; give the folder of the shards.")
-        self.split_name, self.options = split, {}
-        self.items: list[tuple[str, str, dict[str, str]]] = []  # (tar, key, suffix -> member name)
-        for tar in tars:
-            by_key: dict[str, dict[str, str]] = {}
-            with tarfile.open(tar) as archive:
-                for member in archive.getmembers():
-                    if member.isfile():
-                        folder_part, name = os.path.split(member.name)
-                        stem, _, suffix = name.partition(".")
-                        by_key.setdefault(os.path.join(folder_part, stem), {})[f".{suffix.lower()}"] = member.name
-            self.items += [(tar, key, files) for key, files in by_key.items()]
-        self.has_label = any(".cls" in files for _, _, files in self.items)
-
-    def splits(self) -> tuple[str, ...]:
-        return (self.split_name,)
-
-    @property
-    def info(self) -> dict:
-        return {"fields": ("image", "captions", *(("label",) if self.has_label else ()))}
-
-    def num_examples(self, split: str) -> int:
-        return len(self.items)
-
-    def examples(self, split: str, start: int, stop: int) -> Iterator[dict | BadInput]:
-        archives: dict[str, tarfile.TarFile] = {}
-        try:
-            for tar, key, files in self.items[start:stop]:
-                archive = archives.setdefault(tar, tarfile.open(tar))
-                contents = {suffix: archive.extractfile(name).read() for suffix, name in files.items()}
-                yield self._example(contents, f"{tar} key {key}")
-        finally:
-            for archive in archives.values():
-                archive.close()
-
-    def _example(self, contents: dict[str, bytes], where: str) -> dict | BadInput:
-        """The record of one key's files (suffix -> bytes), or why it is left out."""
-        captions = []
-        try:
-            if ".json" in contents:
-                meta = json.loads(contents[".json"])
-                captions = meta.get("captions") or meta.get("caption") or []
-            if not captions and ".txt" in contents:
-                captions = [contents[".txt"].decode("utf-8")]
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-            return BadInput(where, f"its caption file does not parse ({type(e).__name__})")
-        label = contents[".cls"].decode("utf-8", "replace").strip() if ".cls" in contents else None
-        image = next((contents[s] for s in IMAGE_SUFFIXES if s in contents), None)
-        return _caption_example(image, captions, label, where, has_label=self.has_label)
-
-
-class TfdsSource:
-    """A TFDS dataset's split, its images encoded as `image_format` (TensorFlow, only here)."""
-
-    def __init__(self, name: str, split: str, data_dir: str | None, image_format: str):
-        try:
-            import tensorflow_datasets as tfds
-        except ImportError:
-            raise ConfigError(
-                f"--source=tfds:{name} needs TensorFlow Datasets: pip install 'contrastive-jax[tfds]'."
-            ) from None
-        try:
-            builder = tfds.builder(name, data_dir=data_dir)
-        except Exception as e:  # DatasetNotFoundError, or a bad name / config
-            raise ConfigError(f"--source=tfds:{name}: {str(e).splitlines()[0]}") from None
-        builder.download_and_prepare()
-        if split not in builder.info.splits or "image" not in builder.info.features:
-            raise ConfigError(
-                f"--source=tfds:{name} needs an `image` feature and --split={split!r}; it has the features "
-                f"{sorted(builder.info.features.keys())} and the splits {sorted(builder.info.splits)}."
-            )
-        self.name, self.split_name, self.data_dir, self.image_format = name, split, data_dir, image_format
-        self.options = {"tfds_data_dir": data_dir, "encode": image_format}
-        self.size = builder.info.splits[split].num_examples
-        features = builder.info.features
-        self.has_label = "label" in features
-        self.caption_path = next(
-            (path for path in (("captions", "text"), ("caption",), ("text",)) if _has_feature(features, path)), None
-        )
-        self.channels = features["image"].shape[-1]
-
-    def splits(self) -> tuple[str, ...]:
-        return (self.split_name,)
-
-    @property
-    def info(self) -> dict:
-        fields = ("image", *(("captions",) if self.caption_path else ()), *(("label",) if self.has_label else ()))
-        return {"fields": fields, "image_channels": 1 if self.channels == 1 else 3}
-
-    def num_examples(self, split: str) -> int:
-        return self.size
-
-    def examples(self, split: str, start: int, stop: int) -> Iterator[dict | BadInput]:
-        import tensorflow_datasets as tfds
-
-        from contrastive_jax.datasets.shapes import encode
-
-        dataset = tfds.load(self.name, split=f"{split}[{start}:{stop}]", data_dir=self.data_dir, shuffle_files=False)
-        for number, example in enumerate(tfds.as_numpy(dataset), start):
-            pixels = example["image"]
-            out = {"image": encode(pixels[..., 0] if pixels.shape[-1] == 1 else pixels, self.image_format)}
-            if self.caption_path:
-                captions = example
-                for key in self.caption_path:
-                    captions = captions[key]
-                captions = [captions] if isinstance(captions, bytes) else list(captions)
-                out["captions"] = [c.decode("utf-8") for c in captions]
-                if not out["captions"] or not all(c.strip() for c in out["captions"]):
-                    yield BadInput(f"tfds:{self.name} {split} example {number}", "an empty caption")
-                    continue
-            if self.has_label:
-                out["label"] = int(example["label"])
-            yield out
-
-
-def _has_feature(features, path: Sequence[str]) -> bool:
-    for key in path:
-        if not hasattr(features, "keys") or key not in features.keys():
-            return False
-        features = features[key]
-        features = getattr(features, "feature", features)  # Sequence -> its element
-    return True
-
-
-class BuiltinSource:
-    """A built-in dataset module of `contrastive_jax.datasets` (all its splits); holds the
-    module's name, so it pickles to the writer's processes."""
-
-    def __init__(self, name: str):
-        self.name, self.options = name, {}
-
-    @property
-    def module(self):
-        return importlib.import_module(f"contrastive_jax.datasets.{self.name}")
-
-    def splits(self) -> tuple[str, ...]:
-        return self.module.SPLITS
-
-    @property
-    def info(self) -> dict:
-        return self.module.INFO
-
-    def num_examples(self, split: str) -> int:
-        return self.module.num_examples(split)
-
-    def examples(self, split: str, start: int, stop: int):
-        return self.module.examples(split, start, stop)
-
-
-def open_source(spec: str, *, split: str, encode: str, tfds_data_dir, num_examples: int, seed: int, image_size: int):
-    """The source `spec` names (see the module docstring), with the command's options.
-
-    Raises:
-      ConfigError: `spec` names no source, or one that is not there.
-    """
-    kind, _, where = spec.partition(":")
-    if kind in ("csv", "jsonl"):
-        return TableSource(where, split, kind)
-    if kind == "webdataset":
-        return WebDatasetSource(where, split)
-    if kind == "tfds":
-        return TfdsSource(where, split, tfds_data_dir, encode)
-    if kind == "builtin" and where == "shapes":
-        from contrastive_jax.datasets import shapes
-
-        if num_examples < 3 or image_size < 8:
-            raise ConfigError("builtin:shapes needs --num-examples >= 3 and --image-size >= 8 (pixels a side).")
-        return shapes.Shapes(num_examples, seed, image_size, encode)
-    if kind == "builtin" and where in BUILTIN:
-        return BuiltinSource(where)
-    raise ConfigError(f"--source={spec!r} is not a source; use {_SOURCES}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,35 +135,182 @@ def _run(source, tasks: list[ShardTask], workers: int) -> list[dict]:
         for number, task in enumerate(tasks):
             report(number, _write_shard(source, task))
         return results
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(min(workers, len(tasks)), initializer=_set_worker_source, initargs=(source,)) as pool:
-        for number, result in pool.imap_unordered(_write_shard_in_worker, enumerate(tasks)):
-            report(number, result)
+    # An executor, not a multiprocessing.Pool: a process that dies raises BrokenProcessPool
+    # here (a Pool would start another and wait forever).
+    with concurrent.futures.ProcessPoolExecutor(
+        min(workers, len(tasks)),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_set_worker_source,
+        initargs=(source,),
+    ) as pool:
+        for future in concurrent.futures.as_completed(
+            [pool.submit(_write_shard_in_worker, t) for t in enumerate(tasks)]
+        ):
+            report(*future.result())
     return results
 
 
 def _command(spec: str, out: str, split: str, shards: int, workers: int, options: dict) -> str:
     """The command line that writes (or resumes writing) these splits."""
-    flags = {"source": spec, "out": out, "split": split, "shards": shards, "workers": workers, **options}
+    split_flag = {} if spec.startswith("builtin:") else {"split": split}  # built-ins write all their splits
+    flags = {"source": spec, "out": out, **split_flag, "shards": shards, "workers": workers, **options}
     words = [f"--{name.replace('_', '-')}={value}" for name, value in flags.items() if value is not None]
     return shlex.join(["python", "-m", "contrastive_jax.write_records", *words])
 
 
-def _write_split(source, name: str, out: str, shards: int, workers: int, key: str) -> tuple[records.Split, dict]:
-    """Writes split `name` of `source` into `out`: (its `Split`, a summary: `labels`,
-    `skipped` reasons and the `longest` text of its records)."""
+def _write_split(source, name: str, out: str, shards: int, workers: int, key: dict) -> tuple[records.Split, dict]:
+    """Writes split `name` of `source` into `out` (its shards and labels): its `Split`,
+    and a summary: the inputs `skipped` (a count and the first reasons), the labels'
+    `num_classes` and the `longest` text (bytes) or sequence."""
     size = source.num_examples(name)
     count = shards or max(1, -(-size // RECORDS_PER_SHARD))
     bounds = [size * k // count for k in range(count + 1)]
     tasks = [
-        ShardTask(name, bounds[k], bounds[k + 1], os.path.join(out, records.shard_name(name, k, count)), key)
+        ShardTask(
+            name,
+            bounds[k],
+            bounds[k + 1],
+            os.path.join(out, records.shard_name(name, k, count)),
+            json.dumps(key | {"split": name, "range": bounds[k : k + 2]}),
+        )
         for k in range(count)
     ]
     results = _run(source, tasks, workers)
-    split = records.Split(tuple(os.path.basename(t.path) for t in tasks), tuple(r["num_records"] for r in results))
+    labels = [label for r in results for label in r["labels"]]
+    if labels:
+        np.save(records.labels_file(out, name), np.asarray(labels, np.int32))
+    skipped = [reason for r in results for reason in r["skipped"]]
     summary = {
-        "labels": [label for r in results for label in r["labels"]],
-        "skipped": [reason for r in results for reason in r["skipped"]],
+        "skipped": len(skipped),
+        "skipped_first": skipped[:MAX_REASONS_KEPT],
+        "num_classes": max(labels) + 1 if labels else 0,
         "longest": max(r["longest"] for r in results),
     }
-    return split, summary
+    return records.Split(
+        tuple(os.path.basename(t.path) for t in tasks), tuple(r["num_records"] for r in results)
+    ), summary
+
+
+def write(
+    source_spec: str,
+    out: str,
+    *,
+    split: str = "train",
+    shards: int = 0,
+    workers: int = 1,
+    encode: str = "png",
+    tfds_data_dir: str | None = None,
+    num_examples: int = 10_000,
+    seed: int = 0,
+    image_size: int = 64,
+) -> records.Metadata:
+    """Writes the source `source_spec` as a record set in `out`, adding its split(s) to
+    a set already there (the command `main` runs; see the module docstring).
+
+    Args:
+      source_spec: "csv:FILE", "jsonl:FILE", "webdataset:FOLDER", "tfds:NAME" or
+        "builtin:NAME".
+      out: the record set's directory (created).
+      split: the split written from a file or TFDS source (built-ins write all theirs).
+      shards: shards per split; 0: one per `RECORDS_PER_SHARD` records.
+      workers: processes writing shards at once.
+      encode: "png" or "jpeg" (quality 95): how decoded images (TFDS, shapes) are stored.
+      tfds_data_dir: TFDS's data_dir for "tfds:" sources.
+      num_examples, seed, image_size: the generated set's ("builtin:shapes").
+
+    Returns:
+      The metadata written (the set's splits: those already there and these).
+
+    Raises:
+      ConfigError: a bad argument, or a source that is not there.
+    """
+    if shards < 0 or workers < 1 or encode not in ("png", "jpeg"):
+        raise ConfigError(f"need --shards >= 0, --workers >= 1, --encode=png|jpeg; got {shards}, {workers}, {encode}.")
+    options = {"encode": encode, "tfds_data_dir": tfds_data_dir}
+    options |= {"num_examples": num_examples, "seed": seed, "image_size": image_size}
+    source = open_source(source_spec, split=split, **options)
+    out = os.path.abspath(out)
+    os.makedirs(out, exist_ok=True)
+    existing = records.read_metadata(out) if os.path.exists(os.path.join(out, records.METADATA_FILE)) else None
+    if existing and existing.fields != tuple(source.info["fields"]):
+        raise ConfigError(
+            f"{out} holds records with the fields {existing.fields}, these have {tuple(source.info['fields'])}; "
+            "write them to another --out."
+        )
+    what = {"spec": source_spec, **source.options}  # what decides the records (a rerun keeps shards alike)
+    command = _command(source_spec, out, split, shards, workers, source.options)
+    splits, summaries = (dict(existing.splits), dict(existing.source.get("splits", {}))) if existing else ({}, {})
+    num_classes, longest = 0, 0
+    for name in source.splits():
+        splits[name], summary = _write_split(source, name, out, shards, workers, what)
+        num_classes, longest = max(num_classes, summary.pop("num_classes")), max(longest, summary.pop("longest"))
+        summaries[name] = {"command": command, **summary}
+    info = {"num_classes": num_classes, "max_text_length": longest, **source.info}
+    metadata = _merged(existing, out, splits, info, {"command": command, **what, "splits": summaries})
+    records.write_metadata(metadata)
+    return metadata
+
+
+def _merged(existing: records.Metadata | None, out: str, splits, info: dict, source: dict) -> records.Metadata:
+    """The metadata of the splits already in `out` (`existing`) and those written now
+    (`info`: what their source says of them): the largest of their class counts, image
+    channels and lengths; `source`'s per-split skipped inputs summed."""
+
+    def largest(field: str) -> int:
+        return max(info.get(field, 0), getattr(existing, field) if existing else 0)
+
+    skipped_first = [reason for split in source["splits"].values() for reason in split["skipped_first"]]
+    return records.Metadata(
+        directory=out,
+        splits=splits,
+        fields=tuple(info["fields"]),
+        id_keys=tuple(info.get("id_keys", ())),
+        match_keys=info.get("match_keys"),
+        num_classes=largest("num_classes"),
+        image_channels=max(info.get("image_channels", 3), existing.image_channels if existing else 0),
+        sequence_vocab_size=largest("sequence_vocab_size"),
+        max_text_length=largest("max_text_length"),
+        source=source
+        | {
+            "skipped": sum(split["skipped"] for split in source["splits"].values()),
+            "skipped_first": skipped_first[:MAX_REASONS_KEPT],
+        },
+    )
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        """A bad flag: one line, exit status 2 (argparse would print its usage first)."""
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _ArgumentParser(
+        prog="python -m contrastive_jax.write_records",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__[__doc__.index("SOURCE is one of") :],
+    )
+    parser.add_argument("--source", required=True, help=SOURCES)
+    parser.add_argument("--out", required=True, help="the record set's directory (created; splits are added)")
+    parser.add_argument("--split", default="train", help="the split written (files, TFDS)")
+    parser.add_argument("--shards", type=int, default=0, help=f"shards per split; 0: one per {RECORDS_PER_SHARD:,}")
+    parser.add_argument("--workers", type=int, default=1, help="processes writing shards in parallel")
+    parser.add_argument("--encode", choices=("png", "jpeg"), default="png", help="decoded images (TFDS, shapes)")
+    parser.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir (tfds: sources)")
+    parser.add_argument("--num-examples", type=int, default=10_000, help="builtin:shapes: pictures in all")
+    parser.add_argument("--seed", type=int, default=0, help="builtin:shapes: the seed")
+    parser.add_argument("--image-size", type=int, default=64, help="builtin:shapes: pixels a side")
+    args = vars(parser.parse_args(argv))
+    try:
+        metadata = write(args.pop("source"), args.pop("out"), **args)
+    except (ConfigError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    counts = ", ".join(f"{name} {split.num_records:,}" for name, split in metadata.splits.items())
+    print(f"wrote {metadata.directory}: {counts} records; {metadata.source['skipped']} inputs skipped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -135,6 +135,16 @@ class Shapes:
     def info(self) -> dict:
         return {"fields": ("image", "captions", "label"), "num_classes": len(KINDS), "image_channels": 3}
 
+    @property
+    def options(self) -> dict:
+        """The `write_records` flags that made the set."""
+        return {
+            "num_examples": self.num_examples_total,
+            "seed": self.seed,
+            "image_size": self.image_size,
+            "encode": self.image_format,
+        }
+
     def num_examples(self, split: str) -> int:
         return split_sizes(self.num_examples_total)[split]
 

@@ -1,10 +1,10 @@
 """scikit-learn's handwritten digits, the built-in dataset `sklearn_digits`, with no download.
 
 `sklearn.datasets.load_digits` ships 1,797 8x8 grey-level images of the digits 0-9 in the
-scikit-learn wheel. This module gives them as records (8x8 grey PGM files, raw pixels,
-with their labels),
-which `write_records --source=builtin:sklearn_digits` writes and the pipeline reads like
-any other record set (`config.data.name="sklearn_digits"` writes them on first use).
+scikit-learn wheel. This module gives them as records: `image`, an 8x8 grey PGM file
+(raw pixels: the reader decodes it without PIL), and `label`;
+`write_records --source=builtin:sklearn_digits` writes them, and the pipeline reads them
+like any other record set (`config.data.name="sklearn_digits"` writes them on first use).
 
 Splits (fixed; they do not depend on the machine or the library versions' RNGs beyond
 scikit-learn's `train_test_split`):
@@ -24,6 +24,7 @@ import io
 import numpy as np
 from PIL import Image
 
+SPLITS = ("train", "test", "disjoint_train", "disjoint_test")
 NUM_CLASSES = 10
 # Classes of the class-disjoint split: train on the first, retrieve among the second.
 DISJOINT_TRAIN_CLASSES = tuple(range(0, 6))
