@@ -173,7 +173,7 @@ def check_data_config(data: DataSettings) -> records.Metadata:
             f"{data.examples_per_class}."
         )
     metadata = open_metadata(data)
-    metadata.split(data.train_split)
+    metadata.split(records.parse_split(data.train_split)[0])
     if metadata.has("sequence"):
         _check_sequence_pairs(data, metadata)
     if data.task in ("views", "labeled") or metadata.has("captions"):

@@ -41,14 +41,18 @@ class Examples:
     def __init__(self, data: DataSettings, metadata: records.Metadata, split: str, class_range=None):
         self.data = data
         self.metadata = metadata
-        self.records = records.RecordSet(metadata, split)
+        name, rows = records.parse_split(split)
+        self.records = records.RecordSet(metadata, name)
         self.tokenizer = tokenizers.load(data.tokenizer)
-        self.kept = None  # record numbers in the class range; None: all
+        self.kept = None  # the record numbers in the slice and the class range; None: all
+        if rows != slice(None):
+            self.kept = np.arange(len(self.records))[rows]
         if class_range is not None:
             if not metadata.has("label"):
                 raise DataError(f"a class range was given but {data.display_name} has no labels.")
             labels = self.records.labels()
-            self.kept = np.flatnonzero((labels >= class_range[0]) & (labels < class_range[1]))
+            in_range = np.flatnonzero((labels >= class_range[0]) & (labels < class_range[1]))
+            self.kept = in_range if self.kept is None else np.intersect1d(self.kept, in_range)
         if len(self) == 0:
             raise DataError(f"split {split!r} of {data.display_name} (classes {class_range}) is empty.")
 

@@ -134,8 +134,6 @@ def train_dataset(
 def train_split_size(data: DataSettings) -> int:
     """The number of examples of `data.train_split` (in `data.train_class_range`)."""
     metadata = data_sources.open_metadata(data)
-    if data.train_class_range is None:
-        return metadata.split(data.train_split).num_records
     return len(example_reader.Examples(data, metadata, data.train_split, data.train_class_range))
 
 

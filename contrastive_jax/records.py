@@ -26,6 +26,7 @@ records by position: `RecordSet.read(i)` is record `i` of the split in shard ord
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -137,6 +138,16 @@ class Metadata:
 
     def has(self, field: str) -> bool:
         return field in self.fields
+
+
+def parse_split(spec: str) -> tuple[str, slice]:
+    """`"train+test[:2048]"` -> `("train+test", slice(None, 2048))`: the splits (joined
+    with `+`) and an optional Python slice of their records, as TFDS writes it."""
+    match = re.fullmatch(r"([^\[\]]+)(?:\[(-?\d*):(-?\d*)\])?", spec)
+    if match is None:
+        raise DataError(f"split {spec!r} is not NAME, NAME+NAME or NAME[start:stop]; e.g. 'test[:2048]'.")
+    name, start, stop = match.groups()
+    return name, slice(int(start) if start else None, int(stop) if stop else None)
 
 
 def shard_name(split: str, index: int, count: int) -> str:

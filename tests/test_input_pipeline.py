@@ -188,6 +188,8 @@ def test_eval_arrays_are_the_whole_split_in_order(config):
     both = input_pipeline.eval_arrays(DataSettings.from_config(config), "train+test")
     assert len(both["a"]) == 1437 + 360
     np.testing.assert_array_equal(both["a"][1437:], arrays["a"])
+    sliced = input_pipeline.eval_arrays(DataSettings.from_config(config), "train+test[1400:1500]")
+    np.testing.assert_array_equal(sliced["a"], both["a"][1400:1500])
 
 
 def test_captions_are_drawn_per_visit_as_a_function_of_the_position(image_text_config):
