@@ -71,23 +71,13 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-class TableSource:
-    """A CSV or JSONL file of (image path, caption(s)[, label]) rows, read whole."""
+class _CaptionFiles:
+    """What the file sources (a table, WebDataset tars) share: one split of image files
+    with captions and, when any input has one, labels; `self.inputs` lists the inputs."""
 
-    def __init__(self, path: str, split: str, kind: str):
-        if not os.path.isfile(path):
-            raise ConfigError(f"--source={kind}:{path}: no such file; give the path of the {kind.upper()} file.")
-        self.path, self.split_name, self.options = os.path.abspath(path), split, {}
-        with open(path, newline="", encoding="utf-8") as f:
-            if kind == "csv":
-                header, *lines = list(csv.reader(f)) or [[]]
-                self.rows = [(f"row {n}", _csv_row(header, line)) for n, line in enumerate(lines, 1)]
-            else:
-                self.rows = [(f"line {n}", _jsonl_row(line)) for n, line in enumerate(f, 1) if line.strip()]
-        named = [row for _, row in self.rows if isinstance(row, dict)]
-        if not any("image" in row for row in named):
-            raise ConfigError(f"--source={kind}:{path} has no rows with an `image` column; see --help.")
-        self.has_label = any("label" in row for row in named)
+    split_name: str
+    has_label: bool
+    inputs: list
 
     def splits(self) -> tuple[str, ...]:
         return (self.split_name,)
@@ -97,11 +87,30 @@ class TableSource:
         return {"fields": ("image", "captions", *(("label",) if self.has_label else ()))}
 
     def num_examples(self, split: str) -> int:
-        return len(self.rows)
+        return len(self.inputs)
+
+
+class TableSource(_CaptionFiles):
+    """A CSV or JSONL file of (image path, caption(s)[, label]) rows, read whole."""
+
+    def __init__(self, path: str, split: str, kind: str):
+        if not os.path.isfile(path):
+            raise ConfigError(f"--source={kind}:{path}: no such file; give the path of the {kind.upper()} file.")
+        self.path, self.split_name, self.options = os.path.abspath(path), split, {}
+        with open(path, newline="", encoding="utf-8") as f:
+            if kind == "csv":
+                header, *lines = list(csv.reader(f)) or [[]]
+                self.inputs = [(f"row {n}", _csv_row(header, line)) for n, line in enumerate(lines, 1)]
+            else:
+                self.inputs = [(f"line {n}", _jsonl_row(line)) for n, line in enumerate(f, 1) if line.strip()]
+        named = [row for _, row in self.inputs if isinstance(row, dict)]
+        if not any("image" in row for row in named):
+            raise ConfigError(f"--source={kind}:{path} has no rows with an `image` column; see --help.")
+        self.has_label = any("label" in row for row in named)
 
     def examples(self, split: str, start: int, stop: int) -> Iterator[dict | BadInput]:
         folder = os.path.dirname(self.path)
-        for place, row in self.rows[start:stop]:
+        for place, row in self.inputs[start:stop]:
             if isinstance(row, str):
                 yield BadInput(f"{self.path} {place}", row)
                 continue
@@ -141,7 +150,7 @@ def _jsonl_row(line: str) -> dict | str:
     return row | {"captions": captions}
 
 
-class WebDatasetSource:
+class WebDatasetSource(_CaptionFiles):
     """A folder of WebDataset tar shards (`key.jpg` + `key.txt` / `key.json` [+ `key.cls`]);
     a member's key is its path up to the first dot of its file name (WebDataset's rule)."""
 
@@ -151,7 +160,7 @@ class WebDatasetSource:
         if not tars:
             raise ConfigError(f"--source=webdataset:{folder}: no .tar files there; give the folder of the shards.")
         self.split_name, self.options = split, {}
-        self.items: list[tuple[str, str, dict[str, str]]] = []  # (tar, key, suffix -> member name)
+        self.inputs: list[tuple[str, str, dict[str, str]]] = []  # (tar, key, suffix -> member name)
         for tar in tars:
             by_key: dict[str, dict[str, str]] = {}
             with tarfile.open(tar) as archive:
@@ -160,23 +169,13 @@ class WebDatasetSource:
                         folder_part, name = os.path.split(member.name)
                         stem, _, suffix = name.partition(".")
                         by_key.setdefault(os.path.join(folder_part, stem), {})[f".{suffix.lower()}"] = member.name
-            self.items += [(tar, key, files) for key, files in by_key.items()]
-        self.has_label = any(".cls" in files for _, _, files in self.items)
-
-    def splits(self) -> tuple[str, ...]:
-        return (self.split_name,)
-
-    @property
-    def info(self) -> dict:
-        return {"fields": ("image", "captions", *(("label",) if self.has_label else ()))}
-
-    def num_examples(self, split: str) -> int:
-        return len(self.items)
+            self.inputs += [(tar, key, files) for key, files in by_key.items()]
+        self.has_label = any(".cls" in files for _, _, files in self.inputs)
 
     def examples(self, split: str, start: int, stop: int) -> Iterator[dict | BadInput]:
         archives: dict[str, tarfile.TarFile] = {}
         try:
-            for tar, key, files in self.items[start:stop]:
+            for tar, key, files in self.inputs[start:stop]:
                 archive = archives.setdefault(tar, tarfile.open(tar))
                 contents = {suffix: archive.extractfile(name).read() for suffix, name in files.items()}
                 yield self._example(contents, f"{tar} key {key}")
