@@ -261,8 +261,9 @@ class RecordSet:
                 ) from None
             if count != self.split.shard_sizes[shard]:
                 raise DataError(
-                    f"shard {path} holds {count} records but {METADATA_FILE} says "
-                    f"{self.split.shard_sizes[shard]}; the set was changed after it was written: rewrite it."
+                    f"shard {path} holds {count} records but {METADATA_FILE} says {self.split.shard_sizes[shard]}: "
+                    "it is truncated or was changed after it was written; delete it and rerun the `write_records` "
+                    "command that wrote the set."
                 )
             self._readers[shard] = reader
         return self._readers[shard]

@@ -1,7 +1,9 @@
 """The input pipeline: task outputs, determinism, seeking, epochs, sharding, bad records."""
 
+import dataclasses
 import io
 import itertools
+import os
 import threading
 
 import numpy as np
@@ -264,3 +266,36 @@ def checked_stream(config):
     data = DataSettings.from_config(config)
     data_sources.check_data_config(data)
     return input_pipeline.train_dataset(data)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            "delete",
+            r"shard \S+train-00001-of-00002.array_record of split 'train' is missing; rerun the `write_records`",
+        ),
+        (
+            "truncate",
+            r"shard \S+train-00001-of-00002.array_record holds 0 records but metadata.json says 20: it is trunc",
+        ),
+        ("miscount", r"shard \S+train-00001-of-00002.array_record holds 20 records but metadata.json says 21: it is"),
+    ],
+)
+def test_a_damaged_record_set_names_the_shard_and_the_fix(image_text_config, damage, message):
+    directory = image_text_config.data.records
+    shard = os.path.join(directory, "train-00001-of-00002.array_record")
+    if damage == "delete":
+        os.remove(shard)
+    elif damage == "truncate":
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) // 2)
+    else:
+        metadata = records.read_metadata(directory)
+        split = metadata.splits["train"]
+        wrong = records.Split(split.shards, (split.shard_sizes[0], split.shard_sizes[1] + 1))
+        records.write_metadata(dataclasses.replace(metadata, splits={"train": wrong}))
+    image_text_config.data.on_bad_record = "skip"  # damage to a shard is never skipped
+    with pytest.raises(records.DataError, match=message):
+        data = DataSettings.from_config(image_text_config)
+        take(input_pipeline.train_dataset(data), 3)
