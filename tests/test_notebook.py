@@ -89,7 +89,7 @@ def check_short_training_learns(executed):
     assert run["steps"] == list(range(2, run["num_train_steps"] + 1, 2))  # logged every 40 // 20 steps
     first, last = np.mean(run["loss"][:3]), np.mean(run["loss"][-3:])
     assert last < first - 0.5, (first, last)  # nats; it starts near 6.3
-    assert run["eval"]["a_to_b/R@1"] > 10 / 360 and run["eval"]["b_to_a/R@1"] > 10 / 360  # chance: 1/360
+    assert run["eval"]["a_to_b/R@1"] > 5 / 360 and run["eval"]["b_to_a/R@1"] > 5 / 360  # 5 x chance (1/360) in 40 steps
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1  # the loss curve, inline
 
 
