@@ -29,6 +29,7 @@ NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "col
 # What the environment had before any notebook ran (the first run installs what is missing).
 STACK_BEFORE = {d: importlib.metadata.version(d) for d in ("jax", "jaxlib", "numpy")}
 TENSORFLOW_BEFORE = importlib.util.find_spec("tensorflow") is not None
+ML_COLLECTIONS_BEFORE = importlib.util.find_spec("ml_collections") is not None
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +59,10 @@ def check_installs_only_what_is_missing_and_keeps_the_stack(executed):
     setup = results["setup"]
     for distribution, version in STACK_BEFORE.items():
         assert setup["kept"][distribution] == version == importlib.metadata.version(distribution)
-    if devices == 1 and not TENSORFLOW_BEFORE:  # the first run in a Colab-TPU-like venv
+    if devices == 1 and not ML_COLLECTIONS_BEFORE:  # the first run in a Colab-TPU-like venv
         assert "ml-collections" in setup["installed"] and setup["install_seconds"] > 0
-        assert not any(name.startswith("tensorflow") for name in setup["installed"])
+    assert not any(name.startswith("tensorflow") for name in setup["installed"])
+    if not TENSORFLOW_BEFORE:  # nothing installed it
         assert importlib.util.find_spec("tensorflow") is None
     text = "".join(o.get("text", "") for o in outputs)
     installed = ", ".join(setup["installed"]) or "nothing"
