@@ -4,11 +4,15 @@ Hugging Face `tokenizers` JSON file (`config.data.tokenizer`).
 Every tokenizer maps a string to int32 [length] ids, truncated and 0-padded, with 0
 meaning padding alone (the text encoders take `tokens > 0` as the mask): bytes are
 1 + the UTF-8 byte (vocabulary 257); a SentencePiece or `tokenizers` model's ids are
-shifted by one (vocabulary: the model's size + 1). Tokenizers pickle (grain's worker
-processes receive them) by their path, and load their model lazily.
+shifted by one (vocabulary: the model's size + 1). A model file's tokenizer reads the
+file when loaded (for `vocab_size`) and pickles as its path alone (grain's worker
+processes receive it), reading the file again on its first use there. The
+`sentencepiece` and `tokenizers` packages (the `text` extra) are imported only for
+their files.
 """
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -30,9 +34,10 @@ class Tokenizer:
         ids = np.asarray(self._ids(text)[:length], np.int32)
         return np.pad(ids, (0, length - len(ids)))
 
-    def encode_batch(self, texts, length: int) -> np.ndarray:
-        """int32 [n, length]: `encode` of each text."""
-        return np.stack([self.encode(text, length) for text in texts]) if texts else np.zeros((0, length), np.int32)
+    def encode_batch(self, texts: Sequence[str], length: int) -> np.ndarray:
+        """int32 [n, length]: `encode` of each of the n texts."""
+        ids = [self.encode(text, length) for text in texts]
+        return np.stack(ids) if ids else np.zeros((0, length), np.int32)
 
 
 class ByteTokenizer(Tokenizer):
@@ -114,7 +119,8 @@ def load(spec: str) -> Tokenizer:
     """The tokenizer `spec` names: "bytes", a SentencePiece `.model` or a `tokenizers` `.json` file.
 
     Raises:
-      ConfigError: an unknown spec, a missing file, or its package not installed.
+      ConfigError: an unknown spec, a missing or unreadable file, or its package not
+        installed.
     """
     if spec == BYTES:
         return ByteTokenizer()
@@ -133,4 +139,10 @@ def load(spec: str) -> Tokenizer:
         raise ConfigError(
             f"config.data.tokenizer={spec!r} needs the {kind.package} package: pip install 'contrastive-jax[text]'."
         ) from None
-    return kind(os.path.abspath(spec))
+    try:
+        return kind(os.path.abspath(spec))
+    except Exception as error:  # sentencepiece raises RuntimeError, tokenizers a bare Exception
+        raise ConfigError(
+            f"config.data.tokenizer={spec!r} is not a {kind.package} model file ({error}); "
+            "give a SentencePiece .model or a tokenizers tokenizer.json file."
+        ) from None

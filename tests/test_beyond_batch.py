@@ -1,16 +1,17 @@
 """DCL, SogCLR, the MoCo queue and the cross-batch memory against direct references.
 
-Values against float64 NumPy written from the papers' formulas (SogCLR: a port of the
-math of LibAUC's ``GCLoss_v1``, two modalities, with its running-max shift), gradients
-against ``jax.grad`` of the dense references; the streamed forms (tiles, ring) and the
-sharded forms (state included) against the single-device dense one. The kernels'
-sharded == single-device value and gradient on 1/2/4/8 devices (shard_map and pmap)
-are in ``test_losses_sharded.py`` (``losses.examples`` holds DCL, DCLW, the queue and
-XBM).
+Values against float64 NumPy written from the papers' formulas (SogCLR: the math of
+LibAUC's ``GCLoss`` classes, two modalities, with ``GCLoss_v2``'s running-max shift),
+gradients against ``jax.grad`` of the dense references; the streamed forms (tiles,
+ring) and the sharded forms (state included) against the single-device dense one. The
+kernels' sharded == single-device value and gradient on 1/2/4/8 devices (shard_map and
+pmap) are in ``test_losses_sharded.py`` (``losses.examples`` holds DCL, DCLW, the queue
+and XBM). Each bad input: one ValueError, its message matched.
 """
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,9 +112,10 @@ def test_dcl_drops_the_positive_from_the_denominator():
 
 
 def _sogclr_numpy(a, b, index, u, shift, temperature, gamma):
-    """A port of the math of LibAUC's ``GCLoss_v1`` (two modalities), written from its
-    formula, with its two defects fixed: the positive is the pair's own (global
-    diagonal) and ``g`` is a mean over the ``N - 1`` negatives.
+    """SogCLR written from LibAUC's ``GCLoss`` classes: ``GCLoss_v2``'s two modalities,
+    one ``u`` per direction and running-max shift; ``GCLoss_v1``'s estimate (``g`` the
+    mean of ``exp(s_ij / T)`` over the ``N - 1`` negatives, the positive outside it);
+    the positive is the pair's own (the global diagonal; v2 takes its local block's).
 
     State per example and direction: ``u`` and the running maximum ``shift`` of the
     logits (``u e^shift`` is the moving average; ``shift = -inf``: never visited).
@@ -229,6 +231,88 @@ def test_sogclr_without_index_is_an_error():
         losses.sogclr_loss(a, b, None, losses.sogclr_init_state(N), temperature=T)
 
 
+@pytest.mark.parametrize("outside", [-1, 24])
+def test_sogclr_rejects_a_concrete_index_outside_the_table(outside):
+    """-1 would wrap to the last row and 24 clamp to it: another example's state."""
+    a, b = _pairs()
+    index = jnp.arange(N).at[5].set(outside)
+    with pytest.raises(ValueError, match=rf"^index must lie in \[0, 24\) \(the rows of log_u\), got {outside}: "):
+        losses.sogclr_loss(a, b, index, losses.sogclr_init_state(24), temperature=T)
+
+
+@pytest.mark.parametrize("num_devices", [None, 4])
+def test_sogclr_traced_index_outside_the_table_changes_no_other_row(num_devices):
+    """Under jit an index outside [0, n) reads as a first visit and is not written: the
+    same loss and rows as an in-range index to a never-visited row, which is then left
+    as it was."""
+    a, b = _pairs()
+    log_u = jax.random.normal(jax.random.key(5), (24, 2))  # every row visited
+    index = jnp.arange(N).at[3].set(-1).at[7].set(24)
+    fn = functools.partial(losses.sogclr_loss, temperature=T)
+    if num_devices is not None:
+        fn = _sharded_sogclr(sharding.make_mesh(num_devices))
+    loss, table = jax.jit(fn)(a, b, index, log_u)
+    in_range = index.at[3].set(16).at[7].set(17)
+    want_loss, want_table = losses.sogclr_loss(a, b, in_range, log_u.at[16:18].set(-jnp.inf), temperature=T)
+    _close(loss, want_loss)
+    untouched = np.isin(np.arange(24), np.asarray(index), invert=True)
+    np.testing.assert_array_equal(np.asarray(table)[untouched], np.asarray(log_u)[untouched])
+    written = np.asarray(index)[(np.asarray(index) >= 0) & (np.asarray(index) < 24)]
+    _close(np.asarray(table)[written], np.asarray(want_table)[written])
+
+
+def test_sogclr_gamma_schedule_under_jit_equals_eager():
+    """gamma as an array argument: one compile for the whole schedule, each step equal
+    to the eager call with gamma a Python number (gamma = 1 included)."""
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def step(a, b, index, log_u, gamma):
+        return losses.sogclr_loss(a, b, index, log_u, temperature=T, gamma=gamma)
+
+    log_u = want_log_u = losses.sogclr_init_state(24)
+    for gamma, (a, b, index) in zip([0.5, 1.0, 0.9], _batches(3, table_size=24)):
+        loss, log_u = step(a, b, index, log_u, jnp.float32(gamma))
+        want, want_log_u = losses.sogclr_loss(a, b, index, want_log_u, temperature=T, gamma=gamma)
+        _close(loss, want)
+        np.testing.assert_allclose(np.asarray(log_u), np.asarray(want_log_u), rtol=1e-6)
+
+
+def test_sogclr_zero_table_reads_as_visited_with_u_one():
+    """The table marks "never visited" with -inf; LibAUC's zeros are log u = 0, u = 1:
+    the first step averages 1 in, u = (1 - gamma) + gamma g (documented)."""
+    a, b = _pairs()
+    index = jnp.arange(N)
+    _, first = losses.sogclr_loss(a, b, index, losses.sogclr_init_state(N), temperature=T)  # log g
+    _, from_zeros = losses.sogclr_loss(a, b, index, jnp.zeros((N, 2)), temperature=T, gamma=0.9)
+    _close(from_zeros, np.log(0.1 + 0.9 * np.exp(np.asarray(first, np.float64))))
+
+
+@pytest.mark.parametrize(
+    "gamma, log_u, match",
+    [
+        (1.5, jnp.zeros((N, 2)), r"^gamma must be in \(0, 1\] \(0.9 in the paper\), got 1.5\.$"),
+        (0.9, jnp.zeros((N, 2), jnp.int32), r"^log_u must be the \[n, 2\] float table of sogclr_init_state\(n\), "),
+        (0.9, jnp.zeros((N,)), r"^log_u must be the \[n, 2\] float table .* got shape \(16,\) and dtype float32\.$"),
+    ],
+)
+def test_sogclr_rejects_bad_gamma_and_tables(gamma, log_u, match):
+    a, b = _pairs()
+    with pytest.raises(ValueError, match=match):
+        losses.sogclr_loss(a, b, jnp.arange(N), log_u, temperature=T, gamma=gamma)
+
+
+@pytest.mark.parametrize("name", ["dcl_loss", "sogclr_loss"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_global_batch_of_one_pair_is_an_error(name, jit):
+    """DCL at N = 1 would return -1e9 (an empty logsumexp), SogCLR log(0); N is static."""
+    a, b = _pairs()
+    args = (a[:1], b[:1]) if name == "dcl_loss" else (a[:1], b[:1], jnp.arange(1), losses.sogclr_init_state(4))
+    fn = functools.partial(getattr(losses, name), temperature=T)
+    with pytest.raises(ValueError, match=rf"^{name} got a global batch of 1 pair, but a contrastive loss needs >= 2 "):
+        (jax.jit(fn) if jit else fn)(*args)
+
+
 # ------------------------------------------------------------------------ MoCo queue
 
 
@@ -310,6 +394,36 @@ def test_enqueue_keeps_the_last_keys_and_wraps(num_devices):
 def test_enqueue_rejects_a_queue_not_a_multiple_of_the_batch():
     with pytest.raises(ValueError, match="multiple of the global batch 16"):
         losses.enqueue(jnp.zeros((40, D)), jnp.int32(0), _unit(0, N))
+
+
+@pytest.mark.parametrize(
+    "new, match",
+    [
+        # [B, 1] would broadcast one number over each row's D columns.
+        ((jnp.ones((N, 1)), jnp.arange(N)), r"^enqueue's new\[0\] must have shape \(16, 8\) .* got \(16, 1\)\.$"),
+        ((_unit(0, N), jnp.arange(N)[:, None]), r"^enqueue's new\[1\] must have shape \(16,\) .* got \(16, 1\)\.$"),
+        ((_unit(0, N), jnp.arange(N) + 0.5), r"^enqueue's new\[1\] must be integers \(labels\) .* dtype float32\.$"),
+        ((_unit(0, N),), r"^enqueue's new must have the structure of buffers"),
+    ],
+)
+def test_enqueue_rejects_rows_unlike_the_buffers(new, match):
+    buffers = (jnp.zeros((K, D)), jnp.full((K,), -1, jnp.int32))
+    with pytest.raises(ValueError, match=match):
+        losses.enqueue(buffers, jnp.int32(0), new)
+
+
+@pytest.mark.parametrize("momentum", [1.5, -0.1])
+def test_momentum_update_rejects_a_momentum_outside_0_1(momentum):
+    with pytest.raises(ValueError, match=rf"^momentum must be in \[0, 1\] .*, got {momentum}\.$"):
+        losses.momentum_update({"w": jnp.ones(3)}, {"w": jnp.zeros(3)}, momentum=momentum)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_moco_rejects_a_queue_of_another_width(jit):
+    q, k = _pairs()
+    fn = functools.partial(losses.moco_queue_loss, temperature=T)
+    with pytest.raises(ValueError, match=r"^queue has shape \(32, 12\) but the embeddings have D = 8: "):
+        (jax.jit(fn) if jit else fn)(q, k, _unit(7, K, 12))
 
 
 # ------------------------------------------------------------------------------- XBM
@@ -426,3 +540,17 @@ def test_xbm_rejects_a_loss_that_is_not_label_based():
     z, labels, memory, memory_labels = _xbm_inputs()
     with pytest.raises(ValueError, match="loss must be one of"):
         losses.xbm_loss(z, labels, memory, memory_labels, loss="clip")
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_xbm_rejects_a_memory_of_another_width(jit):
+    z, labels, _, memory_labels = _xbm_inputs()
+    fn = functools.partial(losses.xbm_loss, loss="supcon", temperature=0.3)
+    with pytest.raises(ValueError, match=r"^memory has shape \(32, 12\) but the embeddings have D = 8: "):
+        (jax.jit(fn) if jit else fn)(z, labels, _unit(4, K, 12), memory_labels)
+
+
+def test_xbm_contrastive_without_a_margin_is_an_error():
+    z, labels, memory, memory_labels = _xbm_inputs()
+    with pytest.raises(ValueError, match=r"^xbm_loss with loss='contrastive' needs margin: pass margin > 0"):
+        losses.xbm_loss(z, labels, memory, memory_labels, loss="contrastive")

@@ -1,7 +1,10 @@
 """tokenizers: bytes (golden ids), SentencePiece and Hugging Face models trained here, each
 against its own library's ids shifted by one; padding, truncation, pickling, errors."""
 
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -69,8 +72,9 @@ def test_model_files_give_their_library_ids_plus_one(request, model):
         assert not encoded[len(ids) :].any() and (ids > 0).all()
         np.testing.assert_array_equal(tokenizer.encode(text, 2), ids[:2] if len(ids) >= 2 else encoded[:2])
     assert tokenizer.vocab_size > max(int(tokenizer.encode(t, 40).max()) for t in TEXTS)
-    again = pickle.loads(pickle.dumps(tokenizer))  # what grain's workers receive
-    np.testing.assert_array_equal(again.encode_batch(TEXTS, 40), tokenizer.encode_batch(TEXTS, 40))
+    pickled = pickle.dumps(tokenizer)  # what grain's workers receive: the path, not the model
+    assert len(pickled) < os.path.getsize(path)
+    np.testing.assert_array_equal(pickle.loads(pickled).encode_batch(TEXTS, 40), tokenizer.encode_batch(TEXTS, 40))
 
 
 @pytest.mark.parametrize(
@@ -83,3 +87,34 @@ def test_model_files_give_their_library_ids_plus_one(request, model):
 def test_bad_specs_name_the_field(spec, message):
     with pytest.raises(ConfigError, match=message):
         tokenizers.load(spec)
+
+
+@pytest.mark.parametrize("suffix", [".model", ".json"])
+def test_an_unreadable_model_file_is_one_line(tmp_path, suffix):
+    pytest.importorskip("sentencepiece" if suffix == ".model" else "tokenizers")
+    path = tmp_path / f"tokenizer{suffix}"
+    path.write_text("not a model")
+    with pytest.raises(
+        ConfigError, match=r"config.data.tokenizer='.*' is not a \w+ model file \(.*\); give a"
+    ) as error:
+        tokenizers.load(str(path))
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("suffix, package", [(".model", "sentencepiece"), (".json", "tokenizers")])
+def test_a_missing_package_names_the_extra(tmp_path, monkeypatch, suffix, package):
+    path = tmp_path / f"tokenizer{suffix}"
+    path.write_text("")
+    monkeypatch.setitem(sys.modules, package, None)  # `import package` raises ImportError
+    message = f"config.data.tokenizer='{path}' needs the {package} package: pip install 'contrastive-jax[text]'."
+    with pytest.raises(ConfigError) as error:
+        tokenizers.load(str(path))
+    assert str(error.value) == message
+
+
+def test_bytes_import_neither_tokenizer_package():
+    code = (
+        "import sys; from contrastive_jax import tokenizers; tokenizers.load('bytes').encode('a', 4); "
+        "assert not {'sentencepiece', 'tokenizers'} & set(sys.modules), sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -21,9 +21,11 @@ number of training examples (rows of SogCLR's table).
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from contrastive_jax.losses import _common, logit_stats
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, document_streaming
@@ -50,6 +52,17 @@ def _negative_logsumexps(a, b, temperature, axis_name, streaming) -> tuple[jax.A
     return stats.row_lse, stats.col_lse
 
 
+def _check_global_batch(loss_name: str, a, axis_name) -> int:
+    """N, the global batch of ``a: [B, D]``; a ValueError below 2 pairs."""
+    global_batch = _common.global_batch_size(a.shape[0], axis_name)
+    if global_batch < 2:
+        raise ValueError(
+            f"{loss_name} got a global batch of {global_batch} pair, but a contrastive loss needs >= 2 "
+            "examples (each pair's negatives are the other pairs): pass a batch of at least 2."
+        )
+    return global_batch
+
+
 @document_streaming
 def dcl_loss(
     a: jax.Array,
@@ -69,6 +82,10 @@ def dcl_loss(
     the positive by ``w_i = 2 - exp(s_ii / sigma) / mean_k exp(s_kk / sigma)`` over the
     global batch (cosines, without gradient); DCL has ``w_i = 1``.
 
+    This is the two-tower form: the negatives are the other tower's ``N - 1`` rows (the
+    paper's SimCLR-style form also counts the same view's ``N - 1`` other rows), and
+    DCLW's weight carries no gradient (the PyTorch code most ports follow lets it flow).
+
     Args:
       a: ``[B, D]`` L2-normalised embeddings of modality A (or the first views).
       b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
@@ -81,6 +98,7 @@ def dcl_loss(
       Scalar mean over the global batch and both directions.
     """
     check_paired(a, b, ("a", "b"), temperature, axis_name)
+    _check_global_batch("dcl_loss", a, axis_name)
     row_lse, col_lse = _negative_logsumexps(
         a, b, temperature, axis_name, Streaming(chunk_size, collective, matmul_dtype)
     )
@@ -96,7 +114,9 @@ def dcl_loss(
 
 def sogclr_init_state(num_examples: int) -> jax.Array:
     """SogCLR's table for ``num_examples`` training examples: ``[n, 2]`` float32, all
-    ``-inf`` (never visited). It holds ``log u`` (see :func:`sogclr_loss`)."""
+    ``-inf`` (never visited). It holds ``log u`` (see :func:`sogclr_loss`); a finite
+    entry, 0 included, is a visited example's, so a table of zeros (LibAUC's ``u = 0``
+    start) reads as every example visited with ``u = 1``."""
     return jnp.full((num_examples, 2), -jnp.inf, jnp.float32)
 
 
@@ -120,6 +140,32 @@ def _last_occurrences(index: jax.Array) -> jax.Array:
     in_order = index[order]
     last = jnp.append(in_order[1:] != in_order[:-1], True)
     return jnp.zeros_like(last).at[order].set(last)
+
+
+def _check_sogclr_state(batch: int, index, log_u, gamma) -> None:
+    """Raises ValueError unless ``index`` is ``[batch]`` int (in ``[0, n)`` where it is
+    concrete), ``log_u`` an ``[n, 2]`` float table and ``gamma`` (a Python number) in (0, 1]."""
+    if index is None or jnp.shape(index) != (batch,) or not jnp.issubdtype(jnp.result_type(index), jnp.integer):
+        raise ValueError(
+            f"sogclr_loss needs index: the [{batch}] int dataset index of each pair "
+            f"(its row of the state table), got {None if index is None else jnp.shape(index)}."
+        )
+    if jnp.ndim(log_u) != 2 or jnp.shape(log_u)[1] != 2 or not jnp.issubdtype(jnp.result_type(log_u), jnp.floating):
+        raise ValueError(
+            f"log_u must be the [n, 2] float table of sogclr_init_state(n), got shape {jnp.shape(log_u)} "
+            f"and dtype {jnp.result_type(log_u)}."
+        )
+    if isinstance(gamma, numbers.Real) and not 0 < gamma <= 1:
+        raise ValueError(f"gamma must be in (0, 1] (0.9 in the paper), got {gamma!r}.")
+    if isinstance(index, jax.core.Tracer):
+        return
+    rows, values = jnp.shape(log_u)[0], np.asarray(index)
+    outside = values[(values < 0) | (values >= rows)]
+    if outside.size:
+        raise ValueError(
+            f"index must lie in [0, {rows}) (the rows of log_u), got {outside[0]}: give each pair its "
+            "position in the dataset, and make the table as large as the dataset (sogclr_init_state)."
+        )
 
 
 @document_streaming
@@ -149,17 +195,26 @@ def sogclr_loss(
 
     The table holds ``log u``, so no shift is needed for stability (LibAUC keeps ``u``
     beside a running maximum ``b`` of the logits, ``u e^b`` being ``exp(log u)`` here).
-    Unlike LibAUC's ``GCLoss``, every device takes its positives from its own pairs
-    (the diagonal of the global logits) and ``g_i`` is a mean over the negatives.
+    ``-inf`` marks an example never visited; any finite entry is a visited example's
+    ``log u``: a table of zeros (LibAUC starts ``u`` at 0) means ``u = 1`` everywhere,
+    not "unvisited" (start from :func:`sogclr_init_state`). LibAUC's two-modality
+    ``GCLoss_v2`` takes each device's positives from the diagonal of its local ``[B, N]``
+    block (right on the first device only); here they are the pair's own. As in its
+    one-modality ``GCLoss_v1``, ``u`` averages ``exp(s_ij / T)`` and the positive's
+    weight is 1 (v2 averages ``exp((s_ij - s_ii) / T)``, the positive inside: the same
+    objective, another estimate, and weights not divided by ``N - 1``: a gradient scale).
 
     Args:
       a: ``[B, D]`` L2-normalised embeddings of modality A.
       b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
-      index: ``[B]`` int dataset index of each pair, ``0 <= index < n``.
-      log_u: ``[n, 2]`` the table (replicated; :func:`sogclr_init_state`), column 0 the
-        a -> b direction, column 1 b -> a.
+      index: ``[B]`` int dataset index of each pair, ``0 <= index < n``: a ValueError
+        where it is concrete; traced (under jit), an index outside reads as a first
+        visit and is not written, so no other example's row changes.
+      log_u: ``[n, 2]`` float, the table (replicated; :func:`sogclr_init_state`),
+        column 0 the a -> b direction, column 1 b -> a.
       temperature: scalar > 0.
-      gamma: the moving average's rate in (0, 1] (0.9 in the paper).
+      gamma: the moving average's rate in (0, 1] (0.9 in the paper): a Python number
+        (checked) or a scalar array (e.g. a schedule's value, traced under jit).
       axis_name: mesh axis of the global batch, or None.
       {streaming_args}
 
@@ -169,32 +224,24 @@ def sogclr_loss(
       The table carries no gradient.
     """
     check_paired(a, b, ("a", "b"), temperature, axis_name)
-    if index is None or jnp.shape(index) != (a.shape[0],) or not jnp.issubdtype(jnp.result_type(index), jnp.integer):
-        raise ValueError(
-            f"sogclr_loss needs index: the [{a.shape[0]}] int dataset index of each pair "
-            f"(its row of the state table), got {None if index is None else jnp.shape(index)}."
-        )
-    if jnp.ndim(log_u) != 2 or jnp.shape(log_u)[1] != 2:
-        raise ValueError(f"log_u must have shape [n, 2], got {jnp.shape(log_u)}.")
-    if not 0 < gamma <= 1:
-        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}.")
+    global_batch = _check_global_batch("sogclr_loss", a, axis_name)
+    _check_sogclr_state(a.shape[0], index, log_u, gamma)
     lse = jnp.stack(
         _negative_logsumexps(a, b, temperature, axis_name, Streaming(chunk_size, collective, matmul_dtype)),
         axis=1,
     )  # [B, 2]
     log_u = jax.lax.stop_gradient(log_u)
-    num_negatives = _common.global_batch_size(a.shape[0], axis_name) - 1
-    log_g = jax.lax.stop_gradient(lse) - math.log(num_negatives)
-    old = log_u[index]
-    new = jnp.where(
-        jnp.isfinite(old),
-        jnp.logaddexp(old + math.log1p(-gamma) if gamma < 1 else -jnp.inf, log_g + math.log(gamma)),
-        log_g,
-    )
+    log_g = jax.lax.stop_gradient(lse) - math.log(global_batch - 1)
+    # A traced index outside [0, n) goes to row n: read as unvisited, dropped on write
+    # (JAX would wrap -1 to the last row even with mode="fill" / "drop").
+    row = jnp.where((index >= 0) & (index < log_u.shape[0]), index, log_u.shape[0])
+    old = log_u.at[row].get(mode="fill", fill_value=-jnp.inf)
+    # log1p(-1) = -inf: at gamma = 1 the old average drops out.
+    new = jnp.where(jnp.isfinite(old), jnp.logaddexp(old + jnp.log1p(-gamma), log_g + jnp.log(gamma)), log_g)
     # d/ds_ij of ratio * lse is exp(s_ij / T) / u / (N - 1): SogCLR's weighted negatives.
     ratio = jnp.exp(log_g - new)
     per_direction = new + ratio * (lse - jax.lax.stop_gradient(lse))
     loss = _common.global_mean(jnp.mean(per_direction, axis=1) - paired_logits(a, b, temperature), axis_name)
-    all_index, all_new = _gather_replicated((index, new), axis_name)
-    rows = jnp.where(_last_occurrences(all_index), all_index, log_u.shape[0])
+    all_rows, all_new = _gather_replicated((row, new), axis_name)
+    rows = jnp.where(_last_occurrences(all_rows), all_rows, log_u.shape[0])
     return loss, log_u.at[rows].set(all_new, mode="drop")

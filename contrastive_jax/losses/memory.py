@@ -22,6 +22,7 @@ the buffer's rows over all devices.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import jax
@@ -40,6 +41,17 @@ _QUEUE = PairSpec(row_logsumexp=True)
 def _buffer_ids(buffer: jax.Array, global_batch: int, axis_name) -> jax.Array:
     """Ids ``[K_local]`` of this device's buffer rows, distinct from the batch's ``[0, N)``."""
     return global_batch + _common.row_offset(buffer.shape[0], axis_name) + jnp.arange(buffer.shape[0])
+
+
+def _check_buffer(buffer, name: str, dim: int) -> None:
+    """Requires a ``[K, D]`` buffer as wide as the embeddings (``D = dim``), a
+    ValueError naming it otherwise (static: also at trace time)."""
+    _common.check_embeddings(buffer, name)
+    if buffer.shape[1] != dim:
+        raise ValueError(
+            f"{name} has shape {tuple(buffer.shape)} but the embeddings have D = {dim}: it holds earlier "
+            f"embeddings of the same width, so make it [{buffer.shape[0]}, {dim}]."
+        )
 
 
 @document_streaming
@@ -73,7 +85,7 @@ def moco_queue_loss(
       Scalar mean over the global batch.
     """
     check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
-    _common.check_embeddings(queue, "queue")
+    _check_buffer(queue, "queue", queries.shape[1])
     global_batch = _common.global_batch_size(queries.shape[0], axis_name)
     stats = logit_stats.pair_stats(
         _QUEUE,
@@ -167,7 +179,7 @@ def xbm_loss(
         raise ValueError(f"xbm_loss's loss must be one of {XBM_LOSSES}, got {loss!r}.")
     _common.check_embeddings(z, "z")
     _common.check_labels(labels, z.shape[0])
-    _common.check_embeddings(memory, "memory")
+    _check_buffer(memory, "memory", z.shape[1])
     _common.check_labels(memory_labels, memory.shape[0], "memory_labels")
     _common.check_axis_bound(axis_name)
     row_ids = local_ids(z.shape[0], axis_name)
@@ -182,6 +194,8 @@ def xbm_loss(
         _common.check_temperature(temperature)
         spec = SUPCON
     elif loss == "contrastive":
+        if margin is None:
+            raise ValueError("xbm_loss with loss='contrastive' needs margin: pass margin > 0 (e.g. margin=1.0).")
         _common.check_positive(margin, "margin")
         spec, temperature = PairSpec(pair_terms=_contrastive_terms(margin)), 1.0
     else:
@@ -206,6 +220,35 @@ def xbm_loss(
     return _common.global_mean(per_row, axis_name)
 
 
+def _check_enqueued(buffers: Any, new: Any) -> None:
+    """Requires ``new`` to have ``buffers``' structure, each leaf ``[B, ...]`` with its
+    buffer's ``[K_local, ...]`` trailing shape (one B, one K), and integer rows for an
+    integer buffer (labels)."""
+    buffer_leaves, structure = jax.tree_util.tree_flatten_with_path(buffers)
+    new_leaves, new_structure = jax.tree.flatten(new)
+    if new_structure != structure:
+        raise ValueError(f"enqueue's new must have the structure of buffers, {structure}, got {new_structure}.")
+    first = jax.tree_util.keystr(buffer_leaves[0][0])
+    local_rows, batch = jnp.shape(buffer_leaves[0][1])[0], jnp.shape(new_leaves[0])[0]
+    for (path, buffer), rows in zip(buffer_leaves, new_leaves):
+        name = jax.tree_util.keystr(path)
+        if jnp.shape(buffer)[0] != local_rows:
+            raise ValueError(
+                f"buffers{name} has {jnp.shape(buffer)[0]} rows but buffers{first} {local_rows}: "
+                "every buffer of one ring holds the same rows."
+            )
+        want = (batch, *jnp.shape(buffer)[1:])
+        if jnp.shape(rows) != want:
+            raise ValueError(
+                f"enqueue's new{name} must have shape {want} (a row per example, as buffers{name} "
+                f"{tuple(jnp.shape(buffer))}), got {tuple(jnp.shape(rows))}."
+            )
+        if jnp.issubdtype(buffer.dtype, jnp.integer) and not jnp.issubdtype(jnp.result_type(rows), jnp.integer):
+            raise ValueError(
+                f"enqueue's new{name} must be integers (labels) like buffers{name}, got dtype {jnp.result_type(rows)}."
+            )
+
+
 def enqueue(buffers: Any, pointer: jax.Array, new: Any, *, axis_name=None) -> tuple[Any, jax.Array]:
     """Writes the global batch's rows into ring buffers at ``pointer``, without gradient.
 
@@ -216,14 +259,15 @@ def enqueue(buffers: Any, pointer: jax.Array, new: Any, *, axis_name=None) -> tu
       buffers: a pytree of ``[K_local, ...]`` arrays (this device's rows: the queue,
         the memory and its labels).
       pointer: int scalar, the global row the batch's first row goes to (replicated).
-      new: a pytree like ``buffers`` of ``[B, ...]`` local batch rows.
+      new: a pytree like ``buffers`` of ``[B, ...]`` local batch rows, each leaf with
+        its buffer's trailing shape (integers into an integer buffer).
       axis_name: mesh axis of the batch and the buffers, or None.
 
     Returns:
       ``(buffers, pointer)``: the updated rows, and ``(pointer + N) mod K``.
     """
-    leaves = jax.tree.leaves(buffers)
-    local_rows, local_batch = leaves[0].shape[0], jax.tree.leaves(new)[0].shape[0]
+    _check_enqueued(buffers, new)
+    local_rows, local_batch = jax.tree.leaves(buffers)[0].shape[0], jax.tree.leaves(new)[0].shape[0]
     devices = 1 if axis_name is None else jax.lax.axis_size(axis_name)
     size, global_batch = local_rows * devices, local_batch * devices
     if size % global_batch:
@@ -241,5 +285,10 @@ def enqueue(buffers: Any, pointer: jax.Array, new: Any, *, axis_name=None) -> tu
 
 
 def momentum_update(ema_params: Any, params: Any, *, momentum: float) -> Any:
-    """The momentum encoder's step: ``ema <- momentum * ema + (1 - momentum) * params``."""
+    """The momentum encoder's step: ``ema <- momentum * ema + (1 - momentum) * params``,
+    ``0 <= momentum <= 1`` (checked when a Python number)."""
+    if isinstance(momentum, numbers.Real) and not 0 <= momentum <= 1:
+        raise ValueError(
+            f"momentum must be in [0, 1] (0.999 in MoCo; 1 freezes the momentum encoder), got {momentum!r}."
+        )
     return jax.tree.map(lambda e, p: momentum * e + (1.0 - momentum) * p, ema_params, params)
