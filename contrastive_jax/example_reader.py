@@ -181,24 +181,22 @@ class BatchReader:
         return out
 
     def visits(self, step: int) -> list[Visit]:
-        """The random draws of this process's rows of batch `step`."""
-        captions = stateless_random.uniform(self.seed, _CAPTION, self.positions(step))
-        return [Visit(d, float(c)) for d, c in zip(self.draws(step), captions)]
-
-    def draws(self, step: int) -> np.ndarray:
-        """float64 [rows, _VIEWS, images.NUM_DRAWS]: each row's augmentation draws."""
+        """The random draws of this process's rows of batch `step`: each row's
+        augmentation draws [_VIEWS, images.NUM_DRAWS] and caption draw."""
         positions = self.positions(step)
         counters = positions[:, None] * (_VIEWS * images.NUM_DRAWS) + np.arange(_VIEWS * images.NUM_DRAWS)
-        return stateless_random.uniform(self.seed, _AUGMENT, counters).reshape(len(positions), _VIEWS, -1)
+        draws = stateless_random.uniform(self.seed, _AUGMENT, counters).reshape(len(positions), _VIEWS, -1)
+        captions = stateless_random.uniform(self.seed, _CAPTION, positions)
+        return [Visit(d, float(c)) for d, c in zip(draws, captions)]
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
-        indices = self.indices(step)
+        indices, visits = self.indices(step), self.visits(step)
         rows, skipped = [], 0
-        for i, visit, record in zip(indices, self.visits(step), self.examples.read(indices)):
+        for i, visit, record in zip(indices, visits, self.examples.read(indices)):
             inputs, passed = self.examples.inputs_or_replacement(int(i), visit, record)
             rows.append(inputs | {"index": np.int32((i + passed) % len(self.examples))})
             skipped += passed
-        batch = self._photometric(stack(rows), step)
+        batch = self._photometric(stack(rows), step, visits)
         if self.examples.data.on_bad_record == "skip":
             batch["skipped_records"] = np.int32(skipped)
         return batch
@@ -209,14 +207,14 @@ class BatchReader:
         data = self.examples.data
         return augments(data) and images.changes_colours(data.augment) and not self.examples.metadata.has("sequence")
 
-    def _photometric(self, batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
+    def _photometric(self, batch: dict[str, np.ndarray], step: int, visits: list[Visit]) -> dict[str, np.ndarray]:
         """The batch with its images' colour jitter and pixel noise (`images.photometric`,
         float32), when the augmentation has any; else the images stay uint8. Image `key`
         of the row at position p gets noise draws (p, pixel) of its own stream."""
         data = self.examples.data
         if not self.changes_colours:
             return batch
-        positions, draws = self.positions(step).astype(np.uint64), self.draws(step)
+        positions, draws = self.positions(step).astype(np.uint64), np.stack([visit.draws for visit in visits])
         for stream, key in enumerate(k for k in ("a", "b") if k in batch and batch[k].dtype == np.uint8):
             size = int(np.prod(batch[key].shape[1:]))
             noise = None

@@ -124,17 +124,22 @@ def _settings(records_dir: str, size: int, workers: int = 2):
     )  # fmt: skip
 
 
-def pipeline(records_dir: str, size: int, num_batches: int) -> float:
-    """Images/s of the grain pipeline (2 workers), after 4 batches of warm-up."""
-    from contrastive_jax import input_pipeline
-
-    batches = iter(input_pipeline.train_dataset(_settings(records_dir, size)))
+def _images_per_second(batches, num_batches: int) -> float:
+    """Images/s of `num_batches` batches of `batches` (an iterator), after 4 of warm-up."""
     for _ in range(4):
         next(batches)
     start = time.perf_counter()
     for _ in range(num_batches):
         next(batches)
     return num_batches * BATCH / (time.perf_counter() - start)
+
+
+def pipeline(records_dir: str, size: int, num_batches: int) -> float:
+    """Images/s of the grain pipeline (2 workers), after 4 batches of warm-up."""
+    from contrastive_jax import input_pipeline
+
+    batches = iter(input_pipeline.train_dataset(_settings(records_dir, size)))
+    return _images_per_second(batches, num_batches)
 
 
 def tf_data(jpegs: list[bytes], size: int, num_batches: int) -> float | None:
@@ -159,12 +164,7 @@ def tf_data(jpegs: list[bytes], size: int, num_batches: int) -> float | None:
     dataset = tf.data.Dataset.from_tensor_slices(jpegs).enumerate().repeat()
     dataset = dataset.map(lambda i, e: augment(e, i), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     batches = iter(dataset.batch(BATCH).prefetch(2))
-    for _ in range(4):
-        next(batches)
-    start = time.perf_counter()
-    for _ in range(num_batches):
-        next(batches)
-    return num_batches * BATCH / (time.perf_counter() - start)
+    return _images_per_second(batches, num_batches)
 
 
 def repeated_record_set(jpegs: list[bytes], folder: pathlib.Path, gigabytes: float) -> str:
