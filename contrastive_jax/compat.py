@@ -29,14 +29,19 @@ def varying_axes(x: jax.Array) -> frozenset:
 
 
 def cast_varying(x: jax.Array, axis_name) -> jax.Array:
-    """``x``, typed as varying over ``axis_name`` (its value unchanged).
+    """``x``, typed as varying over ``axis_name`` (a name or a tuple; its value unchanged).
 
     A replicated value used in a per-device computation gets per-device gradient shares;
-    typed as varying, its transpose sums those shares over the devices.
+    typed as varying, its transpose sums those shares over the devices. Axes ``x``
+    already varies over are left as they are.
     """
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    missing = tuple(name for name in names if name not in varying_axes(x))
+    if not missing:
+        return x
     if hasattr(jax.lax, "pcast"):
-        return jax.lax.pcast(x, axis_name, to="varying")
-    return jax.lax.pvary(x, axis_name)
+        return jax.lax.pcast(x, missing, to="varying")
+    return jax.lax.pvary(x, missing)
 
 
 def distributed_client():

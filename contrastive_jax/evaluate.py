@@ -212,13 +212,13 @@ class Evaluator:
         if probe_arrays is not None and "label" in eval_arrays and (knn_k > 0 or linear_probe):
             if set(np.unique(eval_arrays["label"])) <= set(np.unique(probe_arrays["label"])):
                 self._train = probe_arrays
-        devices = mesh.shape[sharding.DATA_AXIS]
+        devices = sharding.batch_shards(mesh)
         self._batch_size = -(-batch_size // devices) * devices
+        # The state stays where it is (replicated, or its parameters split over fsdp).
         self._embed = jax.jit(
             lambda state, a, b: state.apply_fn(
                 {"params": state.params, "batch_stats": state.batch_stats}, a, b, train=False
-            ),
-            in_shardings=(sharding.replicated(mesh), sharding.data_sharding(mesh), sharding.data_sharding(mesh)),
+            )
         )
 
     def embed(self, state, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -24,7 +24,6 @@ import numpy as np
 from contrastive_jax import sharding
 from contrastive_jax.config_lib import ConfigError, override
 from contrastive_jax.losses import logit_stats
-from contrastive_jax.sharding import DATA_AXIS
 from contrastive_jax.trainer import Trainer, build
 
 _GIB = 2**30
@@ -155,7 +154,7 @@ def compile_train_step(trainer: Trainer, abstract_state, element_spec) -> tuple[
 def _does_not_fit(trainer: Trainer, element_spec, memory: StepMemory) -> str:
     """The message for a step that does not fit: the figures, then what would fit."""
     measured = []  # (flags, bytes) of each candidate that builds
-    for fields in candidates(trainer.config, trainer.mesh.shape[DATA_AXIS]):
+    for fields in candidates(trainer.config, sharding.batch_shards(trainer.mesh)):
         try:
             other = build(override(trainer.config, fields), trainer.mesh)
         except ConfigError:

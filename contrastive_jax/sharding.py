@@ -1,13 +1,18 @@
-"""The data mesh and the one place where a loss is wrapped in ``jax.shard_map``.
+"""The device mesh, how arrays are placed on it, and the one place where a loss is
+wrapped in ``jax.shard_map``.
 
-contrastive_jax is data parallel: a 1-D mesh whose single axis, ``DATA_AXIS``, splits
-the global batch. Losses take ``axis_name=DATA_AXIS`` and span the global batch.
+The trainer's mesh has two axes: ``DATA_AXIS`` splits the batch only, ``FSDP_AXIS``
+splits the batch *and* the parameters and optimizer state (fully sharded data
+parallel: each device keeps 1/fsdp of every large weight and XLA gathers a layer's
+weights where they are used). The global batch spans both (``BATCH_AXES``), so every
+loss is called with ``axis_name=BATCH_AXES`` and spans all devices.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,14 +22,17 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.config_lib import ConfigError
 
-DATA_AXIS = "data"
+DATA_AXIS = "data"  # splits the batch only
+FSDP_AXIS = "fsdp"  # splits the batch and the parameters (fully sharded data parallel)
+BATCH_AXES = (DATA_AXIS, FSDP_AXIS)  # the trainer's batch spans both; losses take this axis_name
 
 
-def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
-    """A 1-D mesh over the first ``num_devices`` devices (all by default).
+def make_mesh(num_devices: int | None = None, *, fsdp: int = 1) -> jax.sharding.Mesh:
+    """The ``(DATA_AXIS, FSDP_AXIS)`` mesh of the first ``num_devices`` devices (all by
+    default), ``num_devices / fsdp`` by ``fsdp``.
 
-    The axis is ``Auto`` (``jax.make_mesh`` now defaults to ``Explicit``), so arrays
-    sharded on it work with plain ``jax.jit`` and ``NamedSharding``.
+    The axes are ``Auto`` (``jax.make_mesh`` now defaults to ``Explicit``), so arrays
+    sharded on them work with plain ``jax.jit`` and ``NamedSharding``.
     """
     available = jax.device_count()
     num_devices = available if num_devices is None else num_devices
@@ -34,22 +42,62 @@ def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
             f"{num_devices}. On CPU, simulate more with "
             f"XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing JAX."
         )
+    if fsdp < 1 or num_devices % fsdp:
+        divisors = [d for d in range(1, num_devices + 1) if num_devices % d == 0]
+        raise ConfigError(
+            f"config.mesh.fsdp={fsdp} must divide the {num_devices} devices (they form a "
+            f"{num_devices} / fsdp x fsdp mesh); use one of {divisors}."
+        )
     return jax.make_mesh(
-        (num_devices,),
-        (DATA_AXIS,),
-        axis_types=(jax.sharding.AxisType.Auto,),
+        (num_devices // fsdp, fsdp),
+        BATCH_AXES,
+        axis_types=(jax.sharding.AxisType.Auto,) * 2,
         devices=jax.devices()[:num_devices],
     )
 
 
+def batch_axes(mesh: jax.sharding.Mesh) -> tuple[str, ...]:
+    """The axes of ``mesh`` a batch is split over: ``BATCH_AXES`` where the mesh has
+    them, else all of its axes (a mesh of your own)."""
+    present = tuple(name for name in BATCH_AXES if name in mesh.axis_names)
+    return present or tuple(mesh.axis_names)
+
+
+def batch_shards(mesh: jax.sharding.Mesh) -> int:
+    """How many pieces a batch is split into on ``mesh`` (devices on its batch axes)."""
+    return math.prod(mesh.shape[name] for name in batch_axes(mesh))
+
+
 def data_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
-    """Sharding of a batch array: leading (batch) axis split over ``DATA_AXIS``."""
-    return NamedSharding(mesh, P(DATA_AXIS))
+    """Sharding of a batch array: leading (batch) axis split over the batch axes."""
+    return NamedSharding(mesh, P(batch_axes(mesh)))
 
 
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
-    """Sharding of an array every device holds whole (parameters, scalars)."""
+    """Sharding of an array every device holds whole (scalars, small state)."""
     return NamedSharding(mesh, P())
+
+
+def fsdp_spec(shape: Sequence[int], fsdp: int, itemsize: int, min_bytes: int) -> P:
+    """Where an array of ``shape`` goes on the ``FSDP_AXIS`` of size ``fsdp``: its
+    largest dimension that ``fsdp`` divides is split (big_vision's and nanodo's rule);
+    arrays below ``min_bytes``, and those no dimension of which divides, are replicated."""
+    size_bytes = math.prod(shape) * itemsize
+    divisible = [d for d, length in enumerate(shape) if length % fsdp == 0]
+    if fsdp == 1 or size_bytes < min_bytes or not divisible:
+        return P()
+    split = max(divisible, key=lambda d: (shape[d], -d))
+    return P(*(FSDP_AXIS if d == split else None for d in range(len(shape))))
+
+
+def fsdp_shardings(tree, mesh: jax.sharding.Mesh, min_bytes: int):
+    """``NamedSharding`` of every leaf of ``tree`` (arrays or ``jax.ShapeDtypeStruct``)
+    by `fsdp_spec`: parameters, their optimizer moments (the same shapes, so the same
+    split) and the momentum encoder's copy."""
+    fsdp = mesh.shape.get(FSDP_AXIS, 1)
+    return jax.tree.map(
+        lambda x: NamedSharding(mesh, fsdp_spec(x.shape, fsdp, np.dtype(x.dtype).itemsize, min_bytes)), tree
+    )
 
 
 def check_batch_divides(global_batch_size: int, num_devices: int, name: str = "the batch size") -> None:
@@ -66,38 +114,48 @@ def check_batch_divides(global_batch_size: int, num_devices: int, name: str = "t
         )
 
 
-def shard_loss(loss_fn: Callable, mesh: jax.sharding.Mesh, *, replicated_argnums: tuple[int, ...] = ()) -> Callable:
+def shard_loss(
+    loss_fn: Callable,
+    mesh: jax.sharding.Mesh,
+    *,
+    axis_name: str | tuple[str, ...] | None = None,
+    replicated_argnums: tuple[int, ...] = (),
+) -> Callable:
     """Wraps a loss so it is called on global arrays whose dim 0 is split over the mesh.
 
     ``shard_loss(losses.clip_loss, mesh)(a, b, temperature=0.07)`` takes ``a, b:
-    [N, D]`` (already sharded or not), runs ``clip_loss(..., axis_name=DATA_AXIS)`` on
-    each device's ``[N / devices, D]`` rows inside ``jax.shard_map``, and returns the
+    [N, D]`` (already sharded or not), runs ``clip_loss(..., axis_name=...)`` on each
+    device's ``[N / devices, D]`` rows inside ``jax.shard_map``, and returns the
     global-batch loss (a pytree of replicated outputs). It is differentiable and jits.
 
     Args:
       loss_fn: a loss taking ``axis_name``.
-      mesh: a mesh with a ``DATA_AXIS`` axis (see :func:`make_mesh`).
+      mesh: any mesh, e.g. :func:`make_mesh`'s.
+      axis_name: the mesh axes the batch is split over, a name or a tuple (default
+        :func:`batch_axes`: ``BATCH_AXES`` on this module's meshes, else all axes).
       replicated_argnums: positional arguments every device gets whole (e.g. proxies).
 
     Returns:
       ``fn(*arrays, **hyperparameters)``. Array-valued hyperparameters (a learnable
       temperature) are passed in replicated; other values are closed over.
     """
-    num_devices = mesh.shape[DATA_AXIS]
+    axis_name = batch_axes(mesh) if axis_name is None else axis_name
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    num_shards = math.prod(mesh.shape[name] for name in names)
 
     @functools.wraps(loss_fn)
     def sharded(*arrays, **hyperparameters):
         for index, array in enumerate(arrays):
             if index not in replicated_argnums:
-                check_batch_divides(np.shape(array)[0], num_devices, f"argument {index}'s batch size")
+                check_batch_divides(np.shape(array)[0], num_shards, f"argument {index}'s batch size")
         array_kwargs = {k: v for k, v in hyperparameters.items() if isinstance(v, (jax.Array, np.ndarray))}
         static_kwargs = {k: v for k, v in hyperparameters.items() if k not in array_kwargs}
 
         def per_device(arrays, array_kwargs):
-            return loss_fn(*arrays, **array_kwargs, **static_kwargs, axis_name=DATA_AXIS)
+            return loss_fn(*arrays, **array_kwargs, **static_kwargs, axis_name=axis_name)
 
         in_specs = (
-            tuple(P() if i in replicated_argnums else P(DATA_AXIS) for i in range(len(arrays))),
+            tuple(P() if i in replicated_argnums else P(names) for i in range(len(arrays))),
             P(),
         )
         return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=P())(tuple(arrays), array_kwargs)
@@ -113,7 +171,7 @@ def compare_with_single_device(loss_fn, arrays, hyperparameters, mesh):
       arrays: its positional global arrays, the first `[N, D]`, e.g. `(a, b)` or
         `(z, labels)`.
       hyperparameters: its keyword arguments.
-      mesh: the 1-D data mesh the sharded call splits N over.
+      mesh: the mesh the sharded call splits N over (all its batch axes).
 
     Returns:
       ``(single_value, sharded_value, max_abs_grad_difference)``, the gradient taken

@@ -8,9 +8,10 @@
     Trainer.train_step (that executable): forward, loss over the global batch in shard_map, optax
     every k steps: metrics.jsonl / TensorBoard, a checkpoint, evaluate.Evaluator
 
-One pure `train_step`, jitted once with the state replicated, the batch split over a
-1-D data mesh, and the state donated. Outputs in `workdir`: `checkpoints/<step>/`,
-`metrics.jsonl`, `tensorboard/`, `eval_results.json`; files are written by process 0.
+One pure `train_step`, jitted once with the state placed on a (data, fsdp) mesh (the
+parameters split over fsdp), the batch split over both axes, and the state donated.
+Outputs in `workdir`: `checkpoints/<step>/`, `metrics.jsonl`, `tensorboard/`,
+`eval_results.json`; files are written by process 0.
 
 Nothing lost: a run resumes from its newest good checkpoint (state, input position and
 RNG are all in it, so the resumed run reaches the uninterrupted run's parameters bit for
@@ -130,7 +131,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         names the step(s) and the last good checkpoint, which is left untouched.
       Preempted: SIGTERM arrived; the current step finished and was saved.
     """
-    mesh = sharding.make_mesh()
+    mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     trainer = build(config, mesh)
     workdir = prepare_workdir(workdir)
     ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep)
@@ -234,15 +235,15 @@ def _train(
     num_steps = config.train.num_train_steps
     lead = jax.process_index() == 0
     data_sharding = sharding.data_sharding(trainer.mesh)
-    # Evaluation runs whole in every process, on its own devices (the state is replicated;
-    # the loss's state, which may be split over the devices, is not evaluated).
+    # Evaluation runs whole in every process, on its own devices, from the state gathered
+    # whole (the loss's state, which may be split over the devices, is not evaluated).
     if jax.process_count() == 1:
         eval_mesh, local_state = trainer.mesh, lambda state: state.replace(loss_state=None)
     else:
         eval_mesh = jax.sharding.Mesh(np.array(jax.local_devices()), (DATA_AXIS,))
+        gather = jax.jit(lambda state: state.replace(loss_state=None), out_shardings=sharding.replicated(trainer.mesh))
         local_state = lambda state: jax.tree.map(  # noqa: E731
-            lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)),
-            state.replace(loss_state=None),
+            lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)), gather(state)
         )
     evaluator = _evaluator(config.eval, trainer, eval_mesh)
     writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=start_step)
@@ -270,7 +271,7 @@ def _train(
             seconds_per_step = (time.perf_counter() - timer_start) / max(timed_steps, 1)
             if noise_scale.SMALL_KEY in window[0]:
                 scalars["train/noise_scale"] = noise_scale.window_b_simple(
-                    window, config.train.global_batch_size, trainer.mesh.shape[DATA_AXIS]
+                    window, config.train.global_batch_size, sharding.batch_shards(trainer.mesh)
                 )
             if timed_steps:
                 scalars["train/examples_per_second"] = config.train.global_batch_size / seconds_per_step

@@ -33,7 +33,7 @@ from contrastive_jax import (
     optimizer,
     sharding,
 )
-from contrastive_jax.sharding import DATA_AXIS
+from contrastive_jax.sharding import BATCH_AXES
 
 # Model outputs with a batch dimension (split over the mesh); the rest are replicated.
 _BATCHED_OUTPUTS = ("za", "zb", "logits")
@@ -67,12 +67,17 @@ class Trainer:
     match_keys: tuple[str, str] | None  # paired retrieval's id keys (records.Metadata)
     loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
     log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
+    fsdp_min_bytes: int = 0  # arrays smaller than this stay replicated on the fsdp axis (sharding.fsdp_spec)
     memory_limit_gib: float | None = None  # one device's memory; None: the device's own (memory_fit)
 
     def init_state(self, element_spec: Mapping[str, Any]) -> tuple[Callable[[], TrainState], TrainState]:
-        """`(init, abstract_state)`: `init()` creates the initial state replicated over the
-        mesh; `abstract_state` holds its `jax.ShapeDtypeStruct` leaves with shardings
-        (the target for restoring a checkpoint onto this mesh).
+        """`(init, abstract_state)`: `init()` creates the initial state on the mesh;
+        `abstract_state` holds its `jax.ShapeDtypeStruct` leaves with shardings (the
+        target for restoring a checkpoint onto this mesh, whatever mesh wrote it).
+
+        Parameters, optimizer moments and a momentum encoder's copy are split over the
+        mesh's `fsdp` axis (`sharding.fsdp_shardings`; replicated when it has size 1);
+        the loss state's `LossState.sharded` rows over the batch axes.
 
         Args:
           element_spec: shapes and dtypes of the inputs `a` [B, ...] and optional `b`
@@ -99,18 +104,27 @@ class Trainer:
 
         rng = jax.random.key(self.seed)
         shapes = jax.eval_shape(init, rng)
-        shardings = jax.tree.map(lambda _: sharding.replicated(self.mesh), shapes)
-        if self.loss.state is not None:
-            specs = self._loss_state_specs(shapes.loss_state)
-            shardings = shardings.replace(loss_state=jax.tree.map(lambda p: NamedSharding(self.mesh, p), specs))
+        shardings = sharding.fsdp_shardings(shapes, self.mesh, self.fsdp_min_bytes)
+        replicated = sharding.replicated(self.mesh)
+        if self.loss.state is not None:  # queue and memory rows split; a momentum encoder like the parameters
+
+            def place(name, value):
+                if name in self._params_like:
+                    return value
+                split = name in self.loss.state.sharded
+                return jax.tree.map(lambda _: NamedSharding(self.mesh, P(BATCH_AXES)) if split else replicated, value)
+
+            shardings = shardings.replace(
+                loss_state={name: place(name, value) for name, value in shardings.loss_state.items()}
+            )
         abstract_state = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
         )
         return functools.partial(jax.jit(init, out_shardings=shardings), rng), abstract_state
 
     def jit_train_step(self, abstract_state: TrainState) -> Callable:
-        """`train_step` jitted for this mesh: state replicated (and donated), batch
-        split over the data axis."""
+        """`train_step` jitted for this mesh: the state placed as `abstract_state` says
+        (and donated), the batch split over the batch axes."""
         state_sharding = jax.tree.map(lambda s: s.sharding, abstract_state)
         return jax.jit(
             self.train_step,
@@ -149,11 +163,10 @@ class Trainer:
             return batched, shared, updates
 
         def loss_of_outputs(batched, shared, inputs):
-            data = self.loss_data(inputs)
-            if self.loss.state is None:
-                loss, metrics = self.global_loss(batched, shared, data)
-                return loss, (metrics, state.loss_state)
-            return self.stateful_loss(batched, shared, data, state.loss_state, state.step)
+            loss, metrics, loss_state = self.global_loss(
+                batched, shared, self.loss_data(inputs), state.loss_state, state.step
+            )
+            return loss, (metrics, loss_state)
 
         if self.micro_batch_size:
             (loss, (metrics, loss_state), updates), grads = grad_cache.MICRO_BATCH_METHODS[self.micro_batch_method](
@@ -162,7 +175,7 @@ class Trainer:
                 state.params,
                 batch,
                 num_micro_batches=batch["a"].shape[0] // self.micro_batch_size,
-                num_shards=self.mesh.shape[DATA_AXIS],
+                num_shards=sharding.batch_shards(self.mesh),
             )
         elif self.log_noise_scale:
             loss, metrics, updates, grads = self._noise_scale_value_and_grad(forward, state.params, batch)
@@ -195,18 +208,18 @@ class Trainer:
 
         def per_device(params, local_batch):
             def local_loss(p):
-                batched, shared, updates = forward(p, local_batch, jax.lax.axis_index(DATA_AXIS))
+                batched, shared, updates = forward(p, local_batch, jax.lax.axis_index(BATCH_AXES))
                 inputs = {**batched, **shared, **self.loss_data(local_batch)}
                 loss, metrics = self.loss.fn(inputs, self.loss_settings)
                 return loss, (dict(metrics, temperature=shared["temperature"]), updates)
 
             (loss, (metrics, updates)), grads, small, big = noise_scale.per_device_value_and_grad(
-                local_loss, params, DATA_AXIS
+                local_loss, params, BATCH_AXES
             )
-            metrics, updates = jax.lax.pmean((metrics, updates), DATA_AXIS)
+            metrics, updates = jax.lax.pmean((metrics, updates), BATCH_AXES)
             return loss, dict(metrics, **{noise_scale.SMALL_KEY: small, noise_scale.BIG_KEY: big}), updates, grads
 
-        return jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=P())(params, batch)
+        return jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(BATCH_AXES)), out_specs=P())(params, batch)
 
     def loss_data(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """The data fields the loss reads (see `losses.registry`) from a batch: `label`
@@ -226,61 +239,60 @@ class Trainer:
         batched: dict[str, jax.Array],
         shared: dict[str, jax.Array],
         data: dict[str, jax.Array],
-    ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """The configured loss over the global batch, and its metrics plus `temperature`.
+        loss_state: dict[str, Any] | None = None,
+        step: jax.Array | int = 0,
+    ) -> tuple[jax.Array, dict[str, jax.Array], dict[str, Any] | None]:
+        """The configured loss over the global batch: the one place the trainer wraps
+        its loss in `jax.shard_map` (over `BATCH_AXES`: every loss spans all devices).
 
         Args:
-          batched: model outputs sharded over the data axis (`za`, `zb` [N, D], `logits`
+          batched: model outputs split over the batch axes (`za`, `zb` [N, D], `logits`
             [N, C]).
           shared: replicated model outputs (`temperature`, `bias`, `proxies` [C, D]).
           data: the data fields the loss reads (`loss_data`), each [N, ...].
+          loss_state: the loss's state (`TrainState.loss_state`; None without one).
+            Its `LossState.sharded` rows enter split over the batch axes, the rest
+            replicated; its `LossState.params_like` entries (a momentum encoder), which
+            the loss does not read, stay outside where they are.
+          step: the state's step count, before this update.
+
+        Returns:
+          `(loss, metrics, new loss state)`: the metrics are the loss's own plus
+          `temperature`; the state is None without one.
         """
-
-        def per_device(batched, shared, data):
-            loss, metrics = self.loss.fn({**batched, **shared, **data}, self.loss_settings)
-            return loss, dict(metrics, temperature=shared["temperature"])
-
-        return jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS)), out_specs=P())(
-            batched, shared, data
-        )
-
-    def stateful_loss(
-        self,
-        batched: dict[str, jax.Array],
-        shared: dict[str, jax.Array],
-        data: dict[str, jax.Array],
-        loss_state: dict[str, Any],
-        step: jax.Array,
-    ) -> tuple[jax.Array, tuple[dict[str, jax.Array], dict[str, Any]]]:
-        """`global_loss` for a loss with state: `(loss, (metrics, new loss state))`.
-
-        The state enters the shard_map split as `_loss_state_specs` says (queue and
-        memory rows over the devices, the rest replicated) and leaves the same way;
-        `step` is the state's step count (before this update).
-        """
+        outside = {k: v for k, v in (loss_state or {}).items() if k in self._params_like}
+        inside = None if loss_state is None else {k: v for k, v in loss_state.items() if k not in outside}
+        specs = self._loss_state_specs(inside)
 
         def per_device(batched, shared, data, loss_state, step):
-            inputs = {**batched, **shared, **data, "state": loss_state, "step": step}
-            loss, metrics, loss_state = self.loss.fn(inputs, self.loss_settings)
+            inputs = {**batched, **shared, **data}
+            if self.loss.state is None:
+                loss, metrics = self.loss.fn(inputs, self.loss_settings)
+            else:
+                inputs = {**inputs, "state": loss_state, "step": step}
+                loss, metrics, loss_state = self.loss.fn(inputs, self.loss_settings)
             return loss, dict(metrics, temperature=shared["temperature"]), loss_state
 
-        specs = self._loss_state_specs(loss_state)
-        loss, metrics, loss_state = jax.shard_map(
+        rows = P(BATCH_AXES)
+        loss, metrics, inside = jax.shard_map(
             per_device,
             mesh=self.mesh,
-            in_specs=(P(DATA_AXIS), P(), P(DATA_AXIS), specs, P()),
+            in_specs=(rows, P(), rows, specs, P()),
             out_specs=(P(), P(), specs),
-        )(batched, shared, data, loss_state, step)
-        return loss, (metrics, loss_state)
+        )(batched, shared, data, inside, step)
+        return loss, metrics, None if loss_state is None else {**inside, **outside}
 
-    def _loss_state_specs(self, loss_state: dict[str, Any]) -> dict[str, Any]:
-        """PartitionSpecs of the loss state's leaves: rows over the data axis for the
-        `LossState.sharded` names, replicated for the rest."""
+    @property
+    def _params_like(self) -> frozenset[str]:
+        return frozenset() if self.loss.state is None else self.loss.state.params_like
+
+    def _loss_state_specs(self, loss_state: dict[str, Any] | None) -> dict[str, Any] | None:
+        """PartitionSpecs of the loss state's leaves inside `global_loss`: rows over the
+        batch axes for the `LossState.sharded` names, replicated for the rest."""
+        if loss_state is None:
+            return None
         return {
-            name: jax.tree.map(
-                lambda _, name=name: P(DATA_AXIS) if name in self.loss.state.sharded else P(),
-                value,
-            )
+            name: jax.tree.map(lambda _, rows=name in self.loss.state.sharded: P(BATCH_AXES) if rows else P(), value)
             for name, value in loss_state.items()
         }
 
@@ -312,7 +324,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
     loss = losses.registry.get(config.loss.name)
     data = data_sources.DataSettings.from_config(config)
     guard = bad_loss.GuardSettings.from_config(config)
-    loss_table_size, metadata = config_checks.check(config, loss, mesh.shape[DATA_AXIS], data, guard)
+    loss_table_size, metadata = config_checks.check(config, loss, sharding.batch_shards(mesh), data, guard)
     text_vocab_size = data_sources.text_vocab_size(data, metadata)
     model = models.create_model(config, text_vocab_size=text_vocab_size, learned_bias=loss.learned_bias)
     tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
@@ -334,4 +346,5 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         loss_table_size=loss_table_size,
         log_noise_scale=train.log_noise_scale,
         memory_limit_gib=train.memory_limit_gib,
+        fsdp_min_bytes=int(config.mesh.fsdp_min_kib * 1024),
     )

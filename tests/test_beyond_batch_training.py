@@ -52,9 +52,10 @@ def config(load_config, digits_data_dir):
     )
 
 
-def run_steps(config, num_devices, num_steps=3):
-    """`(states after each step, losses, batches)`: `num_steps` jitted steps from the start."""
-    trainer = build(config, sharding.make_mesh(num_devices))
+def run_steps(config, num_devices, num_steps=3, fsdp=1):
+    """`(states after each step, losses, batches)`: `num_steps` jitted steps from the
+    start on `num_devices` devices, `fsdp` of them splitting the parameters."""
+    trainer = build(override(config, {"mesh.fsdp_min_kib": 0.0}), sharding.make_mesh(num_devices, fsdp=fsdp))
     ds = input_pipeline.train_dataset(DataSettings.from_config(config))
     init, abstract = trainer.init_state(ds.element_spec)
     step = trainer.jit_train_step(abstract)
@@ -69,8 +70,10 @@ def run_steps(config, num_devices, num_steps=3):
 
 @pytest.mark.parametrize("name", sorted(STATE_FIELDS))
 def test_sharded_steps_equal_one_device_with_the_state(config, name):
+    """On a 2 x 4 mesh (the batch over both axes, parameters and the momentum encoder
+    split over fsdp) the steps equal one device's, the state included."""
     config = override(config, STATE_FIELDS[name])
-    (states_1, losses_1, _), (states_8, losses_8, _) = run_steps(config, 1), run_steps(config, 8)
+    (states_1, losses_1, _), (states_8, losses_8, _) = run_steps(config, 1), run_steps(config, 8, fsdp=4)
     np.testing.assert_allclose(losses_8, losses_1, rtol=1e-5)
     for state_1, state_8 in zip(states_1, states_8):
         chex.assert_trees_all_close(state_8.loss_state, state_1.loss_state, rtol=1e-4, atol=1e-6)
@@ -140,10 +143,10 @@ def test_xbm_memory_joins_after_the_warm_up(config):
     shared = {"temperature": outputs["temperature"]}
     data = {"label": batches[0]["label"]}
 
-    stateful_loss = jax.jit(trainer.stateful_loss)  # one compile for the five calls
+    global_loss = jax.jit(trainer.global_loss)  # one compile for the five calls
 
     def loss_at(step, loss_state=state):
-        return float(stateful_loss(batched, shared, data, loss_state, np.int32(step))[0])
+        return float(global_loss(batched, shared, data, loss_state, np.int32(step))[0])
 
     empty = dict(state, labels=np.full_like(state["labels"], -1))
     assert loss_at(1) == loss_at(1, empty)

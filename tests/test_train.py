@@ -2,6 +2,7 @@
 compiled step does the loss's N^2 work only, and the ring gathers no global batch."""
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -189,7 +190,7 @@ DEFAULT_REGISTRY_CHECKS = ("siglip", "supcon", "focal", "cosface", "clip_masking
     ],
 )  # the losses with state: tests/test_beyond_batch_training.py
 def test_every_registered_loss_spans_the_global_batch_and_reads_only_its_inputs(config, name):
-    """Value and gradients on 8 devices equal 1 device; the function gets only the
+    """Value and gradients on a 2 x 4 mesh equal 1 device; the function gets only the
     outputs its entry declares (reading another raises KeyError), and the temperature
     (which every model has; the trainer logs it)."""
     loss = losses.LOSSES[name]
@@ -197,8 +198,8 @@ def test_every_registered_loss_spans_the_global_batch_and_reads_only_its_inputs(
     outputs = {k: v for k, v in all_outputs.items() if k in loss.inputs | {"temperature"}}
     data = {k: v for k, v in all_data.items() if k in loss.inputs}
     results = []
-    for num_devices in (1, 8):
-        trainer = dataclasses.replace(build(config, sharding.make_mesh(num_devices)), loss=loss)
+    for num_devices, fsdp in ((1, 1), (8, 4)):  # the 2 x 4 mesh: the batch over both axes
+        trainer = dataclasses.replace(build(config, sharding.make_mesh(num_devices, fsdp=fsdp)), loss=loss)
 
         def value(outputs, trainer=trainer):
             batched = {k: v for k, v in outputs.items() if k in ("za", "zb", "logits")}
@@ -306,18 +307,74 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
 
 
 @pytest.mark.compat
-def test_checkpoint_restores_onto_a_different_device_count(config, tmp_path):
-    _, state8, _, _ = make_state_and_batch(config, sharding.make_mesh(8))
+def test_checkpoint_restores_onto_a_different_mesh(config, tmp_path):
+    """Saved split over a 2 x 4 mesh (parameters over fsdp), restored whole onto 2
+    devices, and back onto 8 split 4 x 2."""
+    config = override(config, FSDP_FIELDS)
+    _, state8, _, _ = make_state_and_batch(config, sharding.make_mesh(8, fsdp=4))
     ckpt = checkpoint.Checkpointer(tmp_path, max_to_keep=1)
     ckpt.save(3, state8, resume.position(config, 3))
     ckpt.wait()
-    _, _, abstract2, _ = make_state_and_batch(config, sharding.make_mesh(2))
-    step, restored = resume.restore_latest(ckpt, config, abstract2)
-    assert step == 3 and ckpt.restore_position(3)["next_step"] == 3
-    chex.assert_trees_all_equal(jax.device_get(restored.params), jax.device_get(state8.params))
-    leaf = jax.tree.leaves(restored.params)[0]
-    assert leaf.sharding.mesh.devices.size == 2
+    for num_devices, fsdp in ((2, 1), (8, 2)):
+        _, _, abstract, _ = make_state_and_batch(config, sharding.make_mesh(num_devices, fsdp=fsdp))
+        step, restored = resume.restore_latest(ckpt, config, abstract)
+        assert step == 3 and ckpt.restore_position(3)["next_step"] == 3
+        chex.assert_trees_all_equal(*jax.device_get([(s.params, s.opt_state) for s in (restored, state8)]))
+        kernel = restored.params["tower_a"]["Dense_0"]["kernel"]
+        assert kernel.sharding.mesh.devices.size == num_devices
+        assert kernel.addressable_shards[0].data.size == kernel.size // fsdp
     ckpt.close()
+
+
+FSDP_FIELDS = {"mesh.fsdp_min_kib": 0.0}  # the tiny towers' arrays are all split
+
+
+def test_fsdp_splits_parameters_and_optimizer_state(config):
+    """With fsdp = 4 every array of the state with a dimension 4 divides is split along
+    its largest such dimension, the optimizer's moments like their parameters; the rest
+    (scalars, the temperature) are whole on every device."""
+    _, state, abstract, _ = make_state_and_batch(override(config, FSDP_FIELDS), sharding.make_mesh(8, fsdp=4))
+    split = 0
+    for leaf, shape in zip(jax.tree.leaves(state), jax.tree.leaves(abstract), strict=True):
+        divisible = [d for d, length in enumerate(leaf.shape) if length % 4 == 0]
+        local = leaf.addressable_shards[0].data.shape
+        assert leaf.sharding == shape.sharding
+        if divisible:
+            d = max(divisible, key=lambda d: (leaf.shape[d], -d))
+            assert local == tuple(n // 4 if i == d else n for i, n in enumerate(leaf.shape)), (leaf.shape, local)
+            split += 1
+        else:
+            assert local == leaf.shape
+    assert split == 3 * (len(jax.tree.leaves(state.params)) - 1)  # params, mu, nu; all but the temperature
+    mu = state.opt_state[1][0].mu  # clip_by_global_norm, then adamw's scale_by_adam
+    assert jax.tree.map(lambda x: x.sharding, mu) == jax.tree.map(lambda x: x.sharding, state.params)
+
+
+def test_fsdp_parameters_below_the_size_threshold_stay_whole(config):
+    _, state, _, _ = make_state_and_batch(config, sharding.make_mesh(8, fsdp=4))  # 64 KiB: all tiny
+    assert all(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(state))
+
+
+def adam_steps(config, num_devices, fsdp, num_steps=3):
+    """Per-step losses and the parameters after `num_steps` jitted AdamW steps."""
+    trainer, state, abstract, _ = make_state_and_batch(config, sharding.make_mesh(num_devices, fsdp=fsdp))
+    step = trainer.jit_train_step(abstract)
+    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
+    history = []
+    for batch in itertools.islice(ds, num_steps):
+        state, metrics = step(state, batch)
+        history.append(float(metrics["loss"]))
+    return history, jax.device_get(state.params)
+
+
+@pytest.mark.parametrize("loss", ["clip", "siglip"])
+def test_fsdp_steps_equal_data_parallel_steps(config, loss):
+    """AdamW steps with the parameters and moments split 4 ways (a 2 x 4 mesh) equal the
+    replicated 8-device steps: the same losses and parameters to float round-off."""
+    config = override(config, FSDP_FIELDS | {"loss.name": loss})
+    (losses_dp, params_dp), (losses_fsdp, params_fsdp) = adam_steps(config, 8, 1), adam_steps(config, 8, 4)
+    np.testing.assert_allclose(losses_fsdp, losses_dp, rtol=1e-5)
+    chex.assert_trees_all_close(params_fsdp, params_dp, rtol=1e-4, atol=1e-6)
 
 
 def test_non_finite_loss_stops_and_names_the_last_checkpoint(config, tmp_path, monkeypatch):

@@ -112,24 +112,38 @@ def row_offset(local_batch: int, axis_name) -> jax.Array | int:
     return jax.lax.axis_index(axis_name) * local_batch
 
 
+def is_varying(x: jax.Array, axis_name) -> bool:
+    """Whether ``x`` is typed as varying over every axis of ``axis_name`` (a name or a
+    tuple of names) by ``jax.shard_map``'s varying-axis checks (``check_vma=True``).
+
+    False under ``pmap`` and ``check_vma=False``, where nothing is typed."""
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    return set(names) <= compat.varying_axes(x)
+
+
 def _sum_loss_over_devices(x: jax.Array, axis_name) -> jax.Array:
     """Sum of a per-device loss share ``x`` over ``axis_name``, with exact gradients.
 
     Only for the final reduction of a loss: each device's share must already hold all
     of its dependence on other devices (through ``all_gather`` or ``psum``).
 
-    Inside ``shard_map`` (with JAX's varying-axis typing) ``psum`` already has the right
-    transpose. Under ``pmap`` (or ``check_vma=False``) the transpose of ``psum`` is
-    another ``psum``, which would multiply every gradient by the device count; there the
-    value is the ``psum`` but the gradient is taken through the local term only, which
-    is exact because each device differentiates its own share of the global sum.
+    Typed (``shard_map`` with ``check_vma=True``), ``psum``'s transpose is exact
+    wherever the gradient is taken. Untyped (``check_vma=False``, ``pmap``) the loss
+    cannot see whether the gradient is taken outside the ``shard_map`` (JAX splits a
+    replicated output's cotangent over the K devices) or inside it per device (the
+    ``pmap`` convention, followed by a ``pmean`` of the gradients): the two differ by
+    exactly K for any per-device function. Untyped, the loss follows the convention of
+    a per-example loss: the value is the global sum, and each device's gradient is that
+    of K times its own share (the gradient of its "local loss"), so that both the
+    gradient outside ``shard_map`` and the ``pmean`` of per-device gradients are exact.
     """
     if axis_name is None:
         return x
     total = jax.lax.psum(x, axis_name)
-    if axis_name in compat.varying_axes(x):
+    if is_varying(x, axis_name):
         return total
-    return x + jax.lax.stop_gradient(total - x)
+    local_loss = jax.lax.axis_size(axis_name) * x
+    return local_loss + jax.lax.stop_gradient(total - local_loss)
 
 
 def global_mean(per_row: jax.Array, axis_name, weights: jax.Array | None = None) -> jax.Array:

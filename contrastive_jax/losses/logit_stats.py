@@ -89,12 +89,9 @@ def _match_varying(tree, like, axis_name):
     A replicated temperature gets a per-device gradient share inside the custom VJP;
     casting it to varying first lets JAX sum those shares over the devices.
     """
-    if axis_name is None or axis_name not in compat.varying_axes(like):
+    if axis_name is None or not _common.is_varying(like, axis_name):
         return tree
-    return jax.tree.map(
-        lambda a: a if axis_name in compat.varying_axes(a) else compat.cast_varying(a, axis_name),
-        tree,
-    )
+    return jax.tree.map(lambda a: compat.cast_varying(a, axis_name), tree)
 
 
 class _Setup(NamedTuple):
