@@ -79,6 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
     loss.collective = "all_gather"  # "all_gather" or "ring" (ppermute; never holds all of b).
     # Negatives beyond the batch (losses.beyond_batch, losses.memory).
     loss.dcl_weight_sigma = ml_collections.config_dict.placeholder(float)  # "dcl": None: DCL; sigma (0.5): DCLW.
+    loss.dcl_weight_gradient = False  # "dcl", DCLW: True: the weight's gradient flows (the reference code's form).
     loss.sogclr_gamma = 0.9  # "sogclr": moving-average rate of u, in (0, 1] (1 on a first visit).
     loss.sogclr_table_size = 0  # "sogclr": rows of the u table; 0: the training split's size.
     loss.queue_size = 65536  # "moco_queue": K queued keys per tower, a multiple of N.
@@ -86,6 +87,9 @@ def get_config() -> ml_collections.ConfigDict:
     loss.xbm_loss = "multi_similarity"  # "xbm": the base loss, one of losses.XBM_LOSSES.
     loss.xbm_memory_size = 4096  # "xbm": M remembered embeddings, a multiple of N.
     loss.xbm_warmup_steps = 0  # "xbm": steps before the memory joins the candidates.
+    # "xbm": None: batch and memory pooled in one loss; lambda (1.0 in the paper's code):
+    # loss(batch) + lambda loss(batch vs memory), the batch enqueued first.
+    loss.xbm_memory_weight = ml_collections.config_dict.placeholder(float)
 
     config.optim = optim = ml_collections.ConfigDict()
     optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".
@@ -95,6 +99,14 @@ def get_config() -> ml_collections.ConfigDict:
     optim.weight_decay = 1e-4  # Decoupled weight decay (not on biases, norms, temperature).
     optim.momentum = 0.9  # "sgd" / "lars" momentum; "adamw" / "lamb" b1.
     optim.grad_clip_norm = 1.0  # Clip the global gradient norm to this; 0: no clipping.
+
+    # The devices form a (data, fsdp) mesh; the batch is split over both axes. fsdp > 1
+    # also splits the parameters and optimizer state (fully sharded data parallel): each
+    # device holds 1/fsdp of every array of at least fsdp_min_kib, and XLA gathers a
+    # layer's weights where they are used.
+    config.mesh = mesh = ml_collections.ConfigDict()
+    mesh.fsdp = 1  # Devices splitting the parameters (a divisor of the device count); 1: replicated.
+    mesh.fsdp_min_kib = 64.0  # Smaller arrays (biases, norms) stay replicated.
 
     config.train = train = ml_collections.ConfigDict()
     train.global_batch_size = 256  # Examples per step over all devices (N).

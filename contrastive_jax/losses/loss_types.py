@@ -36,12 +36,14 @@ class LossSettings:
     label_smoothing: float
     focal_gamma: float
     dcl_weight_sigma: float | None
+    dcl_weight_gradient: bool
     sogclr_gamma: float
     queue_size: int
     queue_momentum: float
     xbm_loss: str
     xbm_memory_size: int
     xbm_warmup_steps: int
+    xbm_memory_weight: float | None
     seed: int
     embed_dim: int
 
@@ -66,18 +68,21 @@ class LossState:
     Attributes:
       init: `(settings, params, num_examples) -> {name: global array}`, the first
         state (`num_examples`: the rows of a per-example table, see `trainer.build`).
-      sharded: the names whose arrays are split over the data axis by rows (the
+      sharded: the names whose arrays are split over the batch axes by rows (the
         queue, the memory); the others are replicated.
       check: `(config) -> None`, raising ConfigError for settings the state cannot
         take (run by `trainer.build`, before anything compiles).
       after_step: `(state, params, settings) -> state` after the optimizer step (the
         momentum encoder's update), or None.
+      params_like: the names holding a copy of the parameters (the momentum
+        encoder's), split over the mesh like them; `fn` never reads them.
     """
 
     init: Callable[[LossSettings, Any, int], dict[str, Any]]
     sharded: frozenset[str]
     check: Callable[[ml_collections.ConfigDict], None]
     after_step: Callable[[dict[str, Any], Any, LossSettings], dict[str, Any]] | None = None
+    params_like: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Each entry is a `Loss`: a function of one device's inputs (model outputs and data
 fields) and the `LossSettings` (`config.loss`'s values), called inside `jax.shard_map`
-over `sharding.DATA_AXIS` so that it spans the global batch, and the set of inputs it
+over `sharding.BATCH_AXES` so that it spans the global batch, and the set of inputs it
 reads. The trainer derives its checks from
 the inputs (a pair loss needs task "pairs" or "views", a label loss a dataset with
 labels, a grouping loss a dataset with id keys, a classifier loss
@@ -62,12 +62,12 @@ from contrastive_jax.losses.memory import (
 )
 from contrastive_jax.losses.metric import contrastive_loss, multi_similarity_loss, triplet_loss
 from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
-from contrastive_jax.sharding import DATA_AXIS
+from contrastive_jax.sharding import BATCH_AXES
 
 
 def _streaming(c: LossSettings) -> dict[str, Any]:
     """The global batch's axis and the loss's streaming options, as keywords."""
-    return {"axis_name": DATA_AXIS, "chunk_size": c.chunk_size, "collective": c.collective}
+    return {"axis_name": BATCH_AXES, "chunk_size": c.chunk_size, "collective": c.collective}
 
 
 def _streamed_pair_loss(loss_fn, metrics: bool = True, **extra: str) -> Loss:
@@ -100,7 +100,7 @@ def _label_loss(value_fn, *outputs: str) -> Loss:
 def _per_example_loss(value_fn, *outputs: str) -> Loss:
     """The global-batch mean of per-example losses `value_fn(o, y, c)` [B]."""
     return Loss(
-        lambda o, c: (jax.lax.pmean(value_fn(o, o["label"], c).mean(), DATA_AXIS), {}),
+        lambda o, c: (jax.lax.pmean(value_fn(o, o["label"], c).mean(), BATCH_AXES), {}),
         frozenset({"label", *outputs}),
     )
 
@@ -182,7 +182,7 @@ def _moco(o, c):
         (state["queue_a"], state["queue_b"]),
         state["pointer"],
         (keys_a, keys_b),
-        axis_name=DATA_AXIS,
+        axis_name=BATCH_AXES,
     )
     return loss, {}, dict(state, queue_a=queue_a, queue_b=queue_b, pointer=pointer)
 
@@ -213,28 +213,38 @@ def _check_xbm(config: ml_collections.ConfigDict) -> None:
     _check_multiple_of_batch(config, "xbm_memory_size")
     if config.loss.xbm_warmup_steps < 0:
         raise ConfigError(f"config.loss.xbm_warmup_steps={config.loss.xbm_warmup_steps} must be >= 0.")
+    weight = config.loss.xbm_memory_weight
+    if weight is not None and not weight >= 0:
+        raise ConfigError(
+            f"config.loss.xbm_memory_weight={weight} must be None (batch and memory pooled in one "
+            "loss) or >= 0 (the paper's loss(batch) + weight * loss(batch vs memory); 1.0 there)."
+        )
 
 
 def _xbm(o, c):
     """The memory joins the candidates after `xbm_warmup_steps` steps; it is filled
-    from the first step on."""
+    from the first step on. Pooled (`xbm_memory_weight` None), the loss scores the
+    memory before the batch is enqueued; in the paper's two-term form, after."""
     state = o["state"]
-    labels = jnp.where(o["step"] >= c.xbm_warmup_steps, state["labels"], -1)
-    loss = xbm_loss(
-        o["za"],
-        o["label"],
-        state["memory"],
-        labels,
-        loss=c.xbm_loss,
-        temperature=o["temperature"],
-        margin=c.margin,
-        **_streaming(c),
-    )
     (memory, labels), pointer = enqueue(
         (state["memory"], state["labels"]),
         state["pointer"],
         (o["za"], o["label"]),
-        axis_name=DATA_AXIS,
+        axis_name=BATCH_AXES,
+    )
+    pooled = c.xbm_memory_weight is None
+    scored, scored_labels = (state["memory"], state["labels"]) if pooled else (memory, labels)
+    loss = xbm_loss(
+        o["za"],
+        o["label"],
+        scored,
+        jnp.where(o["step"] >= c.xbm_warmup_steps, scored_labels, -1),
+        loss=c.xbm_loss,
+        temperature=o["temperature"],
+        margin=c.margin,
+        memory_weight=c.xbm_memory_weight,
+        enqueued_at=None if pooled else state["pointer"],
+        **_streaming(c),
     )
     return loss, {}, {"memory": memory, "labels": labels, "pointer": pointer}
 
@@ -249,13 +259,20 @@ LOSSES: Mapping[str, Loss] = {
     "ntxent": _streamed_pair_loss(ntxent_loss, metrics=False),
     "siglip": _streamed_pair_loss(siglip_loss, bias="bias"),
     "npairs": Loss(  # no in-batch metrics, as NT-Xent: they would be another N^2 pass
-        lambda o, c: (npairs_loss(o["za"], o["zb"], axis_name=DATA_AXIS), {}),
+        lambda o, c: (npairs_loss(o["za"], o["zb"], axis_name=BATCH_AXES), {}),
         frozenset({"za", "zb"}),
     ),
     # Decoupled contrastive learning: the positive out of both softmaxes' denominators.
     "dcl": Loss(
         lambda o, c: (
-            dcl_loss(o["za"], o["zb"], temperature=o["temperature"], weight_sigma=c.dcl_weight_sigma, **_streaming(c)),
+            dcl_loss(
+                o["za"],
+                o["zb"],
+                temperature=o["temperature"],
+                weight_sigma=c.dcl_weight_sigma,
+                weight_gradient=c.dcl_weight_gradient,
+                **_streaming(c),
+            ),
             {},
         ),
         frozenset({"za", "zb", "temperature"}),
@@ -276,7 +293,11 @@ LOSSES: Mapping[str, Loss] = {
         _moco,
         frozenset({"za", "zb", "temperature"}),
         LossState(
-            init=_moco_init, sharded=frozenset({"queue_a", "queue_b"}), check=_check_moco, after_step=_moco_after_step
+            init=_moco_init,
+            sharded=frozenset({"queue_a", "queue_b"}),
+            check=_check_moco,
+            after_step=_moco_after_step,
+            params_like=frozenset({"ema_params"}),
         ),
     ),
     # Cross-batch memory [M, D] with labels [M], split over the devices; a pointer.
@@ -290,17 +311,17 @@ LOSSES: Mapping[str, Loss] = {
             o["za"],
             y,
             temperature=o["temperature"],
-            axis_name=DATA_AXIS,
+            axis_name=BATCH_AXES,
             chunk_size=c.chunk_size,
             collective=c.collective,
         ),
         "temperature",
     ),
-    "contrastive": _label_loss(lambda o, y, c: contrastive_loss(o["za"], y, margin=c.margin, axis_name=DATA_AXIS)),
+    "contrastive": _label_loss(lambda o, y, c: contrastive_loss(o["za"], y, margin=c.margin, axis_name=BATCH_AXES)),
     "triplet": _label_loss(
-        lambda o, y, c: triplet_loss(o["za"], y, margin=c.margin, mining=c.triplet_mining, axis_name=DATA_AXIS)
+        lambda o, y, c: triplet_loss(o["za"], y, margin=c.margin, mining=c.triplet_mining, axis_name=BATCH_AXES)
     ),
-    "multi_similarity": _label_loss(lambda o, y, c: multi_similarity_loss(o["za"], y, axis_name=DATA_AXIS)),
+    "multi_similarity": _label_loss(lambda o, y, c: multi_similarity_loss(o["za"], y, axis_name=BATCH_AXES)),
     "softmax_ce": _per_example_loss(
         lambda o, y, c: softmax_cross_entropy(o["logits"], y, label_smoothing=c.label_smoothing),
         "logits",
