@@ -89,7 +89,7 @@ def get_config() -> ml_collections.ConfigDict:
     loss.xbm_warmup_steps = 0  # "xbm": steps before the memory joins the candidates.
     # "xbm": None: batch and memory pooled in one loss; lambda (1.0 in the paper's code):
     # loss(batch) + lambda loss(batch vs memory), the batch enqueued first.
-    loss.xbm_memory_weight = ml_collections.config_dict.placeholder(float)
+    loss.xbm_memory_weight = ml_collections.config_dict.placeholder(float)  # None or lambda >= 0.
 
     config.optim = optim = ml_collections.ConfigDict()
     optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".

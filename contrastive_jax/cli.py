@@ -114,8 +114,8 @@ def run_training(
 ) -> None:
     """Trains and evaluates `config` in `workdir` as the command line does: quiet logs
     unless `verbose`, multi-process start-up, one-line errors (exit status 2, or 1 for a
-    bad loss), Ctrl-C and SIGTERM that save and print the command that resumes, and the
-    summary table on stdout."""
+    bad loss), Ctrl-C and SIGTERM that save and print the command that resumes (exit
+    status 130 and `distributed.PREEMPTED_EXIT_STATUS`), and the summary table on stdout."""
     if not verbose:
         console.quiet_logs()
     simulate_cpu_devices(config.num_simulated_devices)
@@ -163,7 +163,7 @@ def run_training(
                     f"{distributed.rerun_command(sys.argv)}"
                 )
             print(message, file=sys.stderr, flush=True)
-            sys.exit(console.INTERRUPTED if ctrl_c.pressed else 0)
+            sys.exit(console.INTERRUPTED if ctrl_c.pressed else distributed.PREEMPTED_EXIT_STATUS)
         except KeyboardInterrupt:
             console.exit_with_error(
                 f"Interrupted (Ctrl-C). To resume, run: {console.rerun_command(sys.argv)}",

@@ -18,7 +18,17 @@ and has no hook in its public API; it is kept as a backstop, set later than ours
 `Preemption` turns SIGTERM (what a preempted VM or `scancel` sends) into a step at which
 all processes stop together: in one process a signal handler sets a flag; across
 processes JAX's preemption sync service (started by `jax.distributed.initialize`, which
-catches SIGTERM itself) agrees on the first step every process can still reach.
+catches SIGTERM itself) agrees on the first step every process can still reach. The
+command line then exits with `PREEMPTED_EXIT_STATUS`, not 0, so that a scheduler restarts
+the run rather than taking it as finished.
+
+Which devices a process drives: all it sees, except where JAX's detection finds a
+launcher that numbers the tasks of a host (SLURM's `SLURM_LOCALID`, Open MPI's local
+rank): there JAX gives each process the one GPU of that number, also when the coordinator,
+count and id are passed explicitly. So under SLURM, launch one task per GPU with every
+GPU of the node visible to each task (`--ntasks-per-node=G --gpus-per-node=G`, as
+`launch/slurm.sbatch` does); one task per node drives only its GPU 0 unless
+`JAX_LOCAL_DEVICE_IDS=0,1,...` names them all. Cloud TPU and Kubernetes: all devices.
 """
 
 import math
@@ -94,6 +104,11 @@ def jax_heartbeat_timeout(heartbeat_timeout_seconds: float) -> int:
 
 # Exit status of a process stopped because another one was lost: a temporary failure.
 LOST_PROCESS_EXIT_STATUS = os.EX_TEMPFAIL  # 75
+# Exit status of a run stopped by SIGTERM after saving its checkpoint: 143, what a
+# process killed by SIGTERM reports to a shell and what Kubernetes shows for it, so a
+# SLURM script, a Job's podFailurePolicy or a JobSet's failurePolicy restarts the run
+# (which resumes) instead of taking it as finished, as it would with 0.
+PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM  # 143
 _HEARTBEATS = "contrastive_jax/heartbeat/"  # + process id: a beat count, or _EXITED
 _EXITED = "exited"
 

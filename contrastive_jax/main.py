@@ -20,13 +20,16 @@ already set a host device count, this sets
 machine trains data parallel over n simulated devices (the CPU backend only; GPUs and
 TPUs are used as they are).
 
-Multi-process (one process per host, or several on one machine): pass
+Multi-process (one process per host or per GPU, or several on one machine): pass
 `--coordinator_address=HOST:PORT --num_processes=P --process_id=I` to every process, or
 `--distributed` alone where JAX detects them (Cloud TPU pod slices, SLURM, Open MPI).
 Only process 0 logs at INFO and writes metrics. When a process is lost, the others stop
-within `--heartbeat_timeout_seconds` with one line and status 75. SIGTERM (preemption)
-saves a checkpoint and exits with status 0; rerunning the same command resumes. See the
-README's "Multi-host" section.
+within `--heartbeat_timeout_seconds` with one line and status 75. SIGTERM (preemption,
+a time limit's warning) saves a checkpoint and exits with status 143 (128 + SIGTERM,
+`distributed.PREEMPTED_EXIT_STATUS`), in every process: not 0, so that SLURM, a
+Kubernetes Job or JobSet restarts the run instead of taking it as finished; rerunning
+the same command resumes. Recipes for SLURM, JobSet and Cloud TPU pods are in launch/,
+explained in docs/training.md ("Launch recipes").
 """
 
 import sys

@@ -19,8 +19,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import compat, losses, sharding
-from contrastive_jax.losses import _common
-from contrastive_jax.sharding import DATA_AXIS
+from contrastive_jax.config_lib import ConfigError, override
+from contrastive_jax.losses import _common, registry
+from contrastive_jax.losses.loss_types import LossSettings
+from contrastive_jax.sharding import BATCH_AXES, DATA_AXIS
 
 N, D, K = 16, 8, 32
 T = 0.2
@@ -72,16 +74,19 @@ def _dcl_numpy(a, b, temperature, sigma=None):
     return total / (2 * n)
 
 
-def _dcl_dense(a, b, temperature, sigma=None):
-    """The dense DCL in jnp (for jax.grad); DCLW's weight without gradient."""
+def _dcl_dense(a, b, temperature, sigma=None, weight_gradient=False):
+    """The dense DCL in jnp (for jax.grad); DCLW's weight without gradient, or with it
+    (``weight_gradient``: lightly's ``DCLWLoss`` before it detached the weight, ``2 - N
+    softmax(cos / sigma)``, the DCL authors' weight times N)."""
     s = a @ b.T / temperature
     off = ~jnp.eye(len(s), dtype=bool)
     row = jax.nn.logsumexp(jnp.where(off, s, -jnp.inf), axis=1)
     col = jax.nn.logsumexp(jnp.where(off, s, -jnp.inf), axis=0)
     weight = 1.0
     if sigma is not None:
-        e = jax.lax.stop_gradient(jnp.exp(jnp.diag(s) * temperature / sigma))
-        weight = 2 - e / jnp.mean(e)
+        weight = 2 - len(s) * jax.nn.softmax(jnp.sum(a * b, axis=1) / sigma)
+        if not weight_gradient:
+            weight = jax.lax.stop_gradient(weight)
     return jnp.mean(0.5 * (row + col) - weight * jnp.diag(s))
 
 
@@ -95,6 +100,43 @@ def test_dcl_matches_the_float64_reference_and_its_gradient(sigma):
     want_value, want_grads = _float64(functools.partial(_dcl_dense, temperature=T, sigma=sigma), a, b)
     _close(value, want_value)
     _grads_close(grads, want_grads)
+
+
+@pytest.mark.parametrize(
+    "num_devices, options",
+    [(None, {}), (None, {"chunk_size": 8}), (4, {}), (8, {"chunk_size": 2, "collective": "ring"})],
+)
+def test_dclw_weight_gradient_is_the_reference_codes_gradient(num_devices, options):
+    """``weight_gradient=True``: the value is DCLW's, the gradient flows through the
+    weight (float64 reference), single device, streamed and sharded; a gradient far
+    from the detached weight's."""
+    a, b = _pairs()
+    fn = functools.partial(losses.dcl_loss, temperature=T, weight_sigma=0.5, weight_gradient=True, **options)
+    if num_devices is not None:
+        fn = sharding.shard_loss(fn, sharding.make_mesh(num_devices))
+    value, grads = jax.jit(jax.value_and_grad(fn, argnums=(0, 1)))(a, b)
+    _close(value, _dcl_numpy(a, b, T, 0.5))
+    want_value, want_grads = _float64(
+        functools.partial(_dcl_dense, temperature=T, sigma=0.5, weight_gradient=True), a, b
+    )
+    _close(value, want_value)
+    _grads_close(grads, want_grads)
+    _, detached = _float64(functools.partial(_dcl_dense, temperature=T, sigma=0.5), a, b)
+    for got, other in zip(grads, detached):
+        assert np.linalg.norm(np.asarray(got) - other) > 0.05 * np.linalg.norm(other)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"weight_sigma": 0.5, "weight_gradient": 1}, r"^dcl_loss's weight_gradient must be a bool .* got 1\.$"),
+        ({"weight_gradient": True}, r"^dcl_loss's weight_gradient=True needs DCLW's weighting: pass weight_sigma"),
+    ],
+)
+def test_dcl_rejects_a_bad_weight_gradient(options, match):
+    a, b = _pairs()
+    with pytest.raises(ValueError, match=match):
+        losses.dcl_loss(a, b, temperature=T, **options)
 
 
 def test_dcl_drops_the_positive_from_the_denominator():
@@ -429,15 +471,13 @@ def test_moco_rejects_a_queue_of_another_width(jit):
 # ------------------------------------------------------------------------------- XBM
 
 
-def _xbm_numpy(z, labels, memory, memory_labels, loss, temperature=None, margin=None, alpha=2.0, beta=50.0, base=0.5):
-    """Each anchor against every candidate pair (the batch but itself, the filled memory
-    slots), pair by pair, in float64."""
-    z, memory = np.asarray(z, np.float64), np.asarray(memory, np.float64)
-    labels, memory_labels = np.asarray(labels), np.asarray(memory_labels)
+def _anchors_numpy(z, labels, candidates, loss, temperature=None, margin=None, alpha=2.0, beta=50.0, base=0.5):
+    """The base loss of each anchor ``z[i]`` over ``candidates[i]`` (a list of ``(vector,
+    label)``), pair by pair in float64, averaged over the anchors (SupCon: those with a
+    positive)."""
+    z, labels = np.asarray(z, np.float64), np.asarray(labels)
     per_anchor, weights = [], []
-    for i in range(len(z)):
-        cands = [(z[j], labels[j]) for j in range(len(z)) if j != i]
-        cands += [(m, y) for m, y in zip(memory, memory_labels) if y >= 0]
+    for i, cands in enumerate(candidates):
         s = np.array([z[i] @ c for c, _ in cands])
         same = np.array([y == labels[i] for _, y in cands])
         if loss == "supcon":
@@ -456,14 +496,38 @@ def _xbm_numpy(z, labels, memory, memory_labels, loss, temperature=None, margin=
     return np.sum(np.array(per_anchor) * weights) / np.sum(weights)
 
 
-def _xbm_dense(z, memory, labels, memory_labels, loss, temperature=None, margin=None):
-    """The dense XBM in jnp on [B, N + M] similarities (for jax.grad)."""
-    cands = jnp.concatenate([z, memory])
-    all_labels = jnp.concatenate([labels, memory_labels])
+def _xbm_numpy(z, labels, memory, memory_labels, loss, **hyper):
+    """Pooled: each anchor against every candidate (the batch but itself, the filled
+    memory slots)."""
+    z, memory = np.asarray(z, np.float64), np.asarray(memory, np.float64)
+    labels, memory_labels = np.asarray(labels), np.asarray(memory_labels)
+    filled = [(m, y) for m, y in zip(memory, memory_labels) if y >= 0]
+    candidates = [[(z[j], labels[j]) for j in range(len(z)) if j != i] + filled for i in range(len(z))]
+    return _anchors_numpy(z, labels, candidates, loss, **hyper)
+
+
+def _xbm_paper_numpy(z, labels, memory, memory_labels, own_slot, weight, loss, **hyper):
+    """The XBM paper's code (research-xbm's trainer): the batch enqueued first, then
+    ``criterion(batch, batch) + weight * criterion(batch, memory)``; each anchor's own
+    copy (slot ``own_slot[i]``) is no candidate (the paper's criteria drop positives at
+    cosine ``>= 1 - 1e-5``, the anchor's own copy)."""
+    z, memory = np.asarray(z, np.float64), np.asarray(memory, np.float64)
+    labels, memory_labels = np.asarray(labels), np.asarray(memory_labels)
+    batch = [[(z[j], labels[j]) for j in range(len(z)) if j != i] for i in range(len(z))]
+    remembered = [
+        [(m, y) for k, (m, y) in enumerate(zip(memory, memory_labels)) if y >= 0 and k != own_slot[i]]
+        for i in range(len(z))
+    ]
+    return _anchors_numpy(z, labels, batch, loss, **hyper) + weight * _anchors_numpy(
+        z, labels, remembered, loss, **hyper
+    )
+
+
+def _label_dense(z, labels, cands, cand_labels, candidate, loss, temperature=None, margin=None):
+    """A base loss of the anchors ``z`` over ``cands`` where ``candidate: [B, C]``, dense
+    in jnp on ``[B, C]`` similarities (for jax.grad)."""
     s = z @ cands.T
-    n = len(z)
-    candidate = (jnp.arange(len(cands))[None, :] != jnp.arange(n)[:, None]) & (all_labels >= 0)[None, :]
-    same = labels[:, None] == all_labels[None, :]
+    same = labels[:, None] == cand_labels[None, :]
     pos, neg = same & candidate, ~same & candidate
     if loss == "supcon":
         lse = jax.nn.logsumexp(jnp.where(candidate, s / temperature, -jnp.inf), axis=1)
@@ -478,6 +542,22 @@ def _xbm_dense(z, memory, labels, memory_labels, loss, temperature=None, margin=
         jnp.log1p(jnp.where(pos, jnp.exp(-2.0 * (s - 0.5)), 0).sum(1)) / 2.0
         + jnp.log1p(jnp.where(neg, jnp.exp(50.0 * (s - 0.5)), 0).sum(1)) / 50.0
     )
+
+
+def _xbm_dense(z, memory, labels, memory_labels, loss, **hyper):
+    """The dense pooled XBM on [B, N + M] similarities (for jax.grad)."""
+    cands = jnp.concatenate([z, memory])
+    all_labels = jnp.concatenate([labels, memory_labels])
+    candidate = (jnp.arange(len(cands))[None, :] != jnp.arange(len(z))[:, None]) & (all_labels >= 0)[None, :]
+    return _label_dense(z, labels, cands, all_labels, candidate, loss, **hyper)
+
+
+def _xbm_paper_dense(z, memory, labels, memory_labels, own_slot, weight, loss, **hyper):
+    """The dense two-term XBM (for jax.grad): the batch's loss plus ``weight`` times the
+    loss against the memory but each anchor's own slot."""
+    batch = _label_dense(z, labels, z, labels, ~jnp.eye(len(z), dtype=bool), loss, **hyper)
+    candidate = (jnp.arange(len(memory))[None, :] != own_slot[:, None]) & (memory_labels >= 0)[None, :]
+    return batch + weight * _label_dense(z, labels, memory, memory_labels, candidate, loss, **hyper)
 
 
 def _xbm_inputs():
@@ -554,3 +634,100 @@ def test_xbm_contrastive_without_a_margin_is_an_error():
     z, labels, memory, memory_labels = _xbm_inputs()
     with pytest.raises(ValueError, match=r"^xbm_loss with loss='contrastive' needs margin: pass margin > 0"):
         losses.xbm_loss(z, labels, memory, memory_labels, loss="contrastive")
+
+
+def _enqueued(z, labels, memory, memory_labels, pointer):
+    """The memory and labels after ``enqueue`` wrote the batch at ``pointer``, and each
+    batch row's slot ``[N]``."""
+    slots = (pointer + jnp.arange(len(z))) % len(memory)
+    return memory.at[slots].set(z), memory_labels.at[slots].set(labels), slots
+
+
+@pytest.mark.parametrize(
+    "num_devices, options",
+    [(None, {}), (None, {"chunk_size": 8}), (4, {}), (8, {"collective": "ring", "chunk_size": 2})],
+)
+@pytest.mark.parametrize("loss", losses.XBM_LOSSES)
+def test_xbm_memory_weight_is_the_papers_two_losses(loss, num_devices, options):
+    """``memory_weight=0.5`` with the batch enqueued at row 24 (wrapping past the end):
+    the paper's ``loss(batch) + 0.5 loss(batch vs memory)``, each anchor's own copy out
+    of its memory candidates; value and gradient, single device, streamed and sharded."""
+    z, labels, memory, memory_labels = _xbm_inputs()
+    memory, memory_labels, own_slot = _enqueued(z, labels, memory, memory_labels, 24)
+    hyper = XBM_HYPER[loss]
+    fn = functools.partial(losses.xbm_loss, loss=loss, memory_weight=0.5, enqueued_at=24, **hyper, **options)
+    if num_devices is not None:
+        fn = sharding.shard_loss(fn, sharding.make_mesh(num_devices))
+    value, grad = jax.jit(jax.value_and_grad(fn))(z, labels, memory, memory_labels)
+    _close(value, _xbm_paper_numpy(z, labels, memory, memory_labels, np.asarray(own_slot), 0.5, loss, **hyper))
+    dense = lambda z, memory: _xbm_paper_dense(  # noqa: E731
+        z, memory, labels, memory_labels, own_slot, 0.5, loss, **hyper
+    )
+    want_value, want_grads = _float64(dense, z, memory)
+    _close(value, want_value)
+    _grads_close([grad], want_grads[:1], 1e-4)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"memory_weight": -1.0, "enqueued_at": 0}, r"^xbm_loss's memory_weight must be None .* got -1\.0\.$"),
+        ({"memory_weight": True, "enqueued_at": 0}, r"^xbm_loss's memory_weight must be None .* got True\.$"),
+        ({"memory_weight": 1.0}, r"^xbm_loss with memory_weight needs enqueued_at: .* call enqueue first"),
+        ({"enqueued_at": 0}, r"^xbm_loss's enqueued_at is read only with memory_weight"),
+    ],
+)
+def test_xbm_rejects_a_bad_memory_weight(options, match):
+    z, labels, memory, memory_labels = _xbm_inputs()
+    with pytest.raises(ValueError, match=match):
+        losses.xbm_loss(z, labels, memory, memory_labels, loss="supcon", temperature=0.3, **options)
+
+
+@pytest.mark.parametrize("memory_weight", [None, 0.5])
+def test_trainer_xbm_scores_the_memory_before_or_after_enqueue(load_config, memory_weight):
+    """The registry's stateful "xbm" on 4 devices: pooled, the loss scores the memory as
+    it was (then enqueues); in the paper's form it enqueues first and scores the memory
+    holding the batch. The new state is the enqueued one either way."""
+    config = override(
+        load_config("default"),
+        {
+            "loss.xbm_loss": "supcon",
+            "loss.xbm_memory_weight": memory_weight,
+            "loss.xbm_memory_size": K,
+            "model.embed_dim": D,
+        },
+    )
+    settings = LossSettings.from_config(config)
+    z, labels, memory, memory_labels = _xbm_inputs()
+    state = {"memory": memory, "labels": memory_labels, "pointer": jnp.int32(24)}
+    rows, whole = P(BATCH_AXES), P()
+
+    def step(z, labels, state):
+        outputs = {"za": z, "label": labels, "temperature": 0.3, "state": state, "step": jnp.int32(5)}
+        return registry.get("xbm").fn(outputs, settings)
+
+    state_specs = {"memory": rows, "labels": rows, "pointer": whole}
+    fn = jax.shard_map(
+        step,
+        mesh=sharding.make_mesh(4),
+        in_specs=(rows, rows, state_specs),
+        out_specs=(whole, {}, state_specs),
+    )
+    loss, _, new_state = jax.jit(fn)(z, labels, state)
+    enqueued, enqueued_labels, own_slot = _enqueued(z, labels, memory, memory_labels, 24)
+    if memory_weight is None:
+        want = _xbm_numpy(z, labels, memory, memory_labels, "supcon", temperature=0.3)
+    else:
+        want = _xbm_paper_numpy(
+            z, labels, enqueued, enqueued_labels, np.asarray(own_slot), memory_weight, "supcon", temperature=0.3
+        )
+    _close(loss, want)
+    np.testing.assert_array_equal(np.asarray(new_state["memory"]), np.asarray(enqueued))
+    np.testing.assert_array_equal(np.asarray(new_state["labels"]), np.asarray(enqueued_labels))
+    assert int(new_state["pointer"]) == (24 + N) % K
+
+
+def test_trainer_rejects_a_negative_xbm_memory_weight(load_config):
+    config = override(load_config("default"), {"loss.name": "xbm", "loss.xbm_memory_weight": -1.0})
+    with pytest.raises(ConfigError, match=r"^config.loss.xbm_memory_weight=-1.0 must be None .* or >= 0 "):
+        registry.get("xbm").state.check(config)

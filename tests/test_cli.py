@@ -368,7 +368,7 @@ def test_non_finite_loss_is_one_line_naming_the_checkpoint(forked_cli, tiny_conf
         import dataclasses, jax, jax.numpy as jnp
         from contrastive_jax import losses
         def nan_loss(inputs, loss_config):
-            return jax.lax.pmean(jnp.nan * inputs["za"].sum(), "data"), {}
+            return jax.lax.pmean(jnp.nan * inputs["za"].sum(), ("data", "fsdp")), {}
         losses.LOSSES["clip"] = dataclasses.replace(losses.LOSSES["clip"], fn=nan_loss)
         """
     )

@@ -30,7 +30,7 @@ from subprocess_runs import (  # noqa: F401  (processes: a fixture)
     write_config,
 )
 
-from contrastive_jax import checkpoint, train
+from contrastive_jax import checkpoint, distributed, train
 from contrastive_jax.config_lib import override
 
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
@@ -90,7 +90,7 @@ def test_sigkill_mid_write_and_sigterm_then_resume_is_bitwise_identical(
     (_, killed, output, after_kill), (_, preempted, preempt_output, after_sigterm) = reports
     assert killed == -signal.SIGKILL, output[-3000:]
     assert after_kill == ([2], [4])  # checkpoint 4 was cut off mid-write
-    assert preempted == 0, preempt_output[-3000:]
+    assert preempted == distributed.PREEMPTED_EXIT_STATUS == 143, preempt_output[-3000:]
     assert "SIGTERM: stopped after step" in preempt_output
     assert after_sigterm[0] == [2, 4]  # resumed at 2, stopped after step 4 and saved it
     # The reruns resumed from 2, not from the partial 4, then from the SIGTERM's 4.
@@ -114,7 +114,7 @@ def test_more_kill_points_resume_bitwise(processes, reference, digits_data_dir, 
     workdir = str(tmp_path / "run")
     config = write_config(tmp_path / "tiny.py", tiny_fields(digits_data_dir))
     for fault, status, output, _ in run_until_done(processes, config, workdir, faults):
-        expected = 0 if fault.endswith("SIGTERM") else -signal.SIGKILL
+        expected = distributed.PREEMPTED_EXIT_STATUS if fault.endswith("SIGTERM") else -signal.SIGKILL
         assert status == expected, f"{fault}:\n{output[-3000:]}"
     assert_bitwise_equal(saved_params(workdir, STEPS), saved_params(reference, STEPS))
     assert losses_once(workdir) == losses_once(reference)

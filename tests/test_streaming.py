@@ -111,7 +111,9 @@ def test_more_device_counts(name, num_devices, mode):
 
 
 @pytest.mark.compat
-def test_ring_under_pmap_gives_each_device_its_rows_gradient():
+def test_ring_under_pmap_gives_each_device_its_local_loss_gradient():
+    """Under pmap each device's gradient w.r.t. its rows is its local loss's: K times
+    its rows' share of the global gradient (docs/global_batch.md, the contract)."""
     a, b = _paired()
     devices = 4
 
@@ -123,8 +125,8 @@ def test_ring_under_pmap_gives_each_device_its_rows_gradient():
     )
     dense_value, (dense_a, dense_b, _) = _dense("clip")
     np.testing.assert_allclose(value, np.full(devices, dense_value), rtol=RTOL)
-    np.testing.assert_allclose(grad_a.reshape(N, D), dense_a, atol=RTOL * np.max(np.abs(dense_a)))
-    np.testing.assert_allclose(grad_b.reshape(N, D), dense_b, atol=RTOL * np.max(np.abs(dense_b)))
+    np.testing.assert_allclose(grad_a.reshape(N, D) / devices, dense_a, atol=RTOL * np.max(np.abs(dense_a)))
+    np.testing.assert_allclose(grad_b.reshape(N, D) / devices, dense_b, atol=RTOL * np.max(np.abs(dense_b)))
 
 
 def test_bfloat16_embeddings_stream_like_dense():

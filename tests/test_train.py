@@ -20,7 +20,7 @@ import pytest
 from contrastive_jax import checkpoint, input_pipeline, losses, memory_fit, optimizer, resume, sharding, train
 from contrastive_jax.config_lib import override
 from contrastive_jax.data_sources import DataSettings
-from contrastive_jax.sharding import DATA_AXIS
+from contrastive_jax.sharding import BATCH_AXES
 from contrastive_jax.trainer import build
 
 
@@ -152,7 +152,7 @@ def test_sharded_step_comparison_sees_a_gradient_scaled_by_the_device_count(conf
 
         def scaled_gradient(inputs, settings, factor=factor):
             loss, metrics = clip.fn(inputs, settings)
-            scale = factor ** (jax.lax.axis_size(DATA_AXIS) > 1)
+            scale = factor ** (jax.lax.axis_size(BATCH_AXES) > 1)
             return jax.lax.stop_gradient(loss) + scale * (loss - jax.lax.stop_gradient(loss)), metrics
 
         monkeypatch.setitem(losses.LOSSES, "clip", dataclasses.replace(clip, fn=scaled_gradient))
@@ -382,7 +382,7 @@ def test_non_finite_loss_stops_and_names_the_last_checkpoint(config, tmp_path, m
     train.train_and_evaluate(override(config, {"train.num_train_steps": 4}), workdir)
 
     def nan_loss(inputs, loss_config):
-        return jax.lax.pmean(jnp.nan * inputs["za"].sum(), DATA_AXIS), {}
+        return jax.lax.pmean(jnp.nan * inputs["za"].sum(), BATCH_AXES), {}
 
     clip = losses.LOSSES["clip"]
     monkeypatch.setitem(losses.LOSSES, "clip", dataclasses.replace(clip, fn=nan_loss))

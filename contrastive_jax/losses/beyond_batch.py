@@ -70,6 +70,7 @@ def dcl_loss(
     *,
     temperature,
     weight_sigma: float | None = None,
+    weight_gradient: bool = False,
     axis_name=None,
     chunk_size: int | str | None = None,
     collective: str = "all_gather",
@@ -79,18 +80,24 @@ def dcl_loss(
 
     Per pair i and direction: ``-w_i s_ii / T + log sum_{j != i} exp(s_ij / T)``, the
     a -> b rows and the b -> a columns averaged (as :func:`clip_loss`). DCLW weights
-    the positive by ``w_i = 2 - exp(s_ii / sigma) / mean_k exp(s_kk / sigma)`` over the
-    global batch (cosines, without gradient); DCL has ``w_i = 1``.
+    the positive by ``w_i = 2 - exp(s_ii / sigma) / mean_k exp(s_kk / sigma)`` (``2 -
+    N softmax_k(s_kk / sigma)_i``) over the global batch, on the cosines; DCL has
+    ``w_i = 1``.
 
     This is the two-tower form: the negatives are the other tower's ``N - 1`` rows (the
-    paper's SimCLR-style form also counts the same view's ``N - 1`` other rows), and
-    DCLW's weight carries no gradient (the PyTorch code most ports follow lets it flow).
+    paper's SimCLR-style form also counts the same view's ``N - 1`` other rows). By
+    default DCLW's weight carries no gradient (``sg(w_i)``, as lightly's current
+    ``negative_mises_fisher_weights``); ``weight_gradient=True`` lets it flow, the
+    form of the DCL authors' PyTorch code and lightly's ``DCLWLoss`` before it detached
+    the weight (``w_i`` differentiated through every ``s_kk``).
 
     Args:
       a: ``[B, D]`` L2-normalised embeddings of modality A (or the first views).
       b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
       temperature: scalar > 0.
       weight_sigma: None (DCL), or DCLW's sigma > 0 (0.5 in the paper).
+      weight_gradient: DCLW only: False stops the weight's gradient, True lets it flow
+        (the reference code's form).
       axis_name: mesh axis of the global batch, or None.
       {streaming_args}
 
@@ -99,13 +106,25 @@ def dcl_loss(
     """
     check_paired(a, b, ("a", "b"), temperature, axis_name)
     _check_global_batch("dcl_loss", a, axis_name)
+    if not isinstance(weight_gradient, bool):
+        raise ValueError(
+            f"dcl_loss's weight_gradient must be a bool (False: DCLW's weight without gradient; True: "
+            f"the gradient flows through it, as in the reference code), got {weight_gradient!r}."
+        )
+    if weight_gradient and weight_sigma is None:
+        raise ValueError(
+            "dcl_loss's weight_gradient=True needs DCLW's weighting: pass weight_sigma (0.5 in the "
+            "paper), or leave weight_gradient=False for DCL (whose positive has no weight)."
+        )
     row_lse, col_lse = _negative_logsumexps(
         a, b, temperature, axis_name, Streaming(chunk_size, collective, matmul_dtype)
     )
     positive = paired_logits(a, b, temperature)
     if weight_sigma is not None:
         _common.check_positive(weight_sigma, "weight_sigma")
-        cosine = jax.lax.stop_gradient(paired_logits(a, b, 1.0))
+        cosine = paired_logits(a, b, 1.0)
+        if not weight_gradient:
+            cosine = jax.lax.stop_gradient(cosine)
         scaled = jnp.exp(cosine / weight_sigma)
         mean = jnp.mean(scaled) if axis_name is None else jax.lax.pmean(jnp.mean(scaled), axis_name)
         positive = (2.0 - scaled / mean) * positive
@@ -197,12 +216,13 @@ def sogclr_loss(
     beside a running maximum ``b`` of the logits, ``u e^b`` being ``exp(log u)`` here).
     ``-inf`` marks an example never visited; any finite entry is a visited example's
     ``log u``: a table of zeros (LibAUC starts ``u`` at 0) means ``u = 1`` everywhere,
-    not "unvisited" (start from :func:`sogclr_init_state`). LibAUC's two-modality
-    ``GCLoss_v2`` takes each device's positives from the diagonal of its local ``[B, N]``
-    block (right on the first device only); here they are the pair's own. As in its
-    one-modality ``GCLoss_v1``, ``u`` averages ``exp(s_ij / T)`` and the positive's
-    weight is 1 (v2 averages ``exp((s_ij - s_ii) / T)``, the positive inside: the same
-    objective, another estimate, and weights not divided by ``N - 1``: a gradient scale).
+    not "unvisited" (start from :func:`sogclr_init_state`). A bug of LibAUC's
+    two-modality ``GCLoss_v2`` (not of the one-modality ``GCLoss_v1``): on several
+    devices it takes each device's positives from the diagonal of its local ``[B, N]``
+    block (right on the first device only); here they are the pair's own. As in v1,
+    ``u`` averages ``exp(s_ij / T)`` and the positive's weight is 1 (v2 averages
+    ``exp((s_ij - s_ii) / T)``, the positive's logit inside: the same objective, another
+    estimate; its surrogate weights are unnormalised, a gradient scale).
 
     Args:
       a: ``[B, D]`` L2-normalised embeddings of modality A.

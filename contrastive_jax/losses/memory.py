@@ -1,20 +1,23 @@
 """Negatives from earlier batches: a MoCo queue and a cross-batch memory (XBM).
 
 Both keep a ring buffer of the last ``K`` (queue) or ``M`` (memory) embeddings of the
-global batch, written after the loss and without gradient (:func:`enqueue`), and score
-the local rows against it as extra candidates. The buffer is an explicit argument,
-split over the devices like a batch: under ``axis_name`` each device passes its
-``[K / devices, D]`` rows, and the candidates are every device's rows (all-gathered,
-or passed around the ring with ``collective="ring"``). The logits against the buffer
-are ``[B, K]``; streamed (``chunk_size``) they exist one ``c x c`` tile at a time, with
-the statistics and gradients of the dense path (:mod:`~contrastive_jax.losses.logit_stats`).
+global batch, written without gradient (:func:`enqueue`; after the loss, or before it
+in XBM's two-term form), and score the local rows against it as extra candidates. The
+buffer is an explicit argument, split over the devices like a batch: under
+``axis_name`` each device passes its ``[K / devices, D]`` rows, and the candidates are
+every device's rows (all-gathered, or passed around the ring with
+``collective="ring"``). The logits against the buffer are ``[B, K]``; streamed
+(``chunk_size``) they exist one ``c x c`` tile at a time, with the statistics and
+gradients of the dense path (:mod:`~contrastive_jax.losses.logit_stats`).
 
 * MoCo (He et al., CVPR 2020): ``logits_i = [q_i . k_i, q_i . queue] / T``, a
   ``1 + K``-way softmax whose class is the pair's own key. The keys come from the
   current encoder or an exponential moving average of it (:func:`momentum_update`).
 * XBM (Wang et al., CVPR 2020; pytorch-metric-learning's ``CrossBatchMemory``): a
   label-based loss whose anchors are the local rows and whose candidates are the
-  global batch (without the anchor itself) and the memory's filled slots.
+  global batch (without the anchor itself) and the memory's filled slots; or, as the
+  paper's code, the batch's loss plus ``lambda`` times a separate loss against the
+  memory (``memory_weight``).
 
 Shapes: ``B`` local batch, ``N`` global batch, ``D`` embedding dimension, ``K`` / ``M``
 the buffer's rows over all devices.
@@ -130,6 +133,42 @@ def _multi_similarity_terms(alpha, beta, base):
     return terms
 
 
+def _memory_ids(memory: jax.Array, global_batch: int, axis_name, enqueued_at) -> jax.Array:
+    """Ids ``[M_local]`` of this device's memory rows. Without ``enqueued_at``, distinct
+    from the batch's; with it, the slot that :func:`enqueue` at ``enqueued_at`` gave
+    global batch row ``k`` has id ``k``, so an anchor's own copy is no candidate."""
+    ids = _buffer_ids(memory, global_batch, axis_name)
+    if enqueued_at is None:
+        return ids
+    size = _common.global_batch_size(memory.shape[0], axis_name)
+    position = (ids - global_batch - enqueued_at) % size
+    return jnp.where(position < global_batch, position, ids)
+
+
+def _check_memory_weight(memory_weight, enqueued_at) -> None:
+    """``memory_weight``: None, or a Python number >= 0 with ``enqueued_at`` given;
+    ``enqueued_at`` only with a ``memory_weight``."""
+    if memory_weight is None:
+        if enqueued_at is not None:
+            raise ValueError(
+                "xbm_loss's enqueued_at is read only with memory_weight (the paper's two-term form): "
+                "pass memory_weight as well, or leave enqueued_at=None for the pooled form."
+            )
+        return
+    if isinstance(memory_weight, bool) or not isinstance(memory_weight, numbers.Real) or not memory_weight >= 0:
+        raise ValueError(
+            f"xbm_loss's memory_weight must be None (batch and memory pooled in one loss) or a number "
+            f"lambda >= 0 (loss(batch) + lambda loss(batch vs memory); 1.0 in the XBM paper's code), "
+            f"got {memory_weight!r}."
+        )
+    if enqueued_at is None:
+        raise ValueError(
+            "xbm_loss with memory_weight needs enqueued_at: the paper's form scores a memory that "
+            "already holds the batch, so call enqueue first and pass the pointer it wrote the batch "
+            "at (its input pointer), which keeps each anchor's own copy out of its candidates."
+        )
+
+
 @document_streaming
 def xbm_loss(
     z: jax.Array,
@@ -143,6 +182,8 @@ def xbm_loss(
     alpha: float = 2.0,
     beta: float = 50.0,
     base: float = 0.5,
+    memory_weight: float | None = None,
+    enqueued_at: jax.Array | int | None = None,
     axis_name=None,
     chunk_size: int | str | None = None,
     collective: str = "all_gather",
@@ -150,9 +191,13 @@ def xbm_loss(
 ) -> jax.Array:
     """A label-based loss whose candidates are the global batch and a cross-batch memory.
 
-    Each local row is an anchor; its candidates are the other ``N - 1`` rows of the
-    global batch and the memory's filled slots (``memory_labels >= 0``); with an empty
-    memory it is the plain loss on the batch. ``loss`` is one of ``XBM_LOSSES``:
+    Each local row is an anchor. With ``memory_weight=None`` (the pooled form) its
+    candidates are the other ``N - 1`` rows of the global batch and the memory's filled
+    slots (``memory_labels >= 0``), one loss over them; with an empty memory it is the
+    plain loss on the batch. With a number ``lambda`` (the XBM paper's code), the loss
+    is ``L(anchors vs the other N - 1 rows) + lambda L(anchors vs the filled memory
+    slots)``, two separate losses, the memory already holding the batch (enqueued at
+    ``enqueued_at``) except each anchor's own copy. ``loss`` is one of ``XBM_LOSSES``:
 
     * ``"supcon"``: :func:`supcon_loss`'s formula over the candidates (``temperature``).
     * ``"contrastive"``: :func:`contrastive_loss` (``margin``), the anchor's mean over its
@@ -168,12 +213,18 @@ def xbm_loss(
         candidate). The memory gets no gradient.
       loss: the base loss, one of ``XBM_LOSSES``.
       temperature, margin, alpha, beta, base: the base loss's hyperparameters.
+      memory_weight: None (pooled), or ``lambda >= 0`` (a Python number), the memory
+        term's weight in the paper's two-term form.
+      enqueued_at: with ``memory_weight`` only (then required): int scalar, the global
+        memory row :func:`enqueue` wrote the batch's first row to (its input pointer).
       axis_name: mesh axis of the batch and the memory, or None.
       {streaming_args} Here the columns are the batch's and the memory's: ``chunk_size``
-        divides N + M (B + M / devices with the ring).
+        divides N + M (B + M / devices with the ring); with ``memory_weight``, both N
+        and M (B and M / devices).
 
     Returns:
-      Scalar over the anchors of the global batch (SupCon: those with a positive).
+      Scalar over the anchors of the global batch (SupCon: those with a positive, per
+      term).
     """
     if loss not in XBM_LOSSES:
         raise ValueError(f"xbm_loss's loss must be one of {XBM_LOSSES}, got {loss!r}.")
@@ -182,14 +233,7 @@ def xbm_loss(
     _check_buffer(memory, "memory", z.shape[1])
     _common.check_labels(memory_labels, memory.shape[0], "memory_labels")
     _common.check_axis_bound(axis_name)
-    row_ids = local_ids(z.shape[0], axis_name)
-    global_batch = _common.global_batch_size(z.shape[0], axis_name)
-    candidates = jnp.concatenate([z, jax.lax.stop_gradient(memory).astype(z.dtype)])
-    cols = RowIds(
-        jnp.concatenate([row_ids, _buffer_ids(memory, global_batch, axis_name)]),
-        jnp.concatenate([labels, memory_labels]),
-        jnp.concatenate([jnp.ones_like(labels, bool), memory_labels >= 0]),
-    )
+    _check_memory_weight(memory_weight, enqueued_at)
     if loss == "supcon":
         _common.check_temperature(temperature)
         spec = SUPCON
@@ -200,24 +244,30 @@ def xbm_loss(
         spec, temperature = PairSpec(pair_terms=_contrastive_terms(margin)), 1.0
     else:
         spec, temperature = PairSpec(pair_terms=_multi_similarity_terms(alpha, beta, base)), 1.0
-    stats = logit_stats.pair_stats(
-        spec,
-        z,
-        candidates,
-        RowIds(row_ids, labels),
-        cols,
-        temperature=temperature,
-        axis_name=axis_name,
-        streaming=Streaming(chunk_size, collective, matmul_dtype),
-    )
-    sums = stats.row_sums
-    if loss == "supcon":
-        return supcon_from_stats(stats, axis_name)
-    if loss == "contrastive":
-        per_row = sums["cost"] / jnp.maximum(sums["count"], 1.0)
-    else:
-        per_row = jnp.log1p(sums["positive"]) / alpha + jnp.log1p(sums["negative"]) / beta
-    return _common.global_mean(per_row, axis_name)
+    rows = RowIds(local_ids(z.shape[0], axis_name), labels)
+    streaming = Streaming(chunk_size, collective, matmul_dtype)
+
+    def over(candidates: jax.Array, cols: RowIds) -> jax.Array:
+        """The base loss of the local anchors over ``candidates: [C_local, D]``."""
+        stats = logit_stats.pair_stats(
+            spec, z, candidates, rows, cols, temperature=temperature, axis_name=axis_name, streaming=streaming
+        )
+        sums = stats.row_sums
+        if loss == "supcon":
+            return supcon_from_stats(stats, axis_name)
+        if loss == "contrastive":
+            per_row = sums["cost"] / jnp.maximum(sums["count"], 1.0)
+        else:
+            per_row = jnp.log1p(sums["positive"]) / alpha + jnp.log1p(sums["negative"]) / beta
+        return _common.global_mean(per_row, axis_name)
+
+    global_batch = _common.global_batch_size(z.shape[0], axis_name)
+    batch = RowIds(rows.index, labels, jnp.ones_like(labels, bool))
+    remembered = RowIds(_memory_ids(memory, global_batch, axis_name, enqueued_at), memory_labels, memory_labels >= 0)
+    memory = jax.lax.stop_gradient(memory).astype(z.dtype)
+    if memory_weight is None:
+        return over(jnp.concatenate([z, memory]), jax.tree.map(lambda x, y: jnp.concatenate([x, y]), batch, remembered))
+    return over(z, batch) + memory_weight * over(memory, remembered)
 
 
 def _check_enqueued(buffers: Any, new: Any) -> None:
