@@ -155,8 +155,10 @@ def _does_not_fit(trainer: Trainer, element_spec, memory: StepMemory) -> str:
     """The message for a step that does not fit: the figures, then what would fit."""
     measured = []  # (flags, bytes) of each candidate that builds
     for fields in candidates(trainer.config, sharding.batch_shards(trainer.mesh)):
+        fsdp = fields.get("mesh.fsdp")
+        mesh = trainer.mesh if fsdp is None else sharding.make_mesh(trainer.mesh.size, fsdp=fsdp)
         try:
-            other = build(override(trainer.config, fields), trainer.mesh)
+            other = build(override(trainer.config, fields), mesh)
         except ConfigError:
             continue
         _, abstract_state = other.init_state(element_spec)
@@ -184,7 +186,8 @@ def _does_not_fit(trainer: Trainer, element_spec, memory: StepMemory) -> str:
 
 def candidates(config: ml_collections.ConfigDict, num_devices: int) -> list[dict[str, Any]]:
     """Overrides that lower a step's memory, the least intrusive first: stream the
-    logits in tiles, pass the other side's shards around a ring, micro-batches, bfloat16
+    logits in tiles, pass the other side's shards around a ring, split the parameters
+    and optimizer state over each host's devices (`mesh.fsdp`), micro-batches, bfloat16
     activations (each one that the config does not already use)."""
     loss, train = config.loss, config.train
     n = train.global_batch_size
@@ -194,6 +197,8 @@ def candidates(config: ml_collections.ConfigDict, num_devices: int) -> list[dict
     if loss.collective != "ring":
         tile = logit_stats.divisor_at_most(n // num_devices, _CANDIDATE_TILE)
         found.append({"loss.collective": "ring", "loss.chunk_size": tile})
+    if config.mesh.fsdp == 1 and jax.local_device_count() > 1:
+        found.append({"mesh.fsdp": jax.local_device_count()})
     if not train.micro_batch_size and n % (8 * num_devices) == 0:
         streamed = {} if loss.chunk_size is not None else found[0]
         found.append({"train.micro_batch_size": n // 8, **streamed})

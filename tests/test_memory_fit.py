@@ -21,8 +21,9 @@ TOO_BIG = {
 
 
 def compiled(config):
-    """`compile_train_step` of `config` on all 8 devices."""
-    run = trainer.build(config, sharding.make_mesh())
+    """`compile_train_step` of `config` on all 8 devices (`config.mesh.fsdp` of them
+    splitting the parameters)."""
+    run = trainer.build(config, sharding.make_mesh(fsdp=config.mesh.fsdp))
     spec = input_pipeline.train_dataset(DataSettings.from_config(config)).element_spec
     return memory_fit.compile_train_step(run, run.init_state(spec)[1], spec)
 
@@ -47,6 +48,26 @@ def test_a_step_that_does_not_fit_names_settings_that_fit_as_compiled(load_confi
         fields = {k: int(v) if v.isdigit() else v for k, v in fields.items()}
         _, memory = compiled(override(config, fields))
         assert memory.fits and memory_fit.format_bytes(memory.needed) == stated
+
+
+def test_towers_too_big_to_replicate_are_told_to_split_their_parameters(load_config, digits_data_dir):
+    """The logits are streamed around the ring already; the state dominates: the first
+    suggestion splits it over the 8 devices, and fits with the need it states."""
+    fields = tiny_fields(digits_data_dir) | {
+        "model.mlp_hidden_dims": (1024,),
+        "model.encoder_dim": 1024,
+        "train.global_batch_size": 64,
+        "loss.chunk_size": 8,
+        "loss.collective": "ring",
+        "mesh.fsdp_min_kib": 0.0,
+    }
+    config = override(load_config("default"), fields)
+    _, split = compiled(override(config, {"mesh.fsdp": 8}))
+    _, whole = compiled(config)
+    limit_gib = (split.needed + whole.needed) / 2 / 2**30
+    stated = memory_fit.format_bytes(split.needed)
+    with pytest.raises(ConfigError, match=rf"; with --config\.mesh\.fsdp=8 it needs {stated}[;.]"):
+        compiled(override(config, {"train.memory_limit_gib": limit_gib}))
 
 
 def test_the_loop_runs_the_step_the_check_compiled_and_logs_its_memory(

@@ -306,6 +306,31 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
         assert json.load(f)["step"] == 12
 
 
+def test_resume_onto_a_different_mesh(config, tmp_path, monkeypatch):
+    """A run that crashed with its parameters split 4 ways (a 2 x 4 mesh) resumes data
+    parallel from its checkpoint and ends where a straight data-parallel run does."""
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    train.train_and_evaluate(config, straight)
+    real_global_batch, calls = train._global_batch, {"n": 0}
+
+    def crash_at_10(batch, data_sharding):
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise RuntimeError("simulated crash")
+        return real_global_batch(batch, data_sharding)
+
+    monkeypatch.setattr(train, "_global_batch", crash_at_10)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train_and_evaluate(override(config, FSDP_FIELDS | {"mesh.fsdp": 4}), resumed)
+    monkeypatch.setattr(train, "_global_batch", real_global_batch)
+    train.train_and_evaluate(config, resumed)
+    want, got = saved_state(straight, 12), saved_state(resumed, 12)
+    chex.assert_trees_all_close(got["params"], want["params"], rtol=1e-4, atol=1e-6)
+    resumed_losses = {m["step"]: m["train/loss"] for m in read_metrics(resumed) if "train/loss" in m}
+    straight_losses = {m["step"]: m["train/loss"] for m in read_metrics(straight) if "train/loss" in m}
+    assert resumed_losses[12] == pytest.approx(straight_losses[12], rel=1e-5)
+
+
 @pytest.mark.compat
 def test_checkpoint_restores_onto_a_different_mesh(config, tmp_path):
     """Saved split over a 2 x 4 mesh (parameters over fsdp), restored whole onto 2
