@@ -53,6 +53,11 @@ def check(
     sharding.check_batch_divides(train.global_batch_size, num_devices, "config.train.global_batch_size")
     data_sources.per_process_batch_size(train.global_batch_size, jax.process_count())
     _check_chunk_size(config.loss, train.global_batch_size, num_devices)
+    if config.loss.dcl_weight_gradient and config.loss.dcl_weight_sigma is None:
+        raise ConfigError(
+            "config.loss.dcl_weight_gradient=True needs DCLW's weight: set config.loss.dcl_weight_sigma "
+            "(0.5 in the paper), or dcl_weight_gradient=False."
+        )
     if train.micro_batch_size:
         if train.micro_batch_method not in grad_cache.MICRO_BATCH_METHODS:
             raise ConfigError(

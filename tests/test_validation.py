@@ -92,6 +92,14 @@ def test_bad_value_names_the_field_and_a_fix(config, field, value, message):
 
 # (fields, message): settings that do not fit together. tests/test_cli.py runs them too.
 BAD_COMBINATIONS = [
+    (
+        {"loss.name": "dcl", "loss.dcl_weight_gradient": True},
+        r"config.loss.dcl_weight_gradient=True needs DCLW's weight: set config.loss.dcl_weight_sigma",
+    ),
+    (
+        {"loss.name": "xbm", "data.task": "labeled", "loss.xbm_memory_weight": -1.0},
+        r"config.loss.xbm_memory_weight",
+    ),
     # chunk 16 divides N = 64 but not the ring's 64 / 8 = 8 columns per device.
     (
         {"loss.collective": "ring", "loss.chunk_size": 16},
