@@ -30,10 +30,9 @@ import statistics
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
-import ml_collections
 import numpy as np
 
-from contrastive_jax.config_lib import ConfigError, group_values
+from contrastive_jax.config_lib import ConfigError
 
 ON_BAD_LOSS = ("stop", "rollback")
 ROLLBACKS_FILE = "rollbacks.json"  # in the workdir: the rollbacks so far and their skips
@@ -42,7 +41,7 @@ ROLLBACKS_FILE = "rollbacks.json"  # in the workdir: the rollbacks so far and th
 @dataclasses.dataclass(frozen=True)
 class GuardSettings:
     """What `LossGuard` judges by, as plain values: `trainer.build` reads them from the
-    config once (`from_config`). Each field is `config.train.<name>` (its comment in
+    config once (`trainer.guard_settings`). Each field is `config.train.<name>` (its comment in
     configs/default.py says what it does)."""
 
     on_bad_loss: str  # one of ON_BAD_LOSS
@@ -52,12 +51,6 @@ class GuardSettings:
     max_rollbacks: int
     rollback_window_steps: int
     inject_nan_at_batches: tuple[int, ...]
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> "GuardSettings":
-        """The settings of `config` (the whole experiment config)."""
-        own = group_values(cls, config.train, besides={"inject_nan_at_batches"})
-        return cls(**own, inject_nan_at_batches=tuple(config.train.inject_nan_at_batches))
 
 
 def check_config(settings: GuardSettings) -> None:

@@ -34,9 +34,10 @@ def check(
     num_devices: int,
     data: data_sources.DataSettings,
     guard: bad_loss.GuardSettings,
+    loss_settings: losses.LossSettings,
 ) -> tuple[int, records.Metadata]:
-    """Checks `config` for `loss` on `num_devices` devices, with the data and bad-loss
-    settings `trainer.build` read from it; returns the rows of the loss's per-example
+    """Checks `config` for `loss` on `num_devices` devices, with the data, bad-loss and
+    loss settings `trainer.build` read from it; returns the rows of the loss's per-example
     state table (0 without one) and the record set's metadata.
 
     Raises:
@@ -67,7 +68,7 @@ def check(
         grad_cache.check_micro_batches(train.global_batch_size, train.micro_batch_size, num_devices)
     if train.log_noise_scale:
         _check_noise_scale(loss, train, num_devices)
-    return _check_loss_state(loss, config, data), metadata
+    return _check_loss_state(loss, loss_settings, config, data), metadata
 
 
 def _check_noise_scale(loss: losses.Loss, train: ml_collections.ConfigDict, num_devices: int) -> None:
@@ -85,13 +86,18 @@ def _check_noise_scale(loss: losses.Loss, train: ml_collections.ConfigDict, num_
         )
 
 
-def _check_loss_state(loss: losses.Loss, config: ml_collections.ConfigDict, data: data_sources.DataSettings) -> int:
+def _check_loss_state(
+    loss: losses.Loss,
+    settings: losses.LossSettings,
+    config: ml_collections.ConfigDict,
+    data: data_sources.DataSettings,
+) -> int:
     """A loss with state: its own checks, one state update per step, and a per-example
     table (`config.loss.sogclr_table_size`; 0: the training split's size) that holds
     every example. Returns the table's rows (0 without one)."""
     if loss.state is None:
         return 0
-    loss.state.check(config)
+    loss.state.check(settings, config.train.global_batch_size, config.train.micro_batch_size)
     name = config.loss.name
     if config.train.micro_batch_size and config.train.micro_batch_method != "grad_cache":
         raise ConfigError(

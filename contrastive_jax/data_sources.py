@@ -5,7 +5,7 @@ A run reads a record set (`records`: ArrayRecord shards and their metadata), eit
 user's own (`config.data.records=DIR`, written by `python -m contrastive_jax.write_records`)
 or a built-in dataset (`config.data.name`), which is written to records on first use
 under `config.data.data_dir` by the same writer (one process writes, the others wait).
-`DataSettings.from_config` reads `config.data` (and the global batch size) once into
+`trainer.data_settings` reads `config.data` (and the global batch size) once into
 plain values, the only thing `input_pipeline` is given; `check_data_config` rejects
 settings the pipeline cannot serve, with one line naming the fix.
 """
@@ -15,10 +15,8 @@ import dataclasses
 import fcntl
 import os
 
-import ml_collections
-
 from contrastive_jax import records
-from contrastive_jax.config_lib import ConfigError, group_values
+from contrastive_jax.config_lib import ConfigError
 
 TASKS = ("pairs", "views", "labeled")
 BAD_RECORD_POLICIES = ("stop", "skip")
@@ -47,7 +45,7 @@ class Augment:
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
     """What the input pipeline reads and how, as plain values: `trainer.build` reads them
-    from the config once (`from_config`). Each field is `config.data.<name>` (its comment
+    from the config once (`trainer.data_settings`). Each field is `config.data.<name>` (its comment
     in configs/default.py says what it does), but for `global_batch_size`
     (`config.train.global_batch_size`: the rows of a step's batch)."""
 
@@ -67,18 +65,6 @@ class DataSettings:
     prefetch_batches: int
     on_bad_record: str
     augment: Augment
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> "DataSettings":
-        """The settings of `config` (the whole experiment config)."""
-        data = config.data
-        own = group_values(cls, data, besides={"global_batch_size", "augment", "train_class_range"})
-        return cls(
-            **own,
-            global_batch_size=config.train.global_batch_size,
-            train_class_range=None if data.train_class_range is None else tuple(data.train_class_range),
-            augment=Augment(**data.augment.to_dict()),
-        )
 
     @property
     def display_name(self) -> str:

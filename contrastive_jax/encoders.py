@@ -12,7 +12,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
-import ml_collections
 
 from contrastive_jax.config_lib import ConfigError
 
@@ -269,8 +268,8 @@ def _vit(width, depth, num_heads, mlp_dim):
     return lambda m, dtype, vocab: ViT(width, depth, num_heads, mlp_dim, m.patch_size, m.dropout_rate, dtype)
 
 
-# name -> (config.model, compute dtype, text vocabulary size) -> encoder.
-ENCODERS: Mapping[str, Callable[[ml_collections.ConfigDict, Any, int], nn.Module]] = {
+# name -> (models.ModelSettings, compute dtype, text vocabulary size) -> encoder.
+ENCODERS: Mapping[str, Callable[[Any, Any, int], nn.Module]] = {
     "mlp": lambda m, dtype, vocab: MLP(m.mlp_hidden_dims, m.encoder_dim, m.dropout_rate, dtype),
     "cnn": lambda m, dtype, vocab: SmallCNN(m.cnn_features, m.encoder_dim, dtype),
     "resnet18": lambda m, dtype, vocab: ResNet((2, 2, 2, 2), BasicBlock, dtype=dtype),

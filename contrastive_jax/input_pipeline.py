@@ -1,7 +1,7 @@
 """The input pipeline: deterministic, seekable batches streamed from record sets with grain.
 
 Every function here takes `data_sources.DataSettings` (plain values read from
-`config.data` once, by `trainer.build` or `DataSettings.from_config`), never a config.
+`config.data` once, by `trainer.build`: `trainer.data_settings`), never a config.
 
 Tasks (`DataSettings.task`):
 

@@ -1,34 +1,31 @@
 """Will the step fit? The train step's per-device memory, from its compilation, checked
 against the device's before the first step.
 
-`compile_train_step` compiles the jitted train step for the global batch's shapes (the
-executable the loop then calls, so the check costs nothing when the step fits) and
-reads XLA's `memory_analysis()`: arguments + outputs - donated (aliased) buffers +
+`compile_train_step` has the trainer compile its train step for the global batch's
+shapes (`Trainer.compile_step`: the executable the loop then calls, so the check costs
+nothing when the step fits) and reads XLA's `memory_analysis()`: arguments + outputs - donated (aliased) buffers +
 temporaries + generated code, per device. The device's memory is `config.train.memory_limit_gib` when
 set, else the accelerator's limit (`memory_stats()["bytes_limit"]`), else, on the CPU,
 the host's available memory shared by its simulated devices. A step that needs more is a
 `ConfigError` naming the figures and the settings that would fit, each measured by
-compiling it (`loss.chunk_size`, `loss.collective="ring"`, `train.micro_batch_size`,
-`model.compute_dtype`): only then are other steps compiled.
+compiling the trainer's variant with it (`loss.chunk_size`, `loss.collective="ring"`,
+`mesh.fsdp`, `train.micro_batch_size`, `model.compute_dtype`): only then are other
+steps compiled. A leaf: it imports neither the trainer nor the config.
 """
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
-import ml_collections
-import numpy as np
 
 from contrastive_jax import sharding
-from contrastive_jax.config_lib import ConfigError, override
+from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.losses import logit_stats
-from contrastive_jax.trainer import Trainer, build
+from contrastive_jax.losses.streaming import AUTO_TILE
 
 _GIB = 2**30
-# Candidate tiles: the largest divisor of the columns at most this (CPU's "auto" tile).
-_CANDIDATE_TILE = 512
 # How many of the candidates that fit a message names (the least intrusive first).
 _SUGGESTIONS = 2
 
@@ -106,32 +103,12 @@ def _host_available_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def batch_spec(
-    element_spec: Mapping[str, Any], global_batch_size: int, mesh: jax.sharding.Mesh
-) -> dict[str, jax.ShapeDtypeStruct]:
-    """The global batch's shapes (`[N, ...]`, split over the data axis) from the input
-    pipeline's `element_spec` (this process's rows)."""
-    data = sharding.data_sharding(mesh)
-    return {
-        key: jax.ShapeDtypeStruct(
-            (global_batch_size, *spec.shape[1:]),
-            np.dtype(spec.dtype),
-            sharding=data,
-        )
-        for key, spec in element_spec.items()
-    }
-
-
-def _compile(trainer: Trainer, abstract_state, element_spec) -> jax.stages.Compiled:
-    spec = batch_spec(element_spec, trainer.data.global_batch_size, trainer.mesh)
-    return trainer.jit_train_step(abstract_state).lower(abstract_state, spec).compile()
-
-
-def compile_train_step(trainer: Trainer, abstract_state, element_spec) -> tuple[Callable, StepMemory]:
-    """The train step compiled for the global batch, and its memory per device.
+def compile_train_step(trainer, abstract_state, element_spec) -> tuple[Callable, StepMemory]:
+    """The train step compiled for the global batch (`trainer.compile_step`), and its
+    memory per device.
 
     Args:
-      trainer: the run's `Trainer`.
+      trainer: the run's `trainer.Trainer`.
       abstract_state: the state as `jax.ShapeDtypeStruct` leaves with shardings.
       element_spec: the input pipeline's `element_spec` (this process's rows).
 
@@ -144,25 +121,23 @@ def compile_train_step(trainer: Trainer, abstract_state, element_spec) -> tuple[
         both figures and the settings that fit, each with its measured need.
     """
     available, source = device_memory(trainer.memory_limit_gib)  # checked before compiling
-    compiled = _compile(trainer, abstract_state, element_spec)
+    compiled = trainer.compile_step(abstract_state, element_spec)
     memory = StepMemory(needed_bytes(compiled), available, source)
     if not memory.fits:
         raise ConfigError(_does_not_fit(trainer, element_spec, memory))
     return compiled, memory
 
 
-def _does_not_fit(trainer: Trainer, element_spec, memory: StepMemory) -> str:
+def _does_not_fit(trainer, element_spec, memory: StepMemory) -> str:
     """The message for a step that does not fit: the figures, then what would fit."""
     measured = []  # (flags, bytes) of each candidate that builds
-    for fields in candidates(trainer.config, sharding.batch_shards(trainer.mesh)):
-        fsdp = fields.get("mesh.fsdp")
-        mesh = trainer.mesh if fsdp is None else sharding.make_mesh(trainer.mesh.size, fsdp=fsdp)
+    for fields in candidates(trainer):
         try:
-            other = build(override(trainer.config, fields), mesh)
+            other = trainer.variant(fields)
         except ConfigError:
             continue
         _, abstract_state = other.init_state(element_spec)
-        needed = needed_bytes(_compile(other, abstract_state, element_spec))
+        needed = needed_bytes(other.compile_step(abstract_state, element_spec))
         flags = " ".join(f"--config.{k}={v}" for k, v in fields.items())
         measured.append((flags, needed))
         if sum(n <= memory.available for _, n in measured) == _SUGGESTIONS:
@@ -184,24 +159,26 @@ def _does_not_fit(trainer: Trainer, element_spec, memory: StepMemory) -> str:
     )
 
 
-def candidates(config: ml_collections.ConfigDict, num_devices: int) -> list[dict[str, Any]]:
-    """Overrides that lower a step's memory, the least intrusive first: stream the
-    logits in tiles, pass the other side's shards around a ring, split the parameters
-    and optimizer state over each host's devices (`mesh.fsdp`), micro-batches, bfloat16
-    activations (each one that the config does not already use)."""
-    loss, train = config.loss, config.train
-    n = train.global_batch_size
+def candidates(trainer) -> list[dict[str, Any]]:
+    """Config overrides that lower a `trainer.Trainer`'s step memory, the least
+    intrusive first: stream the logits in tiles, pass the other side's shards around a
+    ring, split the parameters and optimizer state over each host's devices
+    (`mesh.fsdp`), micro-batches, bfloat16 activations (each one the run does not
+    already use)."""
+    loss = trainer.loss_settings
+    n, num_devices = trainer.data.global_batch_size, sharding.batch_shards(trainer.mesh)
+    tile = AUTO_TILE["cpu"]  # the largest divisor of the columns at most the CPU's tile
     found = []
     if loss.chunk_size is None:
-        found.append({"loss.chunk_size": logit_stats.divisor_at_most(n, _CANDIDATE_TILE)})
+        found.append({"loss.chunk_size": logit_stats.divisor_at_most(n, tile)})
     if loss.collective != "ring":
-        tile = logit_stats.divisor_at_most(n // num_devices, _CANDIDATE_TILE)
-        found.append({"loss.collective": "ring", "loss.chunk_size": tile})
-    if config.mesh.fsdp == 1 and jax.local_device_count() > 1:
+        ring_tile = logit_stats.divisor_at_most(n // num_devices, tile)
+        found.append({"loss.collective": "ring", "loss.chunk_size": ring_tile})
+    if trainer.mesh.shape[sharding.FSDP_AXIS] == 1 and jax.local_device_count() > 1:
         found.append({"mesh.fsdp": jax.local_device_count()})
-    if not train.micro_batch_size and n % (8 * num_devices) == 0:
+    if not trainer.micro_batch_size and n % (8 * num_devices) == 0:
         streamed = {} if loss.chunk_size is not None else found[0]
         found.append({"train.micro_batch_size": n // 8, **streamed})
-    if config.model.compute_dtype == "float32":
+    if trainer.compute_dtype == "float32":
         found.append({"model.compute_dtype": "bfloat16"})
     return found

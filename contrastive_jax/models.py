@@ -6,10 +6,11 @@ the embeddings in float32, and owns the learnable temperature (stored as
 `clamp_temperature` keeps `1 / temperature <= MAX_INV_TEMPERATURE` after each update
 (open_clip's clamp of the logit scale).
 
-`create_model(config)` builds the model a config names (`encoders.ENCODERS` lists the
-encoders).
+`create_model(ModelSettings)` builds the model the settings name (`encoders.ENCODERS`
+lists the encoders).
 """
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +18,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from contrastive_jax import encoders, losses
 from contrastive_jax.config_lib import ConfigError
@@ -118,22 +118,49 @@ def clamp_temperature(params):
     return jax.tree_util.tree_map_with_path(clamp, params)
 
 
-def create_model(config: ml_collections.ConfigDict, *, text_vocab_size: int, learned_bias: bool = False) -> TwoTower:
-    """The `TwoTower` that `config.model` and `config.loss` describe.
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The model's settings as plain values, read from the config by `trainer.build`.
+    Each field is `config.model.<name>` (its comment in configs/default.py says what it
+    does), but for the logit scale's: `temperature_init`, `learn_temperature`
+    (`config.loss.temperature`, `learn_temperature`) and `bias_init` (SigLIP's learned
+    logit bias, `config.loss.siglip_bias`; None: no bias)."""
+
+    encoder_a: str
+    encoder_b: str
+    tie_towers: bool
+    mlp_hidden_dims: tuple[int, ...]
+    cnn_features: tuple[int, ...]
+    encoder_dim: int
+    text_num_layers: int
+    patch_size: int
+    dropout_rate: float
+    projection_hidden_dims: tuple[int, ...]
+    embed_dim: int
+    num_classes: int
+    compute_dtype: str
+    temperature_init: float
+    learn_temperature: bool
+    bias_init: float | None
+
+
+def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
+    """The `TwoTower` that `settings` describe.
 
     Args:
-      config: the full config (`model`, and `loss` for the temperature and bias).
+      settings: the model's settings (`trainer.model_settings` reads them from a config).
       text_vocab_size: token ids the text encoder embeds (the input pipeline's).
-      learned_bias: learn SigLIP's logit bias, initialised to `config.loss.siglip_bias`
-        (the loss's `losses.Loss.learned_bias`).
+
+    Raises:
+      ConfigError: an unknown encoder or compute dtype, or a temperature that is not > 0.
     """
-    m = config.model
+    m = settings
     if m.compute_dtype not in COMPUTE_DTYPES:
         raise ConfigError(f"config.model.compute_dtype={m.compute_dtype!r}; use one of {sorted(COMPUTE_DTYPES)}.")
     dtype = COMPUTE_DTYPES[m.compute_dtype]
 
     def encoder(field):
-        name = m[field]
+        name = getattr(m, field)
         if name not in encoders.ENCODERS:
             raise ConfigError(
                 f"config.model.{field}={name!r} is not an encoder; use one of {sorted(encoders.ENCODERS)}."
@@ -143,15 +170,15 @@ def create_model(config: ml_collections.ConfigDict, *, text_vocab_size: int, lea
     def head():
         return ProjectionHead(m.projection_hidden_dims, m.embed_dim, dtype)
 
-    if not config.loss.temperature > 0:
-        raise ConfigError(f"config.loss.temperature={config.loss.temperature} must be > 0 (e.g. 0.07).")
+    if not m.temperature_init > 0:
+        raise ConfigError(f"config.loss.temperature={m.temperature_init} must be > 0 (e.g. 0.07).")
     return TwoTower(
         tower_a=encoder("encoder_a"),
         head_a=head(),
         tower_b=None if m.tie_towers else encoder("encoder_b"),
         head_b=None if m.tie_towers else head(),
-        temperature_init=config.loss.temperature,
-        learn_temperature=config.loss.learn_temperature,
-        bias_init=config.loss.siglip_bias if learned_bias else None,
+        temperature_init=m.temperature_init,
+        learn_temperature=m.learn_temperature,
+        bias_init=m.bias_init,
         num_classes=m.num_classes,
     )

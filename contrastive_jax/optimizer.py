@@ -1,10 +1,10 @@
-"""The optimizer `config.optim` names: warmup + cosine schedule, masked weight decay,
+"""The optimizer `config.optim` names (`OptimSettings`): warmup + cosine schedule, masked weight decay,
 global-norm clipping."""
 
+import dataclasses
 from typing import Any
 
 import jax
-import ml_collections
 import optax
 
 from contrastive_jax.config_lib import ConfigError
@@ -12,12 +12,27 @@ from contrastive_jax.config_lib import ConfigError
 OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
 
 
+@dataclasses.dataclass(frozen=True)
+class OptimSettings:
+    """The optimizer's settings as plain values, read from the config by
+    `trainer.build`: each field is `config.optim.<name>` (its comment in
+    configs/default.py says what it does)."""
+
+    name: str
+    learning_rate: float
+    warmup_steps: int
+    end_learning_rate_factor: float
+    weight_decay: float
+    momentum: float
+    grad_clip_norm: float
+
+
 def weight_decay_mask(params) -> Any:
     """True for weight matrices and kernels; False for biases, norm scales, the temperature."""
     return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
-def make_schedule(optim: ml_collections.ConfigDict, num_train_steps: int) -> optax.Schedule:
+def make_schedule(optim: OptimSettings, num_train_steps: int) -> optax.Schedule:
     """Linear warmup from 0 to `optim.learning_rate`, then cosine decay to
     `learning_rate * end_learning_rate_factor` at `num_train_steps`."""
     return optax.warmup_cosine_decay_schedule(
@@ -29,9 +44,7 @@ def make_schedule(optim: ml_collections.ConfigDict, num_train_steps: int) -> opt
     )
 
 
-def make_optimizer(
-    optim: ml_collections.ConfigDict, num_train_steps: int
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(optim: OptimSettings, num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """`(tx, schedule)`: the optimizer `config.optim` names, with clipping.
 
     Raises:

@@ -8,11 +8,9 @@ state structure). The config a checkpoint was written with is saved beside it
 (`position`).
 """
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-import ml_collections
 from flax import traverse_util
 
 from contrastive_jax.checkpoint import Checkpointer, CorruptCheckpointError, IncompatibleCheckpointError
@@ -33,11 +31,10 @@ RESUME_FIELDS = (
 )
 
 
-def restore_latest(
-    ckpt: Checkpointer, config: ml_collections.ConfigDict, abstract_state: Any
-) -> tuple[int, Any | None]:
-    """`(step, state)` of the newest intact checkpoint in `ckpt`, or `(0, None)` when there
-    is none.
+def restore_latest(ckpt: Checkpointer, run_config: Mapping[str, Any], abstract_state: Any) -> tuple[int, Any | None]:
+    """`(step, state)` of the newest intact checkpoint in `ckpt` that a run of
+    `run_config` (the config as JSON, `Trainer.run_config`) continues, or `(0, None)`
+    when there is none.
 
     Corrupt checkpoints are reported and quarantined, and the previous one is tried.
 
@@ -49,21 +46,21 @@ def restore_latest(
     while (step := ckpt.latest_step()) is not None:
         try:
             saved = ckpt.restore_position(step)
-            _check_resume(saved, config, step)
-            return saved["next_step"], _restore_onto(ckpt, step, abstract_state, saved, config)
+            _check_resume(saved, run_config, step)
+            return saved["next_step"], _restore_onto(ckpt, step, abstract_state, saved, run_config)
         except CorruptCheckpointError as e:
             ckpt.quarantine(step, e)
     return 0, None
 
 
-def _restore_onto(ckpt: Checkpointer, step, abstract_state, saved, config):
+def _restore_onto(ckpt: Checkpointer, step, abstract_state, saved, run_config):
     """`Checkpointer.restore_state`, naming the changed config fields when the model changed."""
     try:
         return ckpt.restore_state(step, abstract_state)
     except IncompatibleCheckpointError as e:
         changed = {
             k: v
-            for k, v in _changed_fields(saved, config).items()
+            for k, v in _changed_fields(saved, run_config).items()
             if k.split(".")[1] in ("model", "loss", "optim", "data")
         }
         fields = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
@@ -74,22 +71,22 @@ def _restore_onto(ckpt: Checkpointer, step, abstract_state, saved, config):
         ) from None
 
 
-def position(config: ml_collections.ConfigDict, next_step: int) -> dict[str, Any]:
+def position(run_config: Mapping[str, Any], next_step: int) -> dict[str, Any]:
     """The input position saved with a checkpoint: the pipeline restarts at `next_step`;
-    the config tells what stream it was."""
-    return {"next_step": next_step, "config": json.loads(config.to_json_best_effort())}
+    the config (`run_config`, as JSON) tells what stream it was."""
+    return {"next_step": next_step, "config": dict(run_config)}
 
 
-def _changed_fields(saved: Mapping[str, Any], config: ml_collections.ConfigDict) -> dict:
+def _changed_fields(saved: Mapping[str, Any], run_config: Mapping[str, Any]) -> dict:
     """`{"config.a.b": (value in the checkpoint, value now)}` for the fields that differ."""
     flat = lambda tree: traverse_util.flatten_dict({"config": tree}, sep=".")  # noqa: E731
-    before, now = flat(saved.get("config", {})), flat(json.loads(config.to_json_best_effort()))
+    before, now = flat(saved.get("config", {})), flat(run_config)
     return {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)}
 
 
-def _check_resume(saved: Mapping[str, Any], config: ml_collections.ConfigDict, step: int) -> None:
-    """ConfigError when a run of `config` would not continue checkpoint `step`'s stream."""
-    changed = _changed_fields(saved, config)
+def _check_resume(saved: Mapping[str, Any], run_config: Mapping[str, Any], step: int) -> None:
+    """ConfigError when a run of `run_config` would not continue checkpoint `step`'s stream."""
+    changed = _changed_fields(saved, run_config)
     for name in RESUME_FIELDS:
         if f"config.{name}" in changed:
             before, now = changed[f"config.{name}"]

@@ -28,6 +28,8 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -107,12 +109,14 @@ def _global_batch(batch: dict[str, np.ndarray], data_sharding) -> dict[str, jax.
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Trains (resuming from `workdir` if it holds a checkpoint) and evaluates.
 
-    Before the first step the train step is compiled (the executable the loop runs) and
-    its memory per device checked against the device's (`memory_fit`). Logs a first line
-    (backend, devices, batch, the step's memory per device), a short line per logging
-    step, a line per rollback (`bad_loss`) and the headline metrics of each evaluation
-    (`console`). A run that already reached `config.train.num_train_steps` and holds its
-    evaluation returns that evaluation without compiling, training or evaluating again.
+    The config is read once, by `trainer.build`; the run then uses the plain values it
+    returns (`train`). Before the first step the train step is compiled (the executable
+    the loop runs) and its memory per device checked against the device's
+    (`memory_fit`). Logs a first line (backend, devices, batch, the step's memory per
+    device), a short line per logging step, a line per rollback (`bad_loss`) and the
+    headline metrics of each evaluation (`console`). A run that already reached
+    `config.train.num_train_steps` and holds its evaluation returns that evaluation
+    without compiling, training or evaluating again.
 
     Args:
       config: the experiment config (see configs/default.py).
@@ -131,24 +135,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         names the step(s) and the last good checkpoint, which is left untouched.
       Preempted: SIGTERM arrived; the current step finished and was saved.
     """
-    mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
-    trainer = build(config, mesh)
+    return train(build(config), workdir)
+
+
+def train(trainer: Trainer, workdir: str) -> dict[str, float]:
+    """`train_and_evaluate` of the run `trainer` was built for (`trainer.build`)."""
+    loop = trainer.loop
     workdir = prepare_workdir(workdir)
-    ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=config.checkpoint.max_to_keep)
+    ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=loop.checkpoint_max_to_keep)
     guard = bad_loss.LossGuard(trainer.guard, workdir, lead=jax.process_index() == 0)
     run_line = functools.partial(
         console.run_line,
-        mesh,
+        trainer.mesh,
         workdir,
         global_batch_size=trainer.data.global_batch_size,
-        num_steps=config.train.num_train_steps,
+        num_steps=loop.num_train_steps,
     )
     try:
         opened_at = ckpt.latest_step() or 0
         ds = _train_batches(trainer.data, guard.first_batch(opened_at))
         init, abstract_state = trainer.init_state(ds.element_spec)
-        start_step, state = resume.restore_latest(ckpt, config, abstract_state)
-        if state is not None and (done := _finished_results(workdir, start_step, config)):
+        start_step, state = resume.restore_latest(ckpt, trainer.run_config, abstract_state)
+        if state is not None and (done := _finished_results(workdir, start_step, loop.num_train_steps)):
             logging.info("%s", run_line())
             logging.info("%s", done[1])
             return done[0]
@@ -161,16 +169,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             logging.info("Resumed from %s at step %d.", ckpt.directory, start_step)
         if start_step != opened_at:  # the newest checkpoint was corrupt: an older one
             ds = _train_batches(trainer.data, guard.first_batch(start_step))
-        return _train(trainer, step_fn, ckpt, guard, init, state, abstract_state, ds, start_step, workdir)
+        run = _Run(trainer, step_fn, ckpt, guard, init, abstract_state, workdir)
+        return run.loop(state, ds, start_step)
     finally:  # also on errors: finish the saves already started
         ckpt.close()
 
 
-def _finished_results(workdir: str, start_step: int, config) -> tuple[dict[str, float], str] | None:
+def _finished_results(workdir: str, start_step: int, num_steps: int) -> tuple[dict[str, float], str] | None:
     """The saved evaluation when the run already trained its steps and evaluated them,
     and the line that says so."""
     path = os.path.join(workdir, "eval_results.json")
-    if start_step < config.train.num_train_steps or not os.path.exists(path):
+    if start_step < num_steps or not os.path.exists(path):
         return None
     with open(path) as f:
         results = json.load(f)
@@ -178,174 +187,208 @@ def _finished_results(workdir: str, start_step: int, config) -> tuple[dict[str, 
         return None
     return results, (
         f"Already done: {console.display_path(workdir)} holds step {start_step} of "
-        f"{config.train.num_train_steps} and its evaluation; nothing to train. Raise "
+        f"{num_steps} and its evaluation; nothing to train. Raise "
         "--config.train.num_train_steps to train longer, or use a new --workdir."
     )
 
 
-def _evaluator(ev: ml_collections.ConfigDict, trainer: Trainer, mesh: jax.sharding.Mesh) -> evaluate.Evaluator:
-    """The evaluator of `config.eval` (`ev`) on `mesh`: the eval split, and the training
-    split for the kNN and linear probes when they are on and the data have labels."""
-    data = trainer.data
-    eval_arrays = input_pipeline.eval_arrays(data, ev.split, class_range=ev.class_range)
-    probe_arrays = None
-    if "label" in eval_arrays and (ev.knn_k > 0 or ev.linear_probe):
-        probe_arrays = input_pipeline.eval_arrays(data, data.train_split, class_range=data.train_class_range)
-    return evaluate.Evaluator(
-        mesh,
-        eval_arrays,
-        batch_size=ev.batch_size,
-        recall_ks=ev.recall_ks,
-        match_keys=trainer.match_keys or (None, None),
-        probe_arrays=probe_arrays,
-        knn_k=ev.knn_k,
-        linear_probe=ev.linear_probe,
-    )
+def evaluation(trainer: Trainer) -> Callable[[Any], dict[str, float]]:
+    """`state -> metrics`: the run's evaluation (`trainer.loop`'s split and probes).
 
-
-def _roll_back(bad: bad_loss.BadLoss, guard: bad_loss.LossGuard, ckpt, init, abstract_state, config):
-    """`(step, state, record)` after a bad loss: the newest checkpoint's (or the initial
-    state at step 0) and the rollback's record; FloatingPointError when it stops instead."""
-    ckpt.wait()  # a save still being written is the newest checkpoint
-    last = ckpt.latest_step()
-    guard.stop_unless_rolling_back(bad, f"step {last} in {ckpt.directory}" if last is not None else "none")
-    step, state = resume.restore_latest(ckpt, config, abstract_state)
-    guard.restore(ckpt.restore_position(step) if state is not None else None)
-    return step, init() if state is None else state, guard.roll_back(bad, step)
-
-
-def _train(
-    trainer: Trainer,
-    step_fn,
-    ckpt: checkpoint.Checkpointer,
-    guard: bad_loss.LossGuard,
-    init,
-    state,
-    abstract_state,
-    ds,
-    start_step: int,
-    workdir: str,
-) -> dict[str, float]:
-    """The loop of `train_and_evaluate` from `start_step`; returns the final evaluation.
-
-    `step_fn` is the compiled train step; `init()` the initial state (a rollback before
-    the first checkpoint restarts from it); `ds` the stream from `start_step`'s batch.
+    It runs whole in every process, on its own devices, from the state gathered whole
+    (the loss's state, which may be split over the devices, is not evaluated).
     """
-    config = trainer.config
-    num_steps = config.train.num_train_steps
-    lead = jax.process_index() == 0
-    data_sharding = sharding.data_sharding(trainer.mesh)
-    # Evaluation runs whole in every process, on its own devices, from the state gathered
-    # whole (the loss's state, which may be split over the devices, is not evaluated).
+    loop, data = trainer.loop, trainer.data
     if jax.process_count() == 1:
-        eval_mesh, local_state = trainer.mesh, lambda state: state.replace(loss_state=None)
+        mesh, local_state = trainer.mesh, lambda state: state.replace(loss_state=None)
     else:
-        eval_mesh = jax.sharding.Mesh(np.array(jax.local_devices()), (DATA_AXIS,))
+        mesh = jax.sharding.Mesh(np.array(jax.local_devices()), (DATA_AXIS,))
         gather = jax.jit(lambda state: state.replace(loss_state=None), out_shardings=sharding.replicated(trainer.mesh))
         local_state = lambda state: jax.tree.map(  # noqa: E731
-            lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(eval_mesh)), gather(state)
+            lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(mesh)), gather(state)
         )
-    evaluator = _evaluator(config.eval, trainer, eval_mesh)
-    writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=start_step)
-    if start_step > 0:  # a machine-readable record of every resume, kept across resumes
-        writer.write(start_step, {"resumed_from_step": start_step})
-    progress = console.Progress(total_steps=num_steps, start_step=start_step, enabled=lead)
-    open_at = lambda number: iter(_train_batches(trainer.data, number))  # noqa: E731
-    batches = guard.batches(start_step, open_at, opened=iter(ds))
-    window: list[dict[str, float]] = []  # the metrics of the steps since the last log
-    timer_start, timed_steps = time.perf_counter(), 0  # steps finished since timer_start
-    input_wait, skipped_records = 0.0, 0  # seconds waited for batches since timer_start; records skipped
+    eval_arrays = input_pipeline.eval_arrays(data, loop.eval_split, class_range=loop.eval_class_range)
+    probe_arrays = None
+    if "label" in eval_arrays and (loop.knn_k > 0 or loop.linear_probe):
+        probe_arrays = input_pipeline.eval_arrays(data, data.train_split, class_range=data.train_class_range)
+    evaluator = evaluate.Evaluator(
+        mesh,
+        eval_arrays,
+        batch_size=loop.eval_batch_size,
+        recall_ks=loop.recall_ks,
+        match_keys=trainer.match_keys or (None, None),
+        probe_arrays=probe_arrays,
+        knn_k=loop.knn_k,
+        linear_probe=loop.linear_probe,
+    )
+    return lambda state: evaluator(local_state(state))
 
-    def record(step: int, metrics) -> None:
+
+class MetricWindow:
+    """The metrics of the steps since the last logging step, logged every k steps.
+
+    `record` takes a finished step's metrics (raising `bad_loss.BadLoss` on a bad one)
+    and, at a logging step, writes their means with the time per step, the examples per
+    second, the share of the time spent waiting for input and the records skipped.
+    """
+
+    def __init__(self, trainer: Trainer, guard: bad_loss.LossGuard, writer, progress, start_step: int):
+        self._trainer, self._guard, self.writer, self._progress = trainer, guard, writer, progress
+        self._start_step = start_step
+        self._window: list[dict[str, float]] = []
+        self.skipped_records = 0
+        self.restart_timer()
+
+    def restart_timer(self) -> None:
+        """Times the steps from now (after a warm-up, a save or an evaluation)."""
+        self._timer_start, self._timed_steps, self._input_wait = time.perf_counter(), 0, 0.0
+
+    def waited(self, seconds: float) -> None:
+        """Counts `seconds` spent waiting for a batch."""
+        self._input_wait += seconds
+
+    def clear(self) -> None:
+        """Forgets the metrics of steps undone (a rollback)."""
+        self._window.clear()
+
+    @property
+    def empty(self) -> bool:
+        return not self._window
+
+    def record(self, step: int, metrics) -> None:
         """Fetches a finished step's metrics, raises BadLoss on a bad one, logs every k."""
-        nonlocal timer_start, timed_steps, input_wait
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        guard.check(step, values)
-        window.append(values)
-        if step == start_step + 1:  # the first step warms up: time the steps after it
-            timer_start, timed_steps, input_wait = time.perf_counter(), 0, 0.0
+        self._guard.check(step, values)
+        self._window.append(values)
+        if step == self._start_step + 1:  # the first step warms up: time the steps after it
+            self.restart_timer()
         else:
-            timed_steps += 1
-        if step % config.train.log_every_steps == 0 or step == num_steps:
-            scalars = {f"train/{k}": float(np.mean([w[k] for w in window])) for k in window[0]}
-            seconds_per_step = (time.perf_counter() - timer_start) / max(timed_steps, 1)
-            if noise_scale.SMALL_KEY in window[0]:
-                scalars["train/noise_scale"] = noise_scale.window_b_simple(
-                    window, config.train.global_batch_size, sharding.batch_shards(trainer.mesh)
-                )
-            if timed_steps:
-                scalars["train/examples_per_second"] = config.train.global_batch_size / seconds_per_step
-                scalars["train/input_wait_share"] = input_wait / (time.perf_counter() - timer_start)
-            if skipped_records:
-                scalars["train/skipped_records"] = skipped_records
-            writer.write(step, scalars)
-            progress.log(step, scalars, seconds_per_step=seconds_per_step if timed_steps else None)
-            window.clear()
-            timer_start, timed_steps, input_wait = time.perf_counter(), 0, 0.0
+            self._timed_steps += 1
+        loop = self._trainer.loop
+        if step % loop.log_every_steps == 0 or step == loop.num_train_steps:
+            self._log(step)
 
-    def every(k: int, step: int) -> bool:
-        return step == num_steps or (k > 0 and step % k == 0)
+    def _log(self, step: int) -> None:
+        window, trainer = self._window, self._trainer
+        global_batch = trainer.data.global_batch_size
+        scalars = {f"train/{k}": float(np.mean([w[k] for w in window])) for k in window[0]}
+        elapsed = time.perf_counter() - self._timer_start
+        seconds_per_step = elapsed / max(self._timed_steps, 1)
+        if noise_scale.SMALL_KEY in window[0]:
+            shards = sharding.batch_shards(trainer.mesh)
+            scalars["train/noise_scale"] = noise_scale.window_b_simple(window, global_batch, shards)
+        if self._timed_steps:
+            scalars["train/examples_per_second"] = global_batch / seconds_per_step
+            scalars["train/input_wait_share"] = self._input_wait / elapsed
+        if self.skipped_records:
+            scalars["train/skipped_records"] = self.skipped_records
+        self.writer.write(step, scalars)
+        self._progress.log(step, scalars, seconds_per_step=seconds_per_step if self._timed_steps else None)
+        window.clear()
+        self.restart_timer()
 
-    results = {}
-    pending = None  # (step, metrics) dispatched but not yet read
-    preempted = False
-    step, dispatched = start_step, 0  # dispatched: steps run, rolled back or not
-    try:
-        with distributed.Preemption() as preemption:
-            while step < num_steps:
-                step, dispatched = step + 1, dispatched + 1
-                waiting_since = time.perf_counter()
-                batch = next(batches)
-                input_wait += time.perf_counter() - waiting_since
-                skipped_records += int(batch.pop("skipped_records", 0))
-                state, metrics = step_fn(state, _global_batch(batch, data_sharding))
-                try:
-                    if pending is not None:
-                        record(*pending)  # step t-1's metrics, read after dispatching step t
-                    pending = (step, metrics)
-                    progress.step_done()
-                    # The same count in every process, never going back (unlike `step`).
-                    preempted = preemption.reached(dispatched)
-                    save = preempted or every(config.checkpoint.every_steps, step)
-                    run_eval = not preempted and every(config.eval.every_steps, step)
-                    if save or run_eval:
-                        record(*pending)  # never save or evaluate a bad state
+
+class _Run:
+    """The loop of `train`: steps, metric windows, saves, evaluations and rollbacks.
+
+    `step_fn` is the compiled train step; `init()` the initial state (a rollback before
+    the first checkpoint restarts from it).
+    """
+
+    def __init__(self, trainer: Trainer, step_fn, ckpt, guard: bad_loss.LossGuard, init, abstract_state, workdir):
+        self.trainer, self.step_fn, self.ckpt, self.guard = trainer, step_fn, ckpt, guard
+        self.init, self.abstract_state, self.workdir = init, abstract_state, workdir
+        self.lead = jax.process_index() == 0
+        self.evaluate = evaluation(trainer)
+
+    def _every(self, k: int, step: int) -> bool:
+        return step == self.trainer.loop.num_train_steps or (k > 0 and step % k == 0)
+
+    def _open_at(self, batch_number: int):
+        return iter(_train_batches(self.trainer.data, batch_number))
+
+    def loop(self, state, ds, start_step: int) -> dict[str, float]:
+        """Trains from `start_step` (`ds`: the stream from its batch); returns the final
+        evaluation, after writing it to `eval_results.json`."""
+        loop, ckpt, guard = self.trainer.loop, self.ckpt, self.guard
+        num_steps = loop.num_train_steps
+        data_sharding = sharding.data_sharding(self.trainer.mesh)
+        writer = metric_writer.MetricWriter(self.workdir, enabled=self.lead, start_step=start_step)
+        if start_step > 0:  # a machine-readable record of every resume, kept across resumes
+            writer.write(start_step, {"resumed_from_step": start_step})
+        progress = console.Progress(total_steps=num_steps, start_step=start_step, enabled=self.lead)
+        window = MetricWindow(self.trainer, guard, writer, progress, start_step)
+        batches = guard.batches(start_step, self._open_at, opened=iter(ds))
+        results, pending, preempted = {}, None, False  # pending: (step, metrics) dispatched, not read
+        step, dispatched = start_step, 0  # dispatched: steps run, rolled back or not
+        try:
+            with distributed.Preemption() as preemption:
+                while step < num_steps:
+                    step, dispatched = step + 1, dispatched + 1
+                    waiting_since = time.perf_counter()
+                    batch = next(batches)
+                    window.waited(time.perf_counter() - waiting_since)
+                    window.skipped_records += int(batch.pop("skipped_records", 0))
+                    state, metrics = self.step_fn(state, _global_batch(batch, data_sharding))
+                    try:
+                        if pending is not None:
+                            window.record(*pending)  # step t-1's metrics, read after dispatching step t
+                        pending = (step, metrics)
+                        progress.step_done()
+                        # The same count in every process, never going back (unlike `step`).
+                        preempted = preemption.reached(dispatched)
+                        save = preempted or self._every(loop.checkpoint_every_steps, step)
+                        run_eval = not preempted and self._every(loop.eval_every_steps, step)
+                        if save or run_eval:
+                            window.record(*pending)  # never save or evaluate a bad state
+                            pending = None
+                    except bad_loss.BadLoss as bad:
                         pending = None
-                except bad_loss.BadLoss as bad:
-                    pending = None
-                    step, state, rollback = _roll_back(bad, guard, ckpt, init, abstract_state, config)
-                    writer.close()  # drop the lines of the steps undone, as a resume does
-                    writer = metric_writer.MetricWriter(workdir, enabled=lead, start_step=step)
-                    writer.write(
-                        step,
-                        {
-                            "rollback/bad_step": rollback["bad_step"],
-                            "rollback/first_skipped_batch": rollback["skipped_batches"][0],
-                            "rollback/skipped_batches": len(rollback["skipped_batches"]),
-                        },
-                    )
-                    progress.message(guard.line(rollback))
-                    window.clear()
-                    batches = guard.batches(step, open_at)
-                    continue
-                if save:
-                    ckpt.save(step, state, resume.position(config, step) | guard.saved())
-                if preempted:
-                    break
-                if run_eval:
-                    results = evaluator(local_state(state))
-                    writer.write(step, {f"eval/{k}": v for k, v in results.items()})
-                    progress.message(console.eval_line(step, results))
-                if (save or run_eval) and not window:  # at a logging step: time the steps alone
-                    timer_start, input_wait = time.perf_counter(), 0.0
-        if start_step >= num_steps:  # already trained: evaluate the restored state
-            results = evaluator(local_state(state))
-    finally:
-        progress.close()
-        writer.close()
-    if preempted:
-        raise Preempted(step, ckpt.directory)
-    if lead:
-        final_step = max(start_step, num_steps)  # a run resumed past its steps: the state's
-        evaluate.write_json(os.path.join(workdir, "eval_results.json"), final_step, results)
-    return results
+                        step, state = self._roll_back(bad, window, progress)
+                        batches = guard.batches(step, self._open_at)
+                        continue
+                    if save:
+                        ckpt.save(step, state, resume.position(self.trainer.run_config, step) | guard.saved())
+                    if preempted:
+                        break
+                    if run_eval:
+                        results = self.evaluate(state)
+                        window.writer.write(step, {f"eval/{k}": v for k, v in results.items()})
+                        progress.message(console.eval_line(step, results))
+                    if (save or run_eval) and window.empty:  # at a logging step: time the steps alone
+                        window.restart_timer()
+            if start_step >= num_steps:  # already trained: evaluate the restored state
+                results = self.evaluate(state)
+        finally:
+            progress.close()
+            window.writer.close()
+        if preempted:
+            raise Preempted(step, ckpt.directory)
+        if self.lead:
+            final_step = max(start_step, num_steps)  # a run resumed past its steps: the state's
+            evaluate.write_json(os.path.join(self.workdir, "eval_results.json"), final_step, results)
+        return results
+
+    def _roll_back(self, bad: bad_loss.BadLoss, window: MetricWindow, progress) -> tuple[int, Any]:
+        """`(step, state)` after a bad loss: the newest checkpoint's (or the initial state
+        at step 0), its record written and logged; FloatingPointError when it stops instead."""
+        ckpt, guard = self.ckpt, self.guard
+        ckpt.wait()  # a save still being written is the newest checkpoint
+        last = ckpt.latest_step()
+        guard.stop_unless_rolling_back(bad, f"step {last} in {ckpt.directory}" if last is not None else "none")
+        step, state = resume.restore_latest(ckpt, self.trainer.run_config, self.abstract_state)
+        guard.restore(ckpt.restore_position(step) if state is not None else None)
+        rollback = guard.roll_back(bad, step)
+        window.writer.close()  # drop the lines of the steps undone, as a resume does
+        window.writer = metric_writer.MetricWriter(self.workdir, enabled=self.lead, start_step=step)
+        window.writer.write(
+            step,
+            {
+                "rollback/bad_step": rollback["bad_step"],
+                "rollback/first_skipped_batch": rollback["skipped_batches"][0],
+                "rollback/skipped_batches": len(rollback["skipped_batches"]),
+            },
+        )
+        progress.message(guard.line(rollback))
+        window.clear()
+        return step, self.init() if state is None else state

@@ -10,6 +10,7 @@ field and a fix. `train.train_and_evaluate` runs the loop; tests and benchmarks 
 
 import dataclasses
 import functools
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from contrastive_jax import (
     optimizer,
     sharding,
 )
+from contrastive_jax.config_lib import group_values, override
 from contrastive_jax.sharding import BATCH_AXES
 
 # Model outputs with a batch dimension (split over the mesh); the rest are replicated.
@@ -47,11 +49,28 @@ class TrainState(train_state.TrainState):
     loss_state: Any = None
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """The loop's cadences and evaluation, as plain values (`config.train`,
+    `config.checkpoint`, `config.eval`; their comments in configs/default.py)."""
+
+    num_train_steps: int
+    log_every_steps: int
+    checkpoint_every_steps: int  # 0: only at the end
+    checkpoint_max_to_keep: int
+    eval_every_steps: int  # 0: only at the end
+    eval_split: str
+    eval_class_range: tuple[int, int] | None
+    eval_batch_size: int
+    recall_ks: tuple[int, ...]
+    knn_k: int
+    linear_probe: bool
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Trainer:
     """The parts of a run that `build` checked against each other and the mesh."""
 
-    config: ml_collections.ConfigDict  # for the loop; below it, only the plain values below
     mesh: jax.sharding.Mesh
     data: data_sources.DataSettings  # what the input pipeline reads
     guard: bad_loss.GuardSettings  # what judges a step's loss
@@ -60,9 +79,13 @@ class Trainer:
     schedule: optax.Schedule
     loss: losses.Loss
     loss_settings: losses.LossSettings
+    loop: LoopSettings
+    run_config: dict[str, Any]  # the config as JSON, saved with each checkpoint (resume)
+    variant: Callable[[Mapping[str, Any]], "Trainer"]  # this trainer with config fields overridden
     seed: int  # parameter init and dropout
     micro_batch_size: int  # examples per micro-batch over all devices; 0: none
     micro_batch_method: str  # a name in grad_cache.MICRO_BATCH_METHODS
+    compute_dtype: str  # the model's activations, a name in models.COMPUTE_DTYPES
     id_keys: tuple[str, ...]  # the dataset's id keys, stacked into `groups`
     match_keys: tuple[str, str] | None  # paired retrieval's id keys (records.Metadata)
     loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
@@ -132,6 +155,17 @@ class Trainer:
             out_shardings=(state_sharding, sharding.replicated(self.mesh)),
             donate_argnums=0,
         )
+
+    def compile_step(self, abstract_state: TrainState, element_spec: Mapping[str, Any]) -> jax.stages.Compiled:
+        """`jit_train_step` compiled for a global batch of the input pipeline's
+        `element_spec` (the executable the loop runs; `memory_fit` reads its memory)."""
+        batch = {
+            k: jax.ShapeDtypeStruct(
+                (self.data.global_batch_size, *v.shape[1:]), v.dtype, sharding=sharding.data_sharding(self.mesh)
+            )
+            for k, v in element_spec.items()
+        }
+        return self.jit_train_step(abstract_state).lower(abstract_state, batch).compile()
 
     def train_step(self, state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
         """One optimizer step on a global batch (`a` [N, ...], optional `b`, `label` [N]).
@@ -310,26 +344,101 @@ class Trainer:
         return dict(batch, key_za=jax.lax.stop_gradient(keys["za"]), key_zb=jax.lax.stop_gradient(keys["zb"]))
 
 
-def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer:
-    """The `Trainer` for `config` on `mesh`, checking each part as it is built.
+# --------------------------------------------------------------- the door: the config read
 
-    Cheap: reads no data and compiles nothing, so a config that cannot train fails here,
-    first. (`Trainer.init_state` needs the input shapes; the data are opened after the
+
+def data_settings(config: ml_collections.ConfigDict) -> data_sources.DataSettings:
+    """`config.data` (and the global batch size) as the input pipeline's plain values."""
+    data = config.data
+    besides = {"global_batch_size", "augment", "train_class_range"}
+    return data_sources.DataSettings(
+        **group_values(data_sources.DataSettings, data, besides=besides),
+        global_batch_size=config.train.global_batch_size,
+        train_class_range=_optional_tuple(data.train_class_range),
+        augment=data_sources.Augment(**data.augment.to_dict()),
+    )
+
+
+def guard_settings(config: ml_collections.ConfigDict) -> bad_loss.GuardSettings:
+    """`config.train`'s bad-loss fields as `bad_loss.LossGuard`'s plain values."""
+    own = group_values(bad_loss.GuardSettings, config.train, besides={"inject_nan_at_batches"})
+    return bad_loss.GuardSettings(**own, inject_nan_at_batches=tuple(config.train.inject_nan_at_batches))
+
+
+def loss_settings(config: ml_collections.ConfigDict) -> losses.LossSettings:
+    """`config.loss` (and the seed and embedding width) as the loss's plain values."""
+    own = group_values(losses.LossSettings, config.loss, besides={"seed", "embed_dim"})
+    return losses.LossSettings(**own, seed=config.seed, embed_dim=config.model.embed_dim)
+
+
+def model_settings(config: ml_collections.ConfigDict, *, learned_bias: bool = False) -> models.ModelSettings:
+    """`config.model` and the loss's temperature (and SigLIP's bias when `learned_bias`)."""
+    logit_scale = {"temperature_init", "learn_temperature", "bias_init"}
+    m = group_values(models.ModelSettings, config.model, besides=logit_scale)
+    return models.ModelSettings(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in m.items()},
+        temperature_init=config.loss.temperature,
+        learn_temperature=config.loss.learn_temperature,
+        bias_init=config.loss.siglip_bias if learned_bias else None,
+    )
+
+
+def optim_settings(config: ml_collections.ConfigDict) -> optimizer.OptimSettings:
+    """`config.optim` as the optimizer's plain values."""
+    return optimizer.OptimSettings(**group_values(optimizer.OptimSettings, config.optim))
+
+
+def loop_settings(config: ml_collections.ConfigDict) -> LoopSettings:
+    """The loop's cadences and evaluation settings from `config`."""
+    ev = config.eval
+    return LoopSettings(
+        num_train_steps=config.train.num_train_steps,
+        log_every_steps=config.train.log_every_steps,
+        checkpoint_every_steps=config.checkpoint.every_steps,
+        checkpoint_max_to_keep=config.checkpoint.max_to_keep,
+        eval_every_steps=ev.every_steps,
+        eval_split=ev.split,
+        eval_class_range=_optional_tuple(ev.class_range),
+        eval_batch_size=ev.batch_size,
+        recall_ks=tuple(ev.recall_ks),
+        knn_k=ev.knn_k,
+        linear_probe=ev.linear_probe,
+    )
+
+
+def _optional_tuple(value):
+    return None if value is None else tuple(value)
+
+
+def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None) -> Trainer:
+    """The `Trainer` for `config` on `mesh` (by default all devices, `config.mesh.fsdp`
+    of them splitting the parameters), checking each part as it is built.
+
+    The one place the config is read: everything below it takes the plain values read
+    here (`data_settings`, `loss_settings`, `model_settings`, ...). Cheap: reads no data
+    and compiles nothing, so a config that cannot train fails here, first.
+    (`Trainer.init_state` needs the input shapes; the data are opened after the
     checkpoint to resume from is known.)
 
     Raises:
       ConfigError: a field with a bad or inconsistent value; the message names it and a fix.
     """
+    mesh = sharding.make_mesh(fsdp=config.mesh.fsdp) if mesh is None else mesh
     train = config.train
     loss = losses.registry.get(config.loss.name)
-    data = data_sources.DataSettings.from_config(config)
-    guard = bad_loss.GuardSettings.from_config(config)
-    loss_table_size, metadata = config_checks.check(config, loss, sharding.batch_shards(mesh), data, guard)
+    data, guard, loss_config = data_settings(config), guard_settings(config), loss_settings(config)
+    loss_table_size, metadata = config_checks.check(config, loss, sharding.batch_shards(mesh), data, guard, loss_config)
     text_vocab_size = data_sources.text_vocab_size(data, metadata)
-    model = models.create_model(config, text_vocab_size=text_vocab_size, learned_bias=loss.learned_bias)
-    tx, schedule = optimizer.make_optimizer(config.optim, train.num_train_steps)
+    model = models.create_model(model_settings(config, learned_bias=loss.learned_bias), text_vocab_size=text_vocab_size)
+    tx, schedule = optimizer.make_optimizer(optim_settings(config), train.num_train_steps)
+
+    def variant(fields: Mapping[str, Any]) -> Trainer:
+        """This trainer with `fields` overridden (the memory check's candidates), on a
+        mesh with the `mesh.fsdp` they name."""
+        fsdp = fields.get("mesh.fsdp")
+        return build(override(config, fields), mesh if fsdp is None else sharding.make_mesh(mesh.size, fsdp=fsdp))
+
     return Trainer(
-        config,
         mesh,
         data,
         guard,
@@ -337,10 +446,14 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer
         tx,
         schedule,
         loss,
-        loss_settings=losses.LossSettings.from_config(config),
+        loss_settings=loss_config,
+        loop=loop_settings(config),
+        run_config=json.loads(config.to_json_best_effort()),
+        variant=variant,
         seed=config.seed,
         micro_batch_size=train.micro_batch_size,
         micro_batch_method=train.micro_batch_method,
+        compute_dtype=config.model.compute_dtype,
         id_keys=metadata.id_keys,
         match_keys=metadata.match_keys,
         loss_table_size=loss_table_size,

@@ -139,9 +139,9 @@ def run(
     train_size = None
     if epochs is not None:
         from contrastive_jax import input_pipeline
-        from contrastive_jax.data_sources import DataSettings
+        from contrastive_jax.trainer import data_settings
 
-        data = DataSettings.from_config(base)
+        data = data_settings(base)
         train_size = input_pipeline.train_split_size(data)
     runs = make_runs(base, batch_sizes, seeds, steps=steps, epochs=epochs, train_size=train_size)
     return sweep.run_sweep(base, runs, out, figures=lambda r: plot(r, metric), summary=lambda r: summary(r, metric))
@@ -166,9 +166,10 @@ def run_study(
     over the training split's `word_id` and `pronunciation_id`).
     """
     from contrastive_jax import data_sources, input_pipeline
+    from contrastive_jax.trainer import data_settings
 
     base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
-    data = data_sources.DataSettings.from_config(base)
+    data = data_settings(base)
     train = input_pipeline.eval_arrays(data, data.train_split)
     groups = {key: train[key] for key in data_sources.open_metadata(data).id_keys}
     runs = study_runs(

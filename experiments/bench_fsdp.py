@@ -93,16 +93,13 @@ def run_point(config, fsdp: int, batches: list[dict]) -> tuple[dict, list[float]
     """Memory, step time and the losses of `batches` on a mesh with `fsdp` devices per group."""
     import jax
 
-    from contrastive_jax import input_pipeline, memory_fit, sharding
-    from contrastive_jax.data_sources import DataSettings
-    from contrastive_jax.trainer import build
+    from contrastive_jax import input_pipeline, sharding
+    from contrastive_jax.trainer import build, data_settings
 
     trainer = build(config, sharding.make_mesh(NUM_DEVICES, fsdp=fsdp))
-    element_spec = input_pipeline.train_dataset(DataSettings.from_config(config)).element_spec
+    element_spec = input_pipeline.train_dataset(data_settings(config)).element_spec
     init, abstract = trainer.init_state(element_spec)
-    batch_spec = memory_fit.batch_spec(element_spec, trainer.data.global_batch_size, trainer.mesh)
-    step = trainer.jit_train_step(abstract)
-    compiled = step.lower(abstract, batch_spec).compile()
+    compiled = trainer.compile_step(abstract, element_spec)
     memory = compiled.memory_analysis()
     place = sharding.data_sharding(trainer.mesh)
     placed = [{k: jax.device_put(v, place) for k, v in b.items()} for b in batches]
@@ -169,11 +166,11 @@ def main(argv=None) -> int:
     import os
 
     from contrastive_jax import input_pipeline
-    from contrastive_jax.data_sources import DataSettings
+    from contrastive_jax.trainer import data_settings
 
     config = bench_config(args.quick)
     load = os.getloadavg()[0]
-    element_spec = input_pipeline.train_dataset(DataSettings.from_config(config)).element_spec
+    element_spec = input_pipeline.train_dataset(data_settings(config)).element_spec
     count = max(args.steps, 1 + REPEATS)
     batches = random_batches(element_spec, config.train.global_batch_size, count)
     points, losses = [], {}

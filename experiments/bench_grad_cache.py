@@ -76,11 +76,11 @@ def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
     from configs import default
     from contrastive_jax import input_pipeline, sharding, trainer
     from contrastive_jax.config_lib import override
-    from contrastive_jax.data_sources import DataSettings
+    from contrastive_jax.trainer import data_settings
 
     config = default.get_config()
     shapes_only = override(config, {"train.global_batch_size": NUM_DEVICES})
-    spec = input_pipeline.train_dataset(DataSettings.from_config(shapes_only)).element_spec  # the input shapes
+    spec = input_pipeline.train_dataset(data_settings(shapes_only)).element_spec  # the input shapes
     config = override(
         config,
         {
@@ -139,13 +139,13 @@ def _compiled_loss(run, global_batch: int, rng):
 
     from contrastive_jax import sharding
 
-    dim = run.config.model.embed_dim
+    dim = run.loss_settings.embed_dim
     embeddings = {}
     for key in ("za", "zb"):
         z = rng.standard_normal((global_batch, dim), np.float32)
         embeddings[key] = z / np.linalg.norm(z, axis=1, keepdims=True)
     embeddings = jax.device_put(embeddings, sharding.data_sharding(run.mesh))
-    shared = {"temperature": np.float32(run.config.loss.temperature)}
+    shared = {"temperature": np.float32(run.model.temperature_init)}
 
     def loss(batched, shared):
         return run.global_loss(batched, shared, {})[0]

@@ -18,6 +18,7 @@ from subprocess_runs import (  # noqa: F401  (processes: a fixture)
 
 from contrastive_jax import bad_loss, train
 from contrastive_jax.config_lib import override
+from contrastive_jax.trainer import guard_settings
 
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 # The batch step 6 reads is NaN: rolled back to checkpoint 4 (step 5 undone), skipping
@@ -124,7 +125,7 @@ def test_batch_numbers_leave_out_the_skipped_ones():
 
 def guard(load_config, tmp_path, **fields):
     config = override(load_config("default"), {f"train.{k}": v for k, v in fields.items()})
-    return bad_loss.LossGuard(bad_loss.GuardSettings.from_config(config), str(tmp_path), lead=True)
+    return bad_loss.LossGuard(guard_settings(config), str(tmp_path), lead=True)
 
 
 def test_a_spike_is_a_loss_above_k_times_the_running_median(load_config, tmp_path):

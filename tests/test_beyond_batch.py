@@ -21,8 +21,8 @@ from jax.sharding import PartitionSpec as P
 from contrastive_jax import compat, losses, sharding
 from contrastive_jax.config_lib import ConfigError, override
 from contrastive_jax.losses import _common, registry
-from contrastive_jax.losses.loss_types import LossSettings
 from contrastive_jax.sharding import BATCH_AXES, DATA_AXIS
+from contrastive_jax.trainer import loss_settings
 
 N, D, K = 16, 8, 32
 T = 0.2
@@ -697,7 +697,7 @@ def test_trainer_xbm_scores_the_memory_before_or_after_enqueue(load_config, memo
             "model.embed_dim": D,
         },
     )
-    settings = LossSettings.from_config(config)
+    settings = loss_settings(config)
     z, labels, memory, memory_labels = _xbm_inputs()
     state = {"memory": memory, "labels": memory_labels, "pointer": jnp.int32(24)}
     rows, whole = P(BATCH_AXES), P()
@@ -730,4 +730,4 @@ def test_trainer_xbm_scores_the_memory_before_or_after_enqueue(load_config, memo
 def test_trainer_rejects_a_negative_xbm_memory_weight(load_config):
     config = override(load_config("default"), {"loss.name": "xbm", "loss.xbm_memory_weight": -1.0})
     with pytest.raises(ConfigError, match=r"^config.loss.xbm_memory_weight=-1.0 must be None .* or >= 0 "):
-        registry.get("xbm").state.check(config)
+        registry.get("xbm").state.check(loss_settings(config), config.train.global_batch_size, 0)

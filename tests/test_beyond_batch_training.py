@@ -12,8 +12,7 @@ import pytest
 
 from contrastive_jax import input_pipeline, sharding
 from contrastive_jax.config_lib import override
-from contrastive_jax.data_sources import DataSettings
-from contrastive_jax.trainer import build
+from contrastive_jax.trainer import build, data_settings
 
 N = 64
 STATE_FIELDS = {
@@ -56,7 +55,7 @@ def run_steps(config, num_devices, num_steps=3, fsdp=1):
     """`(states after each step, losses, batches)`: `num_steps` jitted steps from the
     start on `num_devices` devices, `fsdp` of them splitting the parameters."""
     trainer = build(override(config, {"mesh.fsdp_min_kib": 0.0}), sharding.make_mesh(num_devices, fsdp=fsdp))
-    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
+    ds = input_pipeline.train_dataset(data_settings(config))
     init, abstract = trainer.init_state(ds.element_spec)
     step = trainer.jit_train_step(abstract)
     state, states, values, batches = init(), [], [], []
@@ -92,7 +91,7 @@ def test_grad_cache_equals_the_whole_batch_with_the_state(config, name):
 
 def test_the_pipeline_gives_each_example_its_index(config):
     """`index` is the example's row in the split: its pixels are the batch's."""
-    data = DataSettings.from_config(config)
+    data = data_settings(config)
     arrays = input_pipeline.eval_arrays(data, data.train_split)
     for step, batch in enumerate(itertools.islice(input_pipeline.train_dataset(data), 2)):
         np.testing.assert_array_equal(batch["a"], arrays["a"][batch["index"]], err_msg=f"step {step}")

@@ -289,6 +289,7 @@ def test_a_step_that_does_not_fit_is_one_line_naming_the_figures(forked_cli, tin
         "loss.chunk_size": 8,
         "train.micro_batch_size": 32,
         "model.compute_dtype": "bfloat16",
+        "mesh.fsdp": 2,
         "train.memory_limit_gib": 2**-20,  # 1 KiB
     }
     args = [f"--config={tiny_config}", f"--workdir={tmp_path}"]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from contrastive_jax import data_sources, input_pipeline, records
-from contrastive_jax.data_sources import DataSettings
 from contrastive_jax.datasets import cmudict
+from contrastive_jax.trainer import data_settings
 
 SIZES = {"train": 121_490, "test": 13_676}
 
@@ -123,7 +123,7 @@ def decode(tokens_a, tokens_b):
 
 
 def test_pairs_are_dictionary_lines_as_padded_token_sequences(config):
-    batch = next(iter(input_pipeline.train_dataset(DataSettings.from_config(config))))
+    batch = next(iter(input_pipeline.train_dataset(data_settings(config))))
     length = config.data.text_max_length
     assert batch["a"].shape == batch["b"].shape == (512, length)
     assert batch["a"].dtype == batch["b"].dtype == np.int32
@@ -139,7 +139,7 @@ def test_pairs_are_dictionary_lines_as_padded_token_sequences(config):
 
 
 def test_stream_is_a_function_of_the_step(config):
-    data = DataSettings.from_config(config)
+    data = data_settings(config)
     first = [next(iter(input_pipeline.train_dataset(data, start_step=s))) for s in (0, 3)]
     stream = list(itertools.islice(input_pipeline.train_dataset(data), 4))
     for key in first[0]:
@@ -149,7 +149,7 @@ def test_stream_is_a_function_of_the_step(config):
 
 
 def test_eval_arrays_hold_the_whole_split_with_its_ids(config):
-    arrays = input_pipeline.eval_arrays(DataSettings.from_config(config), "test")
+    arrays = input_pipeline.eval_arrays(data_settings(config), "test")
     assert arrays["a"].shape == (13_676, config.data.text_max_length)
     assert set(arrays) == {"a", "b", "word_id", "pronunciation_id"}
     test_lines = [e for e in cmudict.entries() if cmudict.split_of(e.word) == "test"]
@@ -171,4 +171,4 @@ def test_bad_config_raises_a_clear_error(config, field, value, message):
         node = node[part]
     node[name] = value
     with pytest.raises(ValueError, match=message):
-        data_sources.check_data_config(DataSettings.from_config(config))
+        data_sources.check_data_config(data_settings(config))

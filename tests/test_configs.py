@@ -12,7 +12,7 @@ import pytest
 
 from contrastive_jax import data_sources, input_pipeline, losses, sharding, train, trainer
 from contrastive_jax.config_lib import override
-from contrastive_jax.data_sources import DataSettings
+from contrastive_jax.trainer import data_settings
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits", "dml_digits_xbm")
@@ -80,7 +80,7 @@ def test_image_config_builds_pipeline_and_model_on_generated_records(load_config
     config = load_on_local_data(load_config, request, name)
     config.train.global_batch_size = 8
     config.data.examples_per_class = 2  # 4 of the shapes' 5 classes
-    data = DataSettings.from_config(config)
+    data = data_settings(config)
     batch = next(iter(input_pipeline.train_dataset(data)))
     evaluation = input_pipeline.eval_arrays(data, config.eval.split, class_range=config.eval.class_range)
     size = config.data.image_size or 64  # the shapes' native size
@@ -106,7 +106,7 @@ def test_every_classifier_loss_traces_a_step_of_dml_digits(load_config, digits_d
             "model.num_classes": 6,
         },
     )
-    batch = next(iter(input_pipeline.train_dataset(DataSettings.from_config(config))))
+    batch = next(iter(input_pipeline.train_dataset(data_settings(config))))
     names = sorted(name for name, loss in losses.LOSSES.items() if loss.classifier)
     assert {"softmax_ce", "focal", "bce", "proxy_nca", "cosface", "arcface"} <= set(names)
     for name in names:

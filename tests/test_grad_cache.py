@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from contrastive_jax import grad_cache, losses, sharding
-from contrastive_jax.data_sources import DataSettings
+from contrastive_jax.trainer import data_settings
 
 NUM_DEVICES = 8
 GLOBAL_BATCH = 64
@@ -131,7 +131,7 @@ def _train_step_result(config, micro_batch_size, method="grad_cache"):
         },
     )
     run = trainer.build(config, sharding.make_mesh(NUM_DEVICES))
-    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
+    ds = input_pipeline.train_dataset(data_settings(config))
     init, _ = run.init_state(ds.element_spec)
     batch = jax.device_put(next(iter(ds)), sharding.data_sharding(run.mesh))
     state, metrics = jax.jit(run.train_step)(init(), batch)

@@ -14,8 +14,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses, noise_scale, sharding
-from contrastive_jax.data_sources import DataSettings
 from contrastive_jax.sharding import DATA_AXIS
+from contrastive_jax.trainer import data_settings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
@@ -141,7 +141,7 @@ def test_the_noise_scale_step_is_the_plain_step(load_config, digits_data_dir):
     }
     config = override(load_config("default"), tiny)
     mesh = sharding.make_mesh(8)
-    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
+    ds = input_pipeline.train_dataset(data_settings(config))
     batch = next(iter(ds))
     results = []
     for on in (False, True):

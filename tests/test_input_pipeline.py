@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from contrastive_jax import data_sources, input_pipeline, records
-from contrastive_jax.data_sources import DataSettings
+from contrastive_jax.trainer import data_settings
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def image_text_config(load_config, tmp_path):
 def test_pairs_are_top_and_bottom_halves_covering_each_epoch(config):
     # 1437 = 3 x 479: three batches are exactly one epoch, every image once.
     config.train.global_batch_size = 479
-    data = DataSettings.from_config(config)
+    data = data_settings(config)
     batches = take(input_pipeline.train_dataset(data), 6)
     assert batches[0]["a"].shape == (479, 4, 8, 1) and batches[0]["b"].shape == (479, 4, 8, 1)
     split = input_pipeline.eval_arrays(data, "train")
@@ -79,10 +79,10 @@ def test_pairs_are_top_and_bottom_halves_covering_each_epoch(config):
 
 
 def test_same_seed_same_stream_other_seed_other_stream(config):
-    first = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 2)
-    again = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 2)
+    first = take(input_pipeline.train_dataset(data_settings(config)), 2)
+    again = take(input_pipeline.train_dataset(data_settings(config)), 2)
     config.data.seed = 1
-    other = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 1)
+    other = take(input_pipeline.train_dataset(data_settings(config)), 1)
     for x, y in zip(first, again):
         for key in x:
             np.testing.assert_array_equal(x[key], y[key])
@@ -98,8 +98,8 @@ def test_starting_at_a_step_continues_the_stream(config, task):
     config.train.global_batch_size = 1000  # > 1437 / 2, so step 2 straddles two epochs
     if task == "labeled":
         config.train.global_batch_size = 40
-    stream = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 3)
-    resumed = take(input_pipeline.train_dataset(DataSettings.from_config(config), start_step=2), 1)[0]
+    stream = take(input_pipeline.train_dataset(data_settings(config)), 3)
+    resumed = take(input_pipeline.train_dataset(data_settings(config), start_step=2), 1)[0]
     assert resumed.keys() == stream[2].keys()
     for key in resumed:
         np.testing.assert_array_equal(stream[2][key], resumed[key])
@@ -107,9 +107,9 @@ def test_starting_at_a_step_continues_the_stream(config, task):
 
 def test_worker_processes_give_the_same_batches(config):
     config.data.augment.noise_std = 0.1
-    in_process = take(input_pipeline.train_dataset(DataSettings.from_config(config), start_step=5), 3)
+    in_process = take(input_pipeline.train_dataset(data_settings(config), start_step=5), 3)
     config.data.num_workers = 2
-    workers = take(input_pipeline.train_dataset(DataSettings.from_config(config), start_step=5), 3)
+    workers = take(input_pipeline.train_dataset(data_settings(config), start_step=5), 3)
     for x, y in zip(in_process, workers):
         for key in x:
             np.testing.assert_array_equal(x[key], y[key])
@@ -118,12 +118,12 @@ def test_worker_processes_give_the_same_batches(config):
 def test_views_are_two_different_augmentations(config):
     config.data.task = "views"
     config.data.augment.crop_min_area = 0.5
-    batch = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 1)[0]
+    batch = take(input_pipeline.train_dataset(data_settings(config)), 1)[0]
     assert batch["a"].shape == batch["b"].shape == (256, 8, 8, 1)
     assert batch["a"].dtype == np.uint8  # crops alone leave pixels exact: the model scales them
     assert np.abs(batch["a"].astype(np.float32) - batch["b"]).mean() > 2
     config.data.augment.color_jitter = 0.4
-    jittered = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 1)[0]
+    jittered = take(input_pipeline.train_dataset(data_settings(config)), 1)[0]
     assert jittered["a"].dtype == np.float32 and jittered["a"].min() >= 0 and jittered["a"].max() <= 1
     # The same crops; then each image's brightness and contrast: a few grey levels apart.
     difference = np.abs(jittered["a"] * 255 - batch["a"]).mean()
@@ -132,8 +132,8 @@ def test_views_are_two_different_augmentations(config):
 
 def test_pixel_noise_is_the_stated_strength(config):
     config.data.augment.noise_std = 0.05
-    noisy = take(input_pipeline.train_dataset(DataSettings.from_config(config)), 1)[0]
-    clean = input_pipeline.eval_arrays(DataSettings.from_config(config), "train")["a"][noisy["index"]] / 255.0
+    noisy = take(input_pipeline.train_dataset(data_settings(config)), 1)[0]
+    clean = input_pipeline.eval_arrays(data_settings(config), "train")["a"][noisy["index"]] / 255.0
     inside = (clean > 0.2) & (clean < 0.8)  # where the clip does not cut the noise
     assert abs(float(np.std(noisy["a"][inside] - clean[inside])) - 0.05) < 0.003
 
@@ -142,7 +142,7 @@ def test_labeled_batches_hold_m_distinct_examples_of_each_class(config):
     config.data.task = "labeled"
     config.data.examples_per_class = 4
     config.train.global_batch_size = 32
-    for batch in take(input_pipeline.train_dataset(DataSettings.from_config(config)), 5):
+    for batch in take(input_pipeline.train_dataset(data_settings(config)), 5):
         classes, counts = np.unique(batch["label"], return_counts=True)
         assert len(classes) == 8 and set(counts) == {4}
         assert len(set(batch["index"])) == 32
@@ -155,7 +155,7 @@ def test_processes_take_their_rows_of_one_global_batch(config, task, monkeypatch
     config.data.task = task
     config.data.augment.noise_std = 0.1
     config.train.global_batch_size = 40  # 10 classes x 4 for "labeled"
-    data = DataSettings.from_config(config)
+    data = data_settings(config)
     whole = input_pipeline.train_dataset(data).reader(3)  # step 3's batch, read here (nothing prefetched)
     reads, here = [], threading.get_ident()  # reads in this thread (earlier streams prefetch in theirs)
     read = records.RecordSet.read_many
@@ -181,22 +181,22 @@ def test_processes_take_their_rows_of_one_global_batch(config, task, monkeypatch
 
 
 def test_eval_arrays_are_the_whole_split_in_order(config):
-    arrays = input_pipeline.eval_arrays(DataSettings.from_config(config), "test")
+    arrays = input_pipeline.eval_arrays(data_settings(config), "test")
     assert arrays["a"].shape == (360, 4, 8, 1) and arrays["label"].shape == (360,)
-    again = input_pipeline.eval_arrays(DataSettings.from_config(config), "test")
+    again = input_pipeline.eval_arrays(data_settings(config), "test")
     np.testing.assert_array_equal(arrays["a"], again["a"])
-    restricted = input_pipeline.eval_arrays(DataSettings.from_config(config), "test", class_range=(6, 10))
+    restricted = input_pipeline.eval_arrays(data_settings(config), "test", class_range=(6, 10))
     assert set(np.unique(restricted["label"])) == {6, 7, 8, 9}
-    both = input_pipeline.eval_arrays(DataSettings.from_config(config), "train+test")
+    both = input_pipeline.eval_arrays(data_settings(config), "train+test")
     assert len(both["a"]) == 1437 + 360
     np.testing.assert_array_equal(both["a"][1437:], arrays["a"])
-    sliced = input_pipeline.eval_arrays(DataSettings.from_config(config), "train+test[1400:1500]")
+    sliced = input_pipeline.eval_arrays(data_settings(config), "train+test[1400:1500]")
     np.testing.assert_array_equal(sliced["a"], both["a"][1400:1500])
 
 
 def test_captions_are_drawn_per_visit_as_a_function_of_the_position(image_text_config):
     image_text_config.data.on_bad_record = "skip"
-    data = DataSettings.from_config(image_text_config)
+    data = data_settings(image_text_config)
     batches = take(input_pipeline.train_dataset(data), 10)
     again = take(input_pipeline.train_dataset(data, start_step=4), 1)[0]
     np.testing.assert_array_equal(again["b"], batches[4]["b"])
@@ -210,7 +210,7 @@ def test_captions_are_drawn_per_visit_as_a_function_of_the_position(image_text_c
 
 
 def test_a_bad_record_stops_with_its_shard_and_number(image_text_config):
-    data = DataSettings.from_config(image_text_config)
+    data = data_settings(image_text_config)
     with pytest.raises(
         records.DataError,
         match=r"^\S+/train-00000-of-00002.array_record, record [56]: cannot decode the image .*'skip'\)$",
@@ -220,7 +220,7 @@ def test_a_bad_record_stops_with_its_shard_and_number(image_text_config):
 
 def test_skipped_records_are_the_same_in_every_run(image_text_config):
     image_text_config.data.on_bad_record = "skip"
-    data = DataSettings.from_config(image_text_config)
+    data = data_settings(image_text_config)
     first = take(input_pipeline.train_dataset(data), 5)
     second = take(input_pipeline.train_dataset(data, start_step=0), 5)
     # Two epochs (5 x 16 rows of 40): example 5 passes over records 5 and 6, example 6 over 6.
@@ -263,7 +263,7 @@ def test_labeled_batch_must_be_a_multiple_of_m(config):
 
 def checked_stream(config):
     """The stream of `config`'s data after the checks `trainer.build` runs on them."""
-    data = DataSettings.from_config(config)
+    data = data_settings(config)
     data_sources.check_data_config(data)
     return input_pipeline.train_dataset(data)
 
@@ -297,5 +297,5 @@ def test_a_damaged_record_set_names_the_shard_and_the_fix(image_text_config, dam
         records.write_metadata(dataclasses.replace(metadata, splits={"train": wrong}))
     image_text_config.data.on_bad_record = "skip"  # damage to a shard is never skipped
     with pytest.raises(records.DataError, match=message):
-        data = DataSettings.from_config(image_text_config)
+        data = data_settings(image_text_config)
         take(input_pipeline.train_dataset(data), 3)

@@ -10,7 +10,7 @@ from subprocess_runs import tiny_fields
 
 from contrastive_jax import input_pipeline, memory_fit, sharding, train, trainer
 from contrastive_jax.config_lib import ConfigError, override
-from contrastive_jax.data_sources import DataSettings
+from contrastive_jax.trainer import data_settings
 
 # N = 1,024 with dense logits: 1.4 MiB per device (a [128, 1024] block of logits and its
 # gradient dominate); 0.95 MiB leaves room for the ring's or micro-batches' step only.
@@ -24,7 +24,7 @@ def compiled(config):
     """`compile_train_step` of `config` on all 8 devices (`config.mesh.fsdp` of them
     splitting the parameters)."""
     run = trainer.build(config, sharding.make_mesh(fsdp=config.mesh.fsdp))
-    spec = input_pipeline.train_dataset(DataSettings.from_config(config)).element_spec
+    spec = input_pipeline.train_dataset(data_settings(config)).element_spec
     return memory_fit.compile_train_step(run, run.init_state(spec)[1], spec)
 
 

@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -13,15 +14,15 @@ import sys
 import chex
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from contrastive_jax import checkpoint, input_pipeline, losses, memory_fit, optimizer, resume, sharding, train
+from contrastive_jax import checkpoint, input_pipeline, losses, optimizer, resume, sharding, train
 from contrastive_jax.config_lib import override
-from contrastive_jax.data_sources import DataSettings
 from contrastive_jax.sharding import BATCH_AXES
-from contrastive_jax.trainer import build
+from contrastive_jax.trainer import build, data_settings, optim_settings
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def config(load_config, digits_data_dir):
 def make_state_and_batch(config, mesh):
     """`(trainer, initial state, abstract state, first batch)` on `mesh`."""
     trainer = build(config, mesh)
-    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
+    ds = input_pipeline.train_dataset(data_settings(config))
     init, abstract = trainer.init_state(ds.element_spec)
     return trainer, init(), abstract, next(iter(ds))
 
@@ -110,13 +111,6 @@ def test_training_needs_no_tensorflow(digits_data_dir, tmp_path):
     assert (tmp_path / "run" / "eval_results.json").exists() and (tmp_path / "run" / "tensorboard").is_dir()
 
 
-class _Untouchable:
-    """A config that fails on any read."""
-
-    def __getattr__(self, name):
-        raise AssertionError(f"config.{name} read after trainer.build")
-
-
 @pytest.mark.parametrize(
     "fields",
     [
@@ -124,15 +118,34 @@ class _Untouchable:
         {"loss.name": "moco_queue", "loss.queue_size": 128, "loss.queue_momentum": 0.9},  # state, EMA
     ],
 )
-def test_build_reads_the_config_once_state_and_step_read_none(config, fields):
-    """Under the loop, the state's creation and the traced step read plain values that
-    `build` took from the config; no ConfigDict enters jitted or shard_map'ped code."""
-    config = override(config, fields)
-    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
-    trainer = dataclasses.replace(build(config, sharding.make_mesh(8)), config=_Untouchable())
-    init, abstract = trainer.init_state(ds.element_spec)
-    state, metrics = trainer.jit_train_step(abstract)(init(), next(iter(ds)))
-    assert np.isfinite(metrics["loss"]) and int(state.step) == 1
+def test_only_build_reads_the_config(config, tmp_path, monkeypatch, fields):
+    """`trainer.build` is the one door: a whole run (state, steps, a save, a resume, the
+    evaluation) after it, with every ConfigDict made unreadable, reads plain values only."""
+    config = override(config, fields | {"train.num_train_steps": 4, "checkpoint.every_steps": 2})
+    trainer = build(config, sharding.make_mesh(8))
+
+    def unreadable(self, name):
+        raise AssertionError(f"config field {name!r} read after trainer.build")
+
+    monkeypatch.setattr(ml_collections.ConfigDict, "__getattr__", unreadable)
+    monkeypatch.setattr(ml_collections.ConfigDict, "__getitem__", unreadable)
+    train.train(trainer, str(tmp_path))
+    results = train.train(
+        dataclasses.replace(trainer, loop=dataclasses.replace(trainer.loop, num_train_steps=6)), str(tmp_path)
+    )
+    assert results and read_metrics(str(tmp_path))[-1]["step"] == 6
+
+
+def test_no_module_below_the_door_imports_ml_collections():
+    """Only the door (`trainer.build`, its checks and `config_lib`) and what stands above
+    it (the loop's entry, the command line) know the config's type."""
+    package = pathlib.Path(train.__file__).parent
+    importers = {
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if re.search(r"^\s*(import ml_collections|from ml_collections)", path.read_text(), re.MULTILINE)
+    }
+    assert importers <= {"config_lib.py", "config_checks.py", "trainer.py", "train.py", "main.py", "cli.py"}, importers
 
 
 @pytest.mark.compat
@@ -243,7 +256,7 @@ def test_step_clamps_the_temperature(config):
 @pytest.mark.parametrize("name", optimizer.OPTIMIZERS)
 def test_weight_decay_skips_biases_and_temperature(config, name):
     config = override(config, {"optim.name": name, "optim.warmup_steps": 0, "optim.weight_decay": 0.1})
-    tx, _ = optimizer.make_optimizer(config.optim, 10)
+    tx, _ = optimizer.make_optimizer(optim_settings(config), 10)
     params = {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2), "log_inv_temperature": jnp.float32(2.0)}
     zeros = jax.tree.map(jnp.zeros_like, params)
     updates, _ = tx.update(zeros, tx.init(params), params)
@@ -338,11 +351,12 @@ def test_checkpoint_restores_onto_a_different_mesh(config, tmp_path):
     config = override(config, FSDP_FIELDS)
     _, state8, _, _ = make_state_and_batch(config, sharding.make_mesh(8, fsdp=4))
     ckpt = checkpoint.Checkpointer(tmp_path, max_to_keep=1)
-    ckpt.save(3, state8, resume.position(config, 3))
+    run_config = build(config, sharding.make_mesh(8, fsdp=4)).run_config
+    ckpt.save(3, state8, resume.position(run_config, 3))
     ckpt.wait()
     for num_devices, fsdp in ((2, 1), (8, 2)):
         _, _, abstract, _ = make_state_and_batch(config, sharding.make_mesh(num_devices, fsdp=fsdp))
-        step, restored = resume.restore_latest(ckpt, config, abstract)
+        step, restored = resume.restore_latest(ckpt, run_config, abstract)
         assert step == 3 and ckpt.restore_position(3)["next_step"] == 3
         chex.assert_trees_all_equal(*jax.device_get([(s.params, s.opt_state) for s in (restored, state8)]))
         kernel = restored.params["tower_a"]["Dense_0"]["kernel"]
@@ -384,7 +398,7 @@ def adam_steps(config, num_devices, fsdp, num_steps=3):
     """Per-step losses and the parameters after `num_steps` jitted AdamW steps."""
     trainer, state, abstract, _ = make_state_and_batch(config, sharding.make_mesh(num_devices, fsdp=fsdp))
     step = trainer.jit_train_step(abstract)
-    ds = input_pipeline.train_dataset(DataSettings.from_config(config))
+    ds = input_pipeline.train_dataset(data_settings(config))
     history = []
     for batch in itertools.islice(ds, num_steps):
         state, metrics = step(state, batch)
@@ -432,10 +446,9 @@ def compiled_step(config):
     inputs (`build(config, mesh).jit_train_step(...).lower(...).compile()`)."""
     config = override(config, {"train.global_batch_size": N})
     run = build(config, sharding.make_mesh(NUM_DEVICES))
-    spec = input_pipeline.train_dataset(DataSettings.from_config(config)).element_spec
+    spec = input_pipeline.train_dataset(data_settings(config)).element_spec
     _, abstract = run.init_state(spec)
-    batch = memory_fit.batch_spec({k: spec[k] for k in ("a", "b")}, N, run.mesh)
-    return run.jit_train_step(abstract).lower(abstract, batch).compile()
+    return run.compile_step(abstract, {k: spec[k] for k in ("a", "b")})
 
 
 def compiled_loss_gradient(config):

@@ -155,7 +155,7 @@ def test_chunk_size_auto_is_a_config_value_the_trainer_takes(load_config, digits
     for collective in ("all_gather", "ring"):
         config.loss.chunk_size = "auto"  # chosen from N, D and the device when traced
         config.loss.collective = collective
-        assert build(config).config.loss.chunk_size == "auto"
+        assert build(config).loss_settings.chunk_size == "auto"
 
 
 def test_misspelled_field_is_rejected_with_a_suggestion(config, tmp_path):

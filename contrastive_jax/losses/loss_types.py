@@ -12,9 +12,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import ml_collections
-
-from contrastive_jax.config_lib import group_values
 
 Outputs = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -24,7 +21,7 @@ CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
     """The loss's hyperparameters as plain Python values: `trainer.build` reads them
-    from the config once (`from_config`), and the loss functions, traced inside the
+    from the config once (`trainer.loss_settings`), and the loss functions, traced inside the
     step, read these, never a ConfigDict. Each field is `config.loss.<name>`, but for
     `seed` and `embed_dim` (`config.seed`, `config.model.embed_dim`: a queue's or
     memory's first entries)."""
@@ -47,12 +44,6 @@ class LossSettings:
     seed: int
     embed_dim: int
 
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> "LossSettings":
-        """The settings of `config` (the whole experiment config)."""
-        own = group_values(cls, config.loss, besides={"seed", "embed_dim"})
-        return cls(**own, seed=config.seed, embed_dim=config.model.embed_dim)
-
 
 # (one device's model outputs and data fields, settings) -> (global loss, metrics).
 LossFn = Callable[[Outputs, LossSettings], tuple[jax.Array, Metrics]]
@@ -70,8 +61,9 @@ class LossState:
         state (`num_examples`: the rows of a per-example table, see `trainer.build`).
       sharded: the names whose arrays are split over the batch axes by rows (the
         queue, the memory); the others are replicated.
-      check: `(config) -> None`, raising ConfigError for settings the state cannot
-        take (run by `trainer.build`, before anything compiles).
+      check: `(settings, global_batch_size, micro_batch_size) -> None`, raising
+        ConfigError for settings the state cannot take (run by `trainer.build`, before
+        anything compiles).
       after_step: `(state, params, settings) -> state` after the optimizer step (the
         momentum encoder's update), or None.
       params_like: the names holding a copy of the parameters (the momentum
@@ -80,7 +72,7 @@ class LossState:
 
     init: Callable[[LossSettings, Any, int], dict[str, Any]]
     sharded: frozenset[str]
-    check: Callable[[ml_collections.ConfigDict], None]
+    check: Callable[[LossSettings, int, int], None]
     after_step: Callable[[dict[str, Any], Any, LossSettings], dict[str, Any]] | None = None
     params_like: frozenset[str] = frozenset()
 

@@ -34,7 +34,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.losses._common import l2_normalize
@@ -105,9 +104,9 @@ def _per_example_loss(value_fn, *outputs: str) -> Loss:
     )
 
 
-def _check_multiple_of_batch(config: ml_collections.ConfigDict, field: str) -> None:
-    """`config.loss.<field>` rows of a ring buffer: a positive multiple of N."""
-    rows, batch = config.loss[field], config.train.global_batch_size
+def _check_multiple_of_batch(c: LossSettings, field: str, batch: int) -> None:
+    """`config.loss.<field>` rows of a ring buffer: a positive multiple of N (`batch`)."""
+    rows = getattr(c, field)
     if rows < batch or rows % batch:
         raise ConfigError(
             f"config.loss.{field}={rows} must be a positive multiple of "
@@ -116,9 +115,10 @@ def _check_multiple_of_batch(config: ml_collections.ConfigDict, field: str) -> N
         )
 
 
-def _check_sogclr(config: ml_collections.ConfigDict) -> None:
-    if not 0 < config.loss.sogclr_gamma <= 1:
-        raise ConfigError(f"config.loss.sogclr_gamma={config.loss.sogclr_gamma} must be in (0, 1] (0.9 in the paper).")
+def _check_sogclr(c: LossSettings, global_batch_size: int, micro_batch_size: int) -> None:
+    del global_batch_size, micro_batch_size
+    if not 0 < c.sogclr_gamma <= 1:
+        raise ConfigError(f"config.loss.sogclr_gamma={c.sogclr_gamma} must be in (0, 1] (0.9 in the paper).")
 
 
 def _sogclr(o, c):
@@ -152,15 +152,15 @@ def _moco_init(c: LossSettings, params, num_examples):
     return state
 
 
-def _check_moco(config: ml_collections.ConfigDict) -> None:
-    _check_multiple_of_batch(config, "queue_size")
-    momentum = config.loss.queue_momentum
+def _check_moco(c: LossSettings, global_batch_size: int, micro_batch_size: int) -> None:
+    _check_multiple_of_batch(c, "queue_size", global_batch_size)
+    momentum = c.queue_momentum
     if not 0 <= momentum < 1:
         raise ConfigError(
             f"config.loss.queue_momentum={momentum} must be in [0, 1): 0 takes the keys from "
             "the current encoder, m (0.999 in MoCo) from its moving average."
         )
-    if momentum > 0 and config.train.micro_batch_size:
+    if momentum > 0 and micro_batch_size:
         raise ConfigError(
             f"config.loss.queue_momentum={momentum} embeds the keys with the momentum encoder "
             "over the whole batch, which micro-batches cannot split; set "
@@ -203,17 +203,18 @@ def _xbm_init(c: LossSettings, params, num_examples):
     }
 
 
-def _check_xbm(config: ml_collections.ConfigDict) -> None:
-    if config.loss.xbm_loss not in XBM_LOSSES:
+def _check_xbm(c: LossSettings, global_batch_size: int, micro_batch_size: int) -> None:
+    del micro_batch_size
+    if c.xbm_loss not in XBM_LOSSES:
         raise ConfigError(
-            f"config.loss.xbm_loss={config.loss.xbm_loss!r} is not a label-based loss the "
+            f"config.loss.xbm_loss={c.xbm_loss!r} is not a label-based loss the "
             f"memory can extend; use one of {list(XBM_LOSSES)} (triplet mining needs every "
             "candidate per anchor at once and does not stream)."
         )
-    _check_multiple_of_batch(config, "xbm_memory_size")
-    if config.loss.xbm_warmup_steps < 0:
-        raise ConfigError(f"config.loss.xbm_warmup_steps={config.loss.xbm_warmup_steps} must be >= 0.")
-    weight = config.loss.xbm_memory_weight
+    _check_multiple_of_batch(c, "xbm_memory_size", global_batch_size)
+    if c.xbm_warmup_steps < 0:
+        raise ConfigError(f"config.loss.xbm_warmup_steps={c.xbm_warmup_steps} must be >= 0.")
+    weight = c.xbm_memory_weight
     if weight is not None and not weight >= 0:
         raise ConfigError(
             f"config.loss.xbm_memory_weight={weight} must be None (batch and memory pooled in one "
