@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from contrastive_jax import run_dir
 from contrastive_jax.config_lib import ConfigError
 
 ON_BAD_LOSS = ("stop", "rollback")
-ROLLBACKS_FILE = "rollbacks.json"  # in the workdir: the rollbacks so far and their skips
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +101,7 @@ class LossGuard:
 
     def __init__(self, settings: GuardSettings, workdir: str, *, lead: bool):
         self._settings = settings
-        self._path = os.path.join(workdir, ROLLBACKS_FILE)
+        self._path = os.path.join(workdir, run_dir.ROLLBACKS)
         self._lead = lead
         self._recent = collections.deque(maxlen=self._settings.loss_spike_window_steps)
         self.rollbacks: list[dict[str, Any]] = []

@@ -5,14 +5,13 @@ the run itself with its one-line errors, Ctrl-C and preemption, and the summary.
 """
 
 import contextlib
-import json
 import os
 import sys
 import time
 
 from absl import flags, logging
 
-from contrastive_jax import console
+from contrastive_jax import console, run_dir
 from contrastive_jax.simulated_devices import simulate_cpu_devices
 
 
@@ -139,7 +138,7 @@ def run_training(
         logging.set_verbosity(logging.WARNING)
     started = time.perf_counter()
     with distributed.ProcessWatchdog(  # another process lost: one line, exit status 75
-        timeout_seconds=heartbeat_timeout_seconds, command=distributed.rerun_command(sys.argv)
+        timeout_seconds=heartbeat_timeout_seconds, command=console.rerun_command(sys.argv, every_process=True)
     ):
         try:
             results = train.train_and_evaluate(config, workdir)
@@ -160,7 +159,7 @@ def run_training(
                     f"Stopped after step {e.step} with the other processes (a SIGTERM or "
                     f"Ctrl-C reached one of them) and saved it in {where}. To resume, run all "
                     f"processes, with I = 0 ... {jax.process_count() - 1}:\n  "
-                    f"{distributed.rerun_command(sys.argv)}"
+                    f"{console.rerun_command(sys.argv, every_process=True)}"
                 )
             print(message, file=sys.stderr, flush=True)
             sys.exit(console.INTERRUPTED if ctrl_c.pressed else distributed.PREEMPTED_EXIT_STATUS)
@@ -171,6 +170,5 @@ def run_training(
                 status=console.INTERRUPTED,
             )
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "eval_results.json")) as f:
-            step = json.load(f)["step"]
+        step = run_dir.read_eval_results(workdir)["step"]
         print(console.summary(workdir, step, results, seconds=time.perf_counter() - started))

@@ -1,5 +1,5 @@
 """What the trainer needs of configs besides `configs/*.py`: the error for a user's
-mistake, and dotted overrides.
+mistake, dotted overrides, and loading `configs/<name>.py` by name.
 
 Configs come locked from `get_config()` (`configs/default.py` ends with
 `config.lock()`), so ml_collections itself rejects a misspelled field, with a "did you
@@ -9,6 +9,9 @@ they choose the number of simulated devices).
 """
 
 import dataclasses
+import importlib
+import pathlib
+import sys
 from collections.abc import Mapping, Set
 from typing import Any
 
@@ -39,3 +42,23 @@ def override(config: ml_collections.ConfigDict, fields: Mapping[str, Any]) -> ml
     config.lock()
     config.update_from_flattened_dict(dict(fields))
     return config
+
+
+CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"  # the repository's configs/
+
+
+def load_config(name: str) -> ml_collections.ConfigDict:
+    """`configs/<name>.py`'s `get_config()`, from the repository's configs directory (its
+    variants import their base: `from configs import default`, so the repository root
+    goes on `sys.path`).
+
+    Raises:
+      ConfigError: there is no `configs/<name>.py`.
+    """
+    path = CONFIGS_DIR / f"{name}.py"
+    if not path.exists():
+        known = sorted(p.stem for p in CONFIGS_DIR.glob("*.py"))
+        raise ConfigError(f"No config {name!r}: configs/{name}.py does not exist; use one of {known}.")
+    if str(CONFIGS_DIR.parent) not in sys.path:
+        sys.path.insert(0, str(CONFIGS_DIR.parent))
+    return importlib.import_module(f"configs.{name}").get_config()

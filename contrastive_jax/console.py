@@ -20,15 +20,18 @@ Importing this module starts neither JAX nor TensorFlow.
 import contextlib
 import logging as std_logging
 import os
+import re
 import shlex
 import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import tqdm
 from absl import logging
+
+from contrastive_jax import run_dir
 
 VERBOSE_ENV = "CONTRASTIVE_JAX_VERBOSE"  # set to 1: the same as --verbose
 USAGE_ERROR = 2  # exit status of a bad config, flag, path or resume (as argparse's)
@@ -209,10 +212,10 @@ def summary(workdir: str, step: int, results: Mapping[str, float], *, seconds: f
     where = display_path(workdir)
     metrics = [(name, f"{value:.4f}", HEADLINE_METRICS[name]) for name, value in headline(results).items()]
     files = [
-        ("checkpoints", os.path.join(where, "checkpoints", ""), "rerunning the command resumes"),
-        ("metrics", os.path.join(where, "metrics.jsonl"), "training and eval scalars"),
-        ("tensorboard", os.path.join(where, "tensorboard", ""), f"tensorboard --logdir {where}"),
-        ("evaluation", os.path.join(where, "eval_results.json"), "every eval metric"),
+        ("checkpoints", os.path.join(where, run_dir.CHECKPOINTS, ""), "rerunning the command resumes"),
+        ("metrics", os.path.join(where, run_dir.METRICS), "training and eval scalars"),
+        ("tensorboard", os.path.join(where, run_dir.TENSORBOARD, ""), f"tensorboard --logdir {where}"),
+        ("evaluation", os.path.join(where, run_dir.EVAL_RESULTS), "every eval metric"),
     ]
     lines = [f"{where}: trained to step {step:,} (this command: {_duration(seconds)})"]
     for header, rows in ((("metric", "value", "meaning"), metrics), (("file", "path", ""), files)):
@@ -230,10 +233,15 @@ def exit_with_error(message: str, *, verbose: bool, status: int = USAGE_ERROR):
     sys.exit(status)
 
 
-def rerun_command(argv: list[str]) -> str:
-    """The shell command that reruns this `contrastive_jax.main` with the same flags."""
+def rerun_command(argv: Sequence[str], *, every_process: bool = False) -> str:
+    """The shell command that reruns this `contrastive_jax.main` with the same flags
+    (`argv`: its `sys.argv`); with `every_process`, the one every process of a
+    multi-process run runs, this process's `--process_id` becoming `<I>`."""
+    args = list(argv[1:])
+    if every_process:
+        args = [re.sub(r"^(--process_id=).*", r"\1<I>", arg) for arg in args]
     python = display_path(sys.executable)
-    return shlex.join([python, "-m", "contrastive_jax.main", *argv[1:]])
+    return shlex.join([python, "-m", "contrastive_jax.main", *args])
 
 
 class CtrlC:

@@ -33,18 +33,16 @@ GPU of the node visible to each task (`--ntasks-per-node=G --gpus-per-node=G`, a
 
 import math
 import os
-import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
 
 import jax
 from absl import logging
 from jax.experimental import multihost_utils
 
-from contrastive_jax import compat, console
+from contrastive_jax import compat
 from contrastive_jax.config_lib import ConfigError
 
 
@@ -111,13 +109,6 @@ LOST_PROCESS_EXIT_STATUS = os.EX_TEMPFAIL  # 75
 PREEMPTED_EXIT_STATUS = 128 + signal.SIGTERM  # 143
 _HEARTBEATS = "contrastive_jax/heartbeat/"  # + process id: a beat count, or _EXITED
 _EXITED = "exited"
-
-
-def rerun_command(argv: Sequence[str]) -> str:
-    """The command line that resumes this run in every process, from this one's `argv`
-    (`sys.argv` of `python -m contrastive_jax.main`); this process's id becomes `<I>`."""
-    args = [re.sub(r"^(--process_id=).*", r"\1<I>", arg) for arg in argv[1:]]
-    return console.rerun_command([argv[0], *args])
 
 
 class ProcessWatchdog:

@@ -16,8 +16,6 @@ similarity = dot product):
 that fit the task; `train.py` calls it periodically and at the end and writes JSON.
 """
 
-import json
-import os
 from collections.abc import Sequence
 
 import jax
@@ -263,9 +261,3 @@ class Evaluator:
         out["uniformity"] = uniformity(z["za"])
         out |= {f"collapse/{k}": v for k, v in collapse_diagnostics(z["za"]).items()}
         return out
-
-
-def write_json(path: str | os.PathLike, step: int, metrics: dict[str, float]) -> None:
-    """Writes `{"step": step, **metrics}` to `path` as indented JSON."""
-    with open(path, "w") as f:
-        json.dump({"step": step, **metrics}, f, indent=2, sort_keys=True)

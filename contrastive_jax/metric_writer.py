@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from contrastive_jax import run_dir
+
 
 class MetricWriter:
     """Scalars to `<workdir>/metrics.jsonl` and `<workdir>/tensorboard/` (process 0 only)."""
@@ -29,7 +31,7 @@ class MetricWriter:
         """
         self._enabled = enabled
         if enabled:
-            path = os.path.join(workdir, "metrics.jsonl")
+            path = os.path.join(workdir, run_dir.METRICS)
             kept = []
             if os.path.exists(path):
                 with open(path) as f:
@@ -38,7 +40,7 @@ class MetricWriter:
                 f.writelines(kept)
             os.replace(f"{path}.tmp", path)
             self._jsonl = open(path, "a")
-            self._summary = _event_file(os.path.join(workdir, "tensorboard"))
+            self._summary = _event_file(os.path.join(workdir, run_dir.TENSORBOARD))
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         """Appends one JSON line `{"step": step, **scalars}` and the TensorBoard scalars."""

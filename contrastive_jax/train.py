@@ -24,9 +24,7 @@ the number of processes (see `input_pipeline`).
 """
 
 import functools
-import json
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,9 +46,9 @@ from contrastive_jax import (
     metric_writer,
     noise_scale,
     resume,
+    run_dir,
     sharding,
 )
-from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.sharding import DATA_AXIS
 from contrastive_jax.trainer import Trainer, build
 
@@ -68,27 +66,6 @@ class Preempted(Exception):
             f"SIGTERM: stopped after step {step} and saved it in {directory}; rerun the same command to resume."
         )
         self.step, self.directory = step, directory
-
-
-def prepare_workdir(workdir: str | os.PathLike | None) -> str:
-    """Creates `workdir` if needed and returns its absolute path.
-
-    Raises:
-      ConfigError: `workdir` is not given, or cannot be created or written.
-    """
-    if not workdir:
-        raise ConfigError("No workdir: pass --workdir=DIR (created if missing) for checkpoints and metrics.")
-    workdir = os.path.abspath(workdir)
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=workdir):
-            pass
-    except OSError as e:
-        raise ConfigError(
-            f"--workdir={workdir} cannot be created or written ({e.strerror or e}); pass a "
-            "directory you can write to (on storage every process shares)."
-        ) from e
-    return workdir
 
 
 def _train_batches(data: data_sources.DataSettings, first_batch: int) -> input_pipeline.TrainStream:
@@ -141,8 +118,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def train(trainer: Trainer, workdir: str) -> dict[str, float]:
     """`train_and_evaluate` of the run `trainer` was built for (`trainer.build`)."""
     loop = trainer.loop
-    workdir = prepare_workdir(workdir)
-    ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=loop.checkpoint_max_to_keep)
+    workdir = run_dir.prepare(workdir)
+    ckpt = checkpoint.Checkpointer(os.path.join(workdir, run_dir.CHECKPOINTS), max_to_keep=loop.checkpoint_max_to_keep)
     guard = bad_loss.LossGuard(trainer.guard, workdir, lead=jax.process_index() == 0)
     run_line = functools.partial(
         console.run_line,
@@ -178,12 +155,8 @@ def train(trainer: Trainer, workdir: str) -> dict[str, float]:
 def _finished_results(workdir: str, start_step: int, num_steps: int) -> tuple[dict[str, float], str] | None:
     """The saved evaluation when the run already trained its steps and evaluated them,
     and the line that says so."""
-    path = os.path.join(workdir, "eval_results.json")
-    if start_step < num_steps or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        results = json.load(f)
-    if results.pop("step", None) != start_step:
+    results = run_dir.read_eval_results(workdir) if start_step >= num_steps else None
+    if results is None or results.pop("step", None) != start_step:
         return None
     return results, (
         f"Already done: {console.display_path(workdir)} holds step {start_step} of "
@@ -366,7 +339,7 @@ class _Run:
             raise Preempted(step, ckpt.directory)
         if self.lead:
             final_step = max(start_step, num_steps)  # a run resumed past its steps: the state's
-            evaluate.write_json(os.path.join(self.workdir, "eval_results.json"), final_step, results)
+            run_dir.write_eval_results(self.workdir, final_step, results)
         return results
 
     def _roll_back(self, bad: bad_loss.BadLoss, window: MetricWindow, progress) -> tuple[int, Any]:

@@ -30,7 +30,6 @@ import json
 import math
 import pathlib
 import statistics
-import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -43,14 +42,12 @@ FSDP_SIZES = (1, 2, 4, 8)
 def bench_config(quick: bool):
     """The benchmarked config: clip_shapes with a ViT-S tower (or the default's tiny
     MLPs with `quick`), every array of at least 64 KiB split."""
-    sys.path.insert(0, str(ROOT))
-    from configs import clip_shapes, default
-    from contrastive_jax.config_lib import override
+    from contrastive_jax.config_lib import load_config, override
 
     if quick:
-        return override(default.get_config(), {"train.global_batch_size": 64, "mesh.fsdp_min_kib": 0.0})
+        return override(load_config("default"), {"train.global_batch_size": 64, "mesh.fsdp_min_kib": 0.0})
     return override(
-        clip_shapes.get_config(),
+        load_config("clip_shapes"),
         {
             "model.encoder_a": "vit_small",
             "model.encoder_dim": 384,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from contrastive_jax import noise_scale
+from contrastive_jax import noise_scale, run_dir
 from contrastive_jax.simulated_devices import simulate_cpu_devices
 from experiments import sweep
 
@@ -54,7 +54,7 @@ def noise_records(workdir: Path) -> list[dict]:
             "small_sq_norm": values[f"train/{noise_scale.SMALL_KEY}"],
             "big_sq_norm": values[f"train/{noise_scale.BIG_KEY}"],
         }
-        for step, values in sweep.read_metrics(workdir).items()
+        for step, values in run_dir.metrics_by_step(workdir).items()
         if f"train/{noise_scale.SMALL_KEY}" in values
     ]
 

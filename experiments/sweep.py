@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import importlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,6 +32,7 @@ import matplotlib.figure
 import ml_collections
 import numpy as np
 
+from contrastive_jax import run_dir
 from contrastive_jax.config_lib import override
 from contrastive_jax.simulated_devices import simulate_cpu_devices
 
@@ -58,11 +58,6 @@ class Run:
     overrides: Mapping[str, Any]
 
 
-def load_config(name: str) -> ml_collections.ConfigDict:
-    """`configs/<name>.py`'s `get_config()` (the repository root must be on sys.path)."""
-    return importlib.import_module(f"configs.{name}").get_config()
-
-
 def run_overrides(*, num_steps: int, seed: int, warmup_steps: int, evals: int = 1) -> dict[str, Any]:
     """The fields every sweep run sets: length, seeds, logging, evaluation, checkpoints.
 
@@ -84,24 +79,8 @@ def run_overrides(*, num_steps: int, seed: int, warmup_steps: int, evals: int = 
 
 def is_complete(workdir: Path, config: ml_collections.ConfigDict) -> bool:
     """Whether `workdir` holds the final evaluation of a run of `config`'s length."""
-    path = workdir / "eval_results.json"
-    if not path.exists():
-        return False
-    return json.loads(path.read_text())["step"] == config.train.num_train_steps
-
-
-def read_metrics(workdir: Path) -> dict[int, dict[str, float]]:
-    """`metrics.jsonl` as `{step: {name: value}}`, sorted by step.
-
-    A resumed run appends the steps after its checkpoint again; the later lines win.
-    """
-    by_step: dict[int, dict[str, float]] = {}
-    path = workdir / "metrics.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            by_step.setdefault(record.pop("step"), {}).update(record)
-    return dict(sorted(by_step.items()))
+    results = run_dir.read_eval_results(workdir)
+    return results is not None and results["step"] == config.train.num_train_steps
 
 
 def _check_run(workdir: Path, run: Run, config: ml_collections.ConfigDict) -> None:
@@ -161,7 +140,7 @@ def run_grid(
             start = time.perf_counter()
             train.train_and_evaluate(config, str(workdir))
             durations.append(time.perf_counter() - start)
-            remaining = sum(not (out / "runs" / r.name / "eval_results.json").exists() for r in runs[i:])
+            remaining = sum(run_dir.read_eval_results(out / "runs" / r.name) is None for r in runs[i:])
             log(
                 f"{label}: done in {durations[-1]:.0f} s; about "
                 f"{np.mean(durations) * remaining / 60:.1f} min left for {remaining} runs"
@@ -189,9 +168,9 @@ def run_sweep(
 
 def collect(run: Run, workdir: Path, curve_keys: Sequence[str]) -> dict[str, Any]:
     """The record of a finished run (see `run_grid`)."""
-    final = json.loads((workdir / "eval_results.json").read_text())
+    final = run_dir.read_eval_results(workdir)
     final.pop("step")
-    history = read_metrics(workdir)
+    history = run_dir.metrics_by_step(workdir)
     last_train = next((values for values in reversed(history.values()) if "train/loss" in values), {})
     return {
         "name": run.name,

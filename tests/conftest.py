@@ -56,22 +56,9 @@ def digits_data_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def load_config():
     """`load_config("default")` -> `configs/default.py`'s `get_config()`."""
-    import importlib.util
-    import pathlib
-    import sys
+    from contrastive_jax.config_lib import load_config
 
-    root = pathlib.Path(__file__).parent.parent
-    configs = root / "configs"
-    if str(root) not in sys.path:  # variants import their base: `from configs import default`
-        sys.path.insert(0, str(root))
-
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(f"configs.{name}", configs / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.get_config()
-
-    return load
+    return load_config
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from subprocess_runs import (  # noqa: F401  (processes: a fixture)
     write_config,
 )
 
-from contrastive_jax import bad_loss, train
+from contrastive_jax import bad_loss, run_dir, train
 from contrastive_jax.config_lib import override
 from contrastive_jax.trainer import guard_settings
 
@@ -32,7 +32,7 @@ RECORD = {"bad_step": 6, "reason": "Loss is nan", "restored_step": 4, "skipped_b
 
 
 def rollbacks(workdir):
-    with open(os.path.join(workdir, bad_loss.ROLLBACKS_FILE)) as f:
+    with open(os.path.join(workdir, run_dir.ROLLBACKS)) as f:
         return json.load(f)
 
 
@@ -62,7 +62,7 @@ def test_a_nan_batch_rolls_back_and_skips_exactly_the_recorded_batches(
     # The same parameters as a run that never saw the NaN and skips batches 5 and 6.
     skipping = str(tmp_path / "skipping")
     os.makedirs(skipping)
-    with open(os.path.join(skipping, bad_loss.ROLLBACKS_FILE), "w") as f:
+    with open(os.path.join(skipping, run_dir.ROLLBACKS), "w") as f:
         json.dump([RECORD], f)
     config = override(load_config("default"), tiny_fields(digits_data_dir))
     train.train_and_evaluate(config, skipping)

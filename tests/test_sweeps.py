@@ -12,6 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
     sys.path.insert(0, str(ROOT))
 
+from contrastive_jax import run_dir  # noqa: E402
 from contrastive_jax.config_lib import override  # noqa: E402
 from experiments import (  # noqa: E402
     batch_size_sweep,
@@ -87,7 +88,7 @@ def test_read_metrics_keeps_the_resumed_lines(tmp_path):
         {"step": 4, "train/loss": 1.5},
     ]  # resumed from step 2: step 4 logged again
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert sweep.read_metrics(tmp_path) == {2: {"train/loss": 3.0}, 4: {"train/loss": 1.5, "eval/x": 1.0}}
+    assert run_dir.metrics_by_step(tmp_path) == {2: {"train/loss": 3.0}, 4: {"train/loss": 1.5, "eval/x": 1.0}}
 
 
 def test_summarize_groups_seeds():

@@ -19,7 +19,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from contrastive_jax import checkpoint, input_pipeline, losses, optimizer, resume, sharding, train
+from contrastive_jax import checkpoint, input_pipeline, losses, optimizer, resume, run_dir, sharding, train
 from contrastive_jax.config_lib import override
 from contrastive_jax.sharding import BATCH_AXES
 from contrastive_jax.trainer import build, data_settings, optim_settings
@@ -133,7 +133,7 @@ def test_only_build_reads_the_config(config, tmp_path, monkeypatch, fields):
     results = train.train(
         dataclasses.replace(trainer, loop=dataclasses.replace(trainer.loop, num_train_steps=6)), str(tmp_path)
     )
-    assert results and read_metrics(str(tmp_path))[-1]["step"] == 6
+    assert results and run_dir.read_metrics(str(tmp_path))[-1]["step"] == 6
 
 
 def test_no_module_below_the_door_imports_ml_collections():
@@ -265,11 +265,6 @@ def test_weight_decay_skips_biases_and_temperature(config, name):
     assert float(updates["log_inv_temperature"]) == 0.0
 
 
-def read_metrics(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
 def saved_state(workdir, step):
     """The checkpointed state of `step` as a dict (params, opt_state, loss_state, ...)."""
     return ocp.StandardCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step), "state"))
@@ -286,7 +281,7 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
     config = override(config, fields)
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     results = train.train_and_evaluate(config, straight)
-    logged = [m["train/loss"] for m in read_metrics(straight) if "train/loss" in m]
+    logged = [m["train/loss"] for m in run_dir.read_metrics(straight) if "train/loss" in m]
     assert len(logged) == 6
     assert fields or logged[-1] < logged[0] - 2  # learning (the queue's loss rises as it fills)
     assert {"a_to_b/R@1", "b_to_a/R@10", "knn_top1", "collapse/effective_rank"} <= set(results)
@@ -311,8 +306,8 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
 
     chex.assert_trees_all_equal(saved_state(straight, 12), saved_state(resumed, 12))
     assert bool(fields) == ("ema_params" in (saved_state(resumed, 12).get("loss_state") or {}))
-    losses_straight = {m["step"]: m["train/loss"] for m in read_metrics(straight) if "train/loss" in m}
-    losses_resumed = {m["step"]: m["train/loss"] for m in read_metrics(resumed) if "train/loss" in m}
+    losses_straight = {m["step"]: m["train/loss"] for m in run_dir.read_metrics(straight) if "train/loss" in m}
+    losses_resumed = {m["step"]: m["train/loss"] for m in run_dir.read_metrics(resumed) if "train/loss" in m}
     assert losses_resumed[12] == losses_straight[12] and losses_resumed[10] == losses_straight[10]
     assert sorted(os.listdir(os.path.join(resumed, "checkpoints"))) == ["12", "4", "8"]
     with open(os.path.join(resumed, "eval_results.json")) as f:
@@ -339,8 +334,8 @@ def test_resume_onto_a_different_mesh(config, tmp_path, monkeypatch):
     train.train_and_evaluate(config, resumed)
     want, got = saved_state(straight, 12), saved_state(resumed, 12)
     chex.assert_trees_all_close(got["params"], want["params"], rtol=1e-4, atol=1e-6)
-    resumed_losses = {m["step"]: m["train/loss"] for m in read_metrics(resumed) if "train/loss" in m}
-    straight_losses = {m["step"]: m["train/loss"] for m in read_metrics(straight) if "train/loss" in m}
+    resumed_losses = {m["step"]: m["train/loss"] for m in run_dir.read_metrics(resumed) if "train/loss" in m}
+    straight_losses = {m["step"]: m["train/loss"] for m in run_dir.read_metrics(straight) if "train/loss" in m}
     assert resumed_losses[12] == pytest.approx(straight_losses[12], rel=1e-5)
 
 

@@ -9,7 +9,7 @@ from absl import flags
 from ml_collections import config_flags
 from subprocess_runs import ROOT, tiny_fields
 
-from contrastive_jax import checkpoint, sharding, train, trainer
+from contrastive_jax import checkpoint, run_dir, sharding, train, trainer
 from contrastive_jax.config_lib import ConfigError, override
 
 
@@ -176,7 +176,7 @@ def test_misspelled_field_is_rejected_with_a_suggestion(config, tmp_path):
 def test_missing_workdir(config):
     for missing in (None, ""):
         with pytest.raises(ConfigError, match=r"No workdir: pass --workdir=DIR"):
-            train.prepare_workdir(missing)
+            run_dir.prepare(missing)
 
 
 def test_workdir_that_cannot_be_created(tmp_path):
@@ -186,7 +186,7 @@ def test_workdir_that_cannot_be_created(tmp_path):
         ConfigError,
         match=r"--workdir=.*a_file/run cannot be created or written \(Not a directory\); pass a directory you can write to",
     ):
-        train.prepare_workdir(str(blocker / "run"))
+        run_dir.prepare(str(blocker / "run"))
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
@@ -194,7 +194,7 @@ def test_read_only_workdir(tmp_path):
     tmp_path.chmod(0o500)
     try:
         with pytest.raises(ConfigError, match=r"cannot be created or written \(Permission denied\)"):
-            train.prepare_workdir(str(tmp_path))
+            run_dir.prepare(str(tmp_path))
     finally:
         tmp_path.chmod(0o700)
 
