@@ -100,6 +100,23 @@ def parse_flags(argv: list[str], config_flag) -> list[str]:
     return remaining
 
 
+def _stopped_message(stop, process_count: int, ctrl_c: bool) -> str:
+    """What a run stopped by SIGTERM or Ctrl-C (`train.Preempted` `stop`) prints: the
+    step saved, where, and the command that resumes it."""
+    where = console.display_path(stop.directory)
+    if process_count == 1:
+        return (
+            f"{'Ctrl-C' if ctrl_c else 'SIGTERM'}: stopped after step {stop.step} and saved it in "
+            f"{where}. To resume, run:\n  {console.rerun_command(sys.argv)}"
+        )
+    # One signalled process stops all; JAX does not say which one it was.
+    return (
+        f"Stopped after step {stop.step} with the other processes (a SIGTERM or Ctrl-C reached "
+        f"one of them) and saved it in {where}. To resume, run all processes, with I = 0 ... "
+        f"{process_count - 1}:\n  {console.rerun_command(sys.argv, every_process=True)}"
+    )
+
+
 def run_training(
     config,
     workdir: str,
@@ -127,13 +144,16 @@ def run_training(
         from contrastive_jax import distributed, train
         from contrastive_jax.config_lib import ConfigError
 
-    distributed.initialize(
-        coordinator_address=coordinator_address,
-        num_processes=num_processes,
-        process_id=process_id,
-        auto_detect=auto_detect,
-        heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-    )
+    try:
+        distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+            auto_detect=auto_detect,
+            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+        )
+    except ConfigError as e:
+        console.exit_with_error(str(e), verbose=verbose)
     if jax.process_index() != 0:
         logging.set_verbosity(logging.WARNING)
     started = time.perf_counter()
@@ -147,21 +167,7 @@ def run_training(
         except FloatingPointError as e:  # a bad loss: the message names the checkpoint
             console.exit_with_error(str(e), verbose=verbose, status=1)
         except train.Preempted as e:
-            where = console.display_path(e.directory)
-            if jax.process_count() == 1:
-                signal_name = "Ctrl-C" if ctrl_c.pressed else "SIGTERM"
-                message = (
-                    f"{signal_name}: stopped after step {e.step} and saved it in {where}. To "
-                    f"resume, run:\n  {console.rerun_command(sys.argv)}"
-                )
-            else:  # one signalled process stops all; JAX does not say which one it was
-                message = (
-                    f"Stopped after step {e.step} with the other processes (a SIGTERM or "
-                    f"Ctrl-C reached one of them) and saved it in {where}. To resume, run all "
-                    f"processes, with I = 0 ... {jax.process_count() - 1}:\n  "
-                    f"{console.rerun_command(sys.argv, every_process=True)}"
-                )
-            print(message, file=sys.stderr, flush=True)
+            print(_stopped_message(e, jax.process_count(), ctrl_c.pressed), file=sys.stderr, flush=True)
             sys.exit(console.INTERRUPTED if ctrl_c.pressed else distributed.PREEMPTED_EXIT_STATUS)
         except KeyboardInterrupt:
             console.exit_with_error(

@@ -1,4 +1,35 @@
-"""Test configuration: 8 simulated CPU devices, set before JAX is imported."""
+"""Test configuration: 8 simulated CPU devices, set before JAX is imported.
+
+Where each module of the package is tested (tests/test_docs.py checks every module is
+listed here):
+
+    bad_loss                 test_bad_loss
+    checkpoint, resume       test_train (resume, meshes), test_preemption, test_validation
+    cli, console, main       test_cli
+    compat                   test_losses_sharded (-m compat: the oldest versions)
+    config_checks, config_lib  test_validation (every rule), test_cli (through the command line)
+    data_sources             test_input_pipeline, test_cmudict, test_configs
+    datasets/*               test_datasets, test_cmudict
+    demo                     test_cli (the README's commands)
+    distributed              test_multihost, test_launch, test_preemption
+    encoders, models         test_models
+    evaluate                 test_evaluate
+    example_reader, images, input_pipeline, stateless_random  test_input_pipeline
+    grad_cache               test_grad_cache
+    losses/*                 test_losses (values, references), test_losses_sharded (every
+                             calling convention), test_streaming (logit_stats, streaming,
+                             tile_math, tile_sweeps), test_beyond_batch (beyond_batch,
+                             memory), test_false_negatives (pairs), test_train (registry)
+    memory_fit               test_memory_fit
+    metric_writer, run_dir   test_metric_writer, test_train, test_sweeps
+    noise_scale              test_gradient_noise_scale
+    optimizer                test_train
+    record_inputs, records, write_records  test_write_records
+    sharding                 test_losses_sharded, test_train (fsdp)
+    simulated_devices        test_cli, test_notebook
+    tokenizers               test_tokenizers
+    train, trainer           test_train, test_beyond_batch_training, test_beyond_batch_resume
+"""
 
 import os
 import tempfile
@@ -31,6 +62,8 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import pytest  # noqa: E402
 
+pytest_plugins = ["subprocess_runs"]  # its `processes` fixture, for every test file
+
 
 def _prepared(name: str, tmp_path_factory) -> str:
     """A `config.data.data_dir` holding the built-in dataset `name`'s records, written
@@ -59,6 +92,17 @@ def load_config():
     from contrastive_jax.config_lib import load_config
 
     return load_config
+
+
+@pytest.fixture
+def tiny_config(load_config, digits_data_dir):
+    """The tests' one tiny config: the default config shrunk to a few fast steps on the
+    digits (`subprocess_runs.tiny_fields`); a file needing other cadences overrides them."""
+    from subprocess_runs import tiny_fields
+
+    from contrastive_jax.config_lib import override
+
+    return override(load_config("default"), tiny_fields(digits_data_dir))
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,11 @@
 """Running the trainer as real processes: tiny configs, free ports, fault injection.
 
-Used by test_multihost.py and test_preemption.py. Every process is started in its own
-session and killed (with its children) when the `processes` fixture is torn down, so a
-failing test leaves nothing running.
+A pytest plugin (tests/conftest.py's `pytest_plugins`): its `processes` fixture is
+every test's without an import. Every process is started in its own session and killed
+(with its children) when the `processes` fixture is torn down, so a failing test leaves
+nothing running.
 """
 
-import json
 import os
 import signal
 import socket
@@ -17,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from contrastive_jax import run_dir
 from contrastive_jax.simulated_devices import device_count_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,21 +182,15 @@ def processes():
         launched.close()
 
 
-def metric_records(workdir: str) -> list[dict]:
-    """The lines of `<workdir>/metrics.jsonl`, parsed, in order."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
 def logged_losses(workdir: str) -> dict[int, float]:
     """`{step: train/loss}` from `<workdir>/metrics.jsonl`."""
-    return {row["step"]: row["train/loss"] for row in metric_records(workdir) if "train/loss" in row}
+    return {row["step"]: row["train/loss"] for row in run_dir.read_metrics(workdir) if "train/loss" in row}
 
 
 def resumed_from_steps(workdir: str) -> list[int]:
     """The step each resume of the run in `workdir` started from, in order (the
     `resumed_from_step` records the trainer writes to metrics.jsonl; none: never resumed)."""
-    return [row["resumed_from_step"] for row in metric_records(workdir) if "resumed_from_step" in row]
+    return [row["resumed_from_step"] for row in run_dir.read_metrics(workdir) if "resumed_from_step" in row]
 
 
 def checkpoint_steps(workdir: str) -> tuple[list[int], list[int]]:

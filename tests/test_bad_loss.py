@@ -6,10 +6,8 @@ import os
 import signal
 
 import pytest
-from subprocess_runs import (  # noqa: F401  (processes: a fixture)
+from subprocess_runs import (
     assert_bitwise_equal,
-    metric_records,
-    processes,
     resumed_from_steps,
     saved_params,
     tiny_fields,
@@ -49,7 +47,7 @@ def test_a_nan_batch_rolls_back_and_skips_exactly_the_recorded_batches(
     rolled_back, load_config, digits_data_dir, tmp_path
 ):
     assert rollbacks(rolled_back) == [RECORD]
-    records = metric_records(rolled_back)
+    records = run_dir.read_metrics(rolled_back)
     [rollback] = [r for r in records if "rollback/bad_step" in r]
     assert rollback == {
         "step": 4,
@@ -91,8 +89,8 @@ def test_a_kill_after_a_rollback_resumes_bitwise_and_skips_the_same_batches(
     assert "Rollback" not in output  # the rerun skipped the recorded batches: no NaN
     assert resumed_from_steps(workdir) == [4] and rollbacks(workdir) == [RECORD]
     assert_bitwise_equal(saved_params(workdir, STEPS), saved_params(rolled_back, STEPS))
-    assert [r for r in metric_records(workdir) if "rollback/bad_step" in r] == [
-        r for r in metric_records(rolled_back) if "rollback/bad_step" in r
+    assert [r for r in run_dir.read_metrics(workdir) if "rollback/bad_step" in r] == [
+        r for r in run_dir.read_metrics(rolled_back) if "rollback/bad_step" in r
     ]
 
 

@@ -5,10 +5,9 @@ and the loss's state (SogCLR's table; the MoCo queues, pointer and momentum enco
 import signal
 
 import pytest
-from subprocess_runs import (  # noqa: F401  (processes: a fixture)
+from subprocess_runs import (
     assert_bitwise_equal,
     logged_losses,
-    processes,
     resumed_from_steps,
     saved_state,
     tiny_fields,

@@ -34,21 +34,17 @@ STATE_FIELDS = {
 
 
 @pytest.fixture
-def config(load_config, digits_data_dir):
-    """The default config, tiny, without augmentation (the indices are checked on pixels)."""
-    return override(
-        load_config("default"),
-        {
-            "data.data_dir": digits_data_dir,
-            "data.augment.noise_std": 0.0,
-            "model.mlp_hidden_dims": (32,),
-            "model.encoder_dim": 32,
-            "model.embed_dim": 16,
-            "model.dropout_rate": 0.0,
-            "train.global_batch_size": N,
-            "optim.warmup_steps": 0,
-        },
-    )
+def config(tiny_config):
+    """The tiny config without augmentation or dropout (the indices are checked on
+    pixels), no warmup, the default's schedule length."""
+    deterministic = {
+        "data.augment.noise_std": 0.0,
+        "model.dropout_rate": 0.0,
+        "train.global_batch_size": N,
+        "train.num_train_steps": 1000,
+        "optim.warmup_steps": 0,
+    }
+    return override(tiny_config, deterministic)
 
 
 def run_steps(config, num_devices, num_steps=3, fsdp=1):

@@ -24,7 +24,7 @@ import textwrap
 import time
 
 import pytest
-from subprocess_runs import ROOT, processes, tiny_fields, write_config  # noqa: F401
+from subprocess_runs import ROOT, tiny_fields, write_config
 from test_validation import (
     ANOTHER_DATA_ORDER,
     ANOTHER_MODEL,
@@ -239,7 +239,7 @@ def forked_cli(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny_config(digits_data_dir, tmp_path_factory):
+def tiny_config_file(digits_data_dir, tmp_path_factory):
     """A config file: the default config shrunk (tests/subprocess_runs.tiny_fields)."""
     return write_config(tmp_path_factory.mktemp("config") / "tiny.py", tiny_fields(digits_data_dir))
 
@@ -258,8 +258,8 @@ def tiny_config(digits_data_dir, tmp_path_factory):
         ]
     ],
 )
-def test_bad_config_is_one_line_and_exit_status_2(forked_cli, tiny_config, tmp_path, fields, message):
-    args = [f"--config={tiny_config}", f"--workdir={tmp_path / 'run'}"]
+def test_bad_config_is_one_line_and_exit_status_2(forked_cli, tiny_config_file, tmp_path, fields, message):
+    args = [f"--config={tiny_config_file}", f"--workdir={tmp_path / 'run'}"]
     status, stdout, stderr = forked_cli(*args, *(flag(k, v) for k, v in fields.items()))
     assert_one_line_error(status, stdout, stderr, message)
 
@@ -275,13 +275,15 @@ def test_bad_config_is_one_line_and_exit_status_2(forked_cli, tiny_config, tmp_p
         ("", r"^error: Missing --workdir"),
     ],
 )
-def test_bad_workdir_is_one_line(forked_cli, tiny_config, tmp_path, workdir, message):
+def test_bad_workdir_is_one_line(forked_cli, tiny_config_file, tmp_path, workdir, message):
     (tmp_path / "a_file").write_text("")
-    status, stdout, stderr = forked_cli(f"--config={tiny_config}", f"--workdir={tmp_path / workdir if workdir else ''}")
+    status, stdout, stderr = forked_cli(
+        f"--config={tiny_config_file}", f"--workdir={tmp_path / workdir if workdir else ''}"
+    )
     assert_one_line_error(status, stdout, stderr, message)
 
 
-def test_a_step_that_does_not_fit_is_one_line_naming_the_figures(forked_cli, tiny_config, tmp_path):
+def test_a_step_that_does_not_fit_is_one_line_naming_the_figures(forked_cli, tiny_config_file, tmp_path):
     """A config that uses every fix already: one compile, and the batch is what is left.
     (tests/test_memory_fit.py checks the settings a message proposes.)"""
     every_fix = {
@@ -292,7 +294,7 @@ def test_a_step_that_does_not_fit_is_one_line_naming_the_figures(forked_cli, tin
         "mesh.fsdp": 2,
         "train.memory_limit_gib": 2**-20,  # 1 KiB
     }
-    args = [f"--config={tiny_config}", f"--workdir={tmp_path}"]
+    args = [f"--config={tiny_config_file}", f"--workdir={tmp_path}"]
     status, stdout, stderr = forked_cli(
         *args,
         *(flag(k, v) for k, v in every_fix.items()),
@@ -345,8 +347,15 @@ def test_resume_mismatch_is_one_line(forked_cli, trained, trained_config, field,
     assert sorted(os.listdir(os.path.join(trained, "checkpoints"))) == before
 
 
-def test_verbose_flag_and_variable_show_the_traceback(forked_cli, tiny_config, tmp_path):
-    args = [f"--config={tiny_config}", f"--workdir={tmp_path}", "--config.loss.temperature=0"]
+def test_a_heartbeat_timeout_too_short_is_one_line(forked_cli, tiny_config_file, tmp_path):
+    args = [f"--config={tiny_config_file}", f"--workdir={tmp_path}", "--heartbeat_timeout_seconds=1"]
+    status, stdout, stderr = forked_cli(*args)
+    message = r"^error: --heartbeat_timeout_seconds=1.0: must be at least 2 \(the processes beat once a second\)"
+    assert_one_line_error(status, stdout, stderr, message)
+
+
+def test_verbose_flag_and_variable_show_the_traceback(forked_cli, tiny_config_file, tmp_path):
+    args = [f"--config={tiny_config_file}", f"--workdir={tmp_path}", "--config.loss.temperature=0"]
     for extra, env in (["--verbose"], {}), ([], {"CONTRASTIVE_JAX_VERBOSE": "1"}):
         status, _, stderr = forked_cli(*args, *extra, env=env)
         assert status == 2
@@ -355,15 +364,15 @@ def test_verbose_flag_and_variable_show_the_traceback(forked_cli, tiny_config, t
         assert stderr.splitlines()[-1] == "error: config.loss.temperature=0.0 must be > 0 (e.g. 0.07)."
 
 
-def test_a_crash_keeps_its_traceback(forked_cli, tiny_config, tmp_path):
+def test_a_crash_keeps_its_traceback(forked_cli, tiny_config_file, tmp_path):
     crash = "def boom(*a): raise RuntimeError('a bug')\ntrainer.Trainer.init_state = boom"
-    status, stdout, stderr = forked_cli(f"--config={tiny_config}", f"--workdir={tmp_path}", setup=crash)
+    status, stdout, stderr = forked_cli(f"--config={tiny_config_file}", f"--workdir={tmp_path}", setup=crash)
     assert (status, stdout) == (1, "")
     assert "Traceback (most recent call last):" in stderr
     assert stderr.rstrip().endswith("RuntimeError: a bug")
 
 
-def test_non_finite_loss_is_one_line_naming_the_checkpoint(forked_cli, tiny_config, tmp_path):
+def test_non_finite_loss_is_one_line_naming_the_checkpoint(forked_cli, tiny_config_file, tmp_path):
     nan_loss = textwrap.dedent(
         """
         import dataclasses, jax, jax.numpy as jnp
@@ -373,7 +382,7 @@ def test_non_finite_loss_is_one_line_naming_the_checkpoint(forked_cli, tiny_conf
         losses.LOSSES["clip"] = dataclasses.replace(losses.LOSSES["clip"], fn=nan_loss)
         """
     )
-    args = [f"--config={tiny_config}", f"--workdir={tmp_path}", "--config.train.num_train_steps=4"]
+    args = [f"--config={tiny_config_file}", f"--workdir={tmp_path}", "--config.train.num_train_steps=4"]
     status, stdout, stderr = forked_cli(*args, setup=nan_loss)
     assert_one_line_error(
         status,
@@ -384,7 +393,7 @@ def test_non_finite_loss_is_one_line_naming_the_checkpoint(forked_cli, tiny_conf
     )
 
 
-def test_ctrl_c_before_training_exits_without_a_traceback(forked_cli, tiny_config, tmp_path):
+def test_ctrl_c_before_training_exits_without_a_traceback(forked_cli, tiny_config_file, tmp_path):
     interrupt = textwrap.dedent(
         """
         real_init_state = trainer.Trainer.init_state
@@ -394,14 +403,14 @@ def test_ctrl_c_before_training_exits_without_a_traceback(forked_cli, tiny_confi
         trainer.Trainer.init_state = init_state
         """
     )
-    args = [f"--config={tiny_config}", f"--workdir={tmp_path}"]
+    args = [f"--config={tiny_config_file}", f"--workdir={tmp_path}"]
     status, stdout, stderr = forked_cli(*args, setup=interrupt)
     assert_one_line_error(
         status,
         stdout,
         stderr,
         r"^error: Interrupted \(Ctrl-C\). To resume, run: .*-m "
-        rf"contrastive_jax.main --config={tiny_config} --workdir={tmp_path}$",
+        rf"contrastive_jax.main --config={tiny_config_file} --workdir={tmp_path}$",
         exit_status=130,
     )
 
@@ -528,10 +537,10 @@ def test_progress_on_a_terminal_is_one_bar(monkeypatch, caplog):
 # --- Ctrl-C ---------------------------------------------------------------------------
 
 
-def test_second_ctrl_c_aborts_at_once(processes, tiny_config, tmp_path):
+def test_second_ctrl_c_aborts_at_once(processes, tiny_config_file, tmp_path):
     workdir = str(tmp_path / "run")
     aborted = processes.start(
-        tiny_config, workdir, num_devices=8, fault="batch:3:SIGINT+SIGINT", stderr=subprocess.PIPE
+        tiny_config_file, workdir, num_devices=8, fault="batch:3:SIGINT+SIGINT", stderr=subprocess.PIPE
     )
     status, stdout, stderr = processes.wait_apart(aborted)
     assert status == -signal.SIGINT, stderr[-3000:]

@@ -120,26 +120,22 @@ def test_device_shares_use_the_global_negatives():
     assert not np.allclose(devices * shares[0], local_only, atol=1e-3)  # the in-device loss differs
 
 
-def test_the_noise_scale_step_is_the_plain_step(load_config, digits_data_dir):
+def test_the_noise_scale_step_is_the_plain_step(tiny_config):
     """With the option on the step's update is the plain step's (one forward and backward
     per device, summed), and its metrics add the two norms, small > big."""
     from contrastive_jax import input_pipeline
     from contrastive_jax.config_lib import override
     from contrastive_jax.trainer import build
 
-    tiny = {
-        "data.data_dir": digits_data_dir,
-        "model.mlp_hidden_dims": (32,),
-        "model.encoder_dim": 32,
-        "model.embed_dim": 16,
+    plain_sgd = {
         "model.dropout_rate": 0.0,
-        "train.global_batch_size": 64,
+        "train.num_train_steps": 1000,
         "optim.name": "sgd",
         "optim.momentum": 0.0,
         "optim.warmup_steps": 0,
         "optim.grad_clip_norm": 0.0,
     }
-    config = override(load_config("default"), tiny)
+    config = override(tiny_config, plain_sgd)
     mesh = sharding.make_mesh(8)
     ds = input_pipeline.train_dataset(data_settings(config))
     batch = next(iter(ds))

@@ -7,12 +7,11 @@ import signal
 import time
 
 import pytest
-from subprocess_runs import (  # noqa: F401  (processes: a fixture)
+from subprocess_runs import (
     checkpoint_steps,
     free_port,
     logged_losses,
     max_difference,
-    processes,
     resumed_from_steps,
     saved_params,
     tiny_fields,

@@ -18,19 +18,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from subprocess_runs import (  # noqa: F401  (processes: a fixture)
+from subprocess_runs import (
     assert_bitwise_equal,
     checkpoint_steps,
     logged_losses,
-    metric_records,
-    processes,
     resumed_from_steps,
     saved_params,
     tiny_fields,
     write_config,
 )
 
-from contrastive_jax import checkpoint, distributed, train
+from contrastive_jax import checkpoint, distributed, run_dir, train
 from contrastive_jax.config_lib import override
 
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
@@ -46,7 +44,7 @@ def reference(load_config, digits_data_dir, tmp_path_factory):
 
 def losses_once(workdir):
     """`{step: loss}`, checking that every step was logged once (resumes drop the rest)."""
-    steps = [row["step"] for row in metric_records(workdir) if "train/loss" in row]
+    steps = [row["step"] for row in run_dir.read_metrics(workdir) if "train/loss" in row]
     assert steps == sorted(set(steps)), steps
     return logged_losses(workdir)
 

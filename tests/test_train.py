@@ -26,24 +26,17 @@ from contrastive_jax.trainer import build, data_settings, optim_settings
 
 
 @pytest.fixture
-def config(load_config, digits_data_dir):
-    """A tiny version of the default config: small MLPs, a few steps."""
-    return override(
-        load_config("default"),
-        {
-            "data.data_dir": digits_data_dir,
-            "model.mlp_hidden_dims": (32,),
-            "model.encoder_dim": 32,
-            "model.embed_dim": 16,
-            "train.global_batch_size": 64,
-            "train.num_train_steps": 12,
-            "train.log_every_steps": 2,
-            "optim.warmup_steps": 2,
-            "eval.every_steps": 0,
-            "eval.linear_probe": False,
-            "checkpoint.every_steps": 4,
-        },
-    )
+def config(tiny_config):
+    """The tiny config, 12 steps: a log every 2, a checkpoint every 4 (the last 3 kept),
+    the kNN probe on."""
+    cadences = {
+        "train.num_train_steps": 12,
+        "train.log_every_steps": 2,
+        "checkpoint.every_steps": 4,
+        "checkpoint.max_to_keep": 3,
+        "eval.knn_k": 1,
+    }
+    return override(tiny_config, cadences)
 
 
 def make_state_and_batch(config, mesh):

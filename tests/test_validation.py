@@ -7,15 +7,15 @@ import shutil
 import pytest
 from absl import flags
 from ml_collections import config_flags
-from subprocess_runs import ROOT, tiny_fields
+from subprocess_runs import ROOT
 
 from contrastive_jax import checkpoint, run_dir, sharding, train, trainer
 from contrastive_jax.config_lib import ConfigError, override
 
 
 @pytest.fixture
-def config(load_config, digits_data_dir):
-    return override(load_config("default"), tiny_fields(digits_data_dir))
+def config(tiny_config):
+    return tiny_config
 
 
 def build(config):
