@@ -4,15 +4,15 @@
 settings, the loss's inputs, the batch over devices and processes, the streaming tiles,
 micro-batches, the loss's state), raising one `ConfigError` that names the field and a
 fix. The rules of one part live with it (`data_sources.check_data_config`,
-`bad_loss.check_config`, `grad_cache.check_micro_batches`, `sharding.check_batch_divides`,
+`bad_loss.check_config`, `grad_cache.check_micro_batches`, `config_lib.check_multiple` and `check_divides`,
 a loss's `LossState.check`); this module says which apply and when.
 """
 
 import jax
 import ml_collections
 
-from contrastive_jax import bad_loss, data_sources, grad_cache, losses, records, sharding
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax import bad_loss, data_sources, grad_cache, losses, records
+from contrastive_jax.config_lib import ConfigError, check_divides, check_multiple
 
 # Count fields and their least value (every_steps 0: only at the end).
 _COUNTS = {
@@ -51,7 +51,7 @@ def check(
     metadata = data_sources.check_data_config(data)
     bad_loss.check_config(guard)
     _check_loss_inputs(loss, config, data, metadata)
-    sharding.check_batch_divides(train.global_batch_size, num_devices, "config.train.global_batch_size")
+    check_multiple(train.global_batch_size, num_devices, "config.train.global_batch_size", "the devices")
     data_sources.per_process_batch_size(train.global_batch_size, jax.process_count())
     _check_chunk_size(config.loss, train.global_batch_size, num_devices)
     if config.loss.dcl_weight_gradient and config.loss.dcl_weight_sigma is None:
@@ -160,11 +160,5 @@ def _check_chunk_size(loss: ml_collections.ConfigDict, global_batch_size: int, n
     columns = global_batch_size // num_devices if ring else global_batch_size
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ConfigError(f"config.loss.chunk_size={chunk!r} must be a positive int, 'auto' or None.")
-    if columns % chunk:
-        divisor = losses.logit_stats.divisor_at_most(columns, chunk)
-        raise ConfigError(
-            f"config.loss.chunk_size={chunk!r} does not divide the {columns} logit columns "
-            f"{'each device holds with the ring' if ring else 'of the global batch'}; use a "
-            f"divisor such as {divisor}, 'auto' (chosen from N, D and the device), or None "
-            "for dense logits."
-        )
+    what = "the logit columns each device holds with the ring" if ring else "the logit columns (N)"
+    check_divides(chunk, columns, "config.loss.chunk_size", what)

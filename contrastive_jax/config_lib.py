@@ -62,3 +62,27 @@ def load_config(name: str) -> ml_collections.ConfigDict:
     if str(CONFIGS_DIR.parent) not in sys.path:
         sys.path.insert(0, str(CONFIGS_DIR.parent))
     return importlib.import_module(f"configs.{name}").get_config()
+
+
+def check_multiple(value: int, factor: int, name: str, factor_is: str) -> None:
+    """The one rule "a positive multiple of": raises a ConfigError unless `value` (the
+    setting `name`) is a positive multiple of `factor` (which `factor_is` names),
+    naming the nearest multiples."""
+    if value > 0 and value % factor == 0:
+        return
+    lower = value - value % factor
+    nearest = " or ".join(str(m) for m in (lower, lower + factor) if m > 0)
+    raise ConfigError(f"{name}={value} must be a multiple of {factor_is} ({factor}); use {nearest}.")
+
+
+def check_divides(value: int, whole: int, name: str, whole_is: str) -> None:
+    """The one rule "a divisor of": raises a ConfigError unless `value` (the setting
+    `name`) is a positive divisor of `whole` (which `whole_is` names), naming the
+    nearest divisors."""
+    if value > 0 and whole % value == 0:
+        return
+    divisors = [d for d in range(1, whole + 1) if whole % d == 0]
+    below = [d for d in divisors if d < value][-1:]
+    above = [d for d in divisors if d > value][:1]
+    nearest = " or ".join(str(d) for d in below + above)
+    raise ConfigError(f"{name}={value} must divide {whole_is} ({whole}); use {nearest}.")

@@ -16,7 +16,7 @@ import fcntl
 import os
 
 from contrastive_jax import records
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.config_lib import ConfigError, check_multiple
 
 TASKS = ("pairs", "views", "labeled")
 BAD_RECORD_POLICIES = ("stop", "skip")
@@ -119,11 +119,7 @@ def text_vocab_size(data: DataSettings, metadata: records.Metadata) -> int:
 
 def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
     """The number of examples each process reads per step."""
-    if global_batch_size % process_count:
-        raise ConfigError(
-            f"config.train.global_batch_size={global_batch_size} does not divide over "
-            f"{process_count} processes; use a multiple of {process_count}."
-        )
+    check_multiple(global_batch_size, process_count, "config.train.global_batch_size", "the processes")
     return global_batch_size // process_count
 
 
@@ -152,11 +148,12 @@ def check_data_config(data: DataSettings) -> records.Metadata:
             "write your data with `python -m contrastive_jax.write_records --out=DIR ...` and set "
             "config.data.records=DIR."
         )
-    if data.task == "labeled" and data.global_batch_size % data.examples_per_class:
-        raise ConfigError(
-            f"config.train.global_batch_size={data.global_batch_size} is not a multiple of "
-            f"config.data.examples_per_class={data.examples_per_class}; use a multiple of "
-            f"{data.examples_per_class}."
+    if data.task == "labeled":
+        check_multiple(
+            data.global_batch_size,
+            data.examples_per_class,
+            "config.train.global_batch_size",
+            "config.data.examples_per_class",
         )
     metadata = open_metadata(data)
     metadata.split(records.parse_split(data.train_split)[0])

@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.config_lib import check_divides, check_multiple
 
 # forward(params, micro_batch, micro_index) -> (batched, shared, aux):
 #   batched: pytree of [m, ...] per-example outputs (embeddings),
@@ -45,19 +45,9 @@ Loss = Callable[[Any, Any, Any], tuple[jax.Array, Any]]
 
 def check_micro_batches(global_batch_size: int, micro_batch_size: int, num_shards: int) -> int:
     """The number of micro-batches K; a ConfigError naming the fix if the sizes don't fit."""
-    if micro_batch_size <= 0 or global_batch_size % micro_batch_size:
-        divisors = [d for d in range(num_shards, global_batch_size + 1, num_shards) if global_batch_size % d == 0]
-        closest = min(divisors, key=lambda d: abs(d - micro_batch_size))
-        raise ConfigError(
-            f"config.train.micro_batch_size={micro_batch_size} must be a positive divisor of "
-            f"config.train.global_batch_size={global_batch_size} and a multiple of the "
-            f"{num_shards} devices (e.g. {closest})."
-        )
-    if micro_batch_size % num_shards:
-        raise ConfigError(
-            f"config.train.micro_batch_size={micro_batch_size} must be a multiple of the "
-            f"{num_shards} devices, so that every device works on every micro-batch."
-        )
+    name = "config.train.micro_batch_size"
+    check_divides(micro_batch_size, global_batch_size, name, "config.train.global_batch_size")
+    check_multiple(micro_batch_size, num_shards, name, "the devices")  # each works on every micro-batch
     return global_batch_size // micro_batch_size
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.config_lib import ConfigError, check_divides, check_multiple
 
 DATA_AXIS = "data"  # splits the batch only
 FSDP_AXIS = "fsdp"  # splits the batch and the parameters (fully sharded data parallel)
@@ -42,12 +42,7 @@ def make_mesh(num_devices: int | None = None, *, fsdp: int = 1) -> jax.sharding.
             f"{num_devices}. On CPU, simulate more with "
             f"XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing JAX."
         )
-    if fsdp < 1 or num_devices % fsdp:
-        divisors = [d for d in range(1, num_devices + 1) if num_devices % d == 0]
-        raise ConfigError(
-            f"config.mesh.fsdp={fsdp} must divide the {num_devices} devices (they form a "
-            f"{num_devices} / fsdp x fsdp mesh); use one of {divisors}."
-        )
+    check_divides(fsdp, num_devices, "config.mesh.fsdp", "the device count")
     return jax.make_mesh(
         (num_devices // fsdp, fsdp),
         BATCH_AXES,
@@ -100,20 +95,6 @@ def fsdp_shardings(tree, mesh: jax.sharding.Mesh, min_bytes: int):
     )
 
 
-def check_batch_divides(global_batch_size: int, num_devices: int, name: str = "the batch size") -> None:
-    """Raises a ConfigError when the global batch does not split evenly over devices.
-
-    `name` says what the number is, e.g. "config.train.global_batch_size".
-    """
-    if global_batch_size % num_devices:
-        lower = global_batch_size - global_batch_size % num_devices
-        raise ConfigError(
-            f"{name} is {global_batch_size}, which does not divide over {num_devices} devices; "
-            f"use a multiple of {num_devices} (e.g. {lower or num_devices} or "
-            f"{lower + num_devices})."
-        )
-
-
 def shard_loss(
     loss_fn: Callable,
     mesh: jax.sharding.Mesh,
@@ -147,7 +128,7 @@ def shard_loss(
     def sharded(*arrays, **hyperparameters):
         for index, array in enumerate(arrays):
             if index not in replicated_argnums:
-                check_batch_divides(np.shape(array)[0], num_shards, f"argument {index}'s batch size")
+                check_multiple(np.shape(array)[0], num_shards, f"argument {index}'s batch size", "the devices")
         array_kwargs = {k: v for k, v in hyperparameters.items() if isinstance(v, (jax.Array, np.ndarray))}
         static_kwargs = {k: v for k, v in hyperparameters.items() if k not in array_kwargs}
 

@@ -112,7 +112,11 @@ def test_plain_accumulation_is_a_different_loss():
 
 @pytest.mark.parametrize(
     "micro_batch_size, match",
-    [(24, "positive divisor"), (0, "positive divisor"), (4, "multiple of the 8 devices")],
+    [
+        (24, r"=24 must divide .* use 16 or 32\.$"),
+        (0, r"=0 must divide .* use 1\.$"),
+        (4, r"=4 must be a multiple of the devices"),
+    ],
 )
 def test_micro_batch_sizes_that_do_not_fit_are_rejected(micro_batch_size, match):
     with pytest.raises(ValueError, match=match):

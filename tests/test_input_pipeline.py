@@ -257,7 +257,10 @@ def test_a_missing_record_set_names_the_command_that_writes_one(config, tmp_path
 def test_labeled_batch_must_be_a_multiple_of_m(config):
     config.data.task = "labeled"
     config.train.global_batch_size = 30
-    with pytest.raises(ValueError, match="examples_per_class=4"):
+    with pytest.raises(
+        ValueError,
+        match=r"global_batch_size=30 must be a multiple of config.data.examples_per_class \(4\); use 28 or 32",
+    ):
         checked_stream(config)
 
 

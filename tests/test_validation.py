@@ -30,14 +30,18 @@ BAD_VALUES = [
     (
         "train.global_batch_size",
         100,
-        r"config.train.global_batch_size is 100, which does not divide over 8 devices; use a multiple of 8 \(e.g. 96 or 104\)",
+        r"config.train.global_batch_size=100 must be a multiple of the devices \(8\); use 96 or 104\.$",
     ),
     (
         "train.micro_batch_size",
         24,
-        r"config.train.micro_batch_size=24 must be a positive divisor of config.train.global_batch_size=64 and a multiple of the 8 devices \(e.g. 16\)",
+        r"config.train.micro_batch_size=24 must divide config.train.global_batch_size \(64\); use 16 or 32\.$",
     ),
-    ("train.micro_batch_size", 4, r"config.train.micro_batch_size=4 must be a multiple of the 8 devices"),
+    (
+        "train.micro_batch_size",
+        4,
+        r"config.train.micro_batch_size=4 must be a multiple of the devices \(8\); use 8\.$",
+    ),
     # Unknown names list the valid ones.
     ("loss.name", "clipp", r"config.loss.name='clipp'; use one of \['arcface', 'bce', 'clip', "),
     ("model.encoder_a", "vit", r"config.model.encoder_a='vit'.*\['cnn', "),
@@ -62,7 +66,7 @@ BAD_VALUES = [
     (
         "loss.chunk_size",
         48,
-        r"config.loss.chunk_size=48 does not divide the 64 logit columns of the global batch; use a divisor such as 32",
+        r"config.loss.chunk_size=48 must divide the logit columns \(N\) \(64\); use 32 or 64\.$",
     ),
     ("loss.chunk_size", -8, r"config.loss.chunk_size=-8 must be a positive int, 'auto' or None"),
     ("loss.chunk_size", "big", r"config.loss.chunk_size='big' must be a positive int, 'auto' or None"),
@@ -103,7 +107,7 @@ BAD_COMBINATIONS = [
     # chunk 16 divides N = 64 but not the ring's 64 / 8 = 8 columns per device.
     (
         {"loss.collective": "ring", "loss.chunk_size": 16},
-        r"chunk_size=16 does not divide the 8 logit columns each device holds with the ring; use a divisor such as 8",
+        r"config.loss.chunk_size=16 must divide the logit columns each device holds with the ring \(8\); use 8\.$",
     ),
     ({"data.task": "labeled"}, r"config.loss.name='clip' needs paired inputs but config.data.task is 'labeled'"),
     (
@@ -113,7 +117,7 @@ BAD_COMBINATIONS = [
     # The losses with state (negatives beyond the batch).
     (
         {"loss.name": "moco_queue", "loss.queue_size": 1000},
-        r"config.loss.queue_size=1000 must be a positive multiple of config.train.global_batch_size=64 \(the buffer holds whole global batches\); use e.g. 960",
+        r"config.loss.queue_size=1000 must be a multiple of config.train.global_batch_size \(64\); use 960 or 1024\.$",
     ),
     (
         {"loss.name": "sogclr", "loss.sogclr_table_size": 1000},
@@ -126,7 +130,7 @@ BAD_COMBINATIONS = [
     ),
     (
         {"loss.name": "xbm", "data.task": "labeled", "loss.xbm_memory_size": 100},
-        r"config.loss.xbm_memory_size=100 must be a positive multiple of config.train.global_batch_size=64",
+        r"config.loss.xbm_memory_size=100 must be a multiple of config.train.global_batch_size \(64\); use 64 or 128\.$",
     ),
     (
         {"loss.name": "sogclr", "train.micro_batch_size": 16, "train.micro_batch_method": "accumulate"},

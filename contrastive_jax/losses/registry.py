@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.config_lib import ConfigError, check_multiple
 from contrastive_jax.losses._common import l2_normalize
 from contrastive_jax.losses.beyond_batch import dcl_loss, sogclr_init_state, sogclr_loss
 from contrastive_jax.losses.classification import (
@@ -104,17 +104,6 @@ def _per_example_loss(value_fn, *outputs: str) -> Loss:
     )
 
 
-def _check_multiple_of_batch(c: LossSettings, field: str, batch: int) -> None:
-    """`config.loss.<field>` rows of a ring buffer: a positive multiple of N (`batch`)."""
-    rows = getattr(c, field)
-    if rows < batch or rows % batch:
-        raise ConfigError(
-            f"config.loss.{field}={rows} must be a positive multiple of "
-            f"config.train.global_batch_size={batch} (the buffer holds whole global "
-            f"batches); use e.g. {batch * max(1, rows // batch)}."
-        )
-
-
 def _check_sogclr(c: LossSettings, global_batch_size: int, micro_batch_size: int) -> None:
     del global_batch_size, micro_batch_size
     if not 0 < c.sogclr_gamma <= 1:
@@ -153,7 +142,7 @@ def _moco_init(c: LossSettings, params, num_examples):
 
 
 def _check_moco(c: LossSettings, global_batch_size: int, micro_batch_size: int) -> None:
-    _check_multiple_of_batch(c, "queue_size", global_batch_size)
+    check_multiple(c.queue_size, global_batch_size, "config.loss.queue_size", "config.train.global_batch_size")
     momentum = c.queue_momentum
     if not 0 <= momentum < 1:
         raise ConfigError(
@@ -211,7 +200,8 @@ def _check_xbm(c: LossSettings, global_batch_size: int, micro_batch_size: int) -
             f"memory can extend; use one of {list(XBM_LOSSES)} (triplet mining needs every "
             "candidate per anchor at once and does not stream)."
         )
-    _check_multiple_of_batch(c, "xbm_memory_size", global_batch_size)
+    memory_size = "config.loss.xbm_memory_size"
+    check_multiple(c.xbm_memory_size, global_batch_size, memory_size, "config.train.global_batch_size")
     if c.xbm_warmup_steps < 0:
         raise ConfigError(f"config.loss.xbm_warmup_steps={c.xbm_warmup_steps} must be >= 0.")
     weight = c.xbm_memory_weight
