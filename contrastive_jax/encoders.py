@@ -13,7 +13,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.config_lib import check_divides
 
 
 class MLP(nn.Module):
@@ -160,11 +160,8 @@ class ViT(nn.Module):
     @nn.compact
     def __call__(self, x, *, train: bool = False):
         p = self.patch_size
-        if x.shape[1] % p or x.shape[2] % p:
-            raise ConfigError(
-                f"image size {x.shape[1:3]} is not a multiple of config.model.patch_size={p}; "
-                "pick a patch size that divides config.data.image_size."
-            )
+        for side in x.shape[1:3]:
+            check_divides(p, side, "config.model.patch_size", "the image size (config.data.image_size)")
         x = nn.Conv(self.width, (p, p), strides=(p, p), dtype=self.dtype)(x.astype(self.dtype))
         x = x.reshape(x.shape[0], -1, self.width)
         cls = self.param("cls", nn.initializers.zeros, (1, 1, self.width))

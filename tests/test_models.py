@@ -131,6 +131,15 @@ def test_every_encoder_builds(config, name):
     assert out["za"].shape == (2, 64)
 
 
+def test_a_patch_size_that_does_not_divide_the_image_is_named(config):
+    config.model.encoder_a, config.model.patch_size = "vit_tiny", 5
+    model = models.create_model(model_settings(config), text_vocab_size=257)
+    images = jnp.ones((2, 16, 16, 3))
+    message = r"config.model.patch_size=5 must divide the image size \(config.data.image_size\) \(16\); use 4 or 8\."
+    with pytest.raises(ValueError, match=message):
+        jax.eval_shape(lambda: model.init(jax.random.key(0), images, None))
+
+
 def test_unknown_encoder_names_the_field(config):
     config.model.encoder_b = "resnet19"
     with pytest.raises(ValueError, match=r"config.model.encoder_b='resnet19'.*resnet18"):

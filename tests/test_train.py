@@ -6,7 +6,6 @@ import itertools
 import json
 import math
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -127,18 +126,6 @@ def test_only_build_reads_the_config(config, tmp_path, monkeypatch, fields):
         dataclasses.replace(trainer, loop=dataclasses.replace(trainer.loop, num_train_steps=6)), str(tmp_path)
     )
     assert results and run_dir.read_metrics(str(tmp_path))[-1]["step"] == 6
-
-
-def test_no_module_below_the_door_imports_ml_collections():
-    """Only the door (`trainer.build`, its checks and `config_lib`) and what stands above
-    it (the loop's entry, the command line) know the config's type."""
-    package = pathlib.Path(train.__file__).parent
-    importers = {
-        str(path.relative_to(package))
-        for path in package.rglob("*.py")
-        if re.search(r"^\s*(import ml_collections|from ml_collections)", path.read_text(), re.MULTILINE)
-    }
-    assert importers <= {"config_lib.py", "config_checks.py", "trainer.py", "train.py", "main.py", "cli.py"}, importers
 
 
 @pytest.mark.compat
