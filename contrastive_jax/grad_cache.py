@@ -40,7 +40,7 @@ from contrastive_jax.config_lib import check_divides, check_multiple
 #   aux: pytree that is not differentiated (e.g. BatchNorm statistics).
 Forward = Callable[[Any, Any, jax.Array], tuple[Any, Any, Any]]
 # loss(batched [N, ...], shared, batch) -> (scalar loss, metrics)
-Loss = Callable[[Any, Any, Any], tuple[jax.Array, Any]]
+EmbeddingLoss = Callable[[Any, Any, Any], tuple[jax.Array, Any]]
 
 
 def check_micro_batches(global_batch_size: int, micro_batch_size: int, num_shards: int) -> int:
@@ -67,7 +67,7 @@ def merge(x: jax.Array, num_shards: int) -> jax.Array:
 
 def grad_cache_value_and_grad(
     forward: Forward,
-    loss: Loss,
+    loss: EmbeddingLoss,
     params: Any,
     batch: Any,
     *,
@@ -78,7 +78,7 @@ def grad_cache_value_and_grad(
 
     Args:
       forward: embeds one micro-batch (see ``Forward``); called 2K times.
-      loss: the loss of all N embeddings (see ``Loss``), e.g. a sharded ``clip_loss``.
+      loss: the loss of all N embeddings (see ``EmbeddingLoss``), e.g. a sharded ``clip_loss``.
       params: the parameters to differentiate.
       batch: pytree of ``[N, ...]`` arrays (data-sharded over ``num_shards``).
       num_micro_batches: K; N must be divisible by K * num_shards.
@@ -118,7 +118,7 @@ def grad_cache_value_and_grad(
 
 def accumulated_value_and_grad(
     forward: Forward,
-    loss: Loss,
+    loss: EmbeddingLoss,
     params: Any,
     batch: Any,
     *,
