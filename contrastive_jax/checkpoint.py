@@ -101,6 +101,10 @@ class Checkpointer:
             },
         )
 
+    def steps(self) -> list[int]:
+        """The steps of the complete checkpoints, oldest first."""
+        return sorted(self._manager.all_steps())
+
     def latest_step(self) -> int | None:
         """The step of the newest complete checkpoint, or None."""
         return self._manager.latest_step()

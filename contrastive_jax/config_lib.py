@@ -86,3 +86,17 @@ def check_divides(value: int, whole: int, name: str, whole_is: str) -> None:
     above = [d for d in divisors if d > value][:1]
     nearest = " or ".join(str(d) for d in below + above)
     raise ConfigError(f"{name}={value} must divide {whole_is} ({whole}); use {nearest}.")
+
+
+def from_json(values: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A locked config from its JSON form (`Trainer.run_config`, saved with each
+    checkpoint); lists become tuples, as the configs write them."""
+
+    def tuples(value):
+        if isinstance(value, dict):
+            return {k: tuples(v) for k, v in value.items()}
+        return tuple(tuples(v) for v in value) if isinstance(value, list) else value
+
+    config = ml_collections.ConfigDict(tuples(dict(values)))
+    config.lock()
+    return config

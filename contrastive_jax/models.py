@@ -69,7 +69,8 @@ class TwoTower(nn.Module):
 
     Returns a dict: `za` [B, D] (and `zb` [B, D] when `b` is given), L2-normalised
     float32; `temperature` and (SigLIP) `bias` float32 scalars; `logits` [B, C] and
-    `proxies` [C, D] with a classifier.
+    `proxies` [C, D] with a classifier. `embed` runs one tower alone:
+    `model.apply(variables, texts, "b", method=TwoTower.embed)`.
     """
 
     tower_a: nn.Module
@@ -99,6 +100,16 @@ class TwoTower(nn.Module):
         if self.num_classes:
             out["logits"], out["proxies"] = ClassifierHead(self.num_classes)(ya)
         return out
+
+    def embed(self, x, side: str, *, train: bool = False):
+        """One tower alone: `x` [B, ...] (tower `side`'s inputs, "a" or "b") -> its
+        L2-normalised float32 embedding [B, D], the `za` or `zb` of `__call__`."""
+        if side not in ("a", "b"):
+            raise ValueError(f"side={side!r}: use 'a' (tower a) or 'b' (tower b).")
+        tower, head = (
+            (self.tower_a, self.head_a) if side == "a" else (self.tower_b or self.tower_a, self.head_b or self.head_a)
+        )
+        return losses.l2_normalize(head(tower(_scaled_pixels(x), train=train)))
 
 
 def _scaled_pixels(x):

@@ -28,6 +28,7 @@ listed here):
     sharding                 test_losses_sharded, test_train (fsdp)
     simulated_devices        test_cli, test_notebook
     tokenizers               test_tokenizers
+    trained                  test_trained (and docs/use_a_trained_model.md, run by test_docs)
     train, trainer           test_train, test_beyond_batch_training, test_beyond_batch_resume
 """
 

@@ -1,0 +1,171 @@
+"""Use a trained model: its parameters restored from a run's checkpoint, either tower
+embedding inputs alone, and a tower exported with `jax.export`.
+
+    python -m contrastive_jax.trained --workdir=runs/clip_shapes --side=b \\
+        --inputs=captions.txt --out=captions.npy
+    python -m contrastive_jax.trained --workdir=runs/clip_shapes --side=a --export --out=image_tower.jax
+
+`load(workdir)` rebuilds the run's model from the config saved with its newest
+checkpoint (or `step`) and restores the parameters and BatchNorm statistics; the data
+the run trained on must still be where the config says (it fixes the inputs' shapes and
+the text vocabulary). Inputs: a `.npy` array (images `[n, H, W, C]` uint8 or float in
+[0, 1], or token ids `[n, L]` int32) or a `.txt` file of texts, one per line, tokenized
+as in training (`config.data.tokenizer`, `text_max_length`). An exported tower is a
+serialized `jax.export.Exported` with the weights inside and a symbolic batch size:
+`jax.export.deserialize(data).call(x)` embeds `x` (images as float32 in [0, 1], texts as
+int32 token ids) in any process, without this package.
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+
+from contrastive_jax import checkpoint, config_lib, data_sources, input_pipeline, models, run_dir, tokenizers
+from contrastive_jax.config_lib import ConfigError
+
+SIDES = ("a", "b")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+    """A run's model and its restored variables.
+
+    Attributes:
+      model: the `models.TwoTower`.
+      variables: `{"params", "batch_stats"}` as host (NumPy) arrays.
+      inputs: each side's input shape (without the batch) and dtype, `{"a": (shape,
+        dtype), "b": ...}` (the input pipeline's).
+      data: the run's data settings (tokenizer and text length for texts).
+      step: the checkpoint's step.
+    """
+
+    model: models.TwoTower
+    variables: dict[str, Any]
+    inputs: dict[str, tuple[tuple[int, ...], np.dtype]]
+    data: data_sources.DataSettings
+    step: int
+
+    def embed(self, inputs: np.ndarray, side: str, *, batch_size: int = 256) -> np.ndarray:
+        """Tower `side`'s L2-normalised embeddings `[n, D]` float32 of `inputs` `[n, ...]`."""
+        inputs = self.check_inputs(inputs, side)
+        embed = _embed_fn(self.model, side)
+        chunks = [
+            np.asarray(embed(self.variables, inputs[start : start + batch_size]))
+            for start in range(0, len(inputs), batch_size)
+        ]
+        return np.concatenate(chunks) if chunks else np.zeros((0, self.model.head_a.embed_dim), np.float32)
+
+    def tokenize(self, texts: list[str]) -> np.ndarray:
+        """`texts` as the run's token ids `[n, config.data.text_max_length]` int32."""
+        return tokenizers.load(self.data.tokenizer).encode_batch(texts, self.data.text_max_length)
+
+    def check_inputs(self, inputs: np.ndarray, side: str) -> np.ndarray:
+        """`inputs` as tower `side` takes them; a ConfigError naming the shape it needs."""
+        if side not in SIDES:
+            raise ConfigError(f"--side={side!r}: use 'a' (tower a) or 'b' (tower b).")
+        shape, dtype = self.inputs[side]
+        inputs = np.asarray(inputs)
+        if inputs.shape[1:] != shape:
+            raise ConfigError(
+                f"inputs of shape {inputs.shape[1:]} per example; tower {side} takes {shape} "
+                f"({np.dtype(dtype).name}), as in training."
+            )
+        tokens = np.issubdtype(dtype, np.signedinteger)
+        if tokens != np.issubdtype(inputs.dtype, np.signedinteger):
+            needs = "token ids (int32)" if tokens else "images (uint8, or float in [0, 1])"
+            raise ConfigError(f"inputs of dtype {inputs.dtype}; tower {side} takes {needs}.")
+        return inputs
+
+    def export(self, side: str) -> jax.export.Exported:
+        """Tower `side` as a `jax.export.Exported`: the weights inside, any batch size;
+        images as float32 in [0, 1], texts as int32 token ids."""
+        shape, dtype = self.inputs[side]
+        dtype = dtype if np.issubdtype(dtype, np.signedinteger) else np.dtype(np.float32)
+        (batch,) = jax.export.symbolic_shape("batch")
+        embed = _embed_fn(self.model, side)
+        return jax.export.export(jax.jit(lambda x: embed(self.variables, x)))(
+            jax.ShapeDtypeStruct((batch, *shape), dtype)
+        )
+
+
+def _embed_fn(model: models.TwoTower, side: str):
+    return jax.jit(lambda variables, x: model.apply(variables, x, side, method=models.TwoTower.embed))
+
+
+def load(workdir: str, step: int | None = None) -> TrainedModel:
+    """The model of the run in `workdir`, restored from checkpoint `step` (the newest).
+
+    Raises:
+      ConfigError: no such checkpoint, or the run's data are no longer where its config
+        says.
+    """
+    from contrastive_jax import trainer  # the door: the saved config is read there
+
+    directory = os.path.join(os.path.abspath(workdir), run_dir.CHECKPOINTS)
+    if not os.path.isdir(directory):
+        raise ConfigError(
+            f"--workdir={workdir} holds no checkpoints ({directory} is missing); train a run there first."
+        )
+    ckpt = checkpoint.Checkpointer(directory, max_to_keep=1_000_000)
+    try:
+        step = ckpt.latest_step() if step is None else step
+        if step not in ckpt.steps():
+            raise ConfigError(f"--step={step}: no such checkpoint in {directory}; use one of {ckpt.steps()}.")
+        run = trainer.build(config_lib.from_json(ckpt.restore_position(step)["config"]))
+        element_spec = input_pipeline.train_dataset(run.data).element_spec
+        _, abstract_state = run.init_state(element_spec)
+        state = ckpt.restore_state(step, abstract_state)
+    finally:
+        ckpt.close()
+    variables = jax.device_get({"params": state.params, "batch_stats": state.batch_stats})
+    inputs = {
+        side: (tuple(element_spec[side].shape[1:]), np.dtype(element_spec[side].dtype))
+        for side in SIDES
+        if side in element_spec
+    }
+    return TrainedModel(run.model, variables, inputs, run.data, step)
+
+
+def read_inputs(path: str, model: TrainedModel) -> np.ndarray:
+    """A `.npy` array as it is, or a `.txt` file's lines tokenized as in training."""
+    if path.endswith(".txt"):
+        with open(path, encoding="utf-8") as f:
+            return model.tokenize([line.rstrip("\n") for line in f])
+    if path.endswith(".npy"):
+        return np.load(path)
+    raise ConfigError(f"--inputs={path}: use a .npy array or a .txt file of texts, one per line.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: embed a file with one tower of a trained run (`--inputs`), or
+    export the tower (`--export`)."""
+    parser = argparse.ArgumentParser(prog="python -m contrastive_jax.trained", description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True, help="the run's working directory")
+    parser.add_argument("--side", required=True, choices=SIDES, help="tower a or tower b")
+    parser.add_argument("--step", type=int, default=None, help="the checkpoint (default: the newest)")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--inputs", help="embed this .npy array or .txt file of texts (one per line)")
+    action.add_argument("--export", action="store_true", help="export the tower with jax.export")
+    parser.add_argument("--out", required=True, help="the .npy embeddings [n, D], or the exported tower")
+    args = parser.parse_args(argv)
+    try:
+        model = load(args.workdir, args.step)
+        if args.export:
+            with open(args.out, "wb") as f:
+                f.write(model.export(args.side).serialize())
+        else:
+            np.save(args.out, model.embed(read_inputs(args.inputs, model), args.side))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.out}: tower {args.side} of {args.workdir} at step {model.step}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
