@@ -91,6 +91,12 @@ class Examples:
             shard, position = self.records.where(number)
             raise DataError(f"{shard}, record {position}: {e}; {_FIX}") from None
 
+    def captions(self, i: int) -> list[str]:
+        """Example `i`'s captions, all of them, in the record's order."""
+        if not self.metadata.has("captions"):
+            raise DataError(f"{self.data.display_name} has no captions.")
+        return list(records.decode(self.records.read(self._record_number(i)))["captions"])
+
     def _inputs(self, example: dict, visit: Visit | None) -> dict[str, np.ndarray]:
         data, meta = self.data, self.metadata
         out = {"label": np.int32(example["label"])} if meta.has("label") else {}

@@ -155,3 +155,19 @@ def eval_arrays(data: DataSettings, split: str, *, class_range: tuple[int, int] 
     chunks = rows.batch(_EVAL_CHUNK, batch_fn=example_reader.stack).to_iter_dataset(grain.ReadOptions(num_threads=2))
     chunks = list(chunks)
     return {key: np.concatenate([chunk[key] for chunk in chunks]) for key in chunks[0]}
+
+
+def eval_captions(data: DataSettings, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every caption of an image-text split, tokenized as in training, and its image.
+
+    Returns:
+      `(tokens, image)`: `tokens` int32 [m, text_max_length], one row per caption (all
+      of each image's, in record order); `image` int32 [m], the index in
+      `eval_arrays(data, split)` of the image it describes.
+    """
+    examples = example_reader.Examples(data, data_sources.open_metadata(data), split)
+    captions = [examples.captions(i) for i in range(len(examples))]
+    image = np.repeat(np.arange(len(captions), dtype=np.int32), [len(c) for c in captions])
+    tokens = examples.tokenizer.encode_batch([c for cs in captions for c in cs], data.text_max_length)
+    return tokens.astype(np.int32), image
+

@@ -4,6 +4,7 @@ Where each module of the package is tested (tests/test_docs.py checks every modu
 listed here):
 
     bad_loss                 test_bad_loss
+    benchmark                test_benchmark
     checkpoint, resume       test_train (resume, meshes), test_preemption, test_validation
     cli, console, main       test_cli
     compat                   test_losses_sharded (-m compat: the oldest versions)
