@@ -20,12 +20,29 @@ bias of fewer negatives (Chen et al., NeurIPS 2022).
 With `config.train.log_noise_scale` the train step returns the two squared norms
 (`noise_small_sq_norm`, `noise_big_sq_norm`); the loop averages them over each logging
 window and logs `train/noise_scale`, `B_simple` from those means.
+
+**Where the device shares fail**: with in-batch negatives the shares are not independent
+small-batch gradients. A row's push on its hard negatives lands on the devices that own
+those negatives, so the shares are anti-correlated (the mean pairwise inner product of
+8 shares was -0.41 |G_big|^2 at N = 256 in the batch-size study), and the same
+decomposition reports "noise" even for a full-data gradient. For contrastive losses use
+`replicates` instead: R independent global batches, each with its own negatives.
+
+**Replicates** (`replicates`, `compare`): R gradients `g_r`, each of one independent
+global batch of B examples. Unbiased, for any loss: `|E g|^2` from the mean of
+`<g_r, g_s>` over r != s, and `tr Cov(g)` from their spread (`sum |g_r - mean|^2 /
+(R - 1)`). For a per-example loss `tr Cov(g) = tr(Sigma) / B`; a contrastive objective
+changes with B (its negatives), so `compare` measures at N and N / 4: the variance
+ratio (4 when the noise scales as 1/B) and the objective's bias `|E g_{N/4} - E g_N|^2`,
+reported apart (McCandlish's model assumes there is none).
 """
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from contrastive_jax import compat
@@ -81,3 +98,51 @@ def window_b_simple(windows: list[dict[str, float]], global_batch_size: int, num
     small = sum(w[SMALL_KEY] for w in windows) / len(windows)
     big = sum(w[BIG_KEY] for w in windows) / len(windows)
     return estimate(small, big, global_batch_size // num_devices, global_batch_size).b_simple
+
+
+class Replicates(NamedTuple):
+    """Unbiased moments of R independent gradients at one batch size."""
+
+    mean_sq_norm: float  # |E g|^2: the mean of <g_r, g_s> over the pairs r != s
+    trace_cov: float  # tr Cov(g): sum_r |g_r - mean|^2 / (R - 1)
+    count: int  # R
+
+
+def _flat(tree) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
+
+
+def replicates(grads: Sequence[Any]) -> tuple[Replicates, np.ndarray]:
+    """`(moments, mean gradient)` of R >= 2 gradients (pytrees), each of an independent batch."""
+    flat = np.stack([_flat(g) for g in grads])  # [R, P]
+    count = len(flat)
+    if count < 2:
+        raise ValueError(f"need 2 or more independent gradients, got {count}.")
+    total = flat.sum(axis=0)
+    pair_sum = total @ total - np.sum(flat * flat)  # sum over r != s of <g_r, g_s>
+    mean = total / count
+    trace_cov = float(np.sum((flat - mean) ** 2) / (count - 1))
+    return Replicates(float(pair_sum / (count * (count - 1))), trace_cov, count), mean
+
+
+def compare(at_n: Sequence[Any], at_quarter: Sequence[Any], n: int) -> dict[str, float]:
+    """The replicate noise scale at batch `n` from R gradients at `n` (`at_n`) and R at
+    `n / 4` (`at_quarter`), each of an independent global batch.
+
+    Returns:
+      `g_squared` (|E g_n|^2), `trace_sigma` (n tr Cov(g_n), per example), `b_simple`
+      (their ratio), `variance_ratio` (tr Cov(g_{n/4}) / tr Cov(g_n): 4 when the noise
+      scales as 1/B) and `bias_squared` (|E g_{n/4} - E g_n|^2, unbiased: the
+      objective's change with the batch size, which is not noise).
+    """
+    (big, big_mean), (small, small_mean) = replicates(at_n), replicates(at_quarter)
+    difference = small_mean - big_mean
+    bias = float(difference @ difference) - small.trace_cov / small.count - big.trace_cov / big.count
+    trace_sigma = n * big.trace_cov
+    return {
+        "g_squared": big.mean_sq_norm,
+        "trace_sigma": trace_sigma,
+        "b_simple": trace_sigma / big.mean_sq_norm,
+        "variance_ratio": small.trace_cov / big.trace_cov,
+        "bias_squared": bias,
+    }

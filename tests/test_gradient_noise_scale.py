@@ -184,3 +184,54 @@ def test_the_option_refuses_what_it_cannot_measure(load_config, fields, devices,
     config = override(load_config("default"), {"train.log_noise_scale": True, **fields})
     with pytest.raises(ConfigError, match=message):
         build(config, sharding.make_mesh(devices))
+
+
+def _least_squares_gradients(batch, count, rng, d=8, noise=0.5, delta=0.25):
+    """`count` gradients of independent batches of least squares (the closed form above)."""
+    grads = []
+    for _ in range(count):
+        x = rng.normal(size=(batch, d))
+        e = noise * rng.normal(size=batch)
+        grads.append({"w": x.T @ (x @ np.full(d, delta) - e) / batch})
+    return grads
+
+
+def test_replicates_recover_the_least_squares_closed_form():
+    """R = 400 independent batches at N = 64 and N / 4: |G|^2, tr(Sigma) and B_simple as
+    the closed form says, the variance 4x at a quarter of the batch, no bias."""
+    d, noise, delta = 8, 0.5, 0.25
+    g_squared = d * delta**2
+    trace_sigma = (d + 1) * g_squared + d * noise**2
+    rng = np.random.default_rng(0)
+    got = noise_scale.compare(_least_squares_gradients(64, 400, rng), _least_squares_gradients(16, 400, rng), n=64)
+    assert got["g_squared"] == pytest.approx(g_squared, rel=0.05)
+    assert got["trace_sigma"] == pytest.approx(trace_sigma, rel=0.1)
+    assert got["b_simple"] == pytest.approx(trace_sigma / g_squared, rel=0.1)
+    assert got["variance_ratio"] == pytest.approx(4, rel=0.1)
+    assert abs(got["bias_squared"]) < 0.02 * g_squared
+
+
+def test_replicates_separate_the_objectives_change_from_the_noise():
+    """Gradients whose mean moves by delta at the smaller batch (as a contrastive
+    objective's does with its negatives): the bias is |delta|^2, not counted as noise."""
+    rng = np.random.default_rng(1)
+    mean, shift = np.ones(50), np.full(50, 0.2)
+    at_n = [{"g": mean + rng.normal(size=50) / 8} for _ in range(200)]
+    at_quarter = [{"g": mean + shift + rng.normal(size=50) / 4} for _ in range(200)]
+    got = noise_scale.compare(at_n, at_quarter, n=64)
+    assert got["bias_squared"] == pytest.approx(float(shift @ shift), rel=0.1)
+    assert got["g_squared"] == pytest.approx(50, rel=0.02)
+    assert got["variance_ratio"] == pytest.approx(4, rel=0.1)
+    assert got["trace_sigma"] == pytest.approx(64 * 50 / 64, rel=0.1)  # n * d / 8^2
+    with pytest.raises(ValueError, match="need 2 or more independent gradients"):
+        noise_scale.replicates(at_n[:1])
+
+
+def test_the_replicate_moments_are_unbiased_with_few_replicates():
+    """R = 3 gradients, |E g|^2 = 1 beside tr Cov = 10: |mean|^2 would be 1 + 10/3; the
+    pair mean and the spread are right on average over 4,000 draws."""
+    rng = np.random.default_rng(2)
+    mean = np.full(10, np.sqrt(0.1))
+    draws = [noise_scale.replicates([mean + rng.normal(size=10) for _ in range(3)])[0] for _ in range(4000)]
+    assert np.mean([d.mean_sq_norm for d in draws]) == pytest.approx(1.0, abs=0.1)
+    assert np.mean([d.trace_cov for d in draws]) == pytest.approx(10.0, rel=0.03)
