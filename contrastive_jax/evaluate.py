@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from sklearn import linear_model
 
-from contrastive_jax import sharding
+from contrastive_jax import benchmark, models, sharding
 
 
 def cross_view_recall(
@@ -187,6 +187,10 @@ class Evaluator:
       probe_arrays: labelled training examples for kNN and the linear probe, or None.
       knn_k: neighbours of the kNN classifier; 0: no kNN.
       linear_probe: fit a logistic-regression probe.
+      captions: `(tokens [m, L], image [m])`, every caption of the eval images and the
+        image each describes (`input_pipeline.eval_captions`), or None. With them,
+        retrieval over all captions both ways (`all_captions/...`,
+        `benchmark.retrieval`).
     """
 
     def __init__(
@@ -200,8 +204,10 @@ class Evaluator:
         probe_arrays: dict[str, np.ndarray] | None = None,
         knn_k: int = 0,
         linear_probe: bool = False,
+        captions: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         self._mesh = mesh
+        self._captions = captions
         self._eval = eval_arrays
         self._recall_ks = tuple(recall_ks)
         self._match_keys = match_keys
@@ -213,26 +219,26 @@ class Evaluator:
         devices = sharding.batch_shards(mesh)
         self._batch_size = -(-batch_size // devices) * devices
         # The state stays where it is (replicated, or its parameters split over fsdp).
-        self._embed = jax.jit(
-            lambda state, a, b: state.apply_fn(
-                {"params": state.params, "batch_stats": state.batch_stats}, a, b, train=False
-            )
+        variables = lambda state: {"params": state.params, "batch_stats": state.batch_stats}  # noqa: E731
+        self._embed = jax.jit(lambda state, a, b: state.apply_fn(variables(state), a, b, train=False))
+        self._embed_b = jax.jit(
+            lambda state, b, _: {"zb": state.apply_fn(variables(state), b, "b", method=models.TwoTower.embed)}
         )
 
     def embed(self, state, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """`za` [n, D] (and `zb` [n, D] when `arrays` has `b`) for every example."""
-        n = len(arrays["a"])
+        return self._batched(self._embed, state, arrays["a"], arrays.get("b"))
+
+    def _batched(self, embed, state, a: np.ndarray, b: np.ndarray | None) -> dict[str, np.ndarray]:
+        """`embed(state, a, b)` over batches of `a` (and `b`) [n, ...], the last padded."""
+        n = len(a)
         pad = -n % self._batch_size
-        padded = {
-            k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in arrays.items() if k in ("a", "b")
-        }
+        padded = [None if x is None else np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) for x in (a, b)]
         chunks = []
         for start in range(0, n + pad, self._batch_size):
-            a = padded["a"][start : start + self._batch_size]
-            b = padded["b"][start : start + self._batch_size] if "b" in padded else None
+            rows = [None if x is None else x[start : start + self._batch_size] for x in padded]
             # Explicitly placed: a multi-process jit refuses NumPy inputs with shardings.
-            a, b = jax.device_put((a, b), sharding.data_sharding(self._mesh))
-            out = self._embed(state, a, b)
+            out = embed(state, *jax.device_put(rows, sharding.data_sharding(self._mesh)))
             chunks.append({k: np.asarray(v) for k, v in out.items() if k in ("za", "zb")})
         return {k: np.concatenate([c[k] for c in chunks])[:n] for k in chunks[0]}
 
@@ -248,6 +254,11 @@ class Evaluator:
                 recall = cross_view_recall(z[query], z[gallery], ks, groups=groups)
                 out |= {f"{name}/{k}": v for k, v in recall.items()}
             out["alignment"] = alignment(z["za"], z["zb"])
+        if self._captions is not None:  # every caption of each image (COCO's protocol)
+            tokens, owner = self._captions
+            captions = self._batched(self._embed_b, state, tokens, None)["zb"]
+            all_captions = benchmark.retrieval(z["za"], captions, owner, ks)
+            out |= {f"all_captions/{k}": v for k, v in all_captions.items()}
         if "label" in self._eval:
             labels = self._eval["label"]
             out |= {f"retrieval/{k}": v for k, v in retrieval_metrics(z["za"], labels, ks).items()}

@@ -184,6 +184,9 @@ def evaluation(trainer: Trainer) -> Callable[[Any], dict[str, float]]:
     probe_arrays = None
     if "label" in eval_arrays and (loop.knn_k > 0 or loop.linear_probe):
         probe_arrays = input_pipeline.eval_arrays(data, data.train_split, class_range=data.train_class_range)
+    captions = None
+    if data.task == "pairs" and data_sources.open_metadata(data).has("captions") and loop.eval_class_range is None:
+        captions = input_pipeline.eval_captions(data, loop.eval_split)
     evaluator = evaluate.Evaluator(
         mesh,
         eval_arrays,
@@ -193,6 +196,7 @@ def evaluation(trainer: Trainer) -> Callable[[Any], dict[str, float]]:
         probe_arrays=probe_arrays,
         knn_k=loop.knn_k,
         linear_probe=loop.linear_probe,
+        captions=captions,
     )
     return lambda state: evaluator(local_state(state))
 

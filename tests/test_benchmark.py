@@ -74,12 +74,14 @@ def test_both_tasks_on_a_run_of_the_generated_image_text_set(load_config, shapes
         "checkpoint.every_steps": 4,
     }
     workdir = str(tmp_path / "run")
-    train.train_and_evaluate(override(load_config("clip_shapes"), fields), workdir)
+    during_training = train.train_and_evaluate(override(load_config("clip_shapes"), fields), workdir)
     out = tmp_path / "retrieval.json"
     assert benchmark.main([f"--workdir={workdir}", "--task=zeroshot_retrieval", f"--out={out}"]) == 0
     result = json.loads(out.read_text())
     assert result["task"] == "zeroshot_retrieval" and result["dataset"].endswith(":test")
     assert set(result["metrics"]) == {f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in (1, 5, 10)}
+    for name, value in result["metrics"].items():  # the run's own evaluation, same state
+        assert during_training[f"all_captions/{name}"] == pytest.approx(value, abs=1e-6), name
     kinds = tmp_path / "kinds.json"
     args = ["--task=zeroshot_classification", "--classnames=circle,square,triangle,cross,diamond"]
     assert (
