@@ -170,4 +170,3 @@ def eval_captions(data: DataSettings, split: str) -> tuple[np.ndarray, np.ndarra
     image = np.repeat(np.arange(len(captions), dtype=np.int32), [len(c) for c in captions])
     tokens = examples.tokenizer.encode_batch([c for cs in captions for c in cs], data.text_max_length)
     return tokens.astype(np.int32), image
-
