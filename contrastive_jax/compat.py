@@ -8,8 +8,6 @@ here, and nowhere else checks a version:
   ``aval.manual_axis_type.varying``.
 - Marking a value as varying over an axis: ``jax.lax.pvary`` (jax 0.7.2 has only it),
   later ``jax.lax.pcast(x, axis, to="varying")``.
-- float64 in a scope: ``jax.experimental.enable_x64()`` (jax 0.7.2), later
-  ``jax.enable_x64(True)``.
 - The coordination service's client, which has no public accessor (orbax reads the same
   private attribute).
 """
@@ -50,12 +48,3 @@ def distributed_client():
     from jax._src import distributed
 
     return distributed.global_state.client
-
-
-def enable_x64():
-    """A context manager within which JAX computes in float64 (the tests' references)."""
-    if hasattr(jax, "enable_x64"):
-        return jax.enable_x64(True)
-    from jax import experimental
-
-    return experimental.enable_x64()

@@ -15,7 +15,6 @@ import math
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -142,30 +141,3 @@ def shard_loss(
         return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=P())(tuple(arrays), array_kwargs)
 
     return sharded
-
-
-def compare_with_single_device(loss_fn, arrays, hyperparameters, mesh):
-    """Single-device and sharded value of a loss, and the max gradient difference.
-
-    Args:
-      loss_fn: a loss taking `axis_name` (see `shard_loss`).
-      arrays: its positional global arrays, the first `[N, D]`, e.g. `(a, b)` or
-        `(z, labels)`.
-      hyperparameters: its keyword arguments.
-      mesh: the mesh the sharded call splits N over (all its batch axes).
-
-    Returns:
-      ``(single_value, sharded_value, max_abs_grad_difference)``, the gradient taken
-      w.r.t. the first array.
-    """
-    sharded_fn = shard_loss(loss_fn, mesh)
-
-    def single(x):
-        return loss_fn(x, *arrays[1:], **hyperparameters)
-
-    def sharded(x):
-        return sharded_fn(x, *arrays[1:], **hyperparameters)
-
-    single_value, single_grad = jax.jit(jax.value_and_grad(single))(arrays[0])
-    sharded_value, sharded_grad = jax.jit(jax.value_and_grad(sharded))(arrays[0])
-    return float(single_value), float(sharded_value), float(jnp.max(jnp.abs(single_grad - sharded_grad)))

@@ -20,7 +20,8 @@ listed here):
     losses/*                 test_losses (values, references), test_losses_sharded (every
                              calling convention), test_streaming (logit_stats, streaming,
                              tile_math, tile_sweeps), test_beyond_batch (beyond_batch,
-                             memory), test_false_negatives (pairs), test_train (registry)
+                             memory), test_false_negatives (pairs), test_train (registry);
+                             each loss's docstring example (pytest --doctest-modules)
     memory_fit               test_memory_fit
     metric_writer, run_dir   test_metric_writer, test_train, test_sweeps
     noise_scale              test_gradient_noise_scale

@@ -5,7 +5,7 @@ LibAUC's ``GCLoss`` classes, two modalities, with ``GCLoss_v2``'s running-max sh
 gradients against ``jax.grad`` of the dense references; the streamed forms (tiles,
 ring) and the sharded forms (state included) against the single-device dense one. The
 kernels' sharded == single-device value and gradient on 1/2/4/8 devices (shard_map and
-pmap) are in ``test_losses_sharded.py`` (``losses.examples`` holds DCL, DCLW, the queue
+pmap) are in ``test_losses_sharded.py`` (``loss_cases.loss_examples`` holds DCL, DCLW, the queue
 and XBM). Each bad input: one ValueError, its message matched.
 """
 
@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from loss_cases import enable_x64
 
-from contrastive_jax import compat, losses, sharding
+from contrastive_jax import losses, sharding
 from contrastive_jax.config_lib import ConfigError, override
 from contrastive_jax.losses import _common, registry
 from contrastive_jax.sharding import BATCH_AXES, DATA_AXIS
@@ -49,7 +50,7 @@ def _grads_close(actual, expected, rtol=1e-5):
 
 def _float64(fn, *arrays):
     """``fn`` of the arrays in float64, value and gradients (every array argument)."""
-    with compat.enable_x64():
+    with enable_x64():
         arrays = [jnp.asarray(np.asarray(x, np.float64)) for x in arrays]
         value, grads = jax.jit(jax.value_and_grad(fn, argnums=tuple(range(len(arrays)))))(*arrays)
         return float(value), [np.asarray(g) for g in grads]

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from loss_cases import enable_x64
 
 from contrastive_jax import losses, noise_scale, sharding
 from contrastive_jax.sharding import DATA_AXIS
@@ -97,9 +98,7 @@ def test_device_shares_use_the_global_negatives():
 
     loss, grads, small, big = sharded_norms(sharded_loss, devices)(w, jnp.stack([x, y], axis=1))
 
-    from contrastive_jax import compat
-
-    with compat.enable_x64():
+    with enable_x64():
         x64, y64, w64 = (np.asarray(v, np.float64) for v in (x, y, w))
 
         def dense_loss(copies):  # copies [devices, d_in, d_out]: rows of device d use copies[d]

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
+from loss_cases import enable_x64, loss_examples
 
-from contrastive_jax import compat, losses
-from contrastive_jax.losses.examples import loss_examples
+from contrastive_jax import losses
 
 E = jnp.eye(2)
 LOG_1P_E_INV = math.log1p(math.exp(-1.0))  # log(1 + 1/e)
@@ -177,7 +177,7 @@ def test_triplet_gradients_are_the_analytic_ones():
 @pytest.mark.parametrize("name", sorted(set(EXAMPLES) - {"dclw"}))
 def test_check_grads_against_finite_differences(name):
     loss_fn, arrays, hyperparameters = EXAMPLES[name]
-    with compat.enable_x64():
+    with enable_x64():
         arrays64 = [x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in arrays]
         check_grads(
             jax.jit(lambda x: loss_fn(x, *arrays64[1:], **hyperparameters)),
@@ -192,7 +192,7 @@ def test_proxy_losses_check_grads():
     z = unit(2, (6, 4))
     labels = jnp.array([0, 1, 2, 0, 1, 2])
     weights = jax.random.normal(jax.random.key(3), (3, 4))
-    with compat.enable_x64():
+    with enable_x64():
         z, weights = z.astype(jnp.float64), weights.astype(jnp.float64)
         for fn, kw in [
             (losses.proxy_nca_loss, {"temperature": 0.2}),
@@ -254,7 +254,7 @@ def test_focal_loss_gradient_matches_a_float64_reference(gamma):
     cases = [confident_and_wrong_rows(m) for m in (0.0, 5.0, 17.0, 30.0)] + [(random_logits, random_labels)]
     for logits, labels in cases:
         value, grad = value_and_grad(lambda x: losses.focal_loss(x, labels, gamma=gamma).sum(), logits)  # noqa: B023
-        with compat.enable_x64():
+        with enable_x64():
             logits64 = jnp.asarray(np.asarray(logits, np.float64))
             ref_value, ref_grad = value_and_grad(lambda x: focal_reference(x, labels, gamma).sum(), logits64)  # noqa: B023
             focal = jax.jit(lambda x: losses.focal_loss(x, labels, gamma=gamma))  # noqa: B023

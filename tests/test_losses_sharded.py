@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from loss_cases import compare_with_single_device, loss_examples
 
 from contrastive_jax import sharding
-from contrastive_jax.losses.examples import loss_examples
-from contrastive_jax.sharding import BATCH_AXES, compare_with_single_device
+from contrastive_jax.sharding import BATCH_AXES
 
 GLOBAL_BATCH = 32
 DIM = 16

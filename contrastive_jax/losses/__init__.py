@@ -3,6 +3,10 @@
 Arrays are positional, hyperparameters keyword-only; every kernel is a pure ``jnp``
 function that jits. Losses that compare examples with each other take ``axis_name``:
 inside ``jax.shard_map`` or ``jax.pmap`` over that axis they span the global batch.
+
+Each loss's docstring gives its formula, its arguments' shapes, an example that runs as
+a doctest (``pytest`` collects this package's modules with ``--doctest-modules``), and
+the paper it comes from.
 """
 
 from contrastive_jax.losses._common import l2_normalize

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contrastive_jax.losses import _common, logit_stats
-from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, document_streaming
+from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 from contrastive_jax.losses.pairs import check_paired, local_ids, paired_logits
 
 # Both directions' logsumexps over the negatives only: the pair's own logit left out.
@@ -63,7 +63,6 @@ def _check_global_batch(loss_name: str, a, axis_name) -> int:
     return global_batch
 
 
-@document_streaming
 def dcl_loss(
     a: jax.Array,
     b: jax.Array,
@@ -78,8 +77,12 @@ def dcl_loss(
 ) -> jax.Array:
     """Decoupled contrastive loss (DCL; DCLW with ``weight_sigma``), symmetric.
 
-    Per pair i and direction: ``-w_i s_ii / T + log sum_{j != i} exp(s_ij / T)``, the
-    a -> b rows and the b -> a columns averaged (as :func:`clip_loss`). DCLW weights
+    With ``s_ij = a_i . b_j`` over the N pairs of the global batch::
+
+        loss = 1/(2N) sum_i [ -2 w_i s_ii / T + log sum_{j != i} exp(s_ij / T)
+                                             + log sum_{j != i} exp(s_ji / T) ]
+
+    the a -> b rows and the b -> a columns averaged (as :func:`clip_loss`). DCLW weights
     the positive by ``w_i = 2 - exp(s_ii / sigma) / mean_k exp(s_kk / sigma)`` (``2 -
     N softmax_k(s_kk / sigma)_i``) over the global batch, on the cosines; DCL has
     ``w_i = 1``.
@@ -99,10 +102,34 @@ def dcl_loss(
       weight_gradient: DCLW only: False stops the weight's gradient, True lets it flow
         (the reference code's form).
       axis_name: mesh axis of the global batch, or None.
-      {streaming_args}
+      chunk_size: None for the dense ``[B, N]`` logits, an int tile edge (it must divide
+        N; the local B with the ring) or ``"auto"``; changes the memory, not the result
+        (details: :mod:`contrastive_jax.losses.streaming`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
+      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
 
     Returns:
       Scalar mean over the global batch and both directions.
+
+    Raises:
+      ValueError: ``a`` and ``b`` are not two ``[B, D]`` arrays of one shape, the
+        global batch has fewer than 2 pairs, ``temperature`` or ``weight_sigma`` is not
+        > 0, ``weight_gradient`` is not a bool or is True without ``weight_sigma``, or
+        ``axis_name`` is not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> a = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> b = jnp.array([[0.8, 0.6], [-0.6, 0.8], [0.28, 0.96]])
+      >>> round(float(losses.dcl_loss(a, b, temperature=0.1)), 4)
+      -1.1106
+      >>> round(float(losses.dcl_loss(a, b, temperature=0.1, weight_sigma=0.5)), 4)
+      -1.025
+
+    References:
+      C.-H. Yeh, C.-Y. Hong, Y.-C. Hsu, T.-L. Liu, Y. Chen, Y. LeCun, `Decoupled
+      Contrastive Learning <https://arxiv.org/abs/2110.06848>`__, ECCV 2022.
     """
     check_paired(a, b, ("a", "b"), temperature, axis_name)
     _check_global_batch("dcl_loss", a, axis_name)
@@ -132,10 +159,29 @@ def dcl_loss(
 
 
 def sogclr_init_state(num_examples: int) -> jax.Array:
-    """SogCLR's table for ``num_examples`` training examples: ``[n, 2]`` float32, all
-    ``-inf`` (never visited). It holds ``log u`` (see :func:`sogclr_loss`); a finite
+    """SogCLR's table for ``num_examples`` training examples: ``[n, 2]`` float32, all ``-inf``.
+
+    ``-inf`` is "never visited". It holds ``log u`` (see :func:`sogclr_loss`); a finite
     entry, 0 included, is a visited example's, so a table of zeros (LibAUC's ``u = 0``
-    start) reads as every example visited with ``u = 1``."""
+    start) reads as every example visited with ``u = 1``.
+
+    Args:
+      num_examples: n, the training set's size (one row per example).
+
+    Returns:
+      ``[n, 2]`` float32, column 0 the a -> b direction, column 1 b -> a.
+
+    Examples:
+      >>> from contrastive_jax import losses
+      >>> print(losses.sogclr_init_state(2))
+      [[-inf -inf]
+       [-inf -inf]]
+
+    References:
+      Z. Yuan, Y. Wu, Z.-H. Qiu, X. Du, L. Zhang, D. Zhou, T. Yang, `Provable Stochastic
+      Optimization for Global Contrastive Learning: Small Batch Does Not Harm
+      Performance <https://arxiv.org/abs/2202.12387>`__, ICML 2022.
+    """
     return jnp.full((num_examples, 2), -jnp.inf, jnp.float32)
 
 
@@ -187,7 +233,6 @@ def _check_sogclr_state(batch: int, index, log_u, gamma) -> None:
         )
 
 
-@document_streaming
 def sogclr_loss(
     a: jax.Array,
     b: jax.Array,
@@ -236,12 +281,46 @@ def sogclr_loss(
       gamma: the moving average's rate in (0, 1] (0.9 in the paper): a Python number
         (checked) or a scalar array (e.g. a schedule's value, traced under jit).
       axis_name: mesh axis of the global batch, or None.
-      {streaming_args}
+      chunk_size: None for the dense ``[B, N]`` logits, an int tile edge (it must divide
+        N; the local B with the ring) or ``"auto"``; changes the memory, not the result
+        (details: :mod:`contrastive_jax.losses.streaming`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
+      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
 
     Returns:
       ``(loss, log_u)``: the scalar over the global batch, and the table with the
       batch's rows updated (an index twice in a batch: its last occurrence is kept).
       The table carries no gradient.
+
+    Raises:
+      ValueError: ``a`` and ``b`` are not two ``[B, D]`` arrays of one shape, the
+        global batch has fewer than 2 pairs, ``index`` is not ``[B]`` ints (or, where
+        concrete, lies outside ``[0, n)``), ``log_u`` is not an ``[n, 2]`` float table,
+        ``temperature`` is not > 0, ``gamma`` not in (0, 1], or ``axis_name`` is not
+        bound.
+
+    Examples:
+      On the first visit (``gamma = 1`` in effect) the value is DCL's minus
+      ``log(N - 1)``:
+
+      >>> import math
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> a = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> b = jnp.array([[0.8, 0.6], [-0.6, 0.8], [0.28, 0.96]])
+      >>> index = jnp.array([0, 1, 2])  # the pairs' rows of the table
+      >>> loss, log_u = losses.sogclr_loss(a, b, index, losses.sogclr_init_state(5), temperature=0.1)
+      >>> round(float(loss), 4)
+      -1.8037
+      >>> round(float(losses.dcl_loss(a, b, temperature=0.1)) - math.log(2), 4)
+      -1.8037
+      >>> print(jnp.isfinite(log_u).all(axis=1))  # rows 3 and 4 not visited yet
+      [ True  True  True False False]
+
+    References:
+      Z. Yuan, Y. Wu, Z.-H. Qiu, X. Du, L. Zhang, D. Zhou, T. Yang, `Provable Stochastic
+      Optimization for Global Contrastive Learning: Small Batch Does Not Harm
+      Performance <https://arxiv.org/abs/2202.12387>`__, ICML 2022.
     """
     check_paired(a, b, ("a", "b"), temperature, axis_name)
     global_batch = _check_global_batch("sogclr_loss", a, axis_name)

@@ -31,6 +31,11 @@ def _check_logits_labels(logits, labels) -> None:
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0) -> jax.Array:
     """Softmax cross-entropy with integer labels, per example.
 
+    With the target ``t = (1 - s) onehot(y) + s / C`` (``t = onehot(y)`` without
+    smoothing)::
+
+        loss = -sum_c t_c log softmax(logits)_c
+
     Args:
       logits: ``[B, C]`` (any leading shape ``[..., C]``) unnormalised scores.
       labels: ``[B]`` integer class indices in ``[0, C)``.
@@ -39,6 +44,25 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array, *, label_smoothi
     Returns:
       ``[B]`` losses, computed in float32 (or wider). The gradient w.r.t. ``logits`` is
       ``softmax(logits) - target``.
+
+    Raises:
+      ValueError: ``labels`` are not integers of ``logits``' shape without its last
+        axis, or ``label_smoothing`` is not in ``[0, 1)``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> logits = jnp.array([[2.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+      >>> labels = jnp.array([0, 2])
+      >>> [round(x, 4) for x in losses.softmax_cross_entropy(logits, labels).tolist()]
+      [0.4076, 0.0949]
+      >>> [round(x, 4) for x in losses.softmax_cross_entropy(logits, labels, label_smoothing=0.1).tolist()]
+      [0.5076, 0.2949]
+
+    References:
+      C. Szegedy, V. Vanhoucke, S. Ioffe, J. Shlens, Z. Wojna, `Rethinking the
+      Inception Architecture for Computer Vision <https://arxiv.org/abs/1512.00567>`__,
+      CVPR 2016 (label smoothing).
     """
     _check_logits_labels(logits, labels)
     if not 0.0 <= label_smoothing < 1.0:
@@ -59,6 +83,20 @@ def binary_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
     Returns:
       ``[...]`` losses ``-(y log sigmoid(x) + (1 - y) log sigmoid(-x))`` in float32.
+
+    Raises:
+      ValueError: ``logits`` and ``labels`` differ in shape.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> logits = jnp.array([0.0, 2.0, -1.0])
+      >>> labels = jnp.array([1.0, 0.0, 0.0])
+      >>> [round(x, 4) for x in losses.binary_cross_entropy(logits, labels).tolist()]
+      [0.6931, 2.1269, 0.3133]
+
+    References:
+      `Cross-entropy <https://en.wikipedia.org/wiki/Cross-entropy>`__, Wikipedia.
     """
     if jnp.shape(logits) != jnp.shape(labels):
         raise ValueError(
@@ -91,6 +129,24 @@ def focal_loss(
 
     Returns:
       ``[B]`` losses in float32.
+
+    Raises:
+      ValueError: ``labels`` are not integers of ``logits``' shape without its last
+        axis, or ``gamma`` is negative.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> logits = jnp.array([[2.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
+      >>> labels = jnp.array([0, 2])
+      >>> [round(x, 4) for x in losses.focal_loss(logits, labels, gamma=2.0).tolist()]
+      [0.0457, 0.0008]
+      >>> [round(x, 4) for x in losses.focal_loss(logits, labels, gamma=0.0).tolist()]  # cross-entropy
+      [0.4076, 0.0949]
+
+    References:
+      T.-Y. Lin, P. Goyal, R. Girshick, K. He, P. Dollár, `Focal Loss for Dense Object
+      Detection <https://arxiv.org/abs/1708.02002>`__, ICCV 2017.
     """
     _check_logits_labels(logits, labels)
     if gamma < 0:

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax.losses import _common, logit_stats, pairs
-from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, document_streaming
+from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 
 # Softmax over each row's candidates; with the columns too (CLIP); without the row itself.
 _ROWS = PairSpec(row_logsumexp=True)
@@ -72,7 +72,6 @@ def _with_metrics(loss, metrics, return_metrics: bool):
     return (loss, metrics()) if return_metrics else loss
 
 
-@document_streaming
 def infonce_loss(
     queries: jax.Array,
     keys: jax.Array,
@@ -86,24 +85,47 @@ def infonce_loss(
 ):
     """One-directional InfoNCE: the positive of query i is key i, all other keys negative.
 
-    The N x N problem's identity matrix is the integer labels ``arange(N)``: row i of
-    ``queries @ keys.T`` is a softmax over the N keys whose correct class is i.
-    Streamed, each stripe of rows holds whole rows of logits, so the gradient is formed
-    in the forward pass (one pass, 6 N^2 D flops); with the ring a row spans devices
-    and two passes are needed.
+    With ``s_ij = q_i . k_j`` over the N pairs of the global batch and temperature T::
+
+        loss = 1/N sum_i -log( exp(s_ii / T) / sum_j exp(s_ij / T) )
+
+    Row i of ``queries @ keys.T`` is a softmax over the N keys whose correct class is
+    i (the labels are ``arange(N)``). Streamed, each stripe of rows holds whole rows
+    of logits, so the gradient is formed in the forward pass (one pass, 6 N^2 D
+    flops); with the ring a row spans devices and two passes are needed.
 
     Args:
       queries: ``[B, D]`` L2-normalised embeddings.
       keys: ``[B, D]`` L2-normalised embeddings, row i paired with ``queries[i]``.
       temperature: scalar > 0 (a Python number or a traced, learnable array).
       axis_name: mesh axis to gather keys over, or None for a single device.
-      {streaming_args}
+      chunk_size: None for the dense ``[B, N]`` logits, an int tile edge (it must divide
+        N; the local B with the ring) or ``"auto"``; changes the memory, not the result
+        (details: :mod:`contrastive_jax.losses.streaming`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
+      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
       return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` (queries as ``a``) from
         the loss's own statistics, without gradient and without more N^2 work.
 
     Returns:
       Scalar: mean over the global batch of ``-log softmax(q_i . K / T)_i``; with
       ``return_metrics``, ``(loss, metrics)``.
+
+    Raises:
+      ValueError: ``queries`` and ``keys`` are not two ``[B, D]`` arrays of one shape,
+        ``temperature`` is not > 0, or ``axis_name`` is not bound (outside shard_map).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> queries = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> keys = jnp.array([[0.8, 0.6], [-0.6, 0.8], [0.28, 0.96]])
+      >>> round(float(losses.infonce_loss(queries, keys, temperature=0.1)), 4)
+      0.8776
+
+    References:
+      A. van den Oord, Y. Li, O. Vinyals, `Representation Learning with Contrastive
+      Predictive Coding <https://arxiv.org/abs/1807.03748>`__, arXiv 2018.
     """
     pairs.check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
     ids = RowIds(pairs.local_ids(queries.shape[0], axis_name), None)
@@ -132,7 +154,10 @@ def npairs_loss(anchors: jax.Array, positives: jax.Array, *, l2_reg: float = 0.0
 
     InfoNCE without normalisation or temperature: the scale of the logits is learned
     through the embeddings' norms, which is why Sohn adds ``l2_reg`` (0.002 in the
-    paper) times the mean squared norm of both sides.
+    paper) times the mean squared norm of both sides::
+
+        loss = 1/N sum_i [ -log( exp(a_i . p_i) / sum_j exp(a_i . p_j) )
+                           + 0.25 l2_reg (|a_i|^2 + |p_i|^2) ]
 
     Args:
       anchors: ``[B, D]`` embeddings (not normalised).
@@ -143,6 +168,23 @@ def npairs_loss(anchors: jax.Array, positives: jax.Array, *, l2_reg: float = 0.0
 
     Returns:
       Scalar mean over the global batch.
+
+    Raises:
+      ValueError: ``anchors`` and ``positives`` are not two ``[B, D]`` arrays of one
+        shape, or ``axis_name`` is not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> anchors = jnp.array([[2.0, 0.0], [0.0, 2.0], [1.2, 1.6]])
+      >>> positives = jnp.array([[1.6, 1.2], [-1.2, 1.6], [0.56, 1.92]])
+      >>> round(float(losses.npairs_loss(anchors, positives, l2_reg=0.002)), 4)
+      0.7056
+
+    References:
+      K. Sohn, `Improved Deep Metric Learning with Multi-class N-pair Loss Objective
+      <https://papers.nips.cc/paper/2016/hash/6b180037abbebea991d8b1232f8a8ca9-Abstract.html>`__,
+      NeurIPS 2016.
     """
     _common.check_pair(anchors, positives, "anchors", "positives")
     _common.check_axis_bound(axis_name)
@@ -157,7 +199,6 @@ def npairs_loss(anchors: jax.Array, positives: jax.Array, *, l2_reg: float = 0.0
     return _common.global_mean(per_row, axis_name)
 
 
-@document_streaming
 def clip_loss(
     a: jax.Array,
     b: jax.Array,
@@ -172,6 +213,11 @@ def clip_loss(
 ):
     """Symmetric CLIP / CLAP loss over the N x N similarity ``a @ b.T / temperature``.
 
+    With ``s_ij = a_i . b_j`` over the N pairs of the global batch and temperature T::
+
+        loss = 1/(2N) sum_i [ -log( exp(s_ii / T) / sum_j exp(s_ij / T) )
+                              -log( exp(s_ii / T) / sum_j exp(s_ji / T) ) ]
+
     The labels are ``arange(N)``. The loss is the mean of two cross-entropies: softmax
     along rows (each ``a_i`` picks its ``b_i`` among all b's) and softmax along columns
     (each ``b_j`` picks its ``a_j`` among all a's). The two differ: a row softmax only
@@ -185,7 +231,11 @@ def clip_loss(
       b: ``[B, D]`` L2-normalised embeddings of modality B, row i paired with ``a[i]``.
       temperature: scalar > 0.
       axis_name: mesh axis to gather both sides over, or None.
-      {streaming_args}
+      chunk_size: None for the dense ``[B, N]`` logits, an int tile edge (it must divide
+        N; the local B with the ring) or ``"auto"``; changes the memory, not the result
+        (details: :mod:`contrastive_jax.losses.streaming`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
+      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
       return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` from the loss's own
         statistics, without gradient and without more N^2 work.
       false_negative_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or
@@ -200,6 +250,26 @@ def clip_loss(
       Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch (both
       directions from the row logsumexps of the local a's and the column logsumexps of
       the local b's); with ``return_metrics``, ``(loss, metrics)``.
+
+    Raises:
+      ValueError: ``a`` and ``b`` are not two ``[B, D]`` arrays of one shape,
+        ``temperature`` is not > 0, ``axis_name`` is not bound, or
+        ``false_negative_ids`` is not ``[B]`` or ``[B, K]`` ints.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> a = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> b = jnp.array([[0.8, 0.6], [-0.6, 0.8], [0.28, 0.96]])
+      >>> round(float(losses.clip_loss(a, b, temperature=0.1)), 4)
+      0.8776
+      >>> loss, metrics = losses.clip_loss(a, b, temperature=0.1, return_metrics=True)
+      >>> round(float(metrics["accuracy_a_to_b"]), 4)
+      0.3333
+
+    References:
+      A. Radford et al., `Learning Transferable Visual Models From Natural Language
+      Supervision <https://arxiv.org/abs/2103.00020>`__, ICML 2021.
     """
     pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
     if false_negative_ids is not None:
@@ -222,7 +292,6 @@ def clip_loss(
     return _with_metrics(loss, metrics, return_metrics)
 
 
-@document_streaming
 def siglip_loss(
     a: jax.Array,
     b: jax.Array,
@@ -238,9 +307,12 @@ def siglip_loss(
     """SigLIP pairwise sigmoid loss (Zhai et al. 2023).
 
     Every pair (i, j) is an independent binary problem with logit
-    ``a_i . b_j / temperature + bias`` and label +1 if i == j else -1. There is no
-    normaliser, so streamed the gradient is formed in the forward pass (one pass,
-    6 N^2 D flops), with the ring too.
+    ``a_i . b_j / temperature + bias`` and label ``z_ij`` = +1 if i == j else -1::
+
+        loss = -1/N sum_i sum_j log sigmoid(z_ij (a_i . b_j / temperature + bias))
+
+    There is no normaliser, so streamed the gradient is formed in the forward pass
+    (one pass, 6 N^2 D flops), with the ring too.
 
     Args:
       a: ``[B, D]`` L2-normalised embeddings.
@@ -248,7 +320,11 @@ def siglip_loss(
       temperature: scalar > 0 (SigLIP initialises 1/temperature = 10).
       bias: scalar (SigLIP initialises -10 so the many negatives start near 0 loss).
       axis_name: mesh axis to gather ``b`` over, or None.
-      {streaming_args}
+      chunk_size: None for the dense ``[B, N]`` logits, an int tile edge (it must divide
+        N; the local B with the ring) or ``"auto"``; changes the memory, not the result
+        (details: :mod:`contrastive_jax.losses.streaming`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
+      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
       return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` (logits without the
         bias) from the same tiles, without gradient and without another matmul (it
         adds one logsumexp per tile).
@@ -256,6 +332,22 @@ def siglip_loss(
     Returns:
       Scalar: ``-sum_j log sigmoid(z_ij * logit_ij)``, summed over all N columns and
       averaged over the N rows; with ``return_metrics``, ``(loss, metrics)``.
+
+    Raises:
+      ValueError: ``a`` and ``b`` are not two ``[B, D]`` arrays of one shape,
+        ``temperature`` is not > 0, or ``axis_name`` is not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> a = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> b = jnp.array([[0.8, 0.6], [-0.6, 0.8], [0.28, 0.96]])
+      >>> round(float(losses.siglip_loss(a, b, temperature=0.1, bias=-10.0)), 4)
+      2.121
+
+    References:
+      X. Zhai, B. Mustafa, A. Kolesnikov, L. Beyer, `Sigmoid Loss for Language Image
+      Pre-Training <https://arxiv.org/abs/2303.15343>`__, ICCV 2023.
     """
     pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
     ids = RowIds(pairs.local_ids(a.shape[0], axis_name), None)
@@ -285,7 +377,6 @@ def siglip_loss(
     return _with_metrics(loss, metrics, return_metrics)
 
 
-@document_streaming
 def ntxent_loss(
     z1: jax.Array,
     z2: jax.Array,
@@ -300,17 +391,39 @@ def ntxent_loss(
 
     Each of the 2N views is an anchor whose positive is the other view of the same
     example; the other 2N - 2 views are negatives, and its own similarity is masked out.
+    With the views ``v = [z1; z2]`` (``[2N, D]``) and ``pos(k)`` the other view of ``k``::
+
+        loss = 1/(2N) sum_k -log( exp(v_k . v_pos(k) / T) / sum_{l != k} exp(v_k . v_l / T) )
 
     Args:
       z1: ``[B, D]`` L2-normalised embeddings of the first views.
       z2: ``[B, D]`` L2-normalised embeddings of the second views (row i: same example).
       temperature: scalar > 0 (SimCLR uses 0.1 - 0.5).
       axis_name: mesh axis to gather both views over, or None.
-      {streaming_args} Here the logits are ``[2B, 2N]``: ``chunk_size`` divides 2N
-        (2B with the ring).
+      chunk_size: None for the dense ``[2B, 2N]`` logits, an int tile edge (it must
+        divide 2N; 2B with the ring) or ``"auto"``; changes the memory, not the result
+        (details: :mod:`contrastive_jax.losses.streaming`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
+      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
 
     Returns:
       Scalar mean over the 2N anchors of the global batch.
+
+    Raises:
+      ValueError: ``z1`` and ``z2`` are not two ``[B, D]`` arrays of one shape,
+        ``temperature`` is not > 0, or ``axis_name`` is not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> z1 = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> z2 = jnp.array([[0.8, 0.6], [-0.6, 0.8], [0.28, 0.96]])
+      >>> round(float(losses.ntxent_loss(z1, z2, temperature=0.5)), 4)
+      1.1841
+
+    References:
+      T. Chen, S. Kornblith, M. Norouzi, G. Hinton, `A Simple Framework for Contrastive
+      Learning of Visual Representations <https://arxiv.org/abs/2002.05709>`__, ICML 2020.
     """
     pairs.check_paired(z1, z2, ("z1", "z2"), temperature, axis_name)
     local_batch = z1.shape[0]
@@ -332,7 +445,6 @@ def ntxent_loss(
     return _common.global_mean(total / views.shape[0] - positive, axis_name)
 
 
-@document_streaming
 def supcon_loss(
     z: jax.Array,
     labels: jax.Array,
@@ -354,11 +466,31 @@ def supcon_loss(
       labels: ``[B]`` integer classes.
       temperature: scalar > 0.
       axis_name: mesh axis to gather embeddings and labels over, or None.
-      {streaming_args}
+      chunk_size: None for the dense ``[B, N]`` logits, an int tile edge (it must divide
+        N; the local B with the ring) or ``"auto"``; changes the memory, not the result
+        (details: :mod:`contrastive_jax.losses.streaming`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
+      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
 
     Returns:
       Scalar mean over the anchors of the global batch that have at least one positive
       (anchors without one are skipped; 0 if none has).
+
+    Raises:
+      ValueError: ``z`` is not ``[B, D]``, ``labels`` not ``[B]`` ints,
+        ``temperature`` not > 0, or ``axis_name`` not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> z = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> labels = jnp.array([0, 0, 1])  # anchor 2 has no positive: skipped
+      >>> round(float(losses.supcon_loss(z, labels, temperature=0.1)), 4)
+      7.0014
+
+    References:
+      P. Khosla et al., `Supervised Contrastive Learning
+      <https://arxiv.org/abs/2004.11362>`__, NeurIPS 2020.
     """
     _common.check_embeddings(z, "z")
     _common.check_labels(labels, z.shape[0])
@@ -395,6 +527,27 @@ def infonce_loss_floor(num_candidates: int, *, temperature: float = 1.0) -> floa
     ``log 256 = 5.5``: the temperature trap. (The bound is not quite reached: the best
     N <= D + 1 unit vectors can do is a regular simplex, negatives at cosine
     ``-1/(N-1)``, giving ``log(1 + (N - 1) exp(-N / ((N - 1) T)))``.)
+
+    Args:
+      num_candidates: N, the candidates of each row (the global batch).
+      temperature: T > 0.
+
+    Returns:
+      The bound, a Python float in nats.
+
+    Raises:
+      ValueError: ``temperature`` is not > 0.
+
+    Examples:
+      >>> from contrastive_jax import losses
+      >>> round(losses.infonce_loss_floor(256, temperature=1.0), 4)
+      3.5698
+      >>> round(losses.infonce_loss_floor(256, temperature=0.5), 4)
+      1.7353
+
+    References:
+      F. Wang, H. Liu, `Understanding the Behaviour of Contrastive Loss
+      <https://arxiv.org/abs/2012.09740>`__, CVPR 2021 (the temperature's role).
     """
     _common.check_temperature(temperature)
     return math.log1p((num_candidates - 1) * math.exp(-2.0 / temperature))

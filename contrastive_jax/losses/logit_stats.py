@@ -62,12 +62,11 @@ import jax.numpy as jnp
 
 from contrastive_jax import compat
 from contrastive_jax.losses import _common
-from contrastive_jax.losses.streaming import (  # noqa: F401  (document_streaming: re-exported)
+from contrastive_jax.losses.streaming import (
     Streaming,
     auto_chunk_size,
     check_divides,
     divisor_at_most,
-    document_streaming,
 )
 from contrastive_jax.losses.tile_math import (
     PairSpec,

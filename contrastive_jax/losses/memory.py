@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from contrastive_jax.losses import _common, logit_stats
 from contrastive_jax.losses.contrastive import SUPCON, supcon_from_stats
-from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming, document_streaming
+from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 from contrastive_jax.losses.pairs import check_paired, local_ids, paired_logits
 
 # The label-based losses XBM extends to the memory (their per-anchor terms stream).
@@ -57,7 +57,6 @@ def _check_buffer(buffer, name: str, dim: int) -> None:
         )
 
 
-@document_streaming
 def moco_queue_loss(
     queries: jax.Array,
     keys: jax.Array,
@@ -72,7 +71,10 @@ def moco_queue_loss(
     """MoCo's InfoNCE against a queue of earlier keys: ``-log softmax([q.k+, q.queue]/T)_0``.
 
     Each query's candidates are its own key (the positive) and the ``K`` queued keys
-    (negatives); the batch's other keys are not candidates. The queue gets no gradient.
+    (negatives); the batch's other keys are not candidates. The queue gets no gradient::
+
+        loss = 1/N sum_i -log( exp(q_i . k_i / T)
+                               / (exp(q_i . k_i / T) + sum_m exp(q_i . queue_m / T)) )
 
     Args:
       queries: ``[B, D]`` L2-normalised.
@@ -81,11 +83,32 @@ def moco_queue_loss(
       queue: ``[K_local, D]`` this device's rows of the queue (``[K, D]`` on one device).
       temperature: scalar > 0.
       axis_name: mesh axis of the batch and the queue, or None.
-      {streaming_args} Here the streamed columns are the queue's: ``chunk_size``
-        divides K (K / devices with the ring).
+      chunk_size: None for the dense ``[B, K]`` logits against the queue, an int tile
+        edge (it must divide K; K / devices with the ring) or ``"auto"``; changes the
+        memory, not the result (details: :mod:`contrastive_jax.losses.streaming`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
+      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
 
     Returns:
       Scalar mean over the global batch.
+
+    Raises:
+      ValueError: ``queries`` and ``keys`` are not two ``[B, D]`` arrays of one shape,
+        ``queue`` is not ``[K_local, D]``, ``temperature`` is not > 0, or ``axis_name``
+        is not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> queries = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> keys = jnp.array([[0.8, 0.6], [-0.6, 0.8], [0.28, 0.96]])
+      >>> queue = jnp.array([[0.6, -0.8], [-0.8, 0.6]])  # earlier batches' keys
+      >>> round(float(losses.moco_queue_loss(queries, keys, queue, temperature=0.1)), 4)
+      0.0846
+
+    References:
+      K. He, H. Fan, Y. Wu, S. Xie, R. Girshick, `Momentum Contrast for Unsupervised
+      Visual Representation Learning <https://arxiv.org/abs/1911.05722>`__, CVPR 2020.
     """
     check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
     _check_buffer(queue, "queue", queries.shape[1])
@@ -169,7 +192,6 @@ def _check_memory_weight(memory_weight, enqueued_at) -> None:
         )
 
 
-@document_streaming
 def xbm_loss(
     z: jax.Array,
     labels: jax.Array,
@@ -218,13 +240,45 @@ def xbm_loss(
       enqueued_at: with ``memory_weight`` only (then required): int scalar, the global
         memory row :func:`enqueue` wrote the batch's first row to (its input pointer).
       axis_name: mesh axis of the batch and the memory, or None.
-      {streaming_args} Here the columns are the batch's and the memory's: ``chunk_size``
-        divides N + M (B + M / devices with the ring); with ``memory_weight``, both N
-        and M (B and M / devices).
+      chunk_size: None for the dense logits, an int tile edge or ``"auto"``; the columns
+        are the batch's and the memory's: ``chunk_size`` divides N + M (B + M / devices
+        with the ring); with ``memory_weight``, both N and M (B and M / devices).
+        Changes the memory, not the result (details:
+        :mod:`contrastive_jax.losses.streaming`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
+      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
 
     Returns:
       Scalar over the anchors of the global batch (SupCon: those with a positive, per
       term).
+
+    Raises:
+      ValueError: ``loss`` is not one of ``XBM_LOSSES``, ``z`` is not ``[B, D]``,
+        ``labels`` not ``[B]`` ints, ``memory`` not ``[M_local, D]``,
+        ``memory_labels`` not ``[M_local]`` ints, the base loss's hyperparameter is
+        missing or out of range, ``memory_weight`` and ``enqueued_at`` are not given
+        together, or ``axis_name`` is not bound.
+
+    Examples:
+      An empty memory (every label -1) gives the plain loss on the batch:
+
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> z = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> labels = jnp.array([0, 0, 1])
+      >>> memory = jnp.array([[0.8, 0.6], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+      >>> memory_labels = jnp.array([0, 1, -1, -1])  # the last two slots are empty
+      >>> round(float(losses.xbm_loss(z, labels, memory, memory_labels, loss="supcon", temperature=0.1)), 4)
+      4.4096
+      >>> empty = jnp.full(4, -1)
+      >>> round(float(losses.xbm_loss(z, labels, memory, empty, loss="supcon", temperature=0.1)), 4)
+      7.0014
+      >>> round(float(losses.supcon_loss(z, labels, temperature=0.1)), 4)
+      7.0014
+
+    References:
+      X. Wang, H. Zhang, W. Huang, M. R. Scott, `Cross-Batch Memory for Embedding
+      Learning <https://arxiv.org/abs/1912.06798>`__, CVPR 2020.
     """
     if loss not in XBM_LOSSES:
         raise ValueError(f"xbm_loss's loss must be one of {XBM_LOSSES}, got {loss!r}.")
@@ -315,6 +369,29 @@ def enqueue(buffers: Any, pointer: jax.Array, new: Any, *, axis_name=None) -> tu
 
     Returns:
       ``(buffers, pointer)``: the updated rows, and ``(pointer + N) mod K``.
+
+    Raises:
+      ValueError: ``new`` does not have ``buffers``' structure and row shapes, the
+        buffers differ in rows, or their ``K`` rows are not a multiple of N.
+
+    Examples:
+      A memory of 4 rows with its labels (-1: empty); the batch of 2 goes to rows 3
+      and 0, wrapping:
+
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> memory, memory_labels = jnp.zeros((4, 2)), jnp.full(4, -1)
+      >>> batch, labels = jnp.array([[1.0, 0.0], [0.0, 1.0]]), jnp.array([5, 7])
+      >>> (memory, memory_labels), pointer = losses.enqueue((memory, memory_labels), 3, (batch, labels))
+      >>> print(memory_labels)
+      [ 7 -1 -1  5]
+      >>> int(pointer)
+      1
+
+    References:
+      K. He, H. Fan, Y. Wu, S. Xie, R. Girshick, `Momentum Contrast for Unsupervised
+      Visual Representation Learning <https://arxiv.org/abs/1911.05722>`__, CVPR 2020
+      (the queue).
     """
     _check_enqueued(buffers, new)
     local_rows, local_batch = jax.tree.leaves(buffers)[0].shape[0], jax.tree.leaves(new)[0].shape[0]
@@ -335,8 +412,31 @@ def enqueue(buffers: Any, pointer: jax.Array, new: Any, *, axis_name=None) -> tu
 
 
 def momentum_update(ema_params: Any, params: Any, *, momentum: float) -> Any:
-    """The momentum encoder's step: ``ema <- momentum * ema + (1 - momentum) * params``,
-    ``0 <= momentum <= 1`` (checked when a Python number)."""
+    """The momentum encoder's step: ``ema <- momentum * ema + (1 - momentum) * params``.
+
+    Args:
+      ema_params: a pytree, the momentum encoder's parameters.
+      params: a pytree of the same structure, the current encoder's parameters.
+      momentum: ``0 <= momentum <= 1`` (0.999 in MoCo; 1 freezes the momentum
+        encoder); a Python number or a scalar array.
+
+    Returns:
+      The updated ``ema_params``.
+
+    Raises:
+      ValueError: ``momentum`` is a Python number outside ``[0, 1]``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> ema = losses.momentum_update({"w": jnp.array([1.0, 2.0])}, {"w": jnp.zeros(2)}, momentum=0.9)
+      >>> print(ema["w"])
+      [0.9 1.8]
+
+    References:
+      K. He, H. Fan, Y. Wu, S. Xie, R. Girshick, `Momentum Contrast for Unsupervised
+      Visual Representation Learning <https://arxiv.org/abs/1911.05722>`__, CVPR 2020.
+    """
     if isinstance(momentum, numbers.Real) and not 0 <= momentum <= 1:
         raise ValueError(
             f"momentum must be in [0, 1] (0.999 in MoCo; 1 freezes the momentum encoder), got {momentum!r}."

@@ -54,6 +54,22 @@ def contrastive_loss(z: jax.Array, labels: jax.Array, *, margin: float, axis_nam
 
     Returns:
       Scalar mean over all ``N (N - 1)`` ordered pairs of the global batch.
+
+    Raises:
+      ValueError: ``z`` is not ``[B, D]``, ``labels`` not ``[B]`` ints, ``margin`` not > 0, or
+        ``axis_name`` not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> z = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> labels = jnp.array([0, 0, 1])
+      >>> round(float(losses.contrastive_loss(z, labels, margin=1.0)), 4)
+      0.7154
+
+    References:
+      R. Hadsell, S. Chopra, Y. LeCun, `Dimensionality Reduction by Learning an
+      Invariant Mapping <https://doi.org/10.1109/CVPR.2006.100>`__, CVPR 2006.
     """
     _check_labeled(z, labels, axis_name)
     _common.check_positive(margin, "margin")
@@ -112,6 +128,13 @@ def triplet_loss(
 ) -> jax.Array:
     """Triplet margin loss ``max(0, d(a, p) - d(a, n) + margin)`` with in-batch mining.
 
+    For an anchor ``a``, a positive ``p`` (same label, not ``a``) and a negative ``n``
+    (another label) of the global batch, with ``d`` the (squared) Euclidean distance::
+
+        loss(a, p, n) = max(0, d(a, p) - d(a, n) + margin)
+
+    averaged over the triplets ``mining`` selects.
+
     Args:
       z: ``[B, D]`` embeddings (anchors are the local rows; positives and negatives
         come from the global batch).
@@ -128,6 +151,30 @@ def triplet_loss(
 
     Returns:
       Scalar over the global batch (0 when no triplet is valid).
+
+    Raises:
+      ValueError: ``z`` is not ``[B, D]``, ``labels`` not ``[B]`` ints, ``margin`` not > 0, ``mining``
+        not one of ``TRIPLET_MINING``, or
+        ``axis_name`` not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> z = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> labels = jnp.array([0, 0, 1])
+      >>> round(float(losses.triplet_loss(z, labels, margin=0.2)), 4)
+      1.6
+      >>> round(float(losses.triplet_loss(z, labels, margin=0.2, mining="batch_hard")), 4)
+      1.6
+
+    References:
+      F. Schroff, D. Kalenichenko, J. Philbin, `FaceNet: A Unified Embedding for Face
+      Recognition and Clustering <https://arxiv.org/abs/1503.03832>`__, CVPR 2015
+      (semi-hard mining).
+
+      A. Hermans, L. Beyer, B. Leibe, `In Defense of the Triplet Loss for Person
+      Re-Identification <https://arxiv.org/abs/1703.07737>`__, arXiv 2017 (batch-hard
+      mining).
     """
     _check_labeled(z, labels, axis_name)
     _common.check_positive(margin, "margin")
@@ -183,6 +230,24 @@ def multi_similarity_loss(
 
     Returns:
       Scalar mean over the anchors of the global batch.
+
+    Raises:
+      ValueError: ``z`` is not ``[B, D]``, ``labels`` not ``[B]`` ints, ``alpha`` or ``beta`` not > 0,
+        or
+        ``axis_name`` not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> z = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> labels = jnp.array([0, 0, 1])
+      >>> round(float(losses.multi_similarity_loss(z, labels)), 4)
+      0.6711
+
+    References:
+      X. Wang, X. Han, W. Huang, D. Dong, M. R. Scott, `Multi-Similarity Loss with
+      General Pair Weighting for Deep Metric Learning <https://arxiv.org/abs/1904.06627>`__,
+      CVPR 2019.
     """
     _check_labeled(z, labels, axis_name)
     for name, value in (("alpha", alpha), ("beta", beta)):
@@ -237,6 +302,25 @@ def batch_prototype_cross_entropy_loss(
 
     Returns:
       Scalar mean over the global batch.
+
+    Raises:
+      ValueError: ``z`` is not ``[B, D]``, ``labels`` not ``[B]`` ints, ``temperature`` not > 0,
+        or
+        ``axis_name`` not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> z = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> labels = jnp.array([0, 0, 1])
+      >>> round(float(losses.batch_prototype_cross_entropy_loss(z, labels, num_classes=2, temperature=0.5)), 4)
+      0.6776
+
+    References:
+      M. Boudiaf, J. Rony, I. M. Ziko, E. Granger, M. Pedersoli, P. Piantanida, I. Ben
+      Ayed, `A Unifying Mutual Information View of Metric Learning: Cross-Entropy vs.
+      Pairwise Losses <https://arxiv.org/abs/2003.08983>`__, ECCV 2020 (the same
+      classifier, in the derivation of their pairwise cross-entropy).
     """
     _check_labeled(z, labels, axis_name)
     _common.check_temperature(temperature)

@@ -88,6 +88,24 @@ def contrastive_metrics(
       Scalars over the global batch: ``accuracy_a_to_b`` and ``accuracy_b_to_a``
       (top-1 in-batch retrieval), ``positive_logit`` and ``negative_logit`` (mean of
       the diagonal and off-diagonal logits), ``logsumexp`` (mean row logsumexp).
+
+    Raises:
+      ValueError: ``a`` and ``b`` are not two ``[B, D]`` arrays of one shape,
+        ``temperature`` is not > 0, or ``axis_name`` is not bound.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax import losses
+      >>> a = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+      >>> b = jnp.array([[0.8, 0.6], [-0.6, 0.8], [0.28, 0.96]])
+      >>> metrics = losses.contrastive_metrics(a, b, temperature=0.1)
+      >>> {name: round(float(value), 4) for name, value in metrics.items()}
+      {'accuracy_a_to_b': 0.3333, 'accuracy_b_to_a': 0.3333, 'positive_logit': 8.4533,
+       'negative_logit': 4.1333, 'logsumexp': 9.3309}
+
+    References:
+      A. Radford et al., `Learning Transferable Visual Models From Natural Language
+      Supervision <https://arxiv.org/abs/2103.00020>`__, ICML 2021 (in-batch retrieval).
     """
     check_paired(a, b, ("a", "b"), temperature, axis_name)
     a, b, temperature = jax.lax.stop_gradient((a, b, temperature))

@@ -1,14 +1,13 @@
 """How a softmax / sigmoid loss computes its logits: dense, in tiles, or around a ring.
 
-The options (:class:`Streaming`), their documentation shared by every streamed loss
-(:func:`document_streaming`), and how ``chunk_size`` resolves to a tile edge
+The options every streamed loss takes (``chunk_size``, ``collective``, ``matmul_dtype``:
+:class:`Streaming`), and how ``chunk_size`` resolves to a tile edge
 (:func:`auto_chunk_size`, :func:`check_divides`). The result never depends on them (to
 round-off); :mod:`contrastive_jax.losses.logit_stats` carries them out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -26,10 +25,15 @@ class Streaming(NamedTuple):
 
     Attributes:
       chunk_size: None for the dense ``[B, N]`` logits; an int ``c`` streams tiles of
-        up to ``c`` rows by ``c`` columns (``c`` must divide the candidate columns, or
-        each device's shard with the ring); ``"auto"``: see :func:`auto_chunk_size`.
-      collective: ``"all_gather"``, or ``"ring"`` with an ``axis_name``.
-      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
+        up to ``c`` rows by ``c`` columns, O(N D + c^2) memory (one-pass InfoNCE and
+        NT-Xent: stripes of ``c`` whole rows, O(N D + c N)), the same result (``c``
+        must divide the candidate columns N, or each device's shard B with the ring);
+        ``"auto"`` picks ``c`` from N, D and the device (:func:`auto_chunk_size`).
+      collective: ``"all_gather"`` (default), or ``"ring"`` with an ``axis_name``: pass
+        the candidates' shards around the devices instead of gathering them.
+      matmul_dtype: None computes similarities in the embeddings' dtype;
+        ``"bfloat16"`` casts the matmul operands to bfloat16 and accumulates in
+        float32 (logits, logsumexps and gradient sums stay float32).
     """
 
     chunk_size: int | str | None = None
@@ -55,24 +59,6 @@ class Streaming(NamedTuple):
             and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1)
         ):
             raise ValueError(f"chunk_size must be a positive int, 'auto' or None, got {chunk!r}.")
-
-
-STREAMING_ARGS_DOC = """chunk_size: None for the dense ``[B, N]`` logits; an int ``c`` streams tiles of
-        up to ``c`` rows by ``c`` columns, O(N D + c^2) memory (one-pass InfoNCE and
-        NT-Xent: stripes of ``c`` whole rows, O(N D + c N)), the same result (``c``
-        must divide N, or B with the ring); ``"auto"`` picks ``c`` from N, D and the
-        device (:func:`contrastive_jax.losses.streaming.auto_chunk_size`).
-      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``: pass
-        the candidates' shards around the devices instead of gathering them.
-      matmul_dtype: None computes similarities in the embeddings' dtype;
-        ``"bfloat16"`` casts the matmul operands to bfloat16 and accumulates in
-        float32 (logits, logsumexps and gradient sums stay float32)."""
-
-
-def document_streaming(fn: Callable) -> Callable:
-    """Fills ``{streaming_args}`` in ``fn``'s docstring with the :class:`Streaming` options."""
-    fn.__doc__ = fn.__doc__.replace("{streaming_args}", STREAMING_ARGS_DOC)
-    return fn
 
 
 def divisor_at_most(n: int, limit: int) -> int:

@@ -1,0 +1,104 @@
+"""The tests' loss cases and helpers: one small example of every loss that takes
+``axis_name`` (:func:`loss_examples`), its sharded and single-device values side by side
+(:func:`compare_with_single_device`), and float64 in a scope (:func:`enable_x64`, the
+references' precision)."""
+
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax import losses
+from contrastive_jax.sharding import shard_loss
+
+
+def loss_examples(global_batch: int, dim: int, seed: int = 0):
+    """``{name: (loss_fn, arrays, hyperparameters)}`` for every loss taking ``axis_name``.
+
+    Embeddings ``[N, D]`` are random unit vectors; labels ``[N]`` are sorted, so they
+    are unevenly spread over devices (some devices see one class only). The queue and
+    the memory hold ``2N`` rows; the memory's last quarter is empty (label -1); for XBM's
+    two-term form it holds the batch from row ``3N/2`` on (``enqueued_at``), wrapping.
+    """
+    key_a, key_b, key_labels, key_queue, key_memory = jax.random.split(jax.random.key(seed), 5)
+    a = losses.l2_normalize(jax.random.normal(key_a, (global_batch, dim)))
+    b = losses.l2_normalize(a + 0.5 * jax.random.normal(key_b, (global_batch, dim)))
+    labels = jnp.sort(jax.random.randint(key_labels, (global_batch,), 0, 5))
+    queue = losses.l2_normalize(jax.random.normal(key_queue, (2 * global_batch, dim)))
+    memory_labels = jax.random.randint(key_memory, (2 * global_batch,), 0, 5)
+    memory_labels = jnp.where(jnp.arange(2 * global_batch) % 4 == 3, -1, memory_labels)
+    memory = (queue, memory_labels)
+    # XBM's two-term form scores the memory after enqueue wrote the batch: here from row
+    # 3N/2 on, wrapping around the end.
+    pointer = 3 * global_batch // 2
+    slots = (pointer + jnp.arange(global_batch)) % (2 * global_batch)
+    enqueued = (queue.at[slots].set(a), memory_labels.at[slots].set(labels))
+    return {
+        "infonce": (losses.infonce_loss, (a, b), {"temperature": 0.1}),
+        "clip": (losses.clip_loss, (a, b), {"temperature": 0.07}),
+        "siglip": (losses.siglip_loss, (a, b), {"temperature": 0.1, "bias": -10.0}),
+        "ntxent": (losses.ntxent_loss, (a, b), {"temperature": 0.2}),
+        "npairs": (losses.npairs_loss, (a, b), {"l2_reg": 0.002}),
+        "supcon": (losses.supcon_loss, (a, labels), {"temperature": 0.1}),
+        "contrastive": (losses.contrastive_loss, (a, labels), {"margin": 1.0}),
+        "triplet_batch_all": (losses.triplet_loss, (a, labels), {"margin": 0.2}),
+        "triplet_batch_hard": (losses.triplet_loss, (a, labels), {"margin": 0.2, "mining": "batch_hard"}),
+        "triplet_semi_hard": (losses.triplet_loss, (a, labels), {"margin": 0.2, "mining": "semi_hard"}),
+        "multi_similarity": (losses.multi_similarity_loss, (a, labels), {"mining_margin": 0.1}),
+        "dcl": (losses.dcl_loss, (a, b), {"temperature": 0.1}),
+        "dclw": (losses.dcl_loss, (a, b), {"temperature": 0.1, "weight_sigma": 0.5}),
+        "dclw_weight_gradient": (
+            losses.dcl_loss,
+            (a, b),
+            {"temperature": 0.1, "weight_sigma": 0.5, "weight_gradient": True},
+        ),
+        "moco_queue": (losses.moco_queue_loss, (a, b, queue), {"temperature": 0.1}),
+        "xbm_supcon": (losses.xbm_loss, (a, labels, *memory), {"loss": "supcon", "temperature": 0.1}),
+        "xbm_contrastive": (losses.xbm_loss, (a, labels, *memory), {"loss": "contrastive", "margin": 1.0}),
+        "xbm_multi_similarity": (losses.xbm_loss, (a, labels, *memory), {"loss": "multi_similarity"}),
+        "xbm_supcon_weighted": (
+            losses.xbm_loss,
+            (a, labels, *enqueued),
+            {"loss": "supcon", "temperature": 0.1, "memory_weight": 0.5, "enqueued_at": pointer},
+        ),
+        "batch_prototype_cross_entropy": (
+            losses.batch_prototype_cross_entropy_loss,
+            (a, labels),
+            {"num_classes": 5, "temperature": 0.5},
+        ),
+    }
+
+
+def compare_with_single_device(loss_fn, arrays, hyperparameters, mesh):
+    """Single-device and sharded value of a loss, and the max gradient difference.
+
+    Args:
+      loss_fn: a loss taking `axis_name` (see `contrastive_jax.sharding.shard_loss`).
+      arrays: its positional global arrays, the first `[N, D]`, e.g. `(a, b)` or
+        `(z, labels)`.
+      hyperparameters: its keyword arguments.
+      mesh: the mesh the sharded call splits N over (all its batch axes).
+
+    Returns:
+      ``(single_value, sharded_value, max_abs_grad_difference)``, the gradient taken
+      w.r.t. the first array.
+    """
+    sharded_fn = shard_loss(loss_fn, mesh)
+
+    def single(x):
+        return loss_fn(x, *arrays[1:], **hyperparameters)
+
+    def sharded(x):
+        return sharded_fn(x, *arrays[1:], **hyperparameters)
+
+    single_value, single_grad = jax.jit(jax.value_and_grad(single))(arrays[0])
+    sharded_value, sharded_grad = jax.jit(jax.value_and_grad(sharded))(arrays[0])
+    return float(single_value), float(sharded_value), float(jnp.max(jnp.abs(single_grad - sharded_grad)))
+
+
+def enable_x64():
+    """A context manager within which JAX computes in float64: ``jax.enable_x64(True)``,
+    or on jax 0.7.2, which has none, ``jax.experimental.enable_x64()``."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)  # noqa: TID251
+    from jax import experimental
+
+    return experimental.enable_x64()  # noqa: TID251
