@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from contrastive_jax.config_lib import override
+from contrastive_jax.config_lib import load_config, override
 from experiments import sweep
 from experiments.batch_size_sweep_grid import make_runs, study_runs
 from experiments.batch_size_sweep_report import plot, summary
@@ -135,7 +135,7 @@ def run(
     """
     if (steps is None) == (epochs is None):
         raise ValueError("give exactly one of steps and epochs")
-    base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
+    base = override(load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     train_size = None
     if epochs is not None:
         from contrastive_jax import input_pipeline
@@ -168,7 +168,7 @@ def run_study(
     from contrastive_jax import data_sources, input_pipeline
     from contrastive_jax.trainer import data_settings
 
-    base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
+    base = override(load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     data = data_settings(base)
     train = input_pipeline.eval_arrays(data, data.train_split)
     groups = {key: train[key] for key in data_sources.open_metadata(data).id_keys}

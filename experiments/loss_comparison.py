@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from contrastive_jax.config_lib import override
+from contrastive_jax.config_lib import load_config, override
 from experiments import sweep
 
 LOSSES = ("softmax_ce", "triplet", "multi_similarity", "supcon")
@@ -103,7 +103,7 @@ def run(
     data_dir: str | None = None,
 ) -> list[dict]:
     """Runs (or resumes) the comparison and writes its results, figures and summary to `out`."""
-    base = override(sweep.load_config(config), {"data.data_dir": data_dir})
+    base = override(load_config(config), {"data.data_dir": data_dir})
     runs = make_runs(base, loss_names, seeds, steps=steps, evals=evals)
     return sweep.run_sweep(
         base,

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from contrastive_jax.config_lib import override
+from contrastive_jax.config_lib import load_config, override
 from experiments import sweep
 
 FULL = dict(
@@ -180,7 +180,7 @@ def run(
     overrides: dict | None = None,
 ) -> list[dict]:
     """Runs (or resumes) the sweep and writes its results, figures and summary to `out`."""
-    base = override(sweep.load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
+    base = override(load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     runs = make_runs(base, temperatures, learned_from, seeds, steps=steps, batch_size=batch_size)
     return sweep.run_sweep(base, runs, out, figures=lambda r: plot(r, metric), summary=lambda r: summary(r, metric))
 

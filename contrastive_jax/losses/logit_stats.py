@@ -61,11 +61,11 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax import compat
+from contrastive_jax.config_lib import check_divides
 from contrastive_jax.losses import _common
 from contrastive_jax.losses.streaming import (
     Streaming,
     auto_chunk_size,
-    check_divides,
     divisor_at_most,
 )
 from contrastive_jax.losses.tile_math import (
@@ -117,8 +117,8 @@ def _setup(x, y, cols, temperature, bias, axis_name, streaming: Streaming) -> _S
     if chunk is None and ring:
         chunk = num_columns
     if chunk is not None:
-        what = "each device's shard B_y with collective='ring'" if ring else "the gathered global batch N_y"
-        check_divides(chunk, num_columns, what)
+        what = "the columns of each device's shard with collective='ring'" if ring else "the candidate columns (N)"
+        check_divides(chunk, num_columns, "chunk_size", what)
     matmul_dtype = jnp.dtype(streaming.matmul_dtype or jnp.promote_types(x.dtype, y.dtype))
     plan = None if chunk is None else Plan(divisor_at_most(x.shape[0], chunk), chunk, matmul_dtype)
     return _Setup(y, cols, params, plan, axis_name if ring else None, matmul_dtype)

@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from contrastive_jax.config_lib import check_multiple
 from contrastive_jax.losses import _common, logit_stats
 from contrastive_jax.losses.contrastive import SUPCON, supcon_from_stats
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
@@ -288,16 +289,7 @@ def xbm_loss(
     _common.check_labels(memory_labels, memory.shape[0], "memory_labels")
     _common.check_axis_bound(axis_name)
     _check_memory_weight(memory_weight, enqueued_at)
-    if loss == "supcon":
-        _common.check_temperature(temperature)
-        spec = SUPCON
-    elif loss == "contrastive":
-        if margin is None:
-            raise ValueError("xbm_loss with loss='contrastive' needs margin: pass margin > 0 (e.g. margin=1.0).")
-        _common.check_positive(margin, "margin")
-        spec, temperature = PairSpec(pair_terms=_contrastive_terms(margin)), 1.0
-    else:
-        spec, temperature = PairSpec(pair_terms=_multi_similarity_terms(alpha, beta, base)), 1.0
+    spec, temperature = _xbm_spec(loss, temperature, margin, alpha, beta, base)
     rows = RowIds(local_ids(z.shape[0], axis_name), labels)
     streaming = Streaming(chunk_size, collective, matmul_dtype)
 
@@ -322,6 +314,19 @@ def xbm_loss(
     if memory_weight is None:
         return over(jnp.concatenate([z, memory]), jax.tree.map(lambda x, y: jnp.concatenate([x, y]), batch, remembered))
     return over(z, batch) + memory_weight * over(memory, remembered)
+
+
+def _xbm_spec(loss: str, temperature, margin, alpha: float, beta: float, base: float) -> tuple[PairSpec, Any]:
+    """`(pair statistics, temperature)` of XBM's base `loss`, its arguments checked."""
+    if loss == "supcon":
+        _common.check_temperature(temperature)
+        return SUPCON, temperature
+    if loss == "contrastive":
+        if margin is None:
+            raise ValueError("xbm_loss with loss='contrastive' needs margin: pass margin > 0 (e.g. margin=1.0).")
+        _common.check_positive(margin, "margin")
+        return PairSpec(pair_terms=_contrastive_terms(margin)), 1.0
+    return PairSpec(pair_terms=_multi_similarity_terms(alpha, beta, base)), 1.0
 
 
 def _check_enqueued(buffers: Any, new: Any) -> None:
@@ -397,8 +402,7 @@ def enqueue(buffers: Any, pointer: jax.Array, new: Any, *, axis_name=None) -> tu
     local_rows, local_batch = jax.tree.leaves(buffers)[0].shape[0], jax.tree.leaves(new)[0].shape[0]
     devices = 1 if axis_name is None else jax.lax.axis_size(axis_name)
     size, global_batch = local_rows * devices, local_batch * devices
-    if size % global_batch:
-        raise ValueError(f"the buffer's {size} rows must be a multiple of the global batch {global_batch}.")
+    check_multiple(size, global_batch, "the buffer's rows", "the global batch")
     gathered = _common.gather_rows(jax.lax.stop_gradient(new), axis_name)
     position = (_common.row_offset(local_rows, axis_name) + jnp.arange(local_rows) - pointer) % size
     written = position < global_batch

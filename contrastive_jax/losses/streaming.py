@@ -2,7 +2,7 @@
 
 The options every streamed loss takes (``chunk_size``, ``collective``, ``matmul_dtype``:
 :class:`Streaming`), and how ``chunk_size`` resolves to a tile edge
-(:func:`auto_chunk_size`, :func:`check_divides`). The result never depends on them (to
+(:func:`auto_chunk_size`; checked by `config_lib.check_divides`). The result never depends on them (to
 round-off); :mod:`contrastive_jax.losses.logit_stats` carries them out.
 """
 
@@ -64,17 +64,6 @@ class Streaming(NamedTuple):
 def divisor_at_most(n: int, limit: int) -> int:
     """The largest divisor of ``n`` that is at most ``limit`` (>= 1)."""
     return max(d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0)
-
-
-def check_divides(chunk_size: int, num_columns: int, what: str) -> None:
-    """Requires ``chunk_size`` to divide ``num_columns``; the message names a divisor."""
-    if num_columns % chunk_size:
-        raise ValueError(
-            f"chunk_size={chunk_size} must divide the {num_columns} candidate columns "
-            f"({what}); use a divisor such as chunk_size="
-            f"{divisor_at_most(num_columns, chunk_size)}, or chunk_size=None for the dense "
-            f"loss."
-        )
 
 
 def auto_chunk_size(num_columns: int, dim: int, platform: str | None = None) -> int | None:
