@@ -1,6 +1,6 @@
 """Evaluation as the field reports it: zero-shot classification from class names and
 prompt templates, and image-text retrieval over every caption, written as
-CLIP_benchmark's JSON (github.com/LAION-AI/CLIP_benchmark).
+CLIP_benchmark's JSON (github.com/LAION-AI/CLIP_benchmark)::
 
     python -m contrastive_jax.benchmark --workdir=runs/clip_shapes --task=zeroshot_retrieval --out=retrieval.json
     python -m contrastive_jax.benchmark --workdir=runs/clip_shapes --task=zeroshot_classification \\

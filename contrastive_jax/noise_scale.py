@@ -24,16 +24,16 @@ window and logs `train/noise_scale`, `B_simple` from those means.
 **Where the device shares fail**: with in-batch negatives the shares are not independent
 small-batch gradients. A row's push on its hard negatives lands on the devices that own
 those negatives, so the shares are anti-correlated (the mean pairwise inner product of
-8 shares was -0.41 |G_big|^2 at N = 256 in the batch-size study), and the same
+8 shares was -0.41 ``|G_big|^2`` at N = 256 in the batch-size study), and the same
 decomposition reports "noise" even for a full-data gradient. For contrastive losses use
 `replicates` instead: R independent global batches, each with its own negatives.
 
 **Replicates** (`replicates`, `compare`): R gradients `g_r`, each of one independent
-global batch of B examples. Unbiased, for any loss: `|E g|^2` from the mean of
-`<g_r, g_s>` over r != s, and `tr Cov(g)` from their spread (`sum |g_r - mean|^2 /
-(R - 1)`). For a per-example loss `tr Cov(g) = tr(Sigma) / B`; a contrastive objective
+global batch of B examples. Unbiased, for any loss: ``|E g|^2`` from the mean of
+``<g_r, g_s>`` over r != s, and ``tr Cov(g)`` from their spread
+(``sum_r |g_r - mean|^2 / (R - 1)``). For a per-example loss ``tr Cov(g) = tr(Sigma) / B``; a contrastive objective
 changes with B (its negatives), so `compare` measures at N and N / 4: the variance
-ratio (4 when the noise scales as 1/B) and the objective's bias `|E g_{N/4} - E g_N|^2`,
+ratio (4 when the noise scales as 1/B) and the objective's bias ``|E g_{N/4} - E g_N|^2``,
 reported apart (McCandlish's model assumes there is none).
 """
 
@@ -130,9 +130,9 @@ def compare(at_n: Sequence[Any], at_quarter: Sequence[Any], n: int) -> dict[str,
     `n / 4` (`at_quarter`), each of an independent global batch.
 
     Returns:
-      `g_squared` (|E g_n|^2), `trace_sigma` (n tr Cov(g_n), per example), `b_simple`
+      `g_squared` (``|E g_n|^2``), `trace_sigma` (n tr Cov(g_n), per example), `b_simple`
       (their ratio), `variance_ratio` (tr Cov(g_{n/4}) / tr Cov(g_n): 4 when the noise
-      scales as 1/B) and `bias_squared` (|E g_{n/4} - E g_n|^2, unbiased: the
+      scales as 1/B) and `bias_squared` (``|E g_{n/4} - E g_n|^2``, unbiased: the
       objective's change with the batch size, which is not noise).
     """
     (big, big_mean), (small, small_mean) = replicates(at_n), replicates(at_quarter)

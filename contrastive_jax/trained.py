@@ -1,5 +1,5 @@
 """Use a trained model: its parameters restored from a run's checkpoint, either tower
-embedding inputs alone, and a tower exported with `jax.export`.
+embedding inputs alone, and a tower exported with `jax.export`::
 
     python -m contrastive_jax.trained --workdir=runs/clip_shapes --side=b \\
         --inputs=captions.txt --out=captions.npy

@@ -274,7 +274,9 @@ def test_metrics_from_the_loss_equal_contrastive_metrics(name, num_devices, mode
 
 def test_chunk_size_that_does_not_divide_names_a_fix():
     a, b = _paired()
-    with pytest.raises(ValueError, match=r"chunk_size=12 must divide the candidate columns \(N\) \(32\); use 8 or 16\."):
+    with pytest.raises(
+        ValueError, match=r"chunk_size=12 must divide the candidate columns \(N\) \(32\); use 8 or 16\."
+    ):
         losses.clip_loss(a, b, temperature=0.1, chunk_size=12)
     with pytest.raises(ValueError, match="chunk_size must be a positive int, 'auto' or None"):
         losses.infonce_loss(a, b, temperature=0.1, chunk_size=0)
