@@ -201,3 +201,40 @@ def test_the_readme_is_short_and_its_links_and_figure_exist():
     for target in targets:
         if "://" not in target:
             assert os.path.exists(os.path.join(ROOT, target)), f"README.md: {target}"
+
+
+# --- numbers in the manual come from committed result files ---------------------------
+
+# (page, quoted figure, the committed file it is read from)
+QUOTED_FIGURES = [
+    ("README.md", "0.406 / 0.419", "experiments/results/default_run/README.md"),
+    ("README.md", "**419 MiB**", "experiments/results/bench_losses/results.md"),
+    ("README.md", "57 MiB vs 202 MiB", "experiments/results/bench_losses/results.md"),
+    ("docs/global_batch.md", "57 MiB against 202 MiB", "experiments/results/bench_losses/results.md"),
+    ("docs/global_batch.md", "(121 → 34 MiB)", "experiments/results/bench_grad_cache/results.md"),
+    ("docs/performance.md", "6.63 s at 2^15 and 411 s", "experiments/results/bench_grad_cache/results.md"),
+    ("docs/training.md", "| 4 | 2 × 4 | 82.9 MiB | 0.252 |", "experiments/results/bench_fsdp/results.md"),
+]
+
+
+def _numbers(text: str) -> list[str]:
+    return re.findall(r"\d[\d,]*(?:\.\d+)?", text)
+
+
+@pytest.mark.parametrize("page, quoted, source", QUOTED_FIGURES)
+def test_quoted_figures_are_in_their_result_files(page, quoted, source):
+    """Each quoted figure is on its page, and every number in it is in the committed file
+    it comes from (change the file's number, or the page's, and this fails)."""
+    assert quoted in read(page), f"{page} no longer quotes {quoted!r}"
+    found = [float(n) for n in _numbers(read(source).replace(",", ""))]
+    for number in _numbers(quoted.replace(",", "")):
+        if number in ("1", "2", "4", "15"):  # the mesh's and the exponents' digits
+            continue
+        decimals = len(number.split(".")[1]) if "." in number else 0
+        assert any(round(f, decimals) == float(number) for f in found), f"{number} of {page} not in {source}"
+
+
+def test_every_cited_result_file_exists():
+    for page in pages():
+        for path in re.findall(r"experiments/results/[\w./-]+\.(?:md|json|csv|png)", read(page)):
+            assert os.path.exists(os.path.join(ROOT, path)), f"{page} cites {path}"
