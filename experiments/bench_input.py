@@ -240,6 +240,8 @@ TRAINING_RUNS = {  # config -> overrides: a few hundred steps, logged every 25
 
 def training(folder: pathlib.Path) -> dict:
     """Each `TRAINING_RUNS` run's input-wait shares (every logging step but the first)."""
+    from contrastive_jax import run_dir
+
     out = {}
     for config, overrides in TRAINING_RUNS.items():
         workdir = folder / config
@@ -247,7 +249,7 @@ def training(folder: pathlib.Path) -> dict:
         command += [f"--workdir={workdir}", "--config.train.log_every_steps=25", *overrides]
         started = time.perf_counter()
         subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
-        lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+        lines = run_dir.read_metrics(workdir)
         shares = [line["train/input_wait_share"] for line in lines if "train/input_wait_share" in line]
         speed = [line["train/examples_per_second"] for line in lines if "train/examples_per_second" in line]
         out[config] = {
