@@ -9,7 +9,7 @@ epochs (594 steps). Evaluation: retrieval both ways over the 13,676 test pairs, 
 answer being right when it is the query's own pronunciation (or spelling) string.
 Result here (seed 0): test R@1 0.903 spelling -> pronunciation and 0.946 back, against
 0.603 / 0.603 for the TF-IDF + CCA baseline (experiments/results/baselines), in 8 min
-43 s on the idle 2-core machine (experiments/README.md).
+43 s on the idle 2-core machine (docs/experiments.md).
 """
 
 from configs import default

@@ -435,7 +435,9 @@ def test_enqueue_keeps_the_last_keys_and_wraps(num_devices):
 
 
 def test_enqueue_rejects_a_queue_not_a_multiple_of_the_batch():
-    with pytest.raises(ValueError, match="multiple of the global batch 16"):
+    with pytest.raises(
+        ValueError, match=r"the buffer's rows=40 must be a multiple of the global batch \(16\); use 32 or 48\."
+    ):
         losses.enqueue(jnp.zeros((40, D)), jnp.int32(0), _unit(0, N))
 
 

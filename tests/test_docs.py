@@ -7,7 +7,10 @@
   in the READMEs are left to it).
 - Every public function and class of `losses`, `sharding` and `trainer` is documented:
   its module has an `automodule` in `docs/api.md` that lists members, and it has a
-  docstring (autodoc leaves out members without one).
+  docstring (autodoc leaves out members without one). Every module of the package is in
+  `docs/api.md`; each public one (above its "Internals") with a table of its API.
+- Figures the manual quotes are read from the committed result files they cite, and
+  every `experiments/results/` path it cites exists.
 
 The Sphinx build itself (`sphinx-build -W`, warnings and broken references are errors)
 runs in CI (`.ci/run`), not here: it needs the `docs` extra.
@@ -136,9 +139,10 @@ def test_page_python_command_parses(words):
 # --- the API reference ----------------------------------------------------------------
 
 
-def documented_modules() -> set[str]:
-    """Modules with an `automodule` in `docs/api.md` that documents their members."""
-    text = read("docs/api.md")
+def documented_modules(text: str | None = None) -> set[str]:
+    """Modules with an `automodule` in `docs/api.md` (or `text`, a part of it) that
+    documents their members."""
+    text = read("docs/api.md") if text is None else text
     found = set()
     for m in re.finditer(r"^\.\. automodule:: (\S+)\n((?:[ \t]+:.*\n)*)", text, re.M):
         if ":no-members:" not in m.group(2):
@@ -174,6 +178,38 @@ def test_public_api_is_in_the_reference(module_name):
                     assert inspect.getdoc(method), f"{module_name}.{name}.{method_name} has no docstring"
 
 
+def summary_tables() -> dict[str, set[str]]:
+    """The names in `docs/api.md`'s `autosummary` tables, by the `currentmodule` above them."""
+    tables, module, listing = {}, None, False
+    for line in read("docs/api.md").splitlines():
+        if m := re.fullmatch(r"\.\. currentmodule:: (\S+)", line):
+            module, listing = m.group(1), False
+        elif line.startswith(".. autosummary::"):
+            listing = True
+        elif listing and re.fullmatch(r"   [A-Za-z_]\w*", line):
+            tables.setdefault(module, set()).add(line.strip())
+        elif listing and line and not line.startswith("   "):
+            listing = False
+    return tables
+
+
+def test_public_modules_have_a_table_of_their_api():
+    """The reference is two parts: the public modules, each with a table of every public
+    function and class with a docstring (autodoc documents no other; under its own module,
+    or the module that defines a re-exported one), then the internals (modules a user does
+    not call), documented without a table."""
+    public_part, internals = read("docs/api.md").split("\n## Internals\n")
+    public, tables = documented_modules(public_part), summary_tables()
+    assert set(DOCUMENTED) <= public and documented_modules(internals)
+    for module_name in sorted(public):
+        api = public_api(module_name)
+        assert module_name in tables, f"docs/api.md: {module_name} has no autosummary table"
+        for name, value in api.items():
+            if (inspect.isfunction(value) or inspect.isclass(value)) and inspect.getdoc(value):
+                listed = tables[module_name] | tables.get(value.__module__, set())
+                assert name in listed, f"docs/api.md: {module_name}.{name} is not in a summary table"
+
+
 def test_every_package_module_is_in_the_reference():
     """A new module of the package gets its line in `docs/api.md` (`main` and `demo` are
     the command lines, documented as commands)."""
@@ -205,15 +241,46 @@ def test_the_readme_is_short_and_its_links_and_figure_exist():
 
 # --- numbers in the manual come from committed result files ---------------------------
 
-# (page, quoted figure, the committed file it is read from)
+# (page, quoted figure, the committed file it is read from). A quote is matched with its
+# whitespace collapsed, so rewrapping a page does not break it; each page but the README
+# (whose table points to `experiments/results/` as a whole) also names its source file
+# or that file's folder.
+RESULTS = "experiments/results/"
 QUOTED_FIGURES = [
-    ("README.md", "0.406 / 0.419", "experiments/results/default_run/README.md"),
-    ("README.md", "**419 MiB**", "experiments/results/bench_losses/results.md"),
-    ("README.md", "57 MiB vs 202 MiB", "experiments/results/bench_losses/results.md"),
-    ("docs/global_batch.md", "57 MiB against 202 MiB", "experiments/results/bench_losses/results.md"),
-    ("docs/global_batch.md", "(121 → 34 MiB)", "experiments/results/bench_grad_cache/results.md"),
-    ("docs/performance.md", "6.63 s at 2^15 and 411 s", "experiments/results/bench_grad_cache/results.md"),
-    ("docs/training.md", "| 4 | 2 × 4 | 82.9 MiB | 0.252 |", "experiments/results/bench_fsdp/results.md"),
+    ("README.md", "0.406 / 0.419", RESULTS + "default_run/README.md"),
+    ("README.md", "(linear CCA on pixels: 0.117 / 0.122", RESULTS + "baselines/results.md"),
+    ("README.md", "**0.903 / 0.946**", RESULTS + "cmudict_clip/eval_results.json"),
+    ("README.md", "(TF-IDF + CCA: 0.603 / 0.603)", RESULTS + "baselines/results.md"),
+    ("README.md", "**419 MiB**", RESULTS + "bench_losses/results.md"),
+    ("README.md", "57 MiB vs 202 MiB", RESULTS + "bench_losses/results.md"),
+    ("README.md", "**98%** / 77%", RESULTS + "bench_losses/results.md"),
+    ("README.md", "411 s, 1.04× the loss alone", RESULTS + "bench_grad_cache/results.md"),
+    ("README.md", "0.891 at N = 256, 0.898 at 1,024 and 0.896 at 4,096", RESULTS + "epoch_budget_study/summary.md"),
+    ("README.md", "SogCLR reach 0.899 and a MoCo queue with EMA keys 0.902", RESULTS + "epoch_budget_study/summary.md"),
+    ("docs/global_batch.md", "57 MiB against 202 MiB", RESULTS + "bench_losses/results.md"),
+    ("docs/global_batch.md", "(121 → 34 MiB)", RESULTS + "bench_grad_cache/results.md"),
+    ("docs/global_batch.md", "takes 411 s, 1.04× the loss alone", RESULTS + "bench_grad_cache/results.md"),
+    ("docs/performance.md", "6.63 s at 2^15 and 411 s", RESULTS + "bench_grad_cache/results.md"),
+    (
+        "docs/performance.md",
+        "| 262,144 | grad_cache | 8192 | 410.92 s | 396.32 s | 1.04 | 2.4 | 239 MiB | 9,218 MiB |",
+        RESULTS + "bench_grad_cache/results.md",
+    ),
+    ("docs/training.md", "| 4 | 2 × 4 | 82.9 MiB | 0.252 |", RESULTS + "bench_fsdp/results.md"),
+    ("docs/training.md", "| 8 | 1 × 8 | 41.9 MiB | 0.128 | 643.5 MiB | 1.28 |", RESULTS + "bench_fsdp/results.md"),
+    ("docs/experiments.md", "`cmudict_clip` | **0.903** | 0.996 | 0.998 |", RESULTS + "cmudict_clip/eval_results.json"),
+    ("docs/experiments.md", "`cmudict_clip` | **0.946** | 0.996 | 0.998 |", RESULTS + "cmudict_clip/eval_results.json"),
+    ("docs/experiments.md", "| 0.5 | 0.233 ± 0.012 | 4.085 | 1.735 |", RESULTS + "temperature_sweep/summary.md"),
+    (
+        "docs/batch_size_study.md",
+        "| CLIP | 1,024 | 2 | 0.898 ± 0.003 | 0.941 ± 0.003 | 0.037 | 3.8",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "EMA 0.99 | 256 | 1 | **0.902** | **0.948** | 0.016 | 7.7 |",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
 ]
 
 
@@ -221,14 +288,22 @@ def _numbers(text: str) -> list[str]:
     return re.findall(r"\d[\d,]*(?:\.\d+)?", text)
 
 
+def _collapsed(text: str) -> str:
+    return " ".join(text.split())
+
+
 @pytest.mark.parametrize("page, quoted, source", QUOTED_FIGURES)
 def test_quoted_figures_are_in_their_result_files(page, quoted, source):
     """Each quoted figure is on its page, and every number in it is in the committed file
-    it comes from (change the file's number, or the page's, and this fails)."""
-    assert quoted in read(page), f"{page} no longer quotes {quoted!r}"
+    it comes from, to the quoted precision (change the file's number, or the page's, and
+    this fails)."""
+    text = read(page)
+    assert _collapsed(quoted) in _collapsed(text), f"{page} no longer quotes {quoted!r}"
+    cited = page == "README.md" or source in text or os.path.dirname(source) + "/" in text
+    assert cited, f"{page} quotes {quoted!r} without naming {source} (or its folder)"
     found = [float(n) for n in _numbers(read(source).replace(",", ""))]
     for number in _numbers(quoted.replace(",", "")):
-        if number in ("1", "2", "4", "15"):  # the mesh's and the exponents' digits
+        if number in ("1", "2", "4", "15"):  # the mesh's, the seeds' and the exponents' digits
             continue
         decimals = len(number.split(".")[1]) if "." in number else 0
         assert any(round(f, decimals) == float(number) for f in found), f"{number} of {page} not in {source}"
