@@ -17,7 +17,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from contrastive_jax import run_dir
 from contrastive_jax.simulated_devices import device_count_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -184,12 +183,16 @@ def processes():
 
 def logged_losses(workdir: str) -> dict[int, float]:
     """`{step: train/loss}` from `<workdir>/metrics.jsonl`."""
+    from contrastive_jax import run_dir  # not at import: the plugin loads before ml-collections may be installed
+
     return {row["step"]: row["train/loss"] for row in run_dir.read_metrics(workdir) if "train/loss" in row}
 
 
 def resumed_from_steps(workdir: str) -> list[int]:
     """The step each resume of the run in `workdir` started from, in order (the
     `resumed_from_step` records the trainer writes to metrics.jsonl; none: never resumed)."""
+    from contrastive_jax import run_dir
+
     return [row["resumed_from_step"] for row in run_dir.read_metrics(workdir) if "resumed_from_step" in row]
 
 
