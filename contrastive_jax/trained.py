@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax import export as jax_export  # a submodule to import on jax 0.7.2
 
 from contrastive_jax import checkpoint, config_lib, data_sources, input_pipeline, models, run_dir, tokenizers
 from contrastive_jax.config_lib import ConfigError
@@ -81,14 +82,14 @@ class TrainedModel:
             raise ConfigError(f"inputs of dtype {inputs.dtype}; tower {side} takes {needs}.")
         return inputs
 
-    def export(self, side: str) -> jax.export.Exported:
+    def export(self, side: str) -> jax_export.Exported:
         """Tower `side` as a `jax.export.Exported`: the weights inside, any batch size;
         images as float32 in [0, 1], texts as int32 token ids."""
         shape, dtype = self.inputs[side]
         dtype = dtype if np.issubdtype(dtype, np.signedinteger) else np.dtype(np.float32)
-        (batch,) = jax.export.symbolic_shape("batch")
+        (batch,) = jax_export.symbolic_shape("batch")
         embed = _embed_fn(self.model, side)
-        return jax.export.export(jax.jit(lambda x: embed(self.variables, x)))(
+        return jax_export.export(jax.jit(lambda x: embed(self.variables, x)))(
             jax.ShapeDtypeStruct((batch, *shape), dtype)
         )
 

@@ -69,8 +69,8 @@ def test_an_exported_tower_runs_in_a_fresh_process(trained, model, test_pairs, t
     assert trained_model_lib.main([f"--workdir={trained}", "--side=a", "--export", f"--out={path}"]) == 0
     np.save(tmp_path / "a.npy", test_pairs[0][:7] / np.float32(255))
     code = (
-        "import sys, jax, numpy as np; assert 'contrastive_jax' not in sys.modules; "
-        f"exported = jax.export.deserialize(bytearray(open({str(path)!r}, 'rb').read())); "
+        "import sys, numpy as np; from jax import export; assert 'contrastive_jax' not in sys.modules; "
+        f"exported = export.deserialize(bytearray(open({str(path)!r}, 'rb').read())); "
         f"np.save({str(tmp_path / 'za.npy')!r}, np.asarray(exported.call(np.load({str(tmp_path / 'a.npy')!r}))))"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
