@@ -18,8 +18,10 @@ int32 token ids) in any process, without this package.
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -54,12 +56,19 @@ class TrainedModel:
     def embed(self, inputs: np.ndarray, side: str, *, batch_size: int = 256) -> np.ndarray:
         """Tower `side`'s L2-normalised embeddings `[n, D]` float32 of `inputs` `[n, ...]`."""
         inputs = self.check_inputs(inputs, side)
-        embed = _embed_fn(self.model, side)
+        embed = self._towers[side]
         chunks = [
             np.asarray(embed(self.variables, inputs[start : start + batch_size]))
             for start in range(0, len(inputs), batch_size)
         ]
         return np.concatenate(chunks) if chunks else np.zeros((0, self.model.head_a.embed_dim), np.float32)
+
+    @functools.cached_property
+    def _towers(self) -> dict[str, Callable]:
+        """Each side's jitted `(variables, x) -> embeddings`, compiled once per input shape
+        for every call (a zero-shot classifier embeds one class's prompts at a time)."""
+        embed = models.TwoTower.embed
+        return {side: jax.jit(lambda v, x, side=side: self.model.apply(v, x, side, method=embed)) for side in SIDES}
 
     def tokenize(self, texts: list[str]) -> np.ndarray:
         """`texts` as the run's token ids `[n, config.data.text_max_length]` int32."""
@@ -88,14 +97,10 @@ class TrainedModel:
         shape, dtype = self.inputs[side]
         dtype = dtype if np.issubdtype(dtype, np.signedinteger) else np.dtype(np.float32)
         (batch,) = jax_export.symbolic_shape("batch")
-        embed = _embed_fn(self.model, side)
+        embed = self._towers[side]
         return jax_export.export(jax.jit(lambda x: embed(self.variables, x)))(
             jax.ShapeDtypeStruct((batch, *shape), dtype)
         )
-
-
-def _embed_fn(model: models.TwoTower, side: str):
-    return jax.jit(lambda variables, x: model.apply(variables, x, side, method=models.TwoTower.embed))
 
 
 def load(workdir: str, step: int | None = None) -> TrainedModel:

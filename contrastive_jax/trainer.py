@@ -128,18 +128,12 @@ class Trainer:
         rng = jax.random.key(self.seed)
         shapes = jax.eval_shape(init, rng)
         shardings = sharding.fsdp_shardings(shapes, self.mesh, self.fsdp_min_bytes)
-        replicated = sharding.replicated(self.mesh)
-        if self.loss.state is not None:  # queue and memory rows split; a momentum encoder like the parameters
-
-            def place(name, value):
-                if name in self._params_like:
-                    return value
-                split = name in self.loss.state.sharded
-                return jax.tree.map(lambda _: NamedSharding(self.mesh, P(BATCH_AXES)) if split else replicated, value)
-
-            shardings = shardings.replace(
-                loss_state={name: place(name, value) for name, value in shardings.loss_state.items()}
-            )
+        if self.loss.state is not None:  # as `global_loss` takes it; a momentum encoder like the parameters
+            inside, outside = self._split_params_like(shardings.loss_state)
+            specs = self._loss_state_specs(inside)
+            placed = lambda spec: NamedSharding(self.mesh, spec)  # noqa: E731
+            inside = jax.tree.map(placed, specs, is_leaf=lambda x: isinstance(x, P))
+            shardings = shardings.replace(loss_state={**inside, **outside})
         abstract_state = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
         )
@@ -294,8 +288,7 @@ class Trainer:
           `(loss, metrics, new loss state)`: the metrics are the loss's own plus
           `temperature`; the state is None without one.
         """
-        outside = {k: v for k, v in (loss_state or {}).items() if k in self._params_like}
-        inside = None if loss_state is None else {k: v for k, v in loss_state.items() if k not in outside}
+        inside, outside = self._split_params_like(loss_state)
         specs = self._loss_state_specs(inside)
 
         def per_device(batched, shared, data, loss_state, step):
@@ -316,9 +309,14 @@ class Trainer:
         )(batched, shared, data, inside, step)
         return loss, metrics, None if loss_state is None else {**inside, **outside}
 
-    @property
-    def _params_like(self) -> frozenset[str]:
-        return frozenset() if self.loss.state is None else self.loss.state.params_like
+    def _split_params_like(self, loss_state: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """`(the entries the loss reads, its `LossState.params_like` entries)` of `loss_state`
+        (`(None, {})` without a state)."""
+        if loss_state is None:
+            return None, {}
+        params_like = self.loss.state.params_like if self.loss.state else frozenset()
+        inside = {k: v for k, v in loss_state.items() if k not in params_like}
+        return inside, {k: v for k, v in loss_state.items() if k in params_like}
 
     def _loss_state_specs(self, loss_state: dict[str, Any] | None) -> dict[str, Any] | None:
         """PartitionSpecs of the loss state's leaves inside `global_loss`: rows over the
