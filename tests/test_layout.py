@@ -71,3 +71,15 @@ def test_every_module_is_in_the_test_map():
         if not re.search(rf"(?<![\w/]){re.escape(name.split('/')[-1])}(?![\w])", listed) and directory not in listed:
             missing.append(name)
     assert missing == []
+
+
+def test_a_loss_module_is_not_named_after_a_loss_it_does_not_define():
+    """`losses/contrastive.py` once held every loss but `contrastive_loss`: a module named
+    after a loss of the package defines it."""
+    import contrastive_jax.losses as losses
+
+    for path in (PACKAGE / "losses").glob("*.py"):
+        loss_name = f"{path.stem}_loss"
+        if hasattr(losses, loss_name):
+            defined = {node.name for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef)}
+            assert loss_name in defined, f"losses/{path.name} is named after {loss_name}, defined elsewhere"

@@ -16,23 +16,7 @@ from contrastive_jax.losses.classification import (
     focal_loss,
     softmax_cross_entropy,
 )
-from contrastive_jax.losses.contrastive import (
-    clip_loss,
-    infonce_loss,
-    infonce_loss_floor,
-    npairs_loss,
-    ntxent_loss,
-    siglip_loss,
-    supcon_loss,
-)
 from contrastive_jax.losses.loss_types import Loss, LossSettings, LossState
-from contrastive_jax.losses.memory import (
-    XBM_LOSSES,
-    enqueue,
-    moco_queue_loss,
-    momentum_update,
-    xbm_loss,
-)
 from contrastive_jax.losses.metric import (
     TRIPLET_MINING,
     batch_prototype_cross_entropy_loss,
@@ -42,7 +26,23 @@ from contrastive_jax.losses.metric import (
 )
 from contrastive_jax.losses.pairs import contrastive_metrics
 from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
+from contrastive_jax.losses.queues import (
+    XBM_LOSSES,
+    enqueue,
+    moco_queue_loss,
+    momentum_update,
+    xbm_loss,
+)
 from contrastive_jax.losses.registry import LOSSES
+from contrastive_jax.losses.softmax_sigmoid import (
+    clip_loss,
+    infonce_loss,
+    infonce_loss_floor,
+    npairs_loss,
+    ntxent_loss,
+    siglip_loss,
+    supcon_loss,
+)
 
 __all__ = [
     "LOSSES",

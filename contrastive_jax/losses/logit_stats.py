@@ -1,6 +1,6 @@
 """Statistics of the ``[B, M]`` logits of a loss, dense or streamed in cache-sized tiles.
 
-The softmax- and sigmoid-family losses in :mod:`contrastive_jax.losses.contrastive`
+The softmax- and sigmoid-family losses in :mod:`contrastive_jax.losses.softmax_sigmoid`
 each reduce their logits ``s_ij = x_i . y_j / temperature (+ bias)`` to a few numbers
 per local row ``i`` (and, for the symmetric CLIP loss, per column ``j``):
 

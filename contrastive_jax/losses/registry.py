@@ -43,7 +43,17 @@ from contrastive_jax.losses.classification import (
     focal_loss,
     softmax_cross_entropy,
 )
-from contrastive_jax.losses.contrastive import (
+from contrastive_jax.losses.loss_types import Loss, LossSettings, LossState
+from contrastive_jax.losses.metric import contrastive_loss, multi_similarity_loss, triplet_loss
+from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
+from contrastive_jax.losses.queues import (
+    XBM_LOSSES,
+    enqueue,
+    moco_queue_loss,
+    momentum_update,
+    xbm_loss,
+)
+from contrastive_jax.losses.softmax_sigmoid import (
     clip_loss,
     infonce_loss,
     npairs_loss,
@@ -51,16 +61,6 @@ from contrastive_jax.losses.contrastive import (
     siglip_loss,
     supcon_loss,
 )
-from contrastive_jax.losses.loss_types import Loss, LossSettings, LossState
-from contrastive_jax.losses.memory import (
-    XBM_LOSSES,
-    enqueue,
-    moco_queue_loss,
-    momentum_update,
-    xbm_loss,
-)
-from contrastive_jax.losses.metric import contrastive_loss, multi_similarity_loss, triplet_loss
-from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
 from contrastive_jax.sharding import BATCH_AXES
 
 
