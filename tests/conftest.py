@@ -20,7 +20,7 @@ listed here):
     losses/*                 test_losses (values, references), test_losses_sharded (every
                              calling convention), test_streaming (logit_stats, streaming,
                              tile_math, tile_sweeps), test_beyond_batch (beyond_batch,
-                             memory), test_false_negatives (pairs), test_train (registry);
+                             queues), test_false_negatives (pairs), test_train (registry);
                              each loss's docstring example (pytest --doctest-modules)
     memory_fit               test_memory_fit
     metric_writer, run_dir   test_metric_writer, test_train, test_sweeps
@@ -28,6 +28,8 @@ listed here):
     optimizer                test_train
     record_inputs, records, write_records  test_write_records
     sharding                 test_losses_sharded, test_train (fsdp)
+    released/*               test_released_open_clip (open_clip_layout, transformer),
+                             test_released_siglip (big_vision_layout), test_finetune
     simulated_devices        test_cli, test_notebook
     tokenizers               test_tokenizers
     trained                  test_trained (and docs/use_a_trained_model.md, run by test_docs)
