@@ -60,6 +60,8 @@ def get_config() -> ml_collections.ConfigDict:
     model.embed_dim = 64  # Width of the L2-normalised embedding the loss sees.
     model.num_classes = 0  # > 0 adds a classifier head (the classifier losses need it).
     model.compute_dtype = "float32"  # "bfloat16": bfloat16 activations, float32 params/loss.
+    model.init_from = ""  # A released checkpoint to start from (open_clip .safetensors/.bin, SigLIP .npz); "": none.
+    model.quick_gelu = False  # init_from is OpenAI's CLIP or an open_clip "-quickgelu" model.
 
     config.loss = loss = ml_collections.ConfigDict()
     loss.name = "clip"  # A name in losses.registry.LOSSES (which lists what each reads).
@@ -99,6 +101,8 @@ def get_config() -> ml_collections.ConfigDict:
     optim.weight_decay = 1e-4  # Decoupled weight decay (not on biases, norms, temperature).
     optim.momentum = 0.9  # "sgd" / "lars" momentum; "adamw" / "lamb" b1.
     optim.grad_clip_norm = 1.0  # Clip the global gradient norm to this; 0: no clipping.
+    optim.frozen_tower = ""  # "a" or "b": that tower's parameters are not trained (LiT: "a"); "": both are.
+    optim.layer_decay = 1.0  # Layer-wise learning-rate decay: block i of a depth-L tower gets decay**(L + 1 - i).
 
     # The devices form a (data, fsdp) mesh; the batch is split over both axes. fsdp > 1
     # also splits the parameters and optimizer state (fully sharded data parallel): each

@@ -13,7 +13,7 @@ lists the encoders).
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -72,6 +72,9 @@ class TwoTower(nn.Module):
     `proxies` [C, D] with a classifier. `embed` runs one tower alone:
     `model.apply(variables, texts, "b", method=TwoTower.embed)`.
     """
+
+    # The parameters of each tower (`optim.frozen_tower`, layer decay).
+    TOWER_PARAMS: ClassVar[dict[str, tuple[str, ...]]] = {"a": ("tower_a", "head_a"), "b": ("tower_b", "head_b")}
 
     tower_a: nn.Module
     head_a: nn.Module
@@ -153,6 +156,8 @@ class ModelSettings:
     temperature_init: float
     learn_temperature: bool
     bias_init: float | None
+    init_from: str = ""  # a released checkpoint (`contrastive_jax.released`); "": the towers above
+    quick_gelu: bool = False  # the released checkpoint uses OpenAI CLIP's activation
 
 
 def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:

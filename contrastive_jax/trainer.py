@@ -32,6 +32,7 @@ from contrastive_jax import (
     models,
     noise_scale,
     optimizer,
+    released,
     sharding,
 )
 from contrastive_jax.config_lib import group_values, override
@@ -92,6 +93,7 @@ class Trainer:
     log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
     fsdp_min_bytes: int = 0  # arrays smaller than this stay replicated on the fsdp axis (sharding.fsdp_spec)
     memory_limit_gib: float | None = None  # one device's memory; None: the device's own (memory_fit)
+    initial_params: Any = None  # a released checkpoint's parameters (numpy); None: initialised from `seed`
 
     def init_state(self, element_spec: Mapping[str, Any]) -> tuple[Callable[[], TrainState], TrainState]:
         """`(init, abstract_state)`: `init()` creates the initial state on the mesh;
@@ -112,21 +114,20 @@ class Trainer:
             if k in ("a", "b")
         }
 
-        def init(rng):
+        def init(rng, initial_params):
             variables = self.model.init({"params": rng}, dummy["a"], dummy.get("b"), train=False)
-            loss_state = self.loss.state and self.loss.state.init(
-                self.loss_settings, variables["params"], self.loss_table_size
-            )
+            params = variables["params"] if initial_params is None else initial_params
+            loss_state = self.loss.state and self.loss.state.init(self.loss_settings, params, self.loss_table_size)
             return TrainState.create(
                 apply_fn=self.model.apply,
-                params=variables["params"],
+                params=params,
                 tx=self.tx,
                 batch_stats=variables.get("batch_stats", {}),
                 loss_state=loss_state,
             )
 
         rng = jax.random.key(self.seed)
-        shapes = jax.eval_shape(init, rng)
+        shapes = jax.eval_shape(init, rng, self.initial_params)
         shardings = sharding.fsdp_shardings(shapes, self.mesh, self.fsdp_min_bytes)
         if self.loss.state is not None:  # as `global_loss` takes it; a momentum encoder like the parameters
             inside, outside = self._split_params_like(shardings.loss_state)
@@ -137,7 +138,7 @@ class Trainer:
         abstract_state = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
         )
-        return functools.partial(jax.jit(init, out_shardings=shardings), rng), abstract_state
+        return functools.partial(jax.jit(init, out_shardings=shardings), rng, self.initial_params), abstract_state
 
     def jit_train_step(self, abstract_state: TrainState) -> Callable:
         """`train_step` jitted for this mesh: the state placed as `abstract_state` says
@@ -427,8 +428,8 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
     data, guard, loss_config = data_settings(config), guard_settings(config), loss_settings(config)
     loss_table_size, metadata = config_checks.check(config, loss, sharding.batch_shards(mesh), data, guard, loss_config)
     text_vocab_size = data_sources.text_vocab_size(data, metadata)
-    model = models.create_model(model_settings(config, learned_bias=loss.learned_bias), text_vocab_size=text_vocab_size)
-    tx, schedule = optimizer.make_optimizer(optim_settings(config), train.num_train_steps)
+    model, initial_params = _model(model_settings(config, learned_bias=loss.learned_bias), data, text_vocab_size)
+    tx, schedule = optimizer.make_optimizer(optim_settings(config), train.num_train_steps, model.TOWER_PARAMS)
 
     def variant(fields: Mapping[str, Any]) -> Trainer:
         """This trainer with `fields` overridden (the memory check's candidates), on a
@@ -458,4 +459,22 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
         log_noise_scale=train.log_noise_scale,
         memory_limit_gib=train.memory_limit_gib,
         fsdp_min_bytes=int(config.mesh.fsdp_min_kib * 1024),
+        initial_params=initial_params,
     )
+
+
+def _model(settings: models.ModelSettings, data: data_sources.DataSettings, text_vocab_size: int):
+    """`(model, initial_params)`: the towers `settings` describe, initialised from the
+    seed (`initial_params` None), or a released checkpoint checked against the inputs."""
+    if not settings.init_from:
+        return models.create_model(settings, text_vocab_size=text_vocab_size), None
+    loaded = released.load(settings.init_from, quick_gelu=settings.quick_gelu)
+    released.check_inputs(
+        loaded.settings,
+        image_size=data.image_size,
+        text_length=data.text_max_length,
+        vocab_size=text_vocab_size,
+        embed_dim=settings.embed_dim,
+        learned_bias=settings.bias_init is not None,
+    )
+    return loaded.model, loaded.params

@@ -1,0 +1,100 @@
+"""Fine-tuning: layer-wise learning-rate decay and a frozen tower (LiT) in the optimizer,
+and a released checkpoint trained by the trainer (`config.model.init_from`)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from contrastive_jax import optimizer
+from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.released import TOWER_PARAMS, open_clip_layout
+
+SGD = optimizer.OptimSettings("sgd", 0.1, 0, 1.0, 0.0, 0.0, 0.0)
+TOWER = open_clip_layout.TowerSettings(width=64, depth=3, num_heads=1, mlp_dim=128)
+SETTINGS = open_clip_layout.Settings(
+    image_size=16, patch_size=8, image=TOWER, context_length=8, vocab_size=50, text=TOWER, embed_dim=16
+)
+
+
+def _params():
+    model = open_clip_layout.Model(SETTINGS)
+    tokens = jnp.ones((1, 8), jnp.int32)
+    return model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), tokens)["params"]
+
+
+def _sgd_updates(settings, params):
+    tx, _ = optimizer.make_optimizer(settings, 10, TOWER_PARAMS)
+    grads = jax.tree.map(jnp.ones_like, params)
+    return tx.update(grads, tx.init(params), params)[0]
+
+
+def test_layer_decay_scales_blocks_embeddings_and_heads():
+    decay = 0.5
+    updates = _sgd_updates(_with(SGD, layer_decay=decay), _params())
+    lr = -SGD.learning_rate
+    for tower, blocks in (("img", "Transformer"), ("txt", "Encoder_0")):
+        for index in range(3):  # block i of 3: decay ** (3 - i)
+            kernel = updates[tower][blocks][f"encoderblock_{index}"]["MlpBlock_0"]["Dense_0"]["kernel"]
+            np.testing.assert_allclose(kernel, lr * decay ** (3 - index), rtol=1e-6)
+        np.testing.assert_allclose(updates[tower]["pos_embedding"], lr * decay**4, rtol=1e-6)
+        np.testing.assert_allclose(updates[tower][blocks]["encoder_norm"]["scale"], lr, rtol=1e-6)
+        np.testing.assert_allclose(updates[tower]["head"]["kernel"], lr, rtol=1e-6)
+    np.testing.assert_allclose(updates["img"]["embedding"]["kernel"], lr * decay**4, rtol=1e-6)
+    np.testing.assert_allclose(updates["txt"]["Embed_0"]["embedding"], lr * decay**4, rtol=1e-6)
+    np.testing.assert_allclose(updates["log_inv_temperature"], lr, rtol=1e-6)
+
+
+def _with(settings, **fields):
+    import dataclasses
+
+    return dataclasses.replace(settings, **fields)
+
+
+@pytest.mark.parametrize("side, frozen, trained", [("a", "img", "txt"), ("b", "txt", "img")])
+def test_a_frozen_tower_is_not_updated_and_keeps_no_optimizer_state(side, frozen, trained):
+    params = _params()
+    adam = _with(SGD, name="adamw", frozen_tower=side, grad_clip_norm=1.0)
+    tx, _ = optimizer.make_optimizer(adam, 10, TOWER_PARAMS)
+    grads = jax.tree.map(jnp.ones_like, params)
+    state = tx.init(params)
+    updates, _ = tx.update(grads, state, params)
+    assert all(np.all(leaf == 0) for leaf in jax.tree.leaves(updates[frozen]))
+    assert all(np.all(leaf != 0) for leaf in jax.tree.leaves(updates[trained]["head"]))
+    assert float(updates["log_inv_temperature"]) != 0.0
+    moments = sum(leaf.size for leaf in jax.tree.leaves(state))
+    tower_size = sum(leaf.size for leaf in jax.tree.leaves(params[frozen]))
+    total = sum(leaf.size for leaf in jax.tree.leaves(params))
+    assert moments <= 2 * (total - tower_size) + 8  # Adam's two moments of the trained part alone
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"frozen_tower": "c"}, "frozen_tower='c'"),
+        ({"layer_decay": 0.0}, "layer_decay=0.0"),
+        ({"layer_decay": 1.5}, "layer_decay=1.5"),
+    ],
+)
+def test_bad_fine_tuning_settings_are_named(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        optimizer.make_optimizer(_with(SGD, **fields), 10, TOWER_PARAMS)
+
+
+def test_tied_towers_cannot_freeze_one():
+    tx, _ = optimizer.make_optimizer(_with(SGD, frozen_tower="b"), 10, {"a": ("tower_a",), "b": ("tower_b",)})
+    with pytest.raises(ConfigError, match="tie_towers"):
+        tx.init({"tower_a": jnp.ones(2), "head_a": jnp.ones(2)})
+
+
+def test_optax_reference_for_one_block():
+    """A block's factor is optax's own scaled SGD step (not a re-derivation of the rule)."""
+    params = _params()
+    decay = 0.75
+    updates = _sgd_updates(_with(SGD, layer_decay=decay), params)
+    block = params["txt"]["Encoder_0"]["encoderblock_1"]
+    sgd = optax.sgd(SGD.learning_rate * decay**2)
+    want, _ = sgd.update(jax.tree.map(jnp.ones_like, block), sgd.init(block))
+    got = updates["txt"]["Encoder_0"]["encoderblock_1"]
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-6), got, want)
