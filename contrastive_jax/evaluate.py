@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from sklearn import linear_model
 
-from contrastive_jax import benchmark, models, sharding
+from contrastive_jax import benchmark, sharding
 
 
 def cross_view_recall(
@@ -221,9 +221,7 @@ class Evaluator:
         # The state stays where it is (replicated, or its parameters split over fsdp).
         variables = lambda state: {"params": state.params, "batch_stats": state.batch_stats}  # noqa: E731
         self._embed = jax.jit(lambda state, a, b: state.apply_fn(variables(state), a, b, train=False))
-        self._embed_b = jax.jit(
-            lambda state, b, _: {"zb": state.apply_fn(variables(state), b, "b", method=models.TwoTower.embed)}
-        )
+        self._embed_b = jax.jit(lambda state, b, _: {"zb": state.apply_fn(variables(state), b, "b", method="embed")})
 
     def embed(self, state, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """`za` [n, D] (and `zb` [n, D] when `arrays` has `b`) for every example."""

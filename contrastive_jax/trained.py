@@ -39,12 +39,13 @@ class TrainedModel:
     """A run's model and its restored variables.
 
     Attributes:
-      model: the `models.TwoTower`.
+      model: the `models.TwoTower` (or a released model: `contrastive_jax.released`).
       variables: `{"params", "batch_stats"}` as host (NumPy) arrays.
       inputs: each side's input shape (without the batch) and dtype, `{"a": (shape,
         dtype), "b": ...}` (the input pipeline's).
       data: the run's data settings (tokenizer and text length for texts).
       step: the checkpoint's step.
+      embed_dim: the embeddings' width D.
     """
 
     model: models.TwoTower
@@ -52,6 +53,7 @@ class TrainedModel:
     inputs: dict[str, tuple[tuple[int, ...], np.dtype]]
     data: data_sources.DataSettings
     step: int
+    embed_dim: int
 
     def embed(self, inputs: np.ndarray, side: str, *, batch_size: int = 256) -> np.ndarray:
         """Tower `side`'s L2-normalised embeddings `[n, D]` float32 of `inputs` `[n, ...]`."""
@@ -61,14 +63,13 @@ class TrainedModel:
             np.asarray(embed(self.variables, inputs[start : start + batch_size]))
             for start in range(0, len(inputs), batch_size)
         ]
-        return np.concatenate(chunks) if chunks else np.zeros((0, self.model.head_a.embed_dim), np.float32)
+        return np.concatenate(chunks) if chunks else np.zeros((0, self.embed_dim), np.float32)
 
     @functools.cached_property
     def _towers(self) -> dict[str, Callable]:
         """Each side's jitted `(variables, x) -> embeddings`, compiled once per input shape
         for every call (a zero-shot classifier embeds one class's prompts at a time)."""
-        embed = models.TwoTower.embed
-        return {side: jax.jit(lambda v, x, side=side: self.model.apply(v, x, side, method=embed)) for side in SIDES}
+        return {side: jax.jit(lambda v, x, side=side: self.model.apply(v, x, side, method="embed")) for side in SIDES}
 
     def tokenize(self, texts: list[str]) -> np.ndarray:
         """`texts` as the run's token ids `[n, config.data.text_max_length]` int32."""
@@ -134,7 +135,7 @@ def load(workdir: str, step: int | None = None) -> TrainedModel:
         for side in SIDES
         if side in element_spec
     }
-    return TrainedModel(run.model, variables, inputs, run.data, step)
+    return TrainedModel(run.model, variables, inputs, run.data, step, run.loss_settings.embed_dim)
 
 
 def read_inputs(path: str, model: TrainedModel) -> np.ndarray:

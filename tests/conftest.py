@@ -36,6 +36,7 @@ listed here):
     train, trainer           test_train, test_beyond_batch_training, test_beyond_batch_resume
 """
 
+import importlib.util
 import os
 import tempfile
 
@@ -142,3 +143,14 @@ def pytest_collection_modifyitems(items):
     """The end-to-end runs (15-60 s each, when selected) first: under pytest-xdist they
     then spread over the workers instead of leaving one worker busy at the end."""
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)  # stable: else in file order
+
+
+@pytest.fixture(scope="session")
+def clip_merges():
+    """open_clip's copy of OpenAI's merges file, found without importing open_clip."""
+    for package in ("regex", "ftfy"):
+        pytest.importorskip(package, reason="the released extra is not installed")
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None:
+        pytest.skip("open_clip (the reference extra) is not installed")
+    return os.path.join(spec.submodule_search_locations[0], "bpe_simple_vocab_16e6.txt.gz")

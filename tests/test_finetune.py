@@ -10,9 +10,10 @@ import pytest
 from contrastive_jax import optimizer
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.released import TOWER_PARAMS, open_clip_layout
+from contrastive_jax.released.transformer import TowerSettings
 
 SGD = optimizer.OptimSettings("sgd", 0.1, 0, 1.0, 0.0, 0.0, 0.0)
-TOWER = open_clip_layout.TowerSettings(width=64, depth=3, num_heads=1, mlp_dim=128)
+TOWER = TowerSettings(width=64, depth=3, num_heads=1, mlp_dim=128)
 SETTINGS = open_clip_layout.Settings(
     image_size=16, patch_size=8, image=TOWER, context_length=8, vocab_size=50, text=TOWER, embed_dim=16
 )
@@ -98,3 +99,54 @@ def test_optax_reference_for_one_block():
     want, _ = sgd.update(jax.tree.map(jnp.ones_like, block), sgd.init(block))
     got = updates["txt"]["Encoder_0"]["encoderblock_1"]
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-6), got, want)
+
+
+@pytest.mark.e2e
+def test_a_released_clip_fine_tunes_with_its_image_tower_locked(load_config, shapes_data_dir, clip_merges, tmp_path):
+    """A random-weight open_clip CLIP, saved as open_clip saves it, is fine-tuned on the
+    generated image-text set through `configs/finetune_clip.py` (CLIP's BPE, gradient
+    caching, layer decay, LiT); its image tower stays open_clip's, its text tower moves."""
+    torch = pytest.importorskip("torch")
+    open_clip = pytest.importorskip("open_clip")
+    from safetensors.torch import save_file
+
+    from contrastive_jax import train, trained
+    from contrastive_jax.config_lib import override
+
+    torch.manual_seed(0)
+    vision = {"layers": 2, "width": 64, "patch_size": 16, "image_size": 64}
+    text = {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 1, "layers": 2}
+    reference = open_clip.model.CLIP(embed_dim=32, vision_cfg=vision, text_cfg=text).eval()
+    checkpoint = tmp_path / "open_clip_model.safetensors"
+    save_file({name: t.contiguous() for name, t in reference.state_dict().items()}, str(checkpoint))
+    fields = {
+        "model.init_from": str(checkpoint),
+        "model.embed_dim": 32,
+        "data.name": "shapes",
+        "data.data_dir": shapes_data_dir,
+        "data.tokenizer": clip_merges,
+        "data.image_size": 64,
+        "data.num_workers": 0,
+        "train.global_batch_size": 32,
+        "train.micro_batch_size": 16,
+        "train.num_train_steps": 3,
+        "optim.warmup_steps": 1,
+        "optim.learning_rate": 1e-3,
+        "optim.frozen_tower": "a",
+        "eval.every_steps": 0,
+        "checkpoint.every_steps": 3,
+    }
+    workdir = str(tmp_path / "run")
+    results = train.train_and_evaluate(override(load_config("finetune_clip"), fields), workdir)
+    assert np.isfinite(results["all_captions/image_retrieval_recall@1"])
+    model = trained.load(workdir)
+    images = np.random.default_rng(0).random((4, 64, 64, 3), dtype=np.float32)
+    captions = ["a red circle.", "two blue squares at the top."]
+    mean, std = np.array(open_clip_layout.OPENAI_MEAN), np.array(open_clip_layout.OPENAI_STD)
+    with torch.no_grad():
+        pixels = torch.from_numpy(((images - mean) / std).transpose(0, 3, 1, 2).astype(np.float32))
+        want_a = reference.encode_image(pixels, normalize=True).numpy()
+        want_b = reference.encode_text(open_clip.tokenize(captions), normalize=True).numpy()
+    np.testing.assert_allclose(model.embed(images, "a"), want_a, rtol=1e-4, atol=1e-5)  # locked
+    moved = np.abs(model.embed(model.tokenize(captions), "b") - want_b).max()
+    assert moved > 1e-3  # trained

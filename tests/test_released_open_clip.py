@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from contrastive_jax.released import open_clip_layout
+from contrastive_jax.released.transformer import TowerSettings
 
 torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")
@@ -88,10 +89,10 @@ def test_settings_are_inferred_from_the_arrays():
     assert settings == open_clip_layout.Settings(
         image_size=32,
         patch_size=8,
-        image=open_clip_layout.TowerSettings(width=64, depth=2, num_heads=2, mlp_dim=256),
+        image=TowerSettings(width=64, depth=2, num_heads=2, mlp_dim=256),
         context_length=16,
         vocab_size=100,
-        text=open_clip_layout.TowerSettings(width=96, depth=3, num_heads=3, mlp_dim=384),
+        text=TowerSettings(width=96, depth=3, num_heads=3, mlp_dim=384),
         embed_dim=24,
         activation="quick_gelu",
     )

@@ -3,7 +3,6 @@ against its own library's ids shifted by one; padding, truncation, pickling, err
 released models' tokenizers: CLIP's BPE against open_clip's `tokenize`, SigLIP's
 SentencePiece rule against Hugging Face's `SiglipTokenizer` and big_vision's rule."""
 
-import importlib.util
 import os
 import pickle
 import subprocess
@@ -168,17 +167,6 @@ CAPTIONS = [
     " ".join(["a large red circle next to a small blue square"] * 12),
     "supercalifragilisticexpialidocious antidisestablishmentarianism",
 ]
-
-
-@pytest.fixture(scope="module")
-def clip_merges():
-    """open_clip's copy of OpenAI's merges file, found without importing open_clip."""
-    for package in ("regex", "ftfy"):
-        pytest.importorskip(package, reason="the released extra is not installed")
-    spec = importlib.util.find_spec("open_clip")
-    if spec is None:
-        pytest.skip("open_clip (the reference extra) is not installed")
-    return os.path.join(spec.submodule_search_locations[0], "bpe_simple_vocab_16e6.txt.gz")
 
 
 @pytest.mark.parametrize("length", [77, 16])

@@ -22,8 +22,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from contrastive_jax import losses
 from contrastive_jax.released import transformer
+from contrastive_jax.released.transformer import TowerSettings
+from contrastive_jax.released.two_tower import ReleasedTwoTower, TwoTowerSettings
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -31,29 +32,12 @@ LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's
 
 
 @dataclasses.dataclass(frozen=True)
-class TowerSettings:
-    """One Transformer tower: `width`, `depth` blocks, `num_heads`, the MLP's `mlp_dim`."""
-
-    width: int
-    depth: int
-    num_heads: int
-    mlp_dim: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(TwoTowerSettings):
     """An open_clip CLIP's architecture: images `[image_size, image_size, 3]` cut into
     `patch_size` patches, texts of `context_length` ids below `vocab_size`, embeddings of
     `embed_dim`, the towers, the MLP `activation`, and whether a `logit_bias` was learned
     (SigLIP-trained open_clip models)."""
 
-    image_size: int
-    patch_size: int
-    image: TowerSettings
-    context_length: int
-    vocab_size: int
-    text: TowerSettings
-    embed_dim: int
     activation: str = "gelu"
     logit_bias: bool = False
 
@@ -104,12 +88,6 @@ def settings_from(arrays: dict[str, np.ndarray], *, head_width: int = 64, activa
     )
 
 
-def _encoder(tower: TowerSettings, activation: str, *, causal: bool, name: str) -> transformer.Encoder:
-    return transformer.Encoder(
-        tower.depth, tower.mlp_dim, tower.num_heads, activation, LAYER_NORM_EPSILON, causal=causal, name=name
-    )
-
-
 class ImageTower(nn.Module):
     """open_clip's `VisionTransformer`: `[B, H, W, 3]` normalised pixels -> `[B, embed_dim]`."""
 
@@ -124,7 +102,9 @@ class ImageTower(nn.Module):
         x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, s.image.width)), x], axis=1)
         x = x + self.param("pos_embedding", nn.initializers.normal(0.02), x.shape[1:])[None]
         x = nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, name="ln_pre")(x)
-        x = _encoder(s.image, s.activation, causal=False, name="Transformer")(x)  # encoder_norm: ln_post
+        x = transformer.encoder(s.image, s.activation, LAYER_NORM_EPSILON, name="Transformer")(
+            x
+        )  # encoder_norm: ln_post
         return nn.Dense(s.embed_dim, use_bias=False, name="head")(x[:, 0])
 
 
@@ -139,12 +119,12 @@ class TextTower(nn.Module):
         s = self.settings
         x = nn.Embed(s.vocab_size, s.text.width)(tokens)
         x = x + self.param("pos_embedding", nn.initializers.normal(0.01), x.shape[1:])[None]
-        x = _encoder(s.text, s.activation, causal=True, name="Encoder_0")(x)  # encoder_norm: ln_final
+        x = transformer.encoder(s.text, s.activation, LAYER_NORM_EPSILON, causal=True, name="Encoder_0")(x)  # ln_final
         x = x[jnp.arange(x.shape[0]), jnp.argmax(tokens, axis=-1)]
         return nn.Dense(s.embed_dim, use_bias=False, name="head")(x)
 
 
-class Model(nn.Module):
+class Model(ReleasedTwoTower):
     """A CLIP with `models.TwoTower`'s contract (`released`'s docstring): `a` images
     `[B, image_size, image_size, 3]` (uint8, or float in [0, 1]), `b` ids
     `[B, context_length]` -> `za`, `zb` `[B, embed_dim]` normalised, `temperature`
@@ -152,31 +132,12 @@ class Model(nn.Module):
 
     settings: Settings
 
-    def setup(self):
-        self.img = ImageTower(self.settings)
-        self.txt = TextTower(self.settings)
-        self.log_inv_temperature = self.param("log_inv_temperature", nn.initializers.constant(np.log(1 / 0.07)), ())
-        if self.settings.logit_bias:
-            self.logit_bias = self.param("logit_bias", nn.initializers.constant(-10.0), ())
+    def towers(self):
+        return ImageTower(self.settings), TextTower(self.settings)
 
-    def __call__(self, a, b=None, *, train: bool = False):
-        out = {"za": self.embed(a, "a")}
-        if b is not None:
-            out["zb"] = self.embed(b, "b")
-        out["temperature"] = jnp.exp(-self.log_inv_temperature.astype(jnp.float32))
-        if self.settings.logit_bias:
-            out["bias"] = self.logit_bias
-        return out
-
-    def embed(self, x, side: str, *, train: bool = False):
-        """One tower alone: images (`side="a"`) or ids (`"b"`) -> `[B, embed_dim]` normalised."""
-        if side == "a":
-            pixels = x.astype(jnp.float32) / 255.0 if x.dtype == jnp.uint8 else x.astype(jnp.float32)
-            mean, std = jnp.array(OPENAI_MEAN).reshape(1, 1, 1, 3), jnp.array(OPENAI_STD).reshape(1, 1, 1, 3)
-            return losses.l2_normalize(self.img((pixels - mean) / std))
-        if side == "b":
-            return losses.l2_normalize(self.txt(x))
-        raise ValueError(f"side={side!r}: use 'a' (images) or 'b' (texts).")
+    def normalize_pixels(self, pixels):
+        mean, std = jnp.array(OPENAI_MEAN).reshape(1, 1, 1, 3), jnp.array(OPENAI_STD).reshape(1, 1, 1, 3)
+        return (pixels - mean) / std
 
 
 def _attention(arrays, prefix: str, num_heads: int) -> dict:

@@ -9,11 +9,23 @@ LayerNorm epsilon (Flax's 1e-6, PyTorch's 1e-5) and a causal attention mask (CLI
 tower). Shapes: `B` batch, `L` sequence length, `W` width.
 """
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class TowerSettings:
+    """One Transformer tower: `width` W, `depth` blocks, `num_heads`, the MLP's `mlp_dim`."""
+
+    width: int
+    depth: int
+    num_heads: int
+    mlp_dim: int
+
 
 ACTIVATIONS = {
     "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
@@ -99,3 +111,8 @@ class MAPHead(nn.Module):
         x = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, dtype=self.dtype)(probe, x)
         y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x)
         return (x + MlpBlock(self.mlp_dim, self.activation, self.dtype)(y))[:, 0]
+
+
+def encoder(tower: TowerSettings, activation: str, layer_norm_epsilon: float, *, name: str, **options) -> Encoder:
+    """The `Encoder` of `tower`'s size (`options`: `causal`, `dtype`)."""
+    return Encoder(tower.depth, tower.mlp_dim, tower.num_heads, activation, layer_norm_epsilon, name=name, **options)

@@ -1,0 +1,73 @@
+"""What every released model shares: `models.TwoTower`'s contract over an image tower
+(`img`) and a text tower (`txt`), the learned temperature and bias (`released`'s
+docstring). A layout's `Model` gives its towers and its pixel normalisation."""
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from contrastive_jax import losses
+from contrastive_jax.models import TEMPERATURE_PARAM
+from contrastive_jax.released.transformer import TowerSettings
+
+# The parameters of each tower (`optim.frozen_tower`, layer decay).
+TOWER_PARAMS = {"a": ("img",), "b": ("txt",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoTowerSettings:
+    """What every released model's architecture has: images `[image_size, image_size, 3]`
+    cut into `patch_size` patches, texts of `context_length` ids below `vocab_size`, the
+    two towers and the embeddings' width `embed_dim`. The check against the config
+    (`released.check_inputs`) reads these."""
+
+    image_size: int
+    patch_size: int
+    image: TowerSettings
+    context_length: int
+    vocab_size: int
+    text: TowerSettings
+    embed_dim: int
+
+
+class ReleasedTwoTower(nn.Module):
+    """Base of the layouts' `Model`s, which define `settings` (with `logit_bias`),
+    `towers()` -> `(image tower, text tower)` and `normalize_pixels`."""
+
+    TOWER_PARAMS: ClassVar[dict[str, tuple[str, ...]]] = TOWER_PARAMS
+
+    def towers(self) -> tuple[nn.Module, nn.Module]:
+        """The image tower (`[B, H, W, 3]` -> `[B, D]`) and the text tower (`[B, L]` -> `[B, D]`)."""
+        raise NotImplementedError
+
+    def normalize_pixels(self, pixels):
+        """Images `[B, H, W, 3]` float in [0, 1] as the released model was trained on them."""
+        raise NotImplementedError
+
+    def setup(self):
+        self.img, self.txt = self.towers()
+        self.log_inv_temperature = self.param(TEMPERATURE_PARAM, nn.initializers.constant(math.log(10.0)), ())
+        if self.settings.logit_bias:
+            self.logit_bias = self.param("logit_bias", nn.initializers.constant(-10.0), ())
+
+    def __call__(self, a, b=None, *, train: bool = False):
+        out = {"za": self.embed(a, "a")}
+        if b is not None:
+            out["zb"] = self.embed(b, "b")
+        out["temperature"] = jnp.exp(-self.log_inv_temperature.astype(jnp.float32))
+        if self.settings.logit_bias:
+            out["bias"] = self.logit_bias.astype(jnp.float32)
+        return out
+
+    def embed(self, x, side: str, *, train: bool = False):
+        """One tower alone: images `[B, H, W, 3]` uint8 or float in [0, 1] (`side="a"`) or
+        ids `[B, L]` (`"b"`) -> `[B, D]` L2-normalised float32."""
+        if side == "a":
+            pixels = x.astype(jnp.float32) / 255.0 if x.dtype == jnp.uint8 else x.astype(jnp.float32)
+            return losses.l2_normalize(self.img(self.normalize_pixels(pixels)))
+        if side == "b":
+            return losses.l2_normalize(self.txt(x))
+        raise ValueError(f"side={side!r}: use 'a' (images) or 'b' (texts).")
