@@ -150,3 +150,52 @@ def test_a_released_clip_fine_tunes_with_its_image_tower_locked(load_config, sha
     np.testing.assert_allclose(model.embed(images, "a"), want_a, rtol=1e-4, atol=1e-5)  # locked
     moved = np.abs(model.embed(model.tokenize(captions), "b") - want_b).max()
     assert moved > 1e-3  # trained
+
+
+@pytest.fixture(scope="module")
+def tiny_open_clip(tmp_path_factory):
+    """A random-weight open_clip CLIP (64 px, CLIP's vocabulary) saved as `.safetensors`."""
+    torch = pytest.importorskip("torch")
+    open_clip = pytest.importorskip("open_clip")
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    vision = {"layers": 1, "width": 64, "patch_size": 16, "image_size": 64}
+    text = {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 1, "layers": 1}
+    model = open_clip.model.CLIP(embed_dim=32, vision_cfg=vision, text_cfg=text)
+    path = tmp_path_factory.mktemp("released") / "open_clip_model.safetensors"
+    save_file({name: t.contiguous() for name, t in model.state_dict().items()}, str(path))
+    return str(path)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"data.image_size": 32}, r"config\.data\.image_size=32; the released model .* takes 64"),
+        ({"data.text_max_length": 64}, r"config\.data\.text_max_length=64; .* takes 77"),
+        ({"model.embed_dim": 512}, r"config\.model\.embed_dim=512; .* takes 32"),
+        ({"data.tokenizer": "bytes"}, r"gives 257 ids; the released text tower embeds 49408"),
+        ({"loss.name": "siglip"}, r"needs a learned logit bias"),
+        ({"model.init_from": "missing.safetensors"}, r"init_from='missing\.safetensors' does not exist"),
+    ],
+)
+def test_a_config_that_does_not_fit_the_checkpoint_is_named_at_build(
+    load_config, shapes_data_dir, clip_merges, tiny_open_clip, fields, message
+):
+    from contrastive_jax import trainer
+    from contrastive_jax.config_lib import override
+
+    base = {
+        "model.init_from": tiny_open_clip,
+        "model.embed_dim": 32,
+        "data.name": "shapes",
+        "data.data_dir": shapes_data_dir,
+        "data.tokenizer": clip_merges,
+        "data.image_size": 64,
+        "train.global_batch_size": 32,
+        "train.micro_batch_size": 16,
+    }
+    config = override(load_config("finetune_clip"), base | fields)
+    with pytest.raises(ConfigError, match=message):
+        trainer.build(config)

@@ -22,9 +22,7 @@ import os
 from typing import Any
 
 from contrastive_jax.config_lib import ConfigError
-
-# The parameters of each tower of a released model (`optim.frozen_tower`, layer decay).
-TOWER_PARAMS = {"a": ("img",), "b": ("txt",)}
+from contrastive_jax.released.two_tower import TOWER_PARAMS  # noqa: F401  (re-exported)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
