@@ -27,7 +27,7 @@ BUILTIN = {
     "cmudict": "builtin:cmudict",
     "shapes": "builtin:shapes",
 }
-BUILTIN_VERSION = 1
+BUILTIN_VERSION = 2  # 2: cmudict has the fit and validation splits
 DEFAULT_DATA_DIR = os.path.join("~", ".cache", "contrastive_jax")
 
 

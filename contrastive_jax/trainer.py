@@ -39,7 +39,7 @@ from contrastive_jax.config_lib import group_values, override
 from contrastive_jax.sharding import BATCH_AXES
 
 # Model outputs with a batch dimension (split over the mesh); the rest are replicated.
-_BATCHED_OUTPUTS = ("za", "zb", "logits")
+BATCHED_OUTPUTS = ("za", "zb", "logits")
 
 
 class TrainState(train_state.TrainState):
@@ -187,8 +187,8 @@ class Trainer:
                 rngs={"dropout": jax.random.fold_in(rng, micro_index)},
                 mutable=["batch_stats"],
             )
-            batched = {k: v for k, v in outputs.items() if k in _BATCHED_OUTPUTS}
-            shared = {k: v for k, v in outputs.items() if k not in _BATCHED_OUTPUTS}
+            batched = {k: v for k, v in outputs.items() if k in BATCHED_OUTPUTS}
+            shared = {k: v for k, v in outputs.items() if k not in BATCHED_OUTPUTS}
             return batched, shared, updates
 
         def loss_of_outputs(batched, shared, inputs):

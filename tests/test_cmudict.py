@@ -11,7 +11,7 @@ from contrastive_jax import data_sources, input_pipeline, records
 from contrastive_jax.datasets import cmudict
 from contrastive_jax.trainer import data_settings
 
-SIZES = {"train": 121_490, "test": 13_676}
+SIZES = {"train": 121_490, "test": 13_676, "fit": 108_000, "validation": 13_490}
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +24,11 @@ def splits(metadata):
     """Each split's records as columns: `word` (bytes), `phonemes` (ids, 0-padded),
     the ids, and `line` (the dictionary line: records are in file order)."""
     out = {}
-    lines = {"train": [], "test": []}
+    lines = {name: [] for name in SIZES}
     for entry in cmudict.entries():
-        lines[cmudict.split_of(entry.word)].append(entry.line)
+        for name in SIZES:
+            if cmudict.in_split(entry.word, name):
+                lines[name].append(entry.line)
     for name in SIZES:
         split = records.RecordSet(metadata, name)
         examples = [records.decode(r) for r in split.read_many(range(len(split)))]
@@ -55,8 +57,13 @@ def test_split_is_md5_of_the_word_with_all_its_pronunciations(splits):
     train_words, test_words = (set(splits[s]["word"]) for s in ("train", "test"))
     assert train_words.isdisjoint(test_words)
     # All the pronunciations of a word are in its split: every line is somewhere, once.
-    lines = np.concatenate([splits[s]["line"] for s in SIZES])
+    lines = np.concatenate([splits[s]["line"] for s in ("train", "test")])
     assert sorted(lines) == list(range(135_166))
+    # validation and fit cut train in two by the same hash (remainder 1, the rest).
+    fit, validation = (set(splits[s]["line"]) for s in ("fit", "validation"))
+    assert fit.isdisjoint(validation) and fit | validation == set(splits["train"]["line"])
+    buckets = {int(hashlib.md5(w).hexdigest(), 16) % 10 for w in splits["validation"]["word"]}
+    assert buckets == {1}
     assert cmudict.split_of("read") == "train" and cmudict.split_of("abacus") == "test"
 
 

