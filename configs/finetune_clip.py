@@ -1,5 +1,5 @@
-# python -m contrastive_jax.main --config=configs/finetune_clip.py --workdir=runs/finetune_clip \
-#     --config.model.init_from=open_clip_model.safetensors --config.data.records=data/my_pairs \
+# python -m contrastive_jax.main --config=configs/finetune_clip.py --workdir=runs/finetune_clip
+#   with --config.model.init_from=open_clip_model.safetensors --config.data.records=data/my_pairs \
 #     --config.data.tokenizer=bpe_simple_vocab_16e6.txt.gz
 """Fine-tune a released open_clip CLIP (ViT-B/32 or B/16 layout) on your own image-text
 records with the global-batch streamed CLIP loss. Needs an accelerator.

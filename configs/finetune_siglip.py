@@ -1,5 +1,5 @@
-# python -m contrastive_jax.main --config=configs/finetune_siglip.py --workdir=runs/finetune_siglip \
-#     --config.model.init_from=webli_en_b16_224_63724782.npz --config.data.records=data/my_pairs \
+# python -m contrastive_jax.main --config=configs/finetune_siglip.py --workdir=runs/finetune_siglip
+#   with --config.model.init_from=webli_en_b16_224_63724782.npz --config.data.records=data/my_pairs \
 #     --config.data.tokenizer=siglip:cc_en.model
 """Fine-tune a released SigLIP or SigLIP 2 (big_vision's `.npz`; B/16, So400m, ...) on your
 own image-text records with the global-batch streamed sigmoid loss, the checkpoint's

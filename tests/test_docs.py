@@ -281,6 +281,12 @@ QUOTED_FIGURES = [
         "EMA 0.99 | 256 | 1 | **0.902** | **0.948** | 0.016 | 7.7 |",
         RESULTS + "epoch_budget_study/summary.md",
     ),
+    ("docs/batch_size_study.md", "**B_crit = 1,118, 1,658, 2,295**", RESULTS + "critical_batch_study/summary.md"),
+    ("docs/batch_size_study.md", "(256,002 → 177,874 → 150,782)", RESULTS + "critical_batch_study/summary.md"),
+    ("docs/batch_size_study.md", "B_simple is 3,783–6,769", RESULTS + "critical_batch_study/summary.md"),
+    ("docs/batch_size_study.md", "and 12,904–90,297 at", RESULTS + "critical_batch_study/summary.md"),
+    ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
+    ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]
 
 

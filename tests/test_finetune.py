@@ -199,3 +199,52 @@ def test_a_config_that_does_not_fit_the_checkpoint_is_named_at_build(
     config = override(load_config("finetune_clip"), base | fields)
     with pytest.raises(ConfigError, match=message):
         trainer.build(config)
+
+
+@pytest.mark.e2e
+def test_a_released_siglip_fine_tunes_from_its_temperature_and_bias(load_config, shapes_data_dir, tmp_path):
+    """A random-weight SigLIP written in big_vision's layout (with t = log 5, b = -7) is
+    fine-tuned through `configs/finetune_siglip.py` with its SentencePiece tokenization:
+    the sigmoid loss starts from the checkpoint's temperature and bias, not the config's."""
+    from flax import traverse_util
+    from test_tokenizers import train_sentencepiece
+
+    from contrastive_jax import tokenizers, train, trained
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.released import big_vision_layout
+
+    sentencepiece = train_sentencepiece(tmp_path, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    vocab_size = tokenizers.load(f"siglip:{sentencepiece}").vocab_size
+    tower = TowerSettings(width=64, depth=1, num_heads=1, mlp_dim=128)
+    settings = big_vision_layout.Settings(
+        image_size=64, patch_size=16, image=tower, context_length=16, vocab_size=vocab_size, text=tower, embed_dim=64
+    )
+    model = big_vision_layout.Model(settings)
+    params = model.init(jax.random.key(0), jnp.zeros((1, 64, 64, 3)), jnp.ones((1, 16), jnp.int32))["params"]
+    arrays = traverse_util.flatten_dict(jax.device_get(params), sep="/")
+    arrays["t"], arrays["b"] = np.full(1, np.log(5.0)), np.full(1, -7.0)
+    del arrays["log_inv_temperature"], arrays["logit_bias"]
+    checkpoint = tmp_path / "siglip.npz"
+    np.savez(checkpoint, **{f"params/{name}": np.asarray(array) for name, array in arrays.items()})
+    fields = {
+        "model.init_from": str(checkpoint),
+        "model.embed_dim": 64,
+        "data.name": "shapes",
+        "data.data_dir": shapes_data_dir,
+        "data.tokenizer": f"siglip:{sentencepiece}",
+        "data.text_max_length": 16,
+        "data.image_size": 64,
+        "data.num_workers": 0,
+        "train.global_batch_size": 32,
+        "train.micro_batch_size": 16,
+        "train.num_train_steps": 2,
+        "optim.warmup_steps": 1,
+        "eval.every_steps": 0,
+        "checkpoint.every_steps": 2,
+    }
+    workdir = str(tmp_path / "run")
+    train.train_and_evaluate(override(load_config("finetune_siglip"), fields), workdir)
+    params = trained.load(workdir).variables["params"]
+    assert float(params["logit_bias"]) == pytest.approx(-7.0, abs=0.01)  # the checkpoint's, moved a little
+    assert float(params["log_inv_temperature"]) == pytest.approx(np.log(5.0), abs=0.01)
+    assert float(params["logit_bias"]) != -7.0
