@@ -56,19 +56,26 @@ class TrainedModel:
     embed_dim: int
 
     def embed(self, inputs: np.ndarray, side: str, *, batch_size: int = 256) -> np.ndarray:
-        """Tower `side`'s L2-normalised embeddings `[n, D]` float32 of `inputs` `[n, ...]`."""
+        """Tower `side`'s L2-normalised embeddings `[n, D]` float32 of `inputs` `[n, ...]`.
+
+        The inputs go in chunks of `batch_size`, or of the power of two above n when n is
+        smaller, the last chunk padded with zeros: one compile per chunk width, not one
+        per n (a zero-shot classifier embeds each class's prompts in turn).
+        """
         inputs = self.check_inputs(inputs, side)
         embed = self._towers[side]
-        chunks = [
-            np.asarray(embed(self.variables, inputs[start : start + batch_size]))
-            for start in range(0, len(inputs), batch_size)
-        ]
+        width = min(batch_size, 1 << max(len(inputs) - 1, 0).bit_length())
+        chunks = []
+        for start in range(0, len(inputs), width):
+            chunk = inputs[start : start + width]
+            padding = np.zeros((width - len(chunk), *chunk.shape[1:]), chunk.dtype)
+            chunks.append(np.asarray(embed(self.variables, np.concatenate([chunk, padding])))[: len(chunk)])
         return np.concatenate(chunks) if chunks else np.zeros((0, self.embed_dim), np.float32)
 
     @functools.cached_property
     def _towers(self) -> dict[str, Callable]:
         """Each side's jitted `(variables, x) -> embeddings`, compiled once per input shape
-        for every call (a zero-shot classifier embeds one class's prompts at a time)."""
+        for every call."""
         return {side: jax.jit(lambda v, x, side=side: self.model.apply(v, x, side, method="embed")) for side in SIDES}
 
     def tokenize(self, texts: list[str]) -> np.ndarray:

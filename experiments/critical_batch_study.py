@@ -1,32 +1,41 @@
 """The critical batch, measured: steps to a validation target at each N with the learning
-rate tuned per N (Shallue et al. 2018), McCandlish's curve fitted, the replicate noise
-scale beside it.
+rate tuned per N (Shallue et al. 2018), over seeds, McCandlish's curve fitted, DCL as a
+control of the objective, the replicate noise scale beside it.
 
 Every run trains `configs/cmudict_clip.py` (two 1-D CNN towers, CLIP over the global
 batch on 8 simulated CPU devices) on cmudict's `fit` split (108,000 pairs) for `EPOCHS`
 epochs, evaluating R@1 both ways on `validation` (13,490 pairs; the test split is never
-read here) `EVALS_PER_EPOCH` times an epoch. The grid: N in `BATCH_SIZES` x AdamW's peak
-learning rate `BASE_LEARNING_RATE * sqrt(N / 256) * f` for f in `LR_FACTORS` (f = 1 is
-the earlier study's square-root rule, f = 4 at N = 4,096 is linear scaling) x seeds, the
-first seed's runs first. Warmup is `WARMUP_EPOCHS` epochs, the schedule a cosine to 0.
+read here) `EVALS_PER_EPOCH` times an epoch. AdamW's peak learning rate is
+`BASE_LEARNING_RATE * sqrt(N / 256) * f` (f = 1 is the earlier study's square-root rule,
+f = 4 at N = 4,096 linear scaling); warmup `WARMUP_EPOCHS` epochs, then a cosine to 0.
+Three stages, each resumable:
+
+1. **tuning**: N in `BATCH_SIZES` x f in `LR_FACTORS` on the first seed;
+2. **replicates**: the other seeds at each N's rates that were the first seed's best at
+   one target or more;
+3. **control**: DCL (the positive out of the denominators) at N in
+   `CONTROL_BATCH_SIZES`, CLIP's best rate there, every seed: if the small batch's
+   deficit is in the objective (the positive's coupling to few negatives), DCL closes it.
 
 What it reports (`summary.md`, `results.json`, `steps_to_target.png`):
 
 * **steps to a target**: the first step at which validation R@1 (the mean of both
-  directions) reaches each of `TARGETS`, linearly interpolated between evaluations, for
-  every run; per N the best learning rate's (fewest steps). A best factor at the edge of
-  the grid is marked: the tuned rate may lie beyond it.
+  directions) reaches each of `TARGETS`, linearly interpolated between evaluations; per
+  N and rate the mean over seeds with its 95% t-interval; per N the best rate among
+  those run with every seed. A best factor at the edge of the grid is marked.
 * **McCandlish's curve**: ``S(N) = S_min + E_min / N`` (steps S, examples E = N S; the
   model's ``(S / S_min - 1)(E / E_min - 1) = 1``) fitted by least squares over the N that
-  reach the target, giving ``B_crit = E_min / S_min``.
+  reach the target, giving ``B_crit = E_min / S_min``; fitted again per seed for B_crit's
+  95% interval.
 * **the replicate noise scale** (`noise_scale.compare`) at the final state of each N's best
-  run: `REPLICATES` independent global batches at n and n / 4 (each with its own
-  negatives) for n in `NOISE_BATCHES`: ``B_simple``, the variance ratio (4 when the noise
-  scales as 1 / n) and the objective's bias ``|E g_{n/4} - E g_n|^2``. Cached in
-  `noise.json`.
+  run on the first seed: `REPLICATES` independent global batches at n and n / 4 (each
+  with its own negatives) for n in `NOISE_BATCHES`: ``B_simple``, the variance ratio (4
+  when the noise scales as 1 / n) and the objective's bias ``|E g_{n/4} - E g_n|^2``.
+  Cached in `noise.json`.
 
 Run (from the repository root; resumable: rerun the same command after a kill, finished
-runs and noise measurements are skipped):
+runs and noise measurements are skipped, and so are the runs in the committed
+`results.json`):
   .venv/bin/python -m experiments.critical_batch_study             # the grid, results committed
   .venv/bin/python -m experiments.critical_batch_study --seeds 0   # one seed of it
   .venv/bin/python -m experiments.critical_batch_study --quick     # CI: slices of the data
@@ -49,7 +58,8 @@ FIT_PAIRS = 108_000  # cmudict's `fit` split
 EPOCHS = 6.0
 EVALS_PER_EPOCH = 2
 BATCH_SIZES = (256, 512, 1024, 2048, 4096)
-LR_FACTORS = (1.0, 2.0, 4.0)
+LR_FACTORS = (1.0, 2.0, 4.0, 8.0)  # on the tuning seed, the first in SEEDS
+CONTROL_BATCH_SIZES = (256, 1024, 4096)  # DCL at CLIP's best rate
 SEEDS = (0, 1, 2)
 BASE_LEARNING_RATE = 1e-3  # AdamW's peak at N = 256 and f = 1
 WARMUP_EPOCHS = 0.5
@@ -65,29 +75,61 @@ def learning_rate(n: int, factor: float) -> float:
     return BASE_LEARNING_RATE * math.sqrt(n / 256) * factor
 
 
-def study_runs(
-    batch_sizes: Sequence[int], factors: Sequence[float], seeds: Sequence[int], *, epochs: float, train_size: int
-) -> list[sweep.Run]:
-    """One run per (N, learning-rate factor, seed), the first seed's runs first."""
-    runs = []
-    for seed in seeds:
-        for n in batch_sizes:
-            steps_per_epoch = train_size / n
-            num_steps = math.ceil(epochs * steps_per_epoch)
-            eval_every = max(1, round(steps_per_epoch / EVALS_PER_EPOCH))
-            for factor in factors:
-                overrides = {
-                    **sweep.run_overrides(
-                        num_steps=num_steps, seed=seed, warmup_steps=round(WARMUP_EPOCHS * steps_per_epoch)
-                    ),
-                    "train.global_batch_size": n,
-                    "optim.learning_rate": learning_rate(n, factor),
-                    "eval.every_steps": eval_every,
-                    "checkpoint.every_steps": eval_every * 4,
-                }
-                tags = {"batch_size": n, "lr_factor": factor, "learning_rate": learning_rate(n, factor), "seed": seed}
-                runs.append(sweep.Run(f"n{n}_lr{factor:g}_s{seed}", tags | {"steps": num_steps}, overrides))
-    return runs
+def study_run(n: int, factor: float, seed: int, *, epochs: float, train_size: int, loss: str = "clip") -> sweep.Run:
+    """The run at global batch `n`, learning-rate factor `factor` and `seed` (`loss`: CLIP,
+    or DCL for the control; a DCL run's name and tags say so)."""
+    steps_per_epoch = train_size / n
+    num_steps = math.ceil(epochs * steps_per_epoch)
+    eval_every = max(1, round(steps_per_epoch / EVALS_PER_EPOCH))
+    overrides = {
+        **sweep.run_overrides(num_steps=num_steps, seed=seed, warmup_steps=round(WARMUP_EPOCHS * steps_per_epoch)),
+        "train.global_batch_size": n,
+        "optim.learning_rate": learning_rate(n, factor),
+        "eval.every_steps": eval_every,
+        "checkpoint.every_steps": eval_every * 4,
+    }
+    tags = {"batch_size": n, "lr_factor": factor, "learning_rate": learning_rate(n, factor), "seed": seed}
+    name = f"n{n}_lr{factor:g}_s{seed}"
+    if loss != "clip":
+        overrides["loss.name"] = loss
+        tags["loss"] = loss
+        name = f"{loss}_{name}"
+    return sweep.Run(name, tags | {"steps": num_steps}, overrides)
+
+
+def tuning_runs(batch_sizes: Sequence[int], factors: Sequence[float], seed: int, **run_args) -> list[sweep.Run]:
+    """The learning-rate grid on the tuning seed: every N with every factor."""
+    return [study_run(n, factor, seed, **run_args) for n in batch_sizes for factor in factors]
+
+
+def replicated_factors(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict[int, list[float]]:
+    """Per N, the factors that are the tuning seed's best at one of `targets` or more:
+    the ones the other seeds repeat."""
+    factors: dict[int, set[float]] = {}
+    for target in targets:
+        for n, entry in best_runs(records, target).items():
+            factors.setdefault(n, set()).add(entry["lr_factor"])
+    return {n: sorted(f) for n, f in sorted(factors.items())}
+
+
+def replicate_runs(factors: Mapping[int, Sequence[float]], seeds: Sequence[int], **run_args) -> list[sweep.Run]:
+    """Each N's `factors` again with every seed in `seeds`, seed by seed."""
+    return [study_run(n, f, seed, **run_args) for seed in seeds for n, fs in factors.items() for f in fs]
+
+
+def control_factors(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict[int, float]:
+    """Per N, the rate of the DCL control: CLIP's best at the middle target, or, where N
+    misses it, at the highest lower target it reaches (none reached: the grid's middle)."""
+    factors = sorted({r["lr_factor"] for r in records if is_clip(r)})
+    chosen = {r["batch_size"]: factors[len(factors) // 2] for r in records}
+    for target in targets[: len(targets) // 2 + 1]:
+        chosen.update({n: entry["lr_factor"] for n, entry in best_runs(records, target).items()})
+    return chosen
+
+
+def is_clip(record: Mapping[str, Any]) -> bool:
+    """Whether the run trained CLIP (the grid) rather than the DCL control."""
+    return record.get("loss", "clip") == "clip"
 
 
 def validation_curve(record: Mapping[str, Any]) -> np.ndarray:
@@ -120,21 +162,52 @@ def fit_mccandlish(batch_sizes: Sequence[int], steps: Sequence[float]) -> dict[s
     return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": float(e_min / s_min), "max_residual": residual}
 
 
-def best_runs(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, dict[str, Any]]:
-    """Per N, the run (over learning rates and seeds' means) that reaches `target` in the
-    fewest steps: `{N: {"lr_factor", "steps", "seeds", "edge"}}`."""
-    by_rate: dict[tuple[int, float], list[float | None]] = {}
-    for record in records:
+def t_interval(values: Sequence[float]) -> float:
+    """The half-width of the 95% t-interval of the mean of `values` (NaN for one value)."""
+    from scipy import stats
+
+    if len(values) < 2:
+        return math.nan
+    return float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
+
+
+def reached_steps(
+    records: Sequence[Mapping[str, Any]], target: float
+) -> dict[tuple[int, float], dict[int, float | None]]:
+    """`{(N, factor): {seed: steps to target or None}}` over the CLIP runs."""
+    reached: dict[tuple[int, float], dict[int, float | None]] = {}
+    for record in filter(is_clip, records):
         key = (record["batch_size"], record["lr_factor"])
-        by_rate.setdefault(key, []).append(steps_to_target(validation_curve(record), target))
-    factors = sorted({factor for _, factor in by_rate})
+        reached.setdefault(key, {})[record["seed"]] = steps_to_target(validation_curve(record), target)
+    return reached
+
+
+def best_runs(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, dict[str, Any]]:
+    """Per N, the learning rate whose CLIP runs reach `target` in the fewest steps, mean
+    over seeds, among the rates run with every seed that N has (means over the same
+    seeds); a rate that misses in a seed is out: `{N: {"lr_factor", "steps", "seeds",
+    "std", "interval", "by_seed", "edge"}}` (`interval`: the 95% t-interval's half-width;
+    `edge`: the factor is the grid's smallest or largest)."""
+    reached = reached_steps(records, target)
+    factors = sorted({factor for _, factor in reached})
+    seeds_at = {}
+    for (n, _), by_seed in reached.items():
+        seeds_at[n] = max(seeds_at.get(n, 0), len(by_seed))
     best = {}
-    for (n, factor), reached in sorted(by_rate.items()):
-        if any(s is None for s in reached):
+    for (n, factor), by_seed in sorted(reached.items()):
+        if None in by_seed.values() or len(by_seed) < seeds_at[n]:
             continue
-        mean = float(np.mean(reached))
+        steps = list(by_seed.values())
+        mean = float(np.mean(steps))
         if n not in best or mean < best[n]["steps"]:
-            best[n] = {"lr_factor": factor, "steps": mean, "seeds": len(reached), "std": float(np.std(reached))}
+            best[n] = {
+                "lr_factor": factor,
+                "steps": mean,
+                "seeds": len(steps),
+                "std": float(np.std(steps)),
+                "interval": t_interval(steps),
+                "by_seed": by_seed,
+            }
     for entry in best.values():
         entry["edge"] = entry["lr_factor"] in (factors[0], factors[-1]) and len(factors) > 1
     return best
@@ -173,23 +246,25 @@ def gradient_replicates(config, workdir: str, n: int, count: int) -> list[Any]:
 
 
 def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], out, noise_batches, count) -> dict:
-    """`noise_scale.compare` at the final state of each N's best seed-0 run, for each n
-    in `noise_batches` (cached in `out/noise.json`: a rerun measures only what is new)."""
+    """`noise_scale.compare` at the final state of each N's best run on the tuning seed
+    (`runs`), for each n in `noise_batches` (cached in `out/noise.json`: a rerun measures
+    only what is new; a run read from the committed results has no checkpoint to measure)."""
     from contrastive_jax import noise_scale
 
     cache_file = out / "noise.json"
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
     for n, entry in sorted(best.items()):
-        wanted = {"batch_size": n, "lr_factor": entry["lr_factor"], "seed": 0}
-        run = next((r for r in runs if all(r.tags[k] == v for k, v in wanted.items())), None)
+        run = next((r for r in runs if (r.tags["batch_size"], r.tags["lr_factor"]) == (n, entry["lr_factor"])), None)
         if run is None:
             continue
         name, config = run.name, override(base, run.overrides)
         for size in noise_batches:
             key = f"{name}@{size}"
-            if key not in cache:
+            workdir = str(out / "runs" / name)
+            if key not in cache and not os.path.isdir(os.path.join(workdir, "checkpoints")):
+                print(f"[noise] {key}: no checkpoint in {workdir} (delete the run's record to retrain it)", flush=True)
+            elif key not in cache:
                 print(f"[noise] {key}: {count} replicates at {size} and at {size // 4}", flush=True)
-                workdir = str(out / "runs" / name)
                 at_n = gradient_replicates(config, workdir, size, count)
                 at_quarter = gradient_replicates(config, workdir, size // 4, count)
                 cache[key] = {"run": name, "batch_size": n, "n": size, **noise_scale.compare(at_n, at_quarter, size)}
@@ -200,7 +275,8 @@ def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], o
 def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
     """McCandlish's fit over every N that reached the target, and over those from the N
     that needed the fewest examples on (the model has the examples grow with N: a
-    smaller N needing more examples is outside it)."""
+    smaller N needing more examples is outside it); with several seeds, the fit of each
+    seed's steps (at the rates chosen on the mean) and the 95% t-interval of B_crit."""
     fewest = min(best, key=lambda n: best[n]["steps"] * n) if best else None
     text = ""
     for label, ns in (
@@ -215,27 +291,66 @@ def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
             f"S_min = {fit['s_min']:.0f} steps, E_min = {fit['e_min']:,.0f} examples, "
             f"**B_crit = {fit['b_crit']:,.0f}** (largest relative residual {fit['max_residual']:.2f}).\n"
         )
+        seeds = sorted(set.intersection(*(set(best[n]["by_seed"]) for n in ns)))
+        if len(seeds) > 1:
+            by_seed = [fit_mccandlish(ns, [best[n]["by_seed"][seed] for n in ns])["b_crit"] for seed in seeds]
+            text += (
+                f"Each seed's fit: B_crit = {', '.join(f'{b:,.0f}' for b in by_seed)} (seeds "
+                f"{', '.join(map(str, seeds))}); mean {np.mean(by_seed):,.0f} ± {t_interval(by_seed):,.0f} (95%).\n"
+            )
     return text
 
 
+def _mean_and_interval(steps: Sequence[float | None]) -> str:
+    """`mean ± half-width` of seeds' steps (`-` when one missed the target)."""
+    if not steps or None in steps:
+        return "-"
+    return f"{np.mean(steps):.0f}" + (f" ± {t_interval(steps):.0f}" if len(steps) > 1 else "")
+
+
+def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> str:
+    """DCL against CLIP at the same N, rate and seeds: steps to each target (mean ± 95%)."""
+    controls = [r for r in records if not is_clip(r)]
+    if not controls:
+        return ""
+    rows = []
+    for n, factor in sorted({(r["batch_size"], r["lr_factor"]) for r in controls}):
+        seeds = sorted(r["seed"] for r in controls if (r["batch_size"], r["lr_factor"]) == (n, factor))
+        cells = []
+        for target in targets:
+            for clip in (True, False):
+                by_seed = {
+                    r["seed"]: steps_to_target(validation_curve(r), target)
+                    for r in records
+                    if is_clip(r) == clip and (r["batch_size"], r["lr_factor"]) == (n, factor)
+                }
+                cells.append(_mean_and_interval([by_seed.get(seed) for seed in seeds]))
+        rows.append([f"{n:,}", f"{factor:g}", len(seeds), *cells])
+    header = ["N", "f", "seeds", *(f"{loss} to {t:.2f}" for t in targets for loss in ("CLIP", "DCL"))]
+    return (
+        "\n## The objective apart from the noise: DCL against CLIP at the same rate and seeds\n\n"
+        "Steps to validation R@1 (mean ± 95% t-interval over the seeds; `-`: a seed missed it).\n\n"
+        + sweep.markdown_table(rows, header)
+    )
+
+
 def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], noise: Mapping[str, Any]) -> str:
-    """The markdown report: per target, each N's steps at every learning rate, the best,
-    and the fitted curve; then the noise scales."""
+    """The markdown report: per target, each N's steps at every learning rate (mean ± 95%
+    over the seeds run), the best, and the fitted curve; the DCL control; the noise scales."""
+    clip_records = [r for r in records if is_clip(r)]
     text = f"# The critical batch on cmudict (fit -> validation), {len(records)} runs\n"
-    factors = sorted({r["lr_factor"] for r in records})
+    factors = sorted({r["lr_factor"] for r in clip_records})
     for target in targets:
         text += f"\n## Steps to validation R@1 {target:.2f} (mean of both directions)\n\n"
+        text += "Steps: mean ± the 95% t-interval's half-width over the seeds run (count in brackets).\n\n"
         rows = []
-        best = best_runs(records, target)
-        for n in sorted({r["batch_size"] for r in records}):
+        best = best_runs(clip_records, target)
+        reached = reached_steps(clip_records, target)
+        for n in sorted({r["batch_size"] for r in clip_records}):
             cells = []
             for factor in factors:
-                reached = [
-                    steps_to_target(validation_curve(r), target)
-                    for r in records
-                    if (r["batch_size"], r["lr_factor"]) == (n, factor)
-                ]
-                cells.append("-" if not reached or None in reached else f"{np.mean(reached):.0f}")
+                by_seed = reached.get((n, factor), {})
+                cells.append(_mean_and_interval(list(by_seed.values())) + (f" ({len(by_seed)})" if by_seed else ""))
             chosen = best.get(n)
             mark = " (grid edge)" if chosen and chosen["edge"] else ""
             cells.append(f"{chosen['steps']:.0f} at f={chosen['lr_factor']:g}{mark}" if chosen else "not reached")
@@ -244,8 +359,9 @@ def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], nois
         header = ["N", *(f"steps, f={f:g}" for f in factors), "best steps", "examples"]
         text += sweep.markdown_table(rows, header)
         text += _fits(best)
+    text += _control_table(records, targets)
     if noise:
-        text += "\n## The replicate noise scale at the final state of each N's best seed-0 run\n\n"
+        text += "\n## The replicate noise scale at the final state of each N's best run (tuning seed)\n\n"
         rows = [
             [
                 f"{entry['batch_size']:,}",
@@ -263,8 +379,10 @@ def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], nois
 
 
 def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict:
-    """`steps_to_target`: the best steps to each target against N (log-log), with the
-    perfect-scaling line from the smallest N; and the validation curves of the best runs."""
+    """`steps_to_target`: the best steps to each target against N (log-log, 95% intervals
+    over seeds), with the perfect-scaling line from the smallest N; and the validation
+    curves of the best runs (tuning seed)."""
+    records = [r for r in records if is_clip(r)]
     fig, axes = sweep.new_figure("steps to a validation R@1 target, learning rate tuned per N", ncols=2)
     batch_sizes = sorted({r["batch_size"] for r in records})
     for target, color in zip(targets, sweep.colors(len(targets), "viridis"), strict=True):
@@ -272,15 +390,19 @@ def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict
         if not best:
             continue
         ns = sorted(best)
-        axes[0].plot(ns, [best[n]["steps"] for n in ns], marker="o", color=color, label=f"R@1 {target:.2f}")
-        axes[0].plot(ns, [best[ns[0]]["steps"] * ns[0] / n for n in ns], ls=":", color=color)
+        steps = [best[n]["steps"] for n in ns]
+        errors = [0.0 if math.isnan(best[n]["interval"]) else best[n]["interval"] for n in ns]
+        axes[0].errorbar(ns, steps, yerr=errors, marker="o", capsize=3, color=color, label=f"R@1 {target:.2f}")
+        axes[0].plot(ns, [steps[0] * ns[0] / n for n in ns], ls=":", color=color)
     axes[0].set(xlabel="global batch N", ylabel="steps (dotted: perfect scaling)", yscale="log")
     sweep.log_spaced_ticks(axes[0], batch_sizes)
     axes[0].legend(fontsize=7)
     best = best_runs(records, targets[0])
+    tuning_seed = min(r["seed"] for r in records)
     for n, color in zip(batch_sizes, sweep.colors(len(batch_sizes), "plasma"), strict=True):
         for record in records:
-            if n in best and (record["batch_size"], record["lr_factor"]) == (n, best[n]["lr_factor"]):
+            key = (record["batch_size"], record["lr_factor"], record["seed"])
+            if n in best and key == (n, best[n]["lr_factor"], tuning_seed):
                 curve = validation_curve(record)
                 axes[1].plot(curve[:, 0] * n / FIT_PAIRS, curve[:, 1], color=color, label=f"N={n:,}")
     axes[1].set(xlabel="epochs", ylabel="validation R@1 (mean of both directions)", ylim=(0.7, None))
@@ -289,14 +411,25 @@ def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict
 
 
 def run(args) -> list[dict]:
-    """Trains the grid (skipping finished runs), measures the noise scales, then writes
-    results, the figure and the summary."""
+    """Trains the tuning seed's grid, then the other seeds at each N's best rates, then the
+    DCL control (skipping finished runs), measures the noise scales, and writes results,
+    the figure and the summary."""
     base = load_config("cmudict_clip")
     base = override(base, {"data.data_dir": args.data_dir, **SPLITS, **(QUICK_OVERRIDES if args.quick else {})})
-    runs = study_runs(args.batch_sizes, args.lr_factors, args.seeds, epochs=args.epochs, train_size=args.train_size)
-    records = sweep.run_grid(base, runs, args.out, curve_keys=CURVES)
-    best = best_runs(records, args.targets[0])
-    noise = noise_scales(base, runs, best, args.out, args.noise_batches, args.replicates)
+    run_args = {"epochs": args.epochs, "train_size": args.train_size}
+    tuning_seed, *other_seeds = args.seeds
+    tuning = tuning_runs(args.batch_sizes, args.lr_factors, tuning_seed, **run_args)
+    records = sweep.run_grid(base, tuning, args.out, curve_keys=CURVES)
+    replicates = replicate_runs(replicated_factors(records, args.targets), other_seeds, **run_args)
+    records += sweep.run_grid(base, replicates, args.out, curve_keys=CURVES)
+    rates = control_factors(records, args.targets)
+    controls = [
+        study_run(n, rates[n], seed, loss="dcl", **run_args) for n in args.control_batch_sizes for seed in args.seeds
+    ]
+    records += sweep.run_grid(base, controls, args.out, curve_keys=CURVES)
+    noise = noise_scales(
+        base, tuning, best_runs(records, args.targets[0]), args.out, args.noise_batches, args.replicates
+    )
     sweep.write_results(records, args.out)
     sweep.save(plot(records, args.targets), args.out)
     (args.out / "summary.md").write_text(summary(records, args.targets, noise))
@@ -309,6 +442,7 @@ FULL = dict(
     batch_sizes=list(BATCH_SIZES),
     lr_factors=list(LR_FACTORS),
     seeds=list(SEEDS),
+    control_batch_sizes=list(CONTROL_BATCH_SIZES),
     epochs=EPOCHS,
     train_size=FIT_PAIRS,
     targets=list(TARGETS),
@@ -319,7 +453,8 @@ FULL = dict(
 QUICK = dict(
     batch_sizes=[64, 128],
     lr_factors=[1.0, 4.0],
-    seeds=[0],
+    seeds=[0, 1],
+    control_batch_sizes=[128],
     epochs=2.0,
     train_size=2048,
     targets=[0.01, 0.02],
@@ -332,7 +467,8 @@ QUICK_OVERRIDES = {"data.train_split": "fit[:2048]", "eval.split": "validation[:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = sweep.argument_parser(__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", type=sweep.int_list, help="global batch sizes N")
-    parser.add_argument("--lr-factors", type=sweep.float_list, help="learning-rate factors f (default 1,2,4)")
+    parser.add_argument("--lr-factors", type=sweep.float_list, help="learning-rate factors f (default 1,2,4,8)")
+    parser.add_argument("--control-batch-sizes", type=sweep.int_list, help="N of the DCL control")
     parser.add_argument("--epochs", type=float, help=f"epochs per run (default {EPOCHS:g})")
     parser.add_argument("--targets", type=sweep.float_list, help="validation R@1 targets")
     parser.add_argument("--noise-batches", type=sweep.int_list, help="n of the replicate noise scale")

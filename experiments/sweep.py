@@ -112,6 +112,10 @@ def run_grid(
 ) -> list[dict[str, Any]]:
     """Trains every run not finished yet, then collects all of them.
 
+    A run is finished when its workdir holds its final evaluation, or when
+    `out/results.json` (the committed results of an earlier invocation) holds a record of
+    the same name and tags: a fresh clone resumes a sweep from its committed results.
+
     Args:
       base: the config the runs override.
       runs: the grid; run `r` trains in `out/runs/<r.name>`.
@@ -126,12 +130,18 @@ def run_grid(
     from contrastive_jax import train  # JAX starts after XLA_FLAGS is final.
 
     curve_keys = tuple(curve_keys)
+    committed = committed_records(out)
     records, durations = [], []
     for i, run in enumerate(runs, 1):
         config = override(base, run.overrides)
         workdir = out / "runs" / run.name
-        _check_run(workdir, run, config)
         label = f"[{i}/{len(runs)}] {run.name}"
+        earlier = committed.get(run.name)
+        if not is_complete(workdir, config) and earlier and all(earlier.get(k) == v for k, v in run.tags.items()):
+            log(f"{label}: finished earlier, read from {out / 'results.json'}")
+            records.append(earlier)
+            continue
+        _check_run(workdir, run, config)
         if is_complete(workdir, config):
             log(f"{label}: finished earlier, skipped")
         else:
@@ -140,7 +150,9 @@ def run_grid(
             start = time.perf_counter()
             train.train_and_evaluate(config, str(workdir))
             durations.append(time.perf_counter() - start)
-            remaining = sum(run_dir.read_eval_results(out / "runs" / r.name) is None for r in runs[i:])
+            remaining = sum(
+                r.name not in committed and run_dir.read_eval_results(out / "runs" / r.name) is None for r in runs[i:]
+            )
             log(
                 f"{label}: done in {durations[-1]:.0f} s; about "
                 f"{np.mean(durations) * remaining / 60:.1f} min left for {remaining} runs"
@@ -181,6 +193,12 @@ def collect(run: Run, workdir: Path, curve_keys: Sequence[str]) -> dict[str, Any
             key: [[step, values[key]] for step, values in history.items() if key in values] for key in curve_keys
         },
     }
+
+
+def committed_records(out: Path) -> dict[str, dict[str, Any]]:
+    """The records in `out/results.json` by run name (none when it does not exist)."""
+    path = out / "results.json"
+    return {record["name"]: record for record in json.loads(path.read_text())} if path.exists() else {}
 
 
 def write_results(records: Sequence[Mapping[str, Any]], out: Path) -> None:
@@ -278,8 +296,8 @@ def argument_parser(description: str) -> argparse.ArgumentParser:
 
 
 def int_list(text: str) -> list[int]:
-    """Parses `"16,32,64"`."""
-    return [int(v) for v in text.split(",")]
+    """Parses `"16,32,64"` (`""`: none)."""
+    return [int(v) for v in text.split(",") if v]
 
 
 def float_list(text: str) -> list[float]:

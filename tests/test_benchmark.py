@@ -64,8 +64,10 @@ def test_both_tasks_on_a_run_of_the_generated_image_text_set(load_config, shapes
     from contrastive_jax import train
     from contrastive_jax.config_lib import override
 
-    fields = {
+    fields = {  # CPU-sized towers: the small CNN for the pictures, one text layer
         "data.data_dir": shapes_data_dir,
+        "model.encoder_a": "cnn",
+        "model.cnn_features": (16, 32),
         "model.encoder_dim": 64,
         "model.text_num_layers": 1,
         "train.global_batch_size": 32,

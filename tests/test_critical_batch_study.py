@@ -5,6 +5,7 @@ nothing again)."""
 import json
 import math
 import pathlib
+import shutil
 import sys
 
 import numpy as np
@@ -18,19 +19,38 @@ from experiments import critical_batch_study as study  # noqa: E402
 
 
 def test_grid_tunes_the_rate_per_batch_at_the_same_epochs():
-    runs = study.study_runs(
-        study.BATCH_SIZES, study.LR_FACTORS, study.SEEDS, epochs=study.EPOCHS, train_size=study.FIT_PAIRS
-    )
-    assert len(runs) == 5 * 3 * 3 and len({r.name for r in runs}) == len(runs)
-    assert [r.tags["seed"] for r in runs] == sorted(r.tags["seed"] for r in runs)  # seed 0's first
+    run_args = {"epochs": study.EPOCHS, "train_size": study.FIT_PAIRS}
+    runs = study.tuning_runs(study.BATCH_SIZES, study.LR_FACTORS, 0, **run_args)
+    assert len(runs) == 5 * 4 and len({r.name for r in runs}) == len(runs)
     for run in runs:
         n, factor = run.tags["batch_size"], run.tags["lr_factor"]
         assert run.overrides["train.num_train_steps"] == math.ceil(6 * 108_000 / n)
         assert run.overrides["optim.learning_rate"] == pytest.approx(1e-3 * math.sqrt(n / 256) * factor)
         assert run.overrides["eval.every_steps"] == round(108_000 / n / 2)  # twice an epoch
+        assert "loss.name" not in run.overrides and run.tags["seed"] == 0
     linear = [r for r in runs if r.tags["batch_size"] == 4096 and r.tags["lr_factor"] == 4.0][0]
     assert linear.overrides["optim.learning_rate"] == pytest.approx(1e-3 * 4096 / 256)  # linear scaling
     assert study.SPLITS == {"data.train_split": "fit", "eval.split": "validation"}  # never the test split
+    control = study.study_run(1024, 2.0, 1, loss="dcl", **run_args)
+    assert control.overrides["loss.name"] == "dcl" and control.tags["loss"] == "dcl"
+    assert control.name == "dcl_n1024_lr2_s1" and not study.is_clip(control.tags)
+
+
+def test_other_seeds_repeat_the_rates_best_at_some_target():
+    # N = 256: f = 2 best at both targets; N = 1,024: f = 4 at the low one, f = 2 at the high one
+    records = [
+        _record(256, 1.0, 0, 400),
+        _record(256, 2.0, 0, 300),
+        _record(1024, 2.0, 0, 100, top=0.95),
+        _record(1024, 4.0, 0, 90),
+    ]
+    factors = study.replicated_factors(records, [0.5, 0.92])
+    assert factors == {256: [2.0], 1024: [2.0, 4.0]}
+    runs = study.replicate_runs(factors, [1, 2], epochs=1.0, train_size=4096)
+    assert [(r.tags["seed"], r.tags["batch_size"], r.tags["lr_factor"]) for r in runs] == [
+        (1, 256, 2.0), (1, 1024, 2.0), (1, 1024, 4.0), (2, 256, 2.0), (2, 1024, 2.0), (2, 1024, 4.0)
+    ]  # fmt: skip
+    assert study.control_factors(records, [0.5, 0.92]) == {256: 2.0, 1024: 2.0}  # the middle target's best
 
 
 def test_steps_to_target_interpolates_between_evaluations():
@@ -53,35 +73,63 @@ def test_mccandlish_fit_recovers_a_closed_form_curve():
         assert (steps / s_min - 1) * (n * steps / e_min - 1) == pytest.approx(1.0)
 
 
-def _record(n, factor, seed, reached_at):
-    """A run whose validation R@1 (both directions) rises linearly to 0.9 at `reached_at`."""
-    curve = [[step, 0.9 * step / reached_at] for step in (reached_at / 2, reached_at)]
+def _record(n, factor, seed, reached_at, top=0.9):
+    """A run whose validation R@1 (both directions) rises linearly to `top` at `reached_at`."""
+    curve = [[step, top * step / reached_at] for step in (reached_at / 2, reached_at)]
     curves = {f"eval/{m}": curve for m in study.METRICS}
     return {"batch_size": n, "lr_factor": factor, "seed": seed, "curves": curves}
 
 
-def test_best_runs_take_the_fewest_mean_steps_and_mark_the_grid_edge():
+def test_best_runs_take_the_fewest_mean_steps_over_every_seed_and_mark_the_grid_edge():
     records = [
-        _record(256, 1.0, 0, 400),
+        _record(256, 1.0, 0, 200),  # fastest, but run with one seed of the three
         _record(256, 2.0, 0, 300),
         _record(256, 2.0, 1, 340),
+        _record(256, 2.0, 2, 320),
         _record(256, 4.0, 0, 380),
+        _record(256, 4.0, 1, 380),
+        _record(256, 4.0, 2, 380),
         _record(1024, 1.0, 0, 200),
         _record(1024, 4.0, 0, 90),
         {**_record(1024, 4.0, 1, 90), "curves": {f"eval/{m}": [[45, 0.1], [90, 0.2]] for m in study.METRICS}},
+        {**_record(256, 2.0, 0, 10), "loss": "dcl"},  # the control is not a candidate
     ]
     best = study.best_runs(records, 0.9)
     assert best[256]["lr_factor"] == 2.0 and best[256]["steps"] == pytest.approx(320.0) and not best[256]["edge"]
-    assert best[256]["seeds"] == 2 and best[256]["std"] == pytest.approx(20.0)
-    # f = 4 at 1,024 misses the target in one seed: not a candidate; f = 1 is, at the edge
-    assert best[1024]["lr_factor"] == 1.0 and best[1024]["edge"]
+    assert best[256]["seeds"] == 3 and best[256]["by_seed"] == {0: 300, 1: 340, 2: 320}
+    # 95% t-interval over 3 seeds: t(0.975, 2) = 4.303 times the standard error (sd 20)
+    assert best[256]["interval"] == pytest.approx(4.3027 * 20 / math.sqrt(3), rel=1e-4)
+    # f = 4 at 1,024 misses the target in seed 1 and f = 1 has one seed of two: no rate
+    assert 1024 not in best
+    assert study.best_runs(records[:-3], 0.9)[1024] | {"interval": 0} == {
+        "lr_factor": 1.0, "steps": 200, "seeds": 1, "std": 0, "interval": 0, "by_seed": {0: 200}, "edge": True
+    }  # fmt: skip
+
+
+def test_bcrit_interval_fits_each_seed():
+    s_min, e_min = 50.0, 100_000.0
+    ns = [1024, 2048, 4096]
+    best = {
+        n: {"steps": s_min + e_min / n, "by_seed": {s: s_min * (1 + 0.1 * s) + e_min / n for s in (0, 1, 2)}}
+        for n in ns
+    }
+    text = study._fits(best)
+    per_seed = [e_min / (s_min * (1 + 0.1 * s)) for s in (0, 1, 2)]
+    assert f"B_crit = {', '.join(f'{b:,.0f}' for b in per_seed)} (seeds 0, 1, 2)" in text
+    assert f"mean {np.mean(per_seed):,.0f} ± {study.t_interval(per_seed):,.0f} (95%)" in text
 
 
 @pytest.mark.e2e
 def test_quick_measures_steps_and_noise_and_resumes(tmp_path, cmudict_data_dir, capsys):
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
     records = study.main(args)
-    assert sorted((r["batch_size"], r["lr_factor"]) for r in records) == [(64, 1.0), (64, 4.0), (128, 1.0), (128, 4.0)]
+    tuning = sorted((r["batch_size"], r["lr_factor"]) for r in records if r["seed"] == 0 and study.is_clip(r))
+    assert tuning == [(64, 1.0), (64, 4.0), (128, 1.0), (128, 4.0)]
+    replicated = study.replicated_factors([r for r in records if r["seed"] == 0], study.QUICK["targets"])
+    assert sorted((r["batch_size"], r["lr_factor"]) for r in records if r["seed"] == 1 and study.is_clip(r)) == [
+        (n, f) for n, fs in replicated.items() for f in fs
+    ]
+    assert sorted((r["seed"], r["batch_size"]) for r in records if not study.is_clip(r)) == [(0, 128), (1, 128)]
     for record in records:
         curve = study.validation_curve(record)
         assert len(curve) == 2 * 2 and np.all((0 <= curve[:, 1]) & (curve[:, 1] <= 1))  # 2 epochs, 2 evals each
@@ -89,9 +137,15 @@ def test_quick_measures_steps_and_noise_and_resumes(tmp_path, cmudict_data_dir, 
     assert noise and all(entry["n"] == 128 for entry in noise.values())
     assert all(np.isfinite(entry["trace_sigma"]) and entry["trace_sigma"] > 0 for entry in noise.values())
     summary = (tmp_path / "summary.md").read_text()
-    assert "B_crit" in summary and "replicate noise scale" in summary
+    assert "B_crit" in summary and "replicate noise scale" in summary and "DCL against CLIP" in summary
     assert (tmp_path / "steps_to_target.png").stat().st_size > 0
     capsys.readouterr()
     assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(records))
     out = capsys.readouterr().out
     assert out.count("finished earlier, skipped") == len(records) and "[noise]" not in out
+    # a fresh clone: the workdirs gone, the committed results.json stands in for them
+    for workdir in (tmp_path / "runs").iterdir():
+        shutil.rmtree(workdir)
+    assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(records))
+    out = capsys.readouterr().out
+    assert out.count("read from") == len(records) and "training" not in out and "[noise]" not in out
