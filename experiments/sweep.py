@@ -112,9 +112,10 @@ def run_grid(
 ) -> list[dict[str, Any]]:
     """Trains every run not finished yet, then collects all of them.
 
-    A run is finished when its workdir holds its final evaluation, or when
-    `out/results.json` (the committed results of an earlier invocation) holds a record of
-    the same name and tags: a fresh clone resumes a sweep from its committed results.
+    A run is finished when its workdir holds its final evaluation, or when it has no
+    workdir and `out/results.json` (the committed results of an earlier invocation) holds
+    a record of the same name and tags: a fresh clone resumes a sweep from its committed
+    results (an interrupted run's workdir resumes from its checkpoint).
 
     Args:
       base: the config the runs override.
@@ -137,7 +138,7 @@ def run_grid(
         workdir = out / "runs" / run.name
         label = f"[{i}/{len(runs)}] {run.name}"
         earlier = committed.get(run.name)
-        if not is_complete(workdir, config) and earlier and all(earlier.get(k) == v for k, v in run.tags.items()):
+        if not workdir.exists() and earlier and all(earlier.get(k) == v for k, v in run.tags.items()):
             log(f"{label}: finished earlier, read from {out / 'results.json'}")
             records.append(earlier)
             continue
