@@ -457,7 +457,7 @@ QUICK = dict(
     control_batch_sizes=[128],
     epochs=2.0,
     train_size=2048,
-    targets=[0.01, 0.02],
+    targets=[0.01],
     noise_batches=[128],
     replicates=4,
 )

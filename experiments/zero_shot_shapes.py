@@ -12,7 +12,7 @@ the pictures, the byte-level 1-D CNN for the captions) for `STEPS` steps. Then:
 
 Run (from the repository root; a finished run is not trained again):
   .venv/bin/python -m experiments.zero_shot_shapes             # results committed
-  .venv/bin/python -m experiments.zero_shot_shapes --quick     # CI: a few steps
+  .venv/bin/python -m experiments.zero_shot_shapes --quick     # CI: a few steps of 64
 
 Writes `results.json` (the CLIP_benchmark reports, the run's own evaluation and its
 time) and `summary.md` to `experiments/results/zero_shot_shapes/`.
@@ -40,6 +40,8 @@ TOWERS = {
     "eval.batch_size": 500,
 }
 
+QUICK_OVERRIDES = {"train.global_batch_size": 64}  # --quick: the convolutions' time is the batch's
+
 
 def evaluate(workdir: str) -> dict:
     """The three benchmark reports of the run in `workdir`: zero-shot kinds with the first
@@ -61,7 +63,7 @@ def run(args) -> dict:
     """Trains (or finds) the run, evaluates it, writes the results."""
     config = override(load_config("clip_shapes"), TOWERS)
     fields = sweep.run_overrides(num_steps=args.steps, seed=0, warmup_steps=args.steps // 20, evals=2)
-    config = override(config, {**fields, "data.data_dir": args.data_dir})
+    config = override(config, {**fields, "data.data_dir": args.data_dir, **(QUICK_OVERRIDES if args.quick else {})})
     simulate_cpu_devices(config.num_simulated_devices)
     from contrastive_jax import train
 
