@@ -48,6 +48,7 @@ class ReleasedTwoTower(nn.Module):
         raise NotImplementedError
 
     def setup(self):
+        """The two towers, the log inverse temperature and (SigLIP) the logit bias."""
         self.img, self.txt = self.towers()
         self.log_inv_temperature = self.param(TEMPERATURE_PARAM, nn.initializers.constant(math.log(10.0)), ())
         if self.settings.logit_bias:
