@@ -172,11 +172,12 @@ def t_interval(values: Sequence[float]) -> float:
 
 
 def reached_steps(
-    records: Sequence[Mapping[str, Any]], target: float
+    records: Sequence[Mapping[str, Any]], target: float, *, clip: bool = True
 ) -> dict[tuple[int, float], dict[int, float | None]]:
-    """`{(N, factor): {seed: steps to target or None}}` over the CLIP runs."""
+    """`{(N, factor): {seed: steps to target or None}}` over the CLIP runs (`clip=False`:
+    the DCL control's)."""
     reached: dict[tuple[int, float], dict[int, float | None]] = {}
-    for record in filter(is_clip, records):
+    for record in (r for r in records if is_clip(r) == clip):
         key = (record["batch_size"], record["lr_factor"])
         reached.setdefault(key, {})[record["seed"]] = steps_to_target(validation_curve(record), target)
     return reached
@@ -319,11 +320,7 @@ def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float
         cells = []
         for target in targets:
             for clip in (True, False):
-                by_seed = {
-                    r["seed"]: steps_to_target(validation_curve(r), target)
-                    for r in records
-                    if is_clip(r) == clip and (r["batch_size"], r["lr_factor"]) == (n, factor)
-                }
+                by_seed = reached_steps(records, target, clip=clip).get((n, factor), {})
                 cells.append(_mean_and_interval([by_seed.get(seed) for seed in seeds]))
         rows.append([f"{n:,}", f"{factor:g}", len(seeds), *cells])
     header = ["N", "f", "seeds", *(f"{loss} to {t:.2f}" for t in targets for loss in ("CLIP", "DCL"))]

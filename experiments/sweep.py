@@ -137,8 +137,8 @@ def run_grid(
         config = override(base, run.overrides)
         workdir = out / "runs" / run.name
         label = f"[{i}/{len(runs)}] {run.name}"
-        earlier = committed.get(run.name)
-        if not workdir.exists() and earlier and all(earlier.get(k) == v for k, v in run.tags.items()):
+        earlier = _committed_record(run, workdir, committed)
+        if earlier is not None:
             log(f"{label}: finished earlier, read from {out / 'results.json'}")
             records.append(earlier)
             continue
@@ -152,7 +152,9 @@ def run_grid(
             train.train_and_evaluate(config, str(workdir))
             durations.append(time.perf_counter() - start)
             remaining = sum(
-                r.name not in committed and run_dir.read_eval_results(out / "runs" / r.name) is None for r in runs[i:]
+                _committed_record(r, out / "runs" / r.name, committed) is None
+                and run_dir.read_eval_results(out / "runs" / r.name) is None
+                for r in runs[i:]
             )
             log(
                 f"{label}: done in {durations[-1]:.0f} s; about "
@@ -200,6 +202,15 @@ def committed_records(out: Path) -> dict[str, dict[str, Any]]:
     """The records in `out/results.json` by run name (none when it does not exist)."""
     path = out / "results.json"
     return {record["name"]: record for record in json.loads(path.read_text())} if path.exists() else {}
+
+
+def _committed_record(run: Run, workdir: Path, committed: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The committed record that stands in for `run`: one of its name and tags, when the
+    run has no workdir (an interrupted workdir resumes instead); else None."""
+    earlier = committed.get(run.name)
+    if workdir.exists() or earlier is None or any(earlier.get(k) != v for k, v in run.tags.items()):
+        return None
+    return earlier
 
 
 def write_results(records: Sequence[Mapping[str, Any]], out: Path) -> None:
