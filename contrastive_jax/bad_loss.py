@@ -183,9 +183,7 @@ class LossGuard:
         self.rollbacks.append(record)
         self.skipped.update(numbers)
         if self._lead:
-            with open(f"{self._path}.tmp", "w") as f:
-                json.dump(self.rollbacks, f)
-            os.replace(f"{self._path}.tmp", self._path)
+            run_dir.write_json(self._path, self.rollbacks)
         return record
 
     def first_batch(self, step: int) -> int:

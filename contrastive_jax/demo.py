@@ -5,7 +5,8 @@
 Each loss is computed once on one device over the whole batch, and once inside
 ``jax.shard_map`` with the batch split over the devices (``axis_name`` set, through
 :func:`contrastive_jax.sharding.shard_loss`), and the two values are printed side by
-side: they agree to round-off.
+side: they agree to round-off. The devices are the CPU's, simulated, also on a machine
+with accelerators (``JAX_PLATFORMS=cuda`` or ``tpu`` runs it on those, ``--devices`` of them).
 """
 
 from __future__ import annotations
@@ -25,9 +26,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if "jax" not in sys.modules:
         os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), args.devices)
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
     from contrastive_jax import losses, sharding
+    from contrastive_jax.config_lib import ConfigError
+
+    try:
+        mesh = sharding.make_mesh(args.devices)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     key_a, key_b, key_labels = jax.random.split(jax.random.key(0), 3)
     a = losses.l2_normalize(jax.random.normal(key_a, (args.global_batch, args.dim)))
@@ -46,7 +55,6 @@ def main(argv=None) -> int:
             {"num_classes": 5, "temperature": 0.5},
         ),
     }
-    mesh = sharding.make_mesh(args.devices)
     print(f"global batch {args.global_batch}, dim {args.dim}, {args.devices} devices")
     print(f"{'loss':<30}{'1 device':>14}{f'{args.devices} devices':>14}{'difference':>14}")
     for name, (loss_fn, arrays, hyperparameters) in cases.items():

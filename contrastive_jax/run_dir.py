@@ -71,7 +71,14 @@ def read_eval_results(workdir: str | os.PathLike) -> dict[str, float] | None:
         return json.load(f)
 
 
+def write_json(path: str | os.PathLike, value: Any, **dump_options: Any) -> None:
+    """Writes `value` as JSON to `path` whole or not at all (a kill mid-write leaves the
+    previous file): through `<path>.tmp` and an atomic rename."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(value, f, **dump_options)
+    os.replace(f"{path}.tmp", path)
+
+
 def write_eval_results(workdir: str | os.PathLike, step: int, metrics: dict[str, float]) -> None:
     """Writes `{"step": step, **metrics}` to `eval_results.json` (indented, keys sorted)."""
-    with open(os.path.join(workdir, EVAL_RESULTS), "w") as f:
-        json.dump({"step": step, **metrics}, f, indent=2, sort_keys=True)
+    write_json(os.path.join(workdir, EVAL_RESULTS), {"step": step, **metrics}, indent=2, sort_keys=True)

@@ -2,6 +2,8 @@
 
 Run:  python experiments/bench_losses.py            (full sweep; about 30 minutes on 2 CPU cores)
       python experiments/bench_losses.py --quick    (small sweep, about a minute)
+      python experiments/bench_losses.py --sweep accelerator   (N = 16,384 and 65,536 at
+                                                    D = 512 on one GPU/TPU, a few minutes)
 
 Times forward+backward (the value and the gradients of both sides) of ``clip_loss``,
 ``siglip_loss`` and ``infonce_loss`` for N in a sweep and D in {64, 512}: dense
@@ -60,7 +62,8 @@ DEFAULT_OUT = REPO / "experiments" / "results" / "bench_losses"
 
 def spawn(spec: dict, *, devices: int = 1, timeout_s: float = 1800) -> dict:
     """Runs one point in a fresh Python process (so its peak RSS is the point's own)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
+    pythonpath = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="3")
     if devices > 1:  # simulated devices are CPU devices, whatever the default backend
         env = device_count_env(devices, env)
     try:
@@ -101,7 +104,8 @@ def torch_available() -> bool:
 def main(argv=None) -> None:
     """Command line: see the module docstring and ``--help``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sweep, about a minute")
+    parser.add_argument("--quick", action="store_true", help="small sweep, about a minute (--sweep quick)")
+    parser.add_argument("--sweep", choices=sorted(grid.SWEEPS), default="full", help="which points (default full)")
     parser.add_argument("--out", type=Path, default=None, help=f"results folder ({DEFAULT_OUT})")
     parser.add_argument(
         "--max-memory-gib",
@@ -116,9 +120,9 @@ def main(argv=None) -> None:
         print(json.dumps(worker.run_worker(json.loads(args.worker))))
         return
 
-    mode = "quick" if args.quick else "full"
+    mode = "quick" if args.quick else args.sweep
     sweep = grid.SWEEPS[mode]
-    out = args.out or (DEFAULT_OUT / "quick" if args.quick else DEFAULT_OUT)
+    out = args.out or (DEFAULT_OUT if mode == "full" else DEFAULT_OUT / mode)
     out.mkdir(parents=True, exist_ok=True)
     with_torch = torch_available()
     peaks = [spawn({"worker": "peak", "n": sweep["peak_n"]})]
@@ -185,7 +189,7 @@ def main(argv=None) -> None:
     load += f", {os.getloadavg()[0]:.1f} at the end"
     print(f"[bench] jnp.dot peak at the end {peaks[1].get('gflops', 0.0):.1f} GFLOP/s; {load}", flush=True)
     result = {
-        "command": "python experiments/bench_losses.py" + (" --quick" if args.quick else ""),
+        "command": "python experiments/bench_losses.py" + ("" if mode == "full" else f" --sweep {mode}"),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {device['platform']} "
         f"({device['device_kind']}), Python {platform.python_version()}",
         "platform": device["platform"],
@@ -198,7 +202,7 @@ def main(argv=None) -> None:
         "points": points,
         "ring": ring,
     }
-    result["targets"] = report.evaluate_targets(points, peak, ring)
+    result["targets"] = report.evaluate_targets(points, peak, ring, device["platform"])
     (out / "results.json").write_text(json.dumps(result, indent=1))
     report.write_markdown(out / "results.md", result)
     report.write_plot(out / "results.png", result)

@@ -43,6 +43,21 @@ SWEEPS = {
         peak_n=4096,
         budget_s=20.0,
     ),
+    # One accelerator (GPU/TPU) in a few minutes: the large N where the dense logits'
+    # memory and the streamed kernels' speed part, at the towers' width D = 512.
+    "accelerator": dict(
+        ns=[16384, 65536],
+        ds=[512],
+        chunks=["auto", 4096, 8192],
+        big_n=65536,
+        max_n_by_d={512: 65536},
+        other_ns=[16384],
+        bf16=True,
+        ring_ns=[8192],
+        queue_ns=[4096],
+        peak_n=8192,
+        budget_s=10.0,
+    ),
 }
 
 

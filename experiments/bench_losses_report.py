@@ -18,6 +18,12 @@ else:  # python experiments/bench_losses.py: experiments/ is on sys.path
 GRAD_CACHE_RESULTS = Path(__file__).resolve().parent / "results" / "bench_grad_cache"
 
 
+def fmt_seconds(seconds: float, decimals: int = 2) -> str:
+    """``seconds`` to ``decimals`` places, or to 3 significant digits below 0.1 s (an
+    accelerator's milliseconds)."""
+    return f"{seconds:.{decimals}f}" if seconds >= 0.1 else f"{seconds:.3g}"
+
+
 def fmt_bytes(value) -> str:
     """``value`` bytes in MiB (below 1 GiB) or GiB; ``"-"`` for None."""
     if value is None:
@@ -41,7 +47,7 @@ def _step_over_loss_target() -> tuple[str, str, str]:
     )
 
 
-def evaluate_targets(points, peak_gflops, ring) -> list[tuple[str, str, str]]:
+def evaluate_targets(points, peak_gflops, ring, platform: str = "cpu") -> list[tuple[str, str, str]]:
     """(target, measured, verdict) rows for the issue's loss-kernel targets.
 
     Args:
@@ -49,6 +55,8 @@ def evaluate_targets(points, peak_gflops, ring) -> list[tuple[str, str, str]]:
         (skipped or failed) are passed over.
       peak_gflops: the float32 ``jnp.dot`` peak the fractions are of.
       ring: N -> the ring worker's result (per-device temp bytes per collective).
+      platform: where the points ran; the train-step row (read from
+        ``bench_grad_cache.py``'s committed CPU results) only for ``"cpu"``.
     """
     ok = [p for p in points if "seconds" in p]
 
@@ -84,7 +92,7 @@ def evaluate_targets(points, peak_gflops, ring) -> list[tuple[str, str, str]]:
                 rows.append(
                     (
                         f"streamed {loss} N={n:,} D={d}: useful 6N^2D / jnp.dot peak >= {goal:.0%}",
-                        f"{fraction(point):.0%} ({method(point)}, {point['seconds']:.2f} s)",
+                        f"{fraction(point):.0%} ({method(point)}, {fmt_seconds(point['seconds'])} s)",
                         verdict(fraction(point) >= goal),
                     )
                 )
@@ -95,7 +103,8 @@ def evaluate_targets(points, peak_gflops, ring) -> list[tuple[str, str, str]]:
             rows.append(
                 (
                     f"clip N={n:,} D=512: streamed / dense time <= {goal}",
-                    f"{ratio:.2f} ({stream['seconds']:.2f} s {method(stream)} vs {dense['seconds']:.2f} s)",
+                    f"{ratio:.2f} ({fmt_seconds(stream['seconds'])} s {method(stream)} "
+                    f"vs {fmt_seconds(dense['seconds'])} s)",
                     verdict(ratio <= goal),
                 )
             )
@@ -107,11 +116,13 @@ def evaluate_targets(points, peak_gflops, ring) -> list[tuple[str, str, str]]:
                 rows.append(
                     (
                         f"torch {p['loss']} dense / ours streamed, N={p['n']:,} D={p['d']} >= 3",
-                        f"{ratio:.2f} ({p['seconds']:.2f} s vs {ours['seconds']:.2f} s {method(ours)})",
+                        f"{ratio:.2f} ({fmt_seconds(p['seconds'])} s "
+                        f"vs {fmt_seconds(ours['seconds'])} s {method(ours)})",
                         verdict(ratio >= 3),
                     )
                 )
-    rows.append(_step_over_loss_target())
+    if platform == "cpu":
+        rows.append(_step_over_loss_target())
     big = max(
         (p for p in ok if p["loss"] == "clip" and p.get("chunk") is not None and "peak_rss_bytes" in p),
         key=lambda p: p["n"],
@@ -169,7 +180,7 @@ def write_markdown(path: Path, result: dict) -> None:
     ]
     for p in result["points"]:
         note = p.get("skipped") or p.get("error") or ("" if p.get("warm_up", True) else "no warm-up (slow call)")
-        seconds = f"{p['seconds']:.3f}" if "seconds" in p else "-"
+        seconds = fmt_seconds(p["seconds"], decimals=3) if "seconds" in p else "-"
         gflops = f"{p['gflops']:.1f}" if "gflops" in p else "-"
         frac = f"{p['gflops'] / result['peak_gflops']:.0%}" if "gflops" in p else "-"
         rss = f"{fmt_bytes(p.get('peak_rss_bytes')) if 'seconds' in p else '-'} | " if on_cpu else ""

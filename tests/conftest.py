@@ -38,6 +38,8 @@ listed here):
 
 import importlib.util
 import os
+import subprocess
+import sys
 import tempfile
 
 from contrastive_jax.simulated_devices import with_device_count  # noqa: E402  (JAX-free)
@@ -48,9 +50,32 @@ from contrastive_jax.simulated_devices import with_device_count  # noqa: E402  (
 # test_train 115 -> 96 s, run after one another); the child processes the tests start
 # inherit the flags, so their results compare alike.
 _FAST_COMPILE = (
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
+    "--xla_backend_optimization_level=0",
+    "--xla_llvm_disable_expensive_passes=true",
+    "--xla_cpu_use_fusion_emitters=false",
 )
-os.environ["XLA_FLAGS"] = with_device_count(f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}", 8)
+
+
+def _flags_xla_accepts(flags: tuple[str, ...]) -> str:
+    """The `flags` this XLA knows, space-separated: XLA aborts a process on a flag it does
+    not know, and newer XLAs dropped the older CPU code generator and its switch (jax 0.11).
+    A child process starts JAX's CPU backend with them (one probe when all are known); the
+    answer is kept in the environment for the workers and the processes the tests start."""
+    known = os.environ.get("CONTRASTIVE_JAX_TEST_XLA_FLAGS")
+    if known is None:
+
+        def starts(xla_flags: str) -> bool:
+            env = dict(os.environ, XLA_FLAGS=xla_flags, JAX_PLATFORMS="cpu")
+            probe = [sys.executable, "-c", "import jax; jax.devices()"]
+            return subprocess.run(probe, env=env, capture_output=True, check=False).returncode == 0
+
+        everything = " ".join(flags)
+        known = everything if starts(everything) else " ".join(flag for flag in flags if starts(flag))
+        os.environ["CONTRASTIVE_JAX_TEST_XLA_FLAGS"] = known
+    return known
+
+
+os.environ["XLA_FLAGS"] = with_device_count(f"{os.environ.get('XLA_FLAGS', '')} {_flags_xla_accepts(_FAST_COMPILE)}", 8)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the session's workers and every process the tests

@@ -456,13 +456,16 @@ def test_ctrl_c_saves_the_printed_command_resumes_and_a_rerun_is_already_done(pr
         "Ctrl-C: finishing the current step, then saving a checkpoint (press Ctrl-C again to abort at once)." in lines
     )
     assert lines[-2] == f"Ctrl-C: stopped after step 3 and saved it in {workdir}/checkpoints. To resume, run:"
-    python = os.path.relpath(sys.executable, ROOT)
+    python = os.path.relpath(sys.executable, ROOT)  # as the run, started in ROOT, prints it
+    python = sys.executable if python.startswith("..") else python  # a Python outside ROOT
     command = f"{python} -m contrastive_jax.main --config={config} --workdir={workdir}"
     assert lines[-1] == f"  {command}"
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
     assert logged_steps(workdir) == [2]
 
-    resumed = subprocess.run(shlex.split(command), cwd=ROOT, env=USER_ENV, capture_output=True, text=True, timeout=300)
+    # The command as printed, in a person's shell (on a machine with a GPU: its CPU, as here).
+    user_cpu = dict(USER_ENV, JAX_PLATFORMS="cpu")
+    resumed = subprocess.run(shlex.split(command), cwd=ROOT, env=user_cpu, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     lines = resumed.stderr.splitlines()
     run_line = "cpu: 8 devices, 1 process; global batch 64 (8 per device); 40 steps; "
@@ -489,7 +492,7 @@ def test_ctrl_c_saves_the_printed_command_resumes_and_a_rerun_is_already_done(pr
 
     files = {p: os.stat(os.path.join(workdir, p)).st_mtime_ns for p in ("eval_results.json", "metrics.jsonl")}
     started = time.perf_counter()
-    again = subprocess.run(shlex.split(command), cwd=ROOT, env=USER_ENV, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(shlex.split(command), cwd=ROOT, env=user_cpu, capture_output=True, text=True, timeout=120)
     print(f"rerun of a finished run: {time.perf_counter() - started:.1f} s")
     assert again.returncode == 0, again.stderr
     assert again.stderr.splitlines() == [
@@ -652,3 +655,11 @@ def test_readme_demo_runs_as_written():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "batch_prototype_cross_entropy" in result.stdout  # the last loss
+
+
+def test_demo_asked_for_more_devices_than_there_are_says_so_with_status_2(capsys):
+    from contrastive_jax import demo
+
+    assert demo.main(["--devices", "16"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: num_devices must be in [1, 8]") and "Traceback" not in error

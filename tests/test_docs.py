@@ -266,6 +266,8 @@ QUOTED_FIGURES = [
         "| 262,144 | grad_cache | 8192 | 410.92 s | 396.32 s | 1.04 | 2.4 | 239 MiB | 9,218 MiB |",
         RESULTS + "bench_grad_cache/results.md",
     ),
+    ("docs/performance.md", "in tiles of 8,192 (624 MiB)", RESULTS + "bench_losses/accelerator/results.md"),
+    ("docs/performance.md", "5.8× and 4.0× ours streamed", RESULTS + "bench_losses/accelerator/results.md"),
     ("docs/training.md", "| 4 | 2 × 4 | 82.9 MiB | 0.252 |", RESULTS + "bench_fsdp/results.md"),
     ("docs/training.md", "| 8 | 1 × 8 | 41.9 MiB | 0.128 | 643.5 MiB | 1.28 |", RESULTS + "bench_fsdp/results.md"),
     ("docs/experiments.md", "`cmudict_clip` | **0.903** | 0.996 | 0.998 |", RESULTS + "cmudict_clip/eval_results.json"),

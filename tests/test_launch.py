@@ -83,6 +83,9 @@ def main_args(command: str, environ: dict[str, str]) -> list[str]:
 def run_processes(args_and_envs: list[tuple[list[str], dict[str, str]]], num_devices: int = 1) -> list[dict]:
     """Runs the driver once per `(args, env)` at once; the records, in that order."""
     base = {k: v for k, v in device_count_env(num_devices).items() if not k.startswith(_DETECTED)}
+    # CPU devices also on a machine with a GPU, where every simulated process would take
+    # the one GPU (NCCL: "Duplicate GPU detected").
+    base["JAX_PLATFORMS"] = "cpu"
     started = [
         subprocess.Popen(
             [sys.executable, "-c", _DRIVER, *args],

@@ -144,7 +144,9 @@ def test_bfloat16_embeddings_stream_like_dense():
 def test_auto_chunk_size_by_platform_and_width():
     assert logit_stats.auto_chunk_size(16384, 64, "cpu") == 512
     assert logit_stats.auto_chunk_size(16384, 512, "cpu") == 1024
-    assert logit_stats.auto_chunk_size(16384, 512, "gpu") == 2048
+    assert logit_stats.auto_chunk_size(16384, 512, "gpu") == 8192
+    assert logit_stats.auto_chunk_size(16384, 512, "tpu") == 2048
+    assert logit_stats.auto_chunk_size(8192, 512, "gpu") is None  # one GPU tile: dense
     assert logit_stats.auto_chunk_size(3 * 1000, 64, "cpu") == 500  # a divisor of N
     assert logit_stats.auto_chunk_size(512, 64, "cpu") is None  # one tile: dense
 
