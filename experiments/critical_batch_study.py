@@ -453,12 +453,12 @@ QUICK = dict(
     seeds=[0, 1],
     control_batch_sizes=[128],
     epochs=2.0,
-    train_size=2048,
+    train_size=1024,
     targets=[0.01],
     noise_batches=[128],
     replicates=4,
 )
-QUICK_OVERRIDES = {"data.train_split": "fit[:2048]", "eval.split": "validation[:512]"}
+QUICK_OVERRIDES = {"data.train_split": "fit[:1024]", "eval.split": "validation[:256]"}
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:

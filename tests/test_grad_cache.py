@@ -196,9 +196,7 @@ def test_quick_benchmark_reports_the_step_beside_the_loss(tmp_path):
     bench_grad_cache = _bench_module()
     bench_grad_cache.main(["--quick", "--out", str(tmp_path)])
     points = json.loads((tmp_path / "results.json").read_text())
-    assert {(p["global_batch"], p["method"]) for p in points} == {
-        (n, m) for n in (1024, 2048) for m in ("full", "grad_cache")
-    }
+    assert {(p["global_batch"], p["method"]) for p in points} == {(1024, m) for m in ("full", "grad_cache")}
     for p in points:  # the step includes the loss, so it takes longer than the loss alone
         assert p["step_over_loss"] > 1 and p["step_over_matmul_limit"] > 0
     assert "step ÷ loss" in (tmp_path / "results.md").read_text()
