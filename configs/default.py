@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     # `python -m contrastive_jax.write_records`; docs/own_data.md).
     data.name = "sklearn_digits"  # A built-in dataset (data_sources.BUILTIN); ignored with data.records.
     data.records = ml_collections.config_dict.placeholder(str)  # A record set's directory; None: data.name.
-    data.data_dir = None  # Where built-in datasets' records are written; None: ~/.cache/contrastive_jax.
+    data.data_dir = ml_collections.config_dict.placeholder(str)  # Built-in sets' records' dir; None: ~/.cache/
     data.task = "pairs"  # "pairs" (two halves / image-text), "views" (SimCLR), "labeled".
     data.train_split = "train"  # Split used for training ("a+b": both).
     data.train_class_range = ml_collections.config_dict.placeholder(tuple)  # (lo, hi): keep labels in [lo, hi).

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from sklearn import linear_model
 
-from contrastive_jax import benchmark, sharding
+from contrastive_jax import benchmark, padded_chunks, sharding
 
 
 def cross_view_recall(
@@ -229,16 +229,13 @@ class Evaluator:
 
     def _batched(self, embed, state, a: np.ndarray, b: np.ndarray | None) -> dict[str, np.ndarray]:
         """`embed(state, a, b)` over batches of `a` (and `b`) [n, ...], the last padded."""
-        n = len(a)
-        pad = -n % self._batch_size
-        padded = [None if x is None else np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) for x in (a, b)]
-        chunks = []
-        for start in range(0, n + pad, self._batch_size):
-            rows = [None if x is None else x[start : start + self._batch_size] for x in padded]
+
+        def embed_chunk(a_rows, b_rows):
             # Explicitly placed: a multi-process jit refuses NumPy inputs with shardings.
-            out = embed(state, *jax.device_put(rows, sharding.data_sharding(self._mesh)))
-            chunks.append({k: np.asarray(v) for k, v in out.items() if k in ("za", "zb")})
-        return {k: np.concatenate([c[k] for c in chunks])[:n] for k in chunks[0]}
+            out = embed(state, *jax.device_put([a_rows, b_rows], sharding.data_sharding(self._mesh)))
+            return {k: v for k, v in out.items() if k in ("za", "zb")}
+
+        return padded_chunks.map_padded_chunks(embed_chunk, (a, b), self._batch_size)
 
     def __call__(self, state) -> dict[str, float]:
         """All metrics for the current state, as a flat `{name: value}` dict."""

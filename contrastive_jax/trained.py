@@ -28,7 +28,16 @@ import jax
 import numpy as np
 from jax import export as jax_export  # a submodule to import on jax 0.7.2
 
-from contrastive_jax import checkpoint, config_lib, data_sources, input_pipeline, models, run_dir, tokenizers
+from contrastive_jax import (
+    checkpoint,
+    config_lib,
+    data_sources,
+    input_pipeline,
+    models,
+    padded_chunks,
+    run_dir,
+    tokenizers,
+)
 from contrastive_jax.config_lib import ConfigError
 
 SIDES = ("a", "b")
@@ -65,12 +74,8 @@ class TrainedModel:
         inputs = self.check_inputs(inputs, side)
         embed = self._towers[side]
         width = min(batch_size, 1 << max(len(inputs) - 1, 0).bit_length())
-        chunks = []
-        for start in range(0, len(inputs), width):
-            chunk = inputs[start : start + width]
-            padding = np.zeros((width - len(chunk), *chunk.shape[1:]), chunk.dtype)
-            chunks.append(np.asarray(embed(self.variables, np.concatenate([chunk, padding])))[: len(chunk)])
-        return np.concatenate(chunks) if chunks else np.zeros((0, self.embed_dim), np.float32)
+        embeddings = padded_chunks.map_padded_chunks(lambda x: embed(self.variables, x), (inputs,), width)
+        return np.zeros((0, self.embed_dim), np.float32) if embeddings is None else embeddings
 
     @functools.cached_property
     def _towers(self) -> dict[str, Callable]:

@@ -26,6 +26,7 @@ listed here):
     metric_writer, run_dir   test_metric_writer, test_train, test_sweeps
     noise_scale              test_gradient_noise_scale
     optimizer                test_train
+    padded_chunks            test_evaluate, test_trained
     record_inputs, records, write_records  test_write_records
     sharding                 test_losses_sharded, test_train (fsdp)
     released/*               test_released_open_clip (open_clip_layout, transformer),

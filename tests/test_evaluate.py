@@ -135,3 +135,21 @@ def test_collapse_diagnostics():
     assert basis["effective_rank"] == pytest.approx(7.0)
     assert basis["mean_cosine"] == pytest.approx(0.0)
     assert basis["std_min"] == pytest.approx(np.std([1] + [0] * 7))
+
+
+def test_map_padded_chunks_pads_the_last_chunk_and_cuts_the_padding():
+    from contrastive_jax import padded_chunks
+
+    a = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)
+    widths = []
+
+    def fn(a_rows, b_rows):
+        widths.append(len(a_rows))
+        assert b_rows is None
+        return {"sum": a_rows.sum(axis=1), "first": a_rows[:, :1]}
+
+    out = padded_chunks.map_padded_chunks(fn, (a, None), 4)
+    assert widths == [4, 4, 4]  # 10 rows: the last chunk of 2 padded to 4
+    np.testing.assert_array_equal(out["sum"], a.sum(axis=1))
+    np.testing.assert_array_equal(out["first"], a[:, :1])
+    assert padded_chunks.map_padded_chunks(fn, (a[:0], None), 4) is None
