@@ -341,6 +341,7 @@ class _Run:
             window.writer.close()
         if preempted:
             raise Preempted(step, ckpt.directory)
+        ckpt.wait()  # eval_results.json marks a finished run: only once its checkpoint is complete
         if self.lead:
             final_step = max(start_step, num_steps)  # a run resumed past its steps: the state's
             run_dir.write_eval_results(self.workdir, final_step, results)

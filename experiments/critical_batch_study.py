@@ -38,6 +38,8 @@ runs and noise measurements are skipped, and so are the runs in the committed
 `results.json`):
   .venv/bin/python -m experiments.critical_batch_study             # the grid, results committed
   .venv/bin/python -m experiments.critical_batch_study --seeds 0   # one seed of it
+  .venv/bin/python -m experiments.critical_batch_study --hours 1   # no run starts after 1 h;
+                                                                   # reports what finished
   .venv/bin/python -m experiments.critical_batch_study --quick     # CI: slices of the data
 """
 
@@ -46,6 +48,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -414,16 +417,17 @@ def run(args) -> list[dict]:
     base = load_config("cmudict_clip")
     base = override(base, {"data.data_dir": args.data_dir, **SPLITS, **(QUICK_OVERRIDES if args.quick else {})})
     run_args = {"epochs": args.epochs, "train_size": args.train_size}
+    grid_args = {"curve_keys": CURVES, "deadline": None if args.hours is None else time.monotonic() + 3600 * args.hours}
     tuning_seed, *other_seeds = args.seeds
     tuning = tuning_runs(args.batch_sizes, args.lr_factors, tuning_seed, **run_args)
-    records = sweep.run_grid(base, tuning, args.out, curve_keys=CURVES)
+    records = sweep.run_grid(base, tuning, args.out, **grid_args)
     replicates = replicate_runs(replicated_factors(records, args.targets), other_seeds, **run_args)
-    records += sweep.run_grid(base, replicates, args.out, curve_keys=CURVES)
+    records += sweep.run_grid(base, replicates, args.out, **grid_args)
     rates = control_factors(records, args.targets)
     controls = [
         study_run(n, rates[n], seed, loss="dcl", **run_args) for n in args.control_batch_sizes for seed in args.seeds
     ]
-    records += sweep.run_grid(base, controls, args.out, curve_keys=CURVES)
+    records += sweep.run_grid(base, controls, args.out, **grid_args)
     noise = noise_scales(
         base, tuning, best_runs(records, args.targets[0]), args.out, args.noise_batches, args.replicates
     )
@@ -470,6 +474,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--targets", type=sweep.float_list, help="validation R@1 targets")
     parser.add_argument("--noise-batches", type=sweep.int_list, help="n of the replicate noise scale")
     parser.add_argument("--replicates", type=int, help=f"independent batches per n (default {REPLICATES})")
+    parser.add_argument(
+        "--hours", type=float, help="start no run after this many hours; report what finished (rerun to go on)"
+    )
     args = sweep.resolve(parser.parse_args(argv), "critical_batch_study", FULL, QUICK)
     if args.steps is not None:
         parser.error("--steps: every run here trains a number of epochs; pass --epochs.")

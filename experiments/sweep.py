@@ -109,6 +109,7 @@ def run_grid(
     *,
     curve_keys: Iterable[str] = ("train/loss", "train/temperature"),
     log: Callable[[str], None] = print,
+    deadline: float | None = None,
 ) -> list[dict[str, Any]]:
     """Trains every run not finished yet, then collects all of them.
 
@@ -122,10 +123,12 @@ def run_grid(
       runs: the grid; run `r` trains in `out/runs/<r.name>`.
       curve_keys: `metrics.jsonl` scalars kept as curves (`[[step, value], ...]`).
       log: where progress lines go.
+      deadline: a `time.monotonic()` after which no run starts (None: no limit); the
+        runs not started have no record (the next invocation trains them).
 
     Returns:
-      One record per run: `name`, its tags, the final evaluation's metrics, the last
-      logged `train/loss` and `train/temperature`, and `curves`.
+      One record per finished run: `name`, its tags, the final evaluation's metrics, the
+      last logged `train/loss` and `train/temperature`, and `curves`.
     """
     simulate_cpu_devices(base.num_simulated_devices)
     from contrastive_jax import train  # JAX starts after XLA_FLAGS is final.
@@ -145,6 +148,9 @@ def run_grid(
         _check_run(workdir, run, config)
         if is_complete(workdir, config):
             log(f"{label}: finished earlier, skipped")
+        elif deadline is not None and time.monotonic() > deadline:
+            log(f"{label}: not started (the time budget is spent; run the command again to go on)")
+            continue
         else:
             resuming = " (resuming from its checkpoint)" if (workdir / "checkpoints").exists() else ""
             log(f"{label}: training {config.train.num_train_steps} steps{resuming}")

@@ -149,3 +149,8 @@ def test_quick_measures_steps_and_noise_and_resumes(tmp_path, cmudict_data_dir, 
     assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(records))
     out = capsys.readouterr().out
     assert out.count("read from") == len(records) and "training" not in out and "[noise]" not in out
+    # --hours spent: a third seed's runs do not start; the report holds what finished
+    budgeted = study.main([*args, "--seeds", "0,1,2", "--hours", "0"])
+    out = capsys.readouterr().out
+    assert json.loads(json.dumps(budgeted)) == json.loads(json.dumps(records)) and "training" not in out
+    assert out.count("not started") == sum(r["seed"] == 1 for r in records)  # seed 2 repeats seed 1's runs

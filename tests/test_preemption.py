@@ -146,9 +146,10 @@ def test_sigkill_at_random_times_resumes_bitwise(
         kills += 1
     newest = max(checkpoint_steps(workdir)[0], default=None)
     resumes_before = resumed_from_steps(workdir)
-    # Done: the last step's evaluation was written (the kill may have come after it, before
-    # the process exited).
-    done = (run_dir.read_eval_results(workdir) or {}).get("step") == 16
+    # Done: the last step's checkpoint is complete and its evaluation written (the kill may
+    # have come after both, before the process exited; after the evaluation alone, the
+    # checkpoint still being written, the rerun resumes from the one before and trains).
+    done = newest == 16 and (run_dir.read_eval_results(workdir) or {}).get("step") == 16
     status, output = processes.wait(processes.start(config, workdir, num_devices=8))
     assert status == 0, output[-3000:]
     assert kills >= 1
