@@ -6,7 +6,8 @@ similarity = dot product):
 * `cross_view_recall`: paired retrieval, R@K: query i's answers are gallery item i, or
   every gallery item in query i's group (e.g. any pronunciation that is the same string
   as the query's own, so homophones are not errors); computed in blocks of queries, so
-  memory is O(block * n), not n^2.
+  memory is O(block * n), not n^2. `cross_view_ranks` gives each query's rank (for
+  per-query statistics), `recall_ceiling` the best R@1 when some queries are identical.
 * `retrieval_metrics`: metric-learning retrieval within one labelled set, the query left
   out: Recall@K, MAP@R and R-precision (Musgrave et al. 2020).
 * `knn_accuracy`, `linear_probe_accuracy`: classification from frozen embeddings.
@@ -25,28 +26,21 @@ from sklearn import linear_model
 from contrastive_jax import benchmark, padded_chunks, sharding
 
 
-def cross_view_recall(
-    za: np.ndarray,
-    zb: np.ndarray,
-    ks: Sequence[int],
-    *,
-    groups: np.ndarray | None = None,
-    block_size: int = 1024,
-) -> dict[str, float]:
-    """Recall@K of retrieving a match of query `za[i]` among all of `zb`.
+def cross_view_ranks(
+    za: np.ndarray, zb: np.ndarray, *, groups: np.ndarray | None = None, block_size: int = 1024
+) -> np.ndarray:
+    """Each query's rank in paired retrieval: query `za[i]` against all of `zb`.
 
     Args:
       za: [n, D] queries.
       zb: [n, D] gallery, row i the pair of `za[i]`.
-      ks: the K values.
       groups: [n] ints or None. Gallery item j answers query i when `groups[j] ==
         groups[i]` (e.g. equal pronunciation strings); None: only item i does.
       block_size: queries scored at once ([block_size, n] similarities in memory).
 
     Returns:
-      `{"R@K": fraction of queries with an answer in the top K}`. Ties count against
-      the query: its rank is the number of non-answers scoring at least as high as its
-      best answer.
+      [n] int64: the number of non-answers scoring at least as high as query i's best
+      answer (0: an answer is first; ties count against the query).
     """
     n = len(za)
     groups = np.arange(n) if groups is None else np.asarray(groups)
@@ -56,8 +50,48 @@ def cross_view_recall(
         answer = groups[start : start + block_size, None] == groups[None, :]
         best = np.max(np.where(answer, similarity, -np.inf), axis=1, keepdims=True)
         ranks.append(np.sum((similarity >= best) & ~answer, axis=1))
-    rank = np.concatenate(ranks)
+    return np.concatenate(ranks)
+
+
+def cross_view_recall(
+    za: np.ndarray,
+    zb: np.ndarray,
+    ks: Sequence[int],
+    *,
+    groups: np.ndarray | None = None,
+    block_size: int = 1024,
+) -> dict[str, float]:
+    """Recall@K of retrieving a match of query `za[i]` [n, D] among all of `zb` [n, D]
+    (`groups`, `block_size`: as in `cross_view_ranks`).
+
+    Returns:
+      `{"R@K": fraction of queries with an answer in the top K}` (ties count against
+      the query).
+    """
+    rank = cross_view_ranks(za, zb, groups=groups, block_size=block_size)
     return {f"R@{k}": float(np.mean(rank < k)) for k in ks}
+
+
+def recall_ceiling(query_ids: np.ndarray, groups: np.ndarray) -> float:
+    """The best R@1 any model can reach when some queries are identical.
+
+    Identical queries (equal `query_ids`) get the same ranking, so their top item is
+    right only for those whose answer group it is: of each set of identical queries, at
+    most the largest subset sharing one group is right (e.g. cmudict's spelling ->
+    pronunciation: a word with two pronunciations is right for one of its two rows).
+
+    Args:
+      query_ids: [n] ints, equal for identical queries (the other direction's match key).
+      groups: [n] ints, the answer groups (`cross_view_ranks`'s `groups`).
+
+    Returns:
+      The fraction of the n queries that can be right at rank 1.
+    """
+    pairs, counts = np.unique(np.column_stack([query_ids, groups]), axis=0, return_counts=True)
+    best = {}
+    for (query, _), count in zip(pairs.tolist(), counts.tolist(), strict=True):
+        best[query] = max(best.get(query, 0), count)
+    return sum(best.values()) / len(query_ids)
 
 
 def _neighbours(z: np.ndarray, num: int) -> np.ndarray:

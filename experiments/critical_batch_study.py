@@ -45,6 +45,7 @@ runs and noise measurements are skipped, and so are the runs in the committed
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -55,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
-from experiments import sweep
+from experiments import statistics, sweep
 
 FIT_PAIRS = 108_000  # cmudict's `fit` split
 EPOCHS = 6.0
@@ -69,7 +70,8 @@ WARMUP_EPOCHS = 0.5
 TARGETS = (0.80, 0.84, 0.86, 0.88, 0.90)  # validation R@1, mean of both directions
 NOISE_BATCHES = (1024, 4096)
 REPLICATES = 16
-METRICS = ("a_to_b/R@1", "b_to_a/R@1")
+DIRECTIONS = ("a_to_b", "b_to_a")  # spelling -> pronunciation and back
+METRICS = tuple(f"{d}/R@1" for d in DIRECTIONS)
 CURVES = ("train/loss", "train/temperature", "train/examples_per_second", *(f"eval/{m}" for m in METRICS))
 
 
@@ -165,15 +167,6 @@ def fit_mccandlish(batch_sizes: Sequence[int], steps: Sequence[float]) -> dict[s
     return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": float(e_min / s_min), "max_residual": residual}
 
 
-def t_interval(values: Sequence[float]) -> float:
-    """The half-width of the 95% t-interval of the mean of `values` (NaN for one value)."""
-    from scipy import stats
-
-    if len(values) < 2:
-        return math.nan
-    return float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
-
-
 def reached_steps(
     records: Sequence[Mapping[str, Any]], target: float, *, clip: bool = True
 ) -> dict[tuple[int, float], dict[int, float | None]]:
@@ -209,7 +202,7 @@ def best_runs(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, 
                 "steps": mean,
                 "seeds": len(steps),
                 "std": float(np.std(steps)),
-                "interval": t_interval(steps),
+                "interval": statistics.t_interval(steps),
                 "by_seed": by_seed,
             }
     for entry in best.values():
@@ -276,6 +269,61 @@ def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], o
     return cache
 
 
+def test_hits(workdir: str, split: str) -> dict[str, Any]:
+    """Per query of `split`, whether the final checkpoint in `workdir` ranks a right answer
+    first (R@1), both directions (`{"a_to_b": [n] bool, "b_to_a": [n] bool}`), and each
+    direction's ceiling (`"a_to_b/ceiling"`: `evaluate.recall_ceiling`)."""
+    from contrastive_jax import data_sources, evaluate, input_pipeline, trained
+
+    model = trained.load(workdir)
+    arrays = input_pipeline.eval_arrays(model.data, split)
+    z = {side: model.embed(arrays[side], side, batch_size=1024) for side in ("a", "b")}
+    match_a, match_b = data_sources.open_metadata(model.data).match_keys or (None, None)
+    hits = {}
+    for direction, query, gallery, match, identity in (
+        ("a_to_b", "a", "b", match_a, match_b),
+        ("b_to_a", "b", "a", match_b, match_a),
+    ):
+        groups = arrays[match] if match else None
+        hits[direction] = evaluate.cross_view_ranks(z[query], z[gallery], groups=groups) == 0
+        hits[f"{direction}/ceiling"] = evaluate.recall_ceiling(arrays[identity], groups) if match else 1.0
+    return hits
+
+
+def final_hits(records: Sequence[Mapping[str, Any]], rates: Mapping[int, float], out, split: str) -> dict:
+    """`test_hits` on `split` (the test split, read here only) for every run at its N's
+    rate in `rates` (CLIP and DCL, every seed), cached in `out/final.json` (the hits
+    bit-packed): `{run name: {"a_to_b": [n] bool, "b_to_a": [n] bool, "a_to_b/ceiling",
+    "b_to_a/ceiling"}}`."""
+    cache_file = out / "final.json"
+    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+    for record in records:
+        name, workdir = record["name"], out / "runs" / record["name"]
+        if record["lr_factor"] != rates.get(record["batch_size"]) or name in cache:
+            continue
+        if not (workdir / "checkpoints").is_dir():
+            print(f"[final] {name}: no checkpoint in {workdir} (delete the run's record to retrain it)", flush=True)
+            continue
+        print(f"[final] {name}: R@1 of each {split} query", flush=True)
+        hits = test_hits(str(workdir), split)
+        packed = {k: base64.b64encode(np.packbits(v)).decode() for k, v in hits.items() if not k.endswith("ceiling")}
+        cache[name] = {
+            "queries": len(hits["a_to_b"]),
+            **{k: v for k, v in hits.items() if k.endswith("ceiling")},
+            **packed,
+        }
+        cache_file.write_text(json.dumps(cache, indent=1))
+    return {
+        name: {
+            k: np.unpackbits(np.frombuffer(base64.b64decode(v), np.uint8), count=entry["queries"]).astype(bool)
+            if k in DIRECTIONS
+            else v
+            for k, v in entry.items()
+        }
+        for name, entry in cache.items()
+    }
+
+
 def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
     """McCandlish's fit over every N that reached the target, and over those from the N
     that needed the fewest examples on (the model has the examples grow with N: a
@@ -300,7 +348,8 @@ def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
             by_seed = [fit_mccandlish(ns, [best[n]["by_seed"][seed] for n in ns])["b_crit"] for seed in seeds]
             text += (
                 f"Each seed's fit: B_crit = {', '.join(f'{b:,.0f}' for b in by_seed)} (seeds "
-                f"{', '.join(map(str, seeds))}); mean {np.mean(by_seed):,.0f} ± {t_interval(by_seed):,.0f} (95%).\n"
+                f"{', '.join(map(str, seeds))}); mean {np.mean(by_seed):,.0f} "
+                f"± {statistics.t_interval(by_seed):,.0f} (95%).\n"
             )
     return text
 
@@ -309,7 +358,7 @@ def _mean_and_interval(steps: Sequence[float | None]) -> str:
     """`mean ± half-width` of seeds' steps (`-` when one missed the target)."""
     if not steps or None in steps:
         return "-"
-    return f"{np.mean(steps):.0f}" + (f" ± {t_interval(steps):.0f}" if len(steps) > 1 else "")
+    return f"{np.mean(steps):.0f}" + (f" ± {statistics.t_interval(steps):.0f}" if len(steps) > 1 else "")
 
 
 def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> str:
@@ -334,9 +383,68 @@ def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float
     )
 
 
-def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], noise: Mapping[str, Any]) -> str:
+def _mean_interval_3(values: Sequence[float]) -> str:
+    """`mean ± 95% half-width` to 3 decimals (the mean alone for one value)."""
+    return f"{np.mean(values):.3f}" + (f" ± {statistics.t_interval(values):.3f}" if len(values) > 1 else "")
+
+
+def _final_table(records: Sequence[Mapping[str, Any]], final: Mapping[str, Mapping], rates: Mapping[int, float]) -> str:
+    """The test split at each N's rate: R@1 both ways over the seeds measured (mean ± 95%
+    t-interval) and its distance to the ceiling; then each doubling of N and DCL against
+    CLIP, the difference of the seed-mean hits with its paired bootstrap over queries."""
+    runs: dict[tuple[str, int], list[str]] = {}
+    for record in records:
+        if record["name"] in final:
+            runs.setdefault((record.get("loss", "clip"), record["batch_size"]), []).append(record["name"])
+    if not runs:
+        return ""
+    rows = []
+    for (loss, n), names in sorted(runs.items(), key=lambda item: (item[0][1], item[0][0])):
+        cells = []
+        for direction in DIRECTIONS:
+            per_seed = [float(final[name][direction].mean()) for name in names]
+            ceiling = final[names[0]][f"{direction}/ceiling"]
+            cells += [_mean_interval_3(per_seed), f"{ceiling - np.mean(per_seed):.3f}"]
+        rows.append([loss.upper(), f"{n:,}", f"{rates[n]:g}", len(names), *cells])
+    ceilings = ", ".join(f"{final[names[0]][f'{d}/ceiling']:.3f} {d}" for d in DIRECTIONS)
+    header = ["loss", "N", "f", "seeds", "R@1 a_to_b", "ceiling - R@1", "R@1 b_to_a", "ceiling - R@1"]
+    text = (
+        "\n## The test split, read once: R@1 at each N's rate and its distance to the ceiling\n\n"
+        f"The best R@1 any model can reach (identical queries rank alike): {ceilings}. R@1: mean ± the 95% "
+        "t-interval over the seeds.\n\n" + sweep.markdown_table(rows, header)
+    )
+    seed_mean = {
+        key: {d: np.mean([final[name][d] for name in names], axis=0) for d in DIRECTIONS} for key, names in runs.items()
+    }
+    clip_ns = sorted(n for loss, n in runs if loss == "clip")
+    pairs = [(("clip", big), ("clip", small)) for small, big in zip(clip_ns, clip_ns[1:], strict=False)]
+    pairs += [(("dcl", n), ("clip", n)) for loss, n in sorted(runs) if loss == "dcl" and ("clip", n) in runs]
+    rows = []
+    for x, y in pairs:
+        cells = []
+        for direction in DIRECTIONS:
+            difference, low, high = statistics.paired_bootstrap(seed_mean[x][direction], seed_mean[y][direction])
+            cells.append(f"{difference:+.4f} [{low:+.4f}, {high:+.4f}]")
+        rows.append([f"{x[0].upper()} {x[1]:,} - {y[0].upper()} {y[1]:,}", *cells])
+    header = ["comparison", "R@1 a_to_b difference [95%]", "R@1 b_to_a difference [95%]"]
+    return text + (
+        f"\nDifferences of the seed-mean R@1 on the same queries, 95% paired bootstrap over the queries "
+        f"({statistics.BOOTSTRAP_RESAMPLES:,} resamples):\n\n" + sweep.markdown_table(rows, header)
+        if rows
+        else ""
+    )
+
+
+def summary(
+    records: Sequence[Mapping[str, Any]],
+    targets: Sequence[float],
+    noise: Mapping[str, Any],
+    final: Mapping[str, Mapping] | None = None,
+    rates: Mapping[int, float] | None = None,
+) -> str:
     """The markdown report: per target, each N's steps at every learning rate (mean ± 95%
-    over the seeds run), the best, and the fitted curve; the DCL control; the noise scales."""
+    over the seeds run), the best, and the fitted curve; the DCL control; the noise scales;
+    the test split's table (`final`: `final_hits`, at `rates`)."""
     clip_records = [r for r in records if is_clip(r)]
     text = f"# The critical batch on cmudict (fit -> validation), {len(records)} runs\n"
     factors = sorted({r["lr_factor"] for r in clip_records})
@@ -375,7 +483,7 @@ def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], nois
         ]
         header = ["run's N", "n", "B_simple", "tr Cov(n/4) / tr Cov(n)", "bias² / \\|E g\\|²", "\\|E g_n\\|²"]
         text += sweep.markdown_table(rows, header)
-    return text
+    return text + (_final_table(records, final, rates) if final else "")
 
 
 def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict:
@@ -433,7 +541,8 @@ def run(args) -> list[dict]:
     )
     sweep.write_results(records, args.out)
     sweep.save(plot(records, args.targets), args.out)
-    (args.out / "summary.md").write_text(summary(records, args.targets, noise))
+    final = final_hits(records, rates, args.out, args.final_split)
+    (args.out / "summary.md").write_text(summary(records, args.targets, noise, final, rates))
     print(f"wrote {args.out}")
     return records
 
@@ -449,6 +558,7 @@ FULL = dict(
     targets=list(TARGETS),
     noise_batches=list(NOISE_BATCHES),
     replicates=REPLICATES,
+    final_split="test",
 )
 # --quick: 2,048 training pairs, 512 validation pairs, N = 64 and 128, two epochs.
 QUICK = dict(
@@ -461,6 +571,7 @@ QUICK = dict(
     targets=[0.01],
     noise_batches=[128],
     replicates=4,
+    final_split="test[:256]",
 )
 QUICK_OVERRIDES = {"data.train_split": "fit[:1024]", "eval.split": "validation[:256]"}
 

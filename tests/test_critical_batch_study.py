@@ -16,6 +16,7 @@ if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the
     sys.path.insert(0, str(ROOT))
 
 from experiments import critical_batch_study as study  # noqa: E402
+from experiments import statistics  # noqa: E402
 
 
 def test_grid_tunes_the_rate_per_batch_at_the_same_epochs():
@@ -116,7 +117,44 @@ def test_bcrit_interval_fits_each_seed():
     text = study._fits(best)
     per_seed = [e_min / (s_min * (1 + 0.1 * s)) for s in (0, 1, 2)]
     assert f"B_crit = {', '.join(f'{b:,.0f}' for b in per_seed)} (seeds 0, 1, 2)" in text
-    assert f"mean {np.mean(per_seed):,.0f} ± {study.t_interval(per_seed):,.0f} (95%)" in text
+    assert f"mean {np.mean(per_seed):,.0f} ± {statistics.t_interval(per_seed):,.0f} (95%)" in text
+
+
+def test_final_table_reads_the_seeds_the_ceiling_and_the_paired_differences():
+    queries = 1000
+    rng = np.random.default_rng(0)
+    base = rng.random(queries) < 0.85
+    records, final = [], {}
+    # CLIP at 256 and 512 (two seeds each), DCL at 256 (one seed): N = 512 and DCL are
+    # right on 20 more queries per seed than CLIP at 256, both ways.
+    for loss, n, seeds, extra in (("clip", 256, (0, 1), 0), ("clip", 512, (0, 1), 20), ("dcl", 256, (0,), 20)):
+        for seed in seeds:
+            hits = base.copy()
+            hits[np.flatnonzero(~base)[: extra + 10 * seed]] = True  # seed 1: 10 more
+            name = f"{loss}_n{n}_s{seed}"
+            records.append({"name": name, "batch_size": n, "seed": seed, "lr_factor": 2.0, "loss": loss})
+            final[name] = {"a_to_b": hits, "b_to_a": hits, "a_to_b/ceiling": 0.93, "b_to_a/ceiling": 0.98}
+    text = study._final_table(records, final, {256: 2.0, 512: 2.0})
+    clip_256 = [base.mean(), base.mean() + 0.01]
+    mean_256, mean_512 = np.mean(clip_256), np.mean(clip_256) + 0.02
+    assert (
+        f"| CLIP | 256 | 2 | 2 | {mean_256:.3f} ± {statistics.t_interval(clip_256):.3f} | {0.93 - mean_256:.3f} |"
+        in text
+    )
+    assert f"| CLIP | 512 | 2 | 2 | {mean_512:.3f} ± " in text
+    assert f"| DCL | 256 | 2 | 1 | {base.mean() + 0.02:.3f} | {0.93 - base.mean() - 0.02:.3f} |" in text
+    assert "0.930 a_to_b, 0.980 b_to_a" in text
+    seed_mean = {key: np.mean([final[f"{key}_s{seed}"]["a_to_b"] for seed in seeds], axis=0) for key, seeds in
+                 (("clip_n256", (0, 1)), ("clip_n512", (0, 1)), ("dcl_n256", (0,)))}  # fmt: skip
+    for row, x, y in (
+        ("CLIP 512 - CLIP 256", "clip_n512", "clip_n256"),
+        ("DCL 256 - CLIP 256", "dcl_n256", "clip_n256"),
+    ):
+        difference, low, high = statistics.paired_bootstrap(seed_mean[x], seed_mean[y])
+        assert 0 < low < difference < high
+        cell = f"{difference:+.4f} [{low:+.4f}, {high:+.4f}]"
+        assert f"| {row} | {cell} | {cell} |" in text
+    assert "| DCL 256 - CLIP 256 | +0.0150 [" in text  # 20 more queries than seed 0, 10 more than seed 1
 
 
 @pytest.mark.e2e
@@ -139,10 +177,15 @@ def test_quick_measures_steps_and_noise_and_resumes(tmp_path, cmudict_data_dir, 
     summary = (tmp_path / "summary.md").read_text()
     assert "B_crit" in summary and "replicate noise scale" in summary and "DCL against CLIP" in summary
     assert (tmp_path / "steps_to_target.png").stat().st_size > 0
+    final = json.loads((tmp_path / "final.json").read_text())  # every seed at each N's rate, on test[:256]
+    rates = study.control_factors(records, study.QUICK["targets"])
+    assert sorted(final) == sorted(r["name"] for r in records if r["lr_factor"] == rates[r["batch_size"]])
+    assert all(entry["queries"] == 256 and 0.9 < entry["a_to_b/ceiling"] <= 1 for entry in final.values())
+    assert "The test split, read once" in summary and "DCL 128 - CLIP 128" in summary
     capsys.readouterr()
     assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(records))
     out = capsys.readouterr().out
-    assert out.count("finished earlier, skipped") == len(records) and "[noise]" not in out
+    assert out.count("finished earlier, skipped") == len(records) and "[noise]" not in out and "[final]" not in out
     # a fresh clone: the workdirs gone, the committed results.json stands in for them
     for workdir in (tmp_path / "runs").iterdir():
         shutil.rmtree(workdir)

@@ -52,6 +52,47 @@ def test_cross_view_recall_with_groups_homophones_and_alternates():
     assert evaluate.cross_view_recall(za, zb, (1, 2)) == {"R@1": 0.25, "R@2": 1.0}
 
 
+def test_cross_view_ranks_are_the_golden_ranks_recall_counts():
+    za = unit([[1, 0], [0, 1], [1, 1]])
+    zb = unit([[1, 0.1], [-1, -0.2], [0.3, 1]])  # as in the golden recall test
+    np.testing.assert_array_equal(evaluate.cross_view_ranks(za, zb), [0, 2, 0])
+    np.testing.assert_array_equal(evaluate.cross_view_ranks(za, zb, groups=np.array([0, 1, 1])), [0, 0, 0])
+
+
+def test_recall_ceiling_counts_one_right_answer_per_set_of_identical_queries():
+    # The dictionary lines of the homophones test: "read" has two pronunciations (lines
+    # 2, 3: one spelling), "knight" and "night" one (lines 0, 1: one pronunciation).
+    pronunciation_id = np.array([0, 0, 1, 2])
+    word_id = np.array([0, 1, 2, 2])
+    assert evaluate.recall_ceiling(word_id, pronunciation_id) == 0.75  # spelling -> pronunciation
+    assert evaluate.recall_ceiling(pronunciation_id, word_id) == 0.75  # and back
+    assert evaluate.recall_ceiling(np.arange(4), np.arange(4)) == 1.0
+    # Identical queries with the same answer group are all right: ceiling 1.
+    assert evaluate.recall_ceiling(np.array([0, 0, 1]), np.array([5, 5, 6])) == 1.0
+
+
+def test_no_embedding_beats_the_recall_ceiling():
+    rng = np.random.default_rng(1)
+    query_ids = rng.integers(0, 12, size=40)
+    groups = rng.integers(0, 25, size=40)
+    ceiling = evaluate.recall_ceiling(query_ids, groups)
+    assert ceiling < 1
+    best = 0.0
+    for _ in range(200):  # identical queries embed identically; random galleries
+        za = unit(rng.normal(size=(12, 3)))[query_ids]
+        zb = unit(rng.normal(size=(40, 3)))
+        best = max(best, evaluate.cross_view_recall(za, zb, (1,), groups=groups)["R@1"])
+    zb = unit(rng.normal(size=(25, 3)))[groups]  # each group one point ...
+    za = np.zeros((40, 3))
+    for query in np.unique(query_ids):  # ... and each query at its most frequent group's
+        rows = np.flatnonzero(query_ids == query)
+        values, counts = np.unique(groups[rows], return_counts=True)
+        za[rows] = zb[np.flatnonzero(groups == values[np.argmax(counts)])[0]]
+    reached = evaluate.cross_view_recall(za, zb, (1,), groups=groups)["R@1"]
+    assert best <= ceiling
+    assert reached == pytest.approx(ceiling)
+
+
 def test_cross_view_recall_blocks_do_not_change_the_result():
     rng = np.random.default_rng(0)
     za, zb = unit(rng.normal(size=(50, 4))), unit(rng.normal(size=(50, 4)))

@@ -1,0 +1,49 @@
+"""The studies' intervals: over seeds (Student's t) and over test queries (a paired
+bootstrap: two models scored on the same queries, the queries resampled together)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+BOOTSTRAP_RESAMPLES = 2_000
+
+
+def t_interval(values: Sequence[float]) -> float:
+    """The half-width of the 95% t-interval of the mean of `values` (NaN for one value)."""
+    from scipy import stats
+
+    if len(values) < 2:
+        return math.nan
+    return float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
+
+
+def paired_bootstrap(
+    x: np.ndarray, y: np.ndarray, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> tuple[float, float, float]:
+    """The mean of `x - y` and its 95% percentile-bootstrap interval, the queries resampled
+    in pairs.
+
+    Args:
+      x: [n] a per-query score of one model (e.g. 1 where its R@1 is right, or the mean
+        of that over its seeds).
+      y: [n] the other model's on the same queries.
+      resamples: bootstrap resamples of the n queries.
+      seed: the resampling's seed.
+
+    Returns:
+      `(difference, low, high)`: mean(x - y) and the 2.5% and 97.5% quantiles of the
+      resampled means.
+    """
+    difference = np.asarray(x, np.float64) - np.asarray(y, np.float64)
+    rng = np.random.default_rng(seed)
+    means = np.concatenate(
+        [
+            difference[rng.integers(0, len(difference), (count, len(difference)))].mean(axis=1)
+            for count in np.diff(np.r_[0:resamples:100, resamples])  # 100 resamples at a time
+        ]
+    )
+    low, high = np.quantile(means, [0.025, 0.975])
+    return float(difference.mean()), float(low), float(high)
