@@ -8,14 +8,16 @@ epochs, evaluating R@1 both ways on `validation` (13,490 pairs; the test split i
 read here) `EVALS_PER_EPOCH` times an epoch. AdamW's peak learning rate is
 `BASE_LEARNING_RATE * sqrt(N / 256) * f` (f = 1 is the earlier study's square-root rule,
 f = 4 at N = 4,096 linear scaling); warmup `WARMUP_EPOCHS` epochs, then a cosine to 0.
-Three stages, each resumable:
+Two stages, resumable:
 
 1. **tuning**: N in `BATCH_SIZES` x f in `LR_FACTORS` on the first seed;
-2. **replicates**: the other seeds at each N's rates that were the first seed's best at
-   one target or more;
-3. **control**: DCL (the positive out of the denominators) at N in
-   `CONTROL_BATCH_SIZES`, CLIP's best rate there, every seed: if the small batch's
-   deficit is in the objective (the positive's coupling to few negatives), DCL closes it.
+2. **seeds**: every seed in turn (a budget cut leaves whole seeds). Each N's rate is
+   chosen once, on the tuning seed at the middle target (`control_factors`). The
+   second seed checks the tuning: it repeats every rate that was the tuning seed's best
+   at one target or more; later seeds repeat the chosen rate. Every seed runs the
+   **control**, DCL (the positive out of the denominators) at N in
+   `CONTROL_BATCH_SIZES` at the chosen rate: if the small batch's deficit is in the
+   objective (the positive's coupling to few negatives), DCL closes it.
 
 What it reports (`summary.md`, `results.json`, `steps_to_target.png`):
 
@@ -56,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
-from experiments import statistics, sweep
+from experiments import intervals, sweep
 
 FIT_PAIRS = 108_000  # cmudict's `fit` split
 EPOCHS = 6.0
@@ -123,8 +125,9 @@ def replicate_runs(factors: Mapping[int, Sequence[float]], seeds: Sequence[int],
 
 
 def control_factors(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict[int, float]:
-    """Per N, the rate of the DCL control: CLIP's best at the middle target, or, where N
-    misses it, at the highest lower target it reaches (none reached: the grid's middle)."""
+    """Per N, the rate of the DCL control: CLIP's best in `records` (the tuning seed's) at
+    the middle target, or, where N misses it, at the highest lower target it reaches
+    (none reached: the grid's middle)."""
     factors = sorted({r["lr_factor"] for r in records if is_clip(r)})
     chosen = {r["batch_size"]: factors[len(factors) // 2] for r in records}
     for target in targets[: len(targets) // 2 + 1]:
@@ -202,7 +205,7 @@ def best_runs(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, 
                 "steps": mean,
                 "seeds": len(steps),
                 "std": float(np.std(steps)),
-                "interval": statistics.t_interval(steps),
+                "interval": intervals.t_interval(steps),
                 "by_seed": by_seed,
             }
     for entry in best.values():
@@ -269,16 +272,15 @@ def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], o
     return cache
 
 
-def test_hits(workdir: str, split: str) -> dict[str, Any]:
-    """Per query of `split`, whether the final checkpoint in `workdir` ranks a right answer
-    first (R@1), both directions (`{"a_to_b": [n] bool, "b_to_a": [n] bool}`), and each
-    direction's ceiling (`"a_to_b/ceiling"`: `evaluate.recall_ceiling`)."""
-    from contrastive_jax import data_sources, evaluate, input_pipeline, trained
+def test_hits(model, arrays: Mapping[str, np.ndarray], match_keys: tuple[str, str] | None) -> dict[str, Any]:
+    """Per query of `arrays` (`input_pipeline.eval_arrays` of the test split), whether the
+    trained `model` (`trained.TrainedModel`) ranks a right answer first (R@1), both
+    directions (`{"a_to_b": [n] bool, "b_to_a": [n] bool}`), and each direction's ceiling
+    (`"a_to_b/ceiling"`: `evaluate.recall_ceiling`); `match_keys`: the data's."""
+    from contrastive_jax import evaluate
 
-    model = trained.load(workdir)
-    arrays = input_pipeline.eval_arrays(model.data, split)
     z = {side: model.embed(arrays[side], side, batch_size=1024) for side in ("a", "b")}
-    match_a, match_b = data_sources.open_metadata(model.data).match_keys or (None, None)
+    match_a, match_b = match_keys or (None, None)
     hits = {}
     for direction, query, gallery, match, identity in (
         ("a_to_b", "a", "b", match_a, match_b),
@@ -295,8 +297,11 @@ def final_hits(records: Sequence[Mapping[str, Any]], rates: Mapping[int, float],
     rate in `rates` (CLIP and DCL, every seed), cached in `out/final.json` (the hits
     bit-packed): `{run name: {"a_to_b": [n] bool, "b_to_a": [n] bool, "a_to_b/ceiling",
     "b_to_a/ceiling"}}`."""
+    from contrastive_jax import data_sources, input_pipeline, trained
+
     cache_file = out / "final.json"
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+    arrays = match_keys = None
     for record in records:
         name, workdir = record["name"], out / "runs" / record["name"]
         if record["lr_factor"] != rates.get(record["batch_size"]) or name in cache:
@@ -305,7 +310,11 @@ def final_hits(records: Sequence[Mapping[str, Any]], rates: Mapping[int, float],
             print(f"[final] {name}: no checkpoint in {workdir} (delete the run's record to retrain it)", flush=True)
             continue
         print(f"[final] {name}: R@1 of each {split} query", flush=True)
-        hits = test_hits(str(workdir), split)
+        model = trained.load(str(workdir))
+        if arrays is None:  # every run of the study reads the same data: the split once
+            arrays = input_pipeline.eval_arrays(model.data, split)
+            match_keys = data_sources.open_metadata(model.data).match_keys
+        hits = test_hits(model, arrays, match_keys)
         packed = {k: base64.b64encode(np.packbits(v)).decode() for k, v in hits.items() if not k.endswith("ceiling")}
         cache[name] = {
             "queries": len(hits["a_to_b"]),
@@ -349,7 +358,7 @@ def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
             text += (
                 f"Each seed's fit: B_crit = {', '.join(f'{b:,.0f}' for b in by_seed)} (seeds "
                 f"{', '.join(map(str, seeds))}); mean {np.mean(by_seed):,.0f} "
-                f"± {statistics.t_interval(by_seed):,.0f} (95%).\n"
+                f"± {intervals.t_interval(by_seed):,.0f} (95%).\n"
             )
     return text
 
@@ -358,7 +367,7 @@ def _mean_and_interval(steps: Sequence[float | None]) -> str:
     """`mean ± half-width` of seeds' steps (`-` when one missed the target)."""
     if not steps or None in steps:
         return "-"
-    return f"{np.mean(steps):.0f}" + (f" ± {statistics.t_interval(steps):.0f}" if len(steps) > 1 else "")
+    return f"{np.mean(steps):.0f}" + (f" ± {intervals.t_interval(steps):.0f}" if len(steps) > 1 else "")
 
 
 def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> str:
@@ -385,7 +394,7 @@ def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float
 
 def _mean_interval_3(values: Sequence[float]) -> str:
     """`mean ± 95% half-width` to 3 decimals (the mean alone for one value)."""
-    return f"{np.mean(values):.3f}" + (f" ± {statistics.t_interval(values):.3f}" if len(values) > 1 else "")
+    return f"{np.mean(values):.3f}" + (f" ± {intervals.t_interval(values):.3f}" if len(values) > 1 else "")
 
 
 def _final_table(records: Sequence[Mapping[str, Any]], final: Mapping[str, Mapping], rates: Mapping[int, float]) -> str:
@@ -423,13 +432,13 @@ def _final_table(records: Sequence[Mapping[str, Any]], final: Mapping[str, Mappi
     for x, y in pairs:
         cells = []
         for direction in DIRECTIONS:
-            difference, low, high = statistics.paired_bootstrap(seed_mean[x][direction], seed_mean[y][direction])
+            difference, low, high = intervals.paired_bootstrap(seed_mean[x][direction], seed_mean[y][direction])
             cells.append(f"{difference:+.4f} [{low:+.4f}, {high:+.4f}]")
         rows.append([f"{x[0].upper()} {x[1]:,} - {y[0].upper()} {y[1]:,}", *cells])
     header = ["comparison", "R@1 a_to_b difference [95%]", "R@1 b_to_a difference [95%]"]
     return text + (
         f"\nDifferences of the seed-mean R@1 on the same queries, 95% paired bootstrap over the queries "
-        f"({statistics.BOOTSTRAP_RESAMPLES:,} resamples):\n\n" + sweep.markdown_table(rows, header)
+        f"({intervals.BOOTSTRAP_RESAMPLES:,} resamples):\n\n" + sweep.markdown_table(rows, header)
         if rows
         else ""
     )
@@ -519,23 +528,25 @@ def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict
 
 
 def run(args) -> list[dict]:
-    """Trains the tuning seed's grid, then the other seeds at each N's best rates, then the
-    DCL control (skipping finished runs), measures the noise scales, and writes results,
-    the figure and the summary."""
+    """Trains the tuning seed's grid, then seed by seed the other seeds at each N's best
+    rates and the DCL control (skipping finished runs), measures the noise scales and the
+    final test table, and writes results, the figure and the summary."""
     base = load_config("cmudict_clip")
     base = override(base, {"data.data_dir": args.data_dir, **SPLITS, **(QUICK_OVERRIDES if args.quick else {})})
     run_args = {"epochs": args.epochs, "train_size": args.train_size}
     grid_args = {"curve_keys": CURVES, "deadline": None if args.hours is None else time.monotonic() + 3600 * args.hours}
-    tuning_seed, *other_seeds = args.seeds
+    tuning_seed = args.seeds[0]
     tuning = tuning_runs(args.batch_sizes, args.lr_factors, tuning_seed, **run_args)
     records = sweep.run_grid(base, tuning, args.out, **grid_args)
-    replicates = replicate_runs(replicated_factors(records, args.targets), other_seeds, **run_args)
-    records += sweep.run_grid(base, replicates, args.out, **grid_args)
-    rates = control_factors(records, args.targets)
-    controls = [
-        study_run(n, rates[n], seed, loss="dcl", **run_args) for n in args.control_batch_sizes for seed in args.seeds
-    ]
-    records += sweep.run_grid(base, controls, args.out, **grid_args)
+    factors, rates = replicated_factors(records, args.targets), control_factors(records, args.targets)
+    seeds = []
+    for i, seed in enumerate(args.seeds):
+        if i == 1:  # the tuning checked: every rate that was the tuning seed's best somewhere
+            seeds += replicate_runs(factors, [seed], **run_args)
+        elif i > 1:  # the rate chosen per N, replicated
+            seeds += [study_run(n, rates[n], seed, **run_args) for n in args.batch_sizes]
+        seeds += [study_run(n, rates[n], seed, loss="dcl", **run_args) for n in args.control_batch_sizes]
+    records += sweep.run_grid(base, seeds, args.out, **grid_args)
     noise = noise_scales(
         base, tuning, best_runs(records, args.targets[0]), args.out, args.noise_batches, args.replicates
     )

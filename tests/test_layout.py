@@ -4,6 +4,7 @@ one wording per rule, and every module's tests findable from conftest's map."""
 import ast
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -83,3 +84,11 @@ def test_a_loss_module_is_not_named_after_a_loss_it_does_not_define():
         if hasattr(losses, loss_name):
             defined = {node.name for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef)}
             assert loss_name in defined, f"losses/{path.name} is named after {loss_name}, defined elsewhere"
+
+
+def test_no_script_folder_module_hides_a_standard_library_module():
+    # A script run as `python experiments/x.py` has experiments/ first on sys.path: an
+    # experiments/statistics.py made the benchmark workers' `import statistics` fail.
+    folders = [ROOT / "experiments", ROOT / "contrastive_jax", ROOT / "configs"]
+    clashes = [p for folder in folders for p in folder.glob("*.py") if p.stem in sys.stdlib_module_names]
+    assert not clashes, f"rename these, they hide standard-library modules: {clashes}"

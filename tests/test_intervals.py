@@ -1,4 +1,4 @@
-"""experiments/statistics.py: the t-interval over seeds and the paired bootstrap over queries."""
+"""experiments/intervals.py: the t-interval over seeds and the paired bootstrap over queries."""
 
 import math
 import pathlib
@@ -11,26 +11,26 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # experiments/ is imported from the root
     sys.path.insert(0, str(ROOT))
 
-from experiments import statistics  # noqa: E402
+from experiments import intervals  # noqa: E402
 
 
 def test_t_interval_is_students_half_width():
     # t(0.975, 2) = 4.3027 times the standard error of 3 values with sd 1
-    assert statistics.t_interval([1.0, 2.0, 3.0]) == pytest.approx(4.3027 / math.sqrt(3), rel=1e-4)
-    assert math.isnan(statistics.t_interval([1.0]))
+    assert intervals.t_interval([1.0, 2.0, 3.0]) == pytest.approx(4.3027 / math.sqrt(3), rel=1e-4)
+    assert math.isnan(intervals.t_interval([1.0]))
 
 
 def test_paired_bootstrap_matches_the_normal_interval_of_the_mean_difference():
     rng = np.random.default_rng(0)
     x = (rng.random(20_000) < 0.90).astype(float)
     y = (rng.random(20_000) < 0.88).astype(float)
-    difference, low, high = statistics.paired_bootstrap(x, y)
+    difference, low, high = intervals.paired_bootstrap(x, y)
     d = x - y
     assert difference == pytest.approx(d.mean())
     half_width = 1.96 * d.std() / math.sqrt(len(d))
     assert (high - low) / 2 == pytest.approx(half_width, rel=0.1)
     assert (difference - low) == pytest.approx(high - difference, rel=0.2)
-    assert statistics.paired_bootstrap(x, y) == (difference, low, high)  # seeded
+    assert intervals.paired_bootstrap(x, y) == (difference, low, high)  # seeded
 
 
 def test_paired_bootstrap_pairs_the_queries():
@@ -40,9 +40,9 @@ def test_paired_bootstrap_pairs_the_queries():
     y = (rng.random(10_000) < 0.9).astype(float)
     x = y.copy()
     x[np.flatnonzero(y == 0)[:100]] = 1.0
-    difference, low, high = statistics.paired_bootstrap(x, y, resamples=500)
+    difference, low, high = intervals.paired_bootstrap(x, y, resamples=500)
     assert difference == pytest.approx(0.01)
     assert 0.007 < low < 0.01 < high < 0.013
     unpaired = 1.96 * math.sqrt(x.var() / len(x) + y.var() / len(y))
     assert high - low < unpaired / 2
-    assert statistics.paired_bootstrap(y, y) == (0.0, 0.0, 0.0)
+    assert intervals.paired_bootstrap(y, y) == (0.0, 0.0, 0.0)
