@@ -315,12 +315,8 @@ def final_hits(records: Sequence[Mapping[str, Any]], rates: Mapping[int, float],
             arrays = input_pipeline.eval_arrays(model.data, split)
             match_keys = data_sources.open_metadata(model.data).match_keys
         hits = test_hits(model, arrays, match_keys)
-        packed = {k: base64.b64encode(np.packbits(v)).decode() for k, v in hits.items() if not k.endswith("ceiling")}
-        cache[name] = {
-            "queries": len(hits["a_to_b"]),
-            **{k: v for k, v in hits.items() if k.endswith("ceiling")},
-            **packed,
-        }
+        packed = {d: base64.b64encode(np.packbits(hits[d])).decode() for d in DIRECTIONS}
+        cache[name] = {"queries": len(hits["a_to_b"]), **hits, **packed}
         cache_file.write_text(json.dumps(cache, indent=1))
     return {
         name: {
@@ -363,11 +359,13 @@ def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
     return text
 
 
-def _mean_and_interval(steps: Sequence[float | None]) -> str:
-    """`mean ± half-width` of seeds' steps (`-` when one missed the target)."""
-    if not steps or None in steps:
+def _mean_and_interval(values: Sequence[float | None], decimals: int = 0) -> str:
+    """`mean ± the 95% t-interval's half-width` of seeds' values to `decimals` (the mean
+    alone for one value; `-` when one is None: a seed missed the target)."""
+    if not values or None in values:
         return "-"
-    return f"{np.mean(steps):.0f}" + (f" ± {intervals.t_interval(steps):.0f}" if len(steps) > 1 else "")
+    mean = f"{np.mean(values):.{decimals}f}"
+    return mean + (f" ± {intervals.t_interval(values):.{decimals}f}" if len(values) > 1 else "")
 
 
 def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> str:
@@ -392,11 +390,6 @@ def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float
     )
 
 
-def _mean_interval_3(values: Sequence[float]) -> str:
-    """`mean ± 95% half-width` to 3 decimals (the mean alone for one value)."""
-    return f"{np.mean(values):.3f}" + (f" ± {intervals.t_interval(values):.3f}" if len(values) > 1 else "")
-
-
 def _final_table(records: Sequence[Mapping[str, Any]], final: Mapping[str, Mapping], rates: Mapping[int, float]) -> str:
     """The test split at each N's rate: R@1 both ways over the seeds measured (mean ± 95%
     t-interval) and its distance to the ceiling; then each doubling of N and DCL against
@@ -413,7 +406,7 @@ def _final_table(records: Sequence[Mapping[str, Any]], final: Mapping[str, Mappi
         for direction in DIRECTIONS:
             per_seed = [float(final[name][direction].mean()) for name in names]
             ceiling = final[names[0]][f"{direction}/ceiling"]
-            cells += [_mean_interval_3(per_seed), f"{ceiling - np.mean(per_seed):.3f}"]
+            cells += [_mean_and_interval(per_seed, decimals=3), f"{ceiling - np.mean(per_seed):.3f}"]
         rows.append([loss.upper(), f"{n:,}", f"{rates[n]:g}", len(names), *cells])
     ceilings = ", ".join(f"{final[names[0]][f'{d}/ceiling']:.3f} {d}" for d in DIRECTIONS)
     header = ["loss", "N", "f", "seeds", "R@1 a_to_b", "ceiling - R@1", "R@1 b_to_a", "ceiling - R@1"]
