@@ -84,8 +84,9 @@ def get_config() -> ml_collections.ConfigDict:
     loss.dcl_weight_gradient = False  # "dcl", DCLW: True: the weight's gradient flows (the reference code's form).
     loss.sogclr_gamma = 0.9  # "sogclr": moving-average rate of u, in (0, 1] (1 on a first visit).
     loss.sogclr_table_size = 0  # "sogclr": rows of the u table; 0: the training split's size.
-    loss.queue_size = 65536  # "moco_queue": K queued keys per tower, a multiple of N.
+    loss.queue_size = 65536  # "moco_queue": K queued keys per tower, a multiple of N; 0: the batch's keys.
     loss.queue_momentum = 0.0  # "moco_queue": 0: keys from the current encoder; m: its EMA.
+    loss.queue_stop_gradient = False  # "moco_queue": True: the current encoder's keys get no gradient.
     loss.xbm_loss = "multi_similarity"  # "xbm": the base loss, one of losses.XBM_LOSSES.
     loss.xbm_memory_size = 4096  # "xbm": M remembered embeddings, a multiple of N.
     loss.xbm_warmup_steps = 0  # "xbm": steps before the memory joins the candidates.

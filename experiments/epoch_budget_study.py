@@ -12,6 +12,8 @@ epochs, evaluating test R@1 both ways `EVALS` times along the run. The grid (`ME
   McCandlish et al. 2018): the batch beyond which more buys few fewer steps.
 * at the smallest N, the negatives beyond the batch: DCL, SogCLR (per-example state), a
   MoCo queue of `QUEUE_SIZE` keys without and with a momentum (EMA) key encoder.
+* the controls of the open verdicts: SigLIP at the largest N from a temperature suited to
+  its few steps; EMA keys without a queue; the queue without EMA with detached keys.
 
 Run (from the repository root; resumable: rerun the same command after a kill):
   .venv/bin/python -m experiments.epoch_budget_study           # the grid, results committed
@@ -48,6 +50,11 @@ WARMUP_EPOCHS = 0.5
 EVALS = 5  # test retrieval this many times per run, the last at the end
 LOG_WINDOWS_PER_EVAL = 8  # training scalars logged this many times between evaluations
 QUEUE_SIZE = 16_384  # MoCo keys per tower (a multiple of every N with a queue)
+# SigLIP's initialisation: t' = log 10 (temperature 0.1), bias -10 (Zhai et al. 2023).
+SIGLIP_TEMPERATURE, SIGLIP_BIAS = 0.1, -10.0
+# The control at the largest N: SigLIP from the temperature the 11-epoch runs end at
+# (CLIP at 4,096: 0.040; SigLIP at 1,024: 0.038), not one its few steps must travel to.
+SIGLIP_FEW_STEPS = 0.04
 METRICS = ("a_to_b/R@1", "b_to_a/R@1")
 COLLAPSED_R1 = 0.1  # a run under this test R@1 has collapsed: left off the R@1-vs-N axis
 CURVES = (
@@ -73,15 +80,16 @@ class Method:
 
 def methods(batch_sizes: Sequence[int], small: int, seeds: Sequence[int], queue_size: int) -> list[Method]:
     """The grid: CLIP (logging the noise scale) and SigLIP at every N; at N = `small`, DCL
-    and SogCLR (every seed) and the queue without EMA keys (the first seed); the queue
-    with EMA keys (MoCo's) at `small` and the next N, the first seed."""
+    and SogCLR; the queue with EMA keys (MoCo's) at `small` and the next N. The controls:
+    SigLIP at the largest N started at the temperature the runs end at (`SIGLIP_FEW_STEPS`);
+    at `small`, EMA keys without a queue (MoCo v3's form), and the queue without EMA with
+    keys from the towers, carrying their gradient (it collapsed: the first seed) or
+    detached (MoCo's own m = 0). Every seed, but where said."""
     queue = {"loss.name": "moco_queue", "loss.queue_size": queue_size, "loss.chunk_size": "auto"}
+    siglip = {"loss.name": "siglip", "loss.siglip_bias": SIGLIP_BIAS}
     return [
         Method("CLIP", {"loss.name": "clip", "train.log_noise_scale": True}, batch_sizes, seeds),
-        # SigLIP's initialisation: t' = log 10 (temperature 0.1), bias -10 (Zhai et al. 2023).
-        Method(
-            "SigLIP", {"loss.name": "siglip", "loss.temperature": 0.1, "loss.siglip_bias": -10.0}, batch_sizes, seeds
-        ),
+        Method("SigLIP", {**siglip, "loss.temperature": SIGLIP_TEMPERATURE}, batch_sizes, seeds),
         Method("DCL", {"loss.name": "dcl"}, [small], seeds),
         Method("SogCLR", {"loss.name": "sogclr", "loss.sogclr_gamma": 0.9}, [small], seeds),
         Method(f"queue K={queue_size:,}", {**queue, "loss.queue_momentum": 0.0}, [small], seeds[:1]),
@@ -89,7 +97,20 @@ def methods(batch_sizes: Sequence[int], small: int, seeds: Sequence[int], queue_
             f"queue K={queue_size:,}, EMA 0.99",
             {**queue, "loss.queue_momentum": 0.99},
             sorted({small, *batch_sizes[1:2]}),
-            seeds[:1],
+            seeds,
+        ),
+        Method(
+            f"SigLIP, T0 {SIGLIP_FEW_STEPS:g}",
+            {**siglip, "loss.temperature": SIGLIP_FEW_STEPS},
+            batch_sizes[-1:],
+            seeds,
+        ),
+        Method("EMA 0.99, no queue", {**queue, "loss.queue_size": 0, "loss.queue_momentum": 0.99}, [small], seeds),
+        Method(
+            f"queue K={queue_size:,}, detached keys",
+            {**queue, "loss.queue_momentum": 0.0, "loss.queue_stop_gradient": True},
+            [small],
+            seeds,
         ),
     ]
 

@@ -471,6 +471,53 @@ def test_moco_rejects_a_queue_of_another_width(jit):
         (jax.jit(fn) if jit else fn)(q, k, _unit(7, K, 12))
 
 
+def _moco_registry_dense(za, zb, queue_a, queue_b, *, stop_gradient):
+    """The registry's symmetric "moco_queue" in jnp: each tower's queries against the
+    other's keys (detached with `stop_gradient`) and its queue, or the batch's keys
+    when there is no queue (None)."""
+    keys_a, keys_b = (jax.lax.stop_gradient(za), jax.lax.stop_gradient(zb)) if stop_gradient else (za, zb)
+
+    def one_way(q, k, queue):
+        if queue is None:
+            return -jnp.mean(jnp.diag(jax.nn.log_softmax(q @ k.T / T, axis=1)))
+        return _moco_dense(q, k, queue, T)
+
+    return 0.5 * (one_way(za, keys_b, queue_b) + one_way(zb, keys_a, queue_a))
+
+
+@pytest.mark.parametrize("queue_size", [0, K])
+@pytest.mark.parametrize("stop_gradient", [False, True])
+def test_trainer_moco_with_and_without_a_queue(load_config, queue_size, stop_gradient):
+    """The registry's "moco_queue" on 4 devices, value and gradients against the dense
+    float64 form: K > 0 scores the queue (MoCo v1, v2), K = 0 the batch's keys (MoCo v3);
+    `queue_stop_gradient` takes the keys' gradient away. Without either it is CLIP."""
+    config = override(
+        load_config("default"),
+        {"loss.queue_size": queue_size, "loss.queue_stop_gradient": stop_gradient, "model.embed_dim": D},
+    )
+    settings = loss_settings(config)
+    za, zb = _pairs()
+    queues = {"queue_a": _unit(5, K), "queue_b": _unit(6, K), "pointer": jnp.int32(0)} if queue_size else {}
+    rows, whole = P(BATCH_AXES), P()
+    state_specs = {name: rows if name.startswith("queue") else whole for name in queues}
+
+    def loss(za, zb, state):
+        outputs = {"za": za, "zb": zb, "temperature": T, "state": state, "step": jnp.int32(0)}
+        return registry.get("moco_queue").fn(outputs, settings)[0]
+
+    sharded = jax.shard_map(loss, mesh=sharding.make_mesh(4), in_specs=(rows, rows, state_specs), out_specs=whole)
+    value, grads = jax.jit(jax.value_and_grad(sharded, argnums=(0, 1)))(za, zb, queues)
+    queue_a, queue_b = (queues["queue_a"], queues["queue_b"]) if queue_size else (None, None)
+    dense = functools.partial(_moco_registry_dense, stop_gradient=stop_gradient)
+    want_value, want_grads = _float64(lambda za, zb: dense(za, zb, queue_a, queue_b), za, zb)
+    _close(value, want_value)
+    _grads_close(grads, want_grads)
+    if not queue_size and not stop_gradient:
+        clip_value, clip_grads = jax.value_and_grad(losses.clip_loss, argnums=(0, 1))(za, zb, temperature=T)
+        _close(value, clip_value)
+        _grads_close(grads, clip_grads)
+
+
 # ------------------------------------------------------------------------------- XBM
 
 

@@ -23,6 +23,8 @@ STATE_FIELDS = {
         "loss.queue_momentum": 0.9,
         "loss.chunk_size": 16,
     },
+    # MoCo v3: no queue, the batch's keys from the momentum encoder.
+    "moco_batch_keys": {"loss.name": "moco_queue", "loss.queue_size": 0, "loss.queue_momentum": 0.9},
     "xbm": {
         "loss.name": "xbm",
         "data.task": "labeled",
@@ -83,6 +85,20 @@ def test_grad_cache_equals_the_whole_batch_with_the_state(config, name):
     np.testing.assert_allclose(cached_losses, whole_losses, rtol=1e-5)
     chex.assert_trees_all_close(cached[-1].loss_state, whole[-1].loss_state, rtol=1e-4, atol=1e-6)
     chex.assert_trees_all_close(cached[-1].params, whole[-1].params, rtol=1e-4, atol=1e-6)
+
+
+def test_moco_without_a_queue_or_momentum_trains_as_clip(config):
+    """K = 0 with the towers' own keys (no state at all) takes CLIP's steps; detached
+    keys (`queue_stop_gradient`) the same first loss but other steps."""
+    moco = override(config, {"loss.name": "moco_queue", "loss.queue_size": 0})
+    (clip_states, clip_losses, _), (moco_states, moco_losses, _) = run_steps(config, 8), run_steps(moco, 8)
+    assert moco_states[-1].loss_state == {}
+    np.testing.assert_allclose(moco_losses, clip_losses, rtol=1e-5)
+    chex.assert_trees_all_close(moco_states[-1].params, clip_states[-1].params, rtol=1e-4, atol=1e-6)
+    detached_states, detached_losses, _ = run_steps(override(moco, {"loss.queue_stop_gradient": True}), 8)
+    np.testing.assert_allclose(detached_losses[0], clip_losses[0], rtol=1e-5)
+    with np.testing.assert_raises(AssertionError):
+        chex.assert_trees_all_close(detached_states[-1].params, clip_states[-1].params, rtol=1e-4, atol=1e-6)
 
 
 def test_the_pipeline_gives_each_example_its_index(config):

@@ -20,7 +20,8 @@ def test_grid_gives_every_batch_the_same_epochs_and_the_largest_300_steps():
     grid = study.methods(study.BATCH_SIZES, study.SMALL_BATCH, study.SEEDS, study.QUEUE_SIZE)
     runs = study.study_runs(grid, epochs=study.EPOCHS, train_size=study.TRAIN_PAIRS)
     # CLIP and SigLIP at 3 N x 2 seeds; DCL, SogCLR x 2 seeds; queue; queue with EMA at 2 N
-    assert len(runs) == 2 * 3 * 2 + 2 * 2 + 1 + 2
+    # x 2 seeds; the controls x 2 seeds: SigLIP at 4,096, EMA without queue, detached keys
+    assert len(runs) == 2 * 3 * 2 + 2 * 2 + 1 + 2 * 2 + 3 * 2
     assert [r.tags["seed"] for r in runs] == sorted(r.tags["seed"] for r in runs)
     assert len({r.name for r in runs}) == len(runs)
     for run in runs:
@@ -34,9 +35,29 @@ def test_grid_gives_every_batch_the_same_epochs_and_the_largest_300_steps():
     assert min(r.overrides["train.num_train_steps"] for r in runs) >= 300
     assert all(r.overrides["train.log_noise_scale"] for r in runs if r.tags["method"] == "CLIP")
     queues = [r for r in runs if r.overrides["loss.name"] == "moco_queue"]
-    assert sorted(r.overrides["loss.queue_momentum"] for r in queues) == [0.0, 0.99, 0.99]
+    forms = sorted(
+        (
+            r.overrides["loss.queue_size"],
+            r.overrides["loss.queue_momentum"],
+            r.overrides.get("loss.queue_stop_gradient", False),
+        )
+        for r in queues
+    )
+    assert (
+        forms
+        == [(0, 0.99, False)] * 2 + [(16_384, 0.0, False)] + [(16_384, 0.0, True)] * 2 + [(16_384, 0.99, False)] * 4
+    )
     assert {r.tags["batch_size"] for r in runs if r.tags["method"] in ("DCL", "SogCLR")} == {256}
-    assert sorted(r.tags["batch_size"] for r in queues) == [256, 256, 1024]
+    assert sorted(r.tags["batch_size"] for r in queues) == [256] * 7 + [1024] * 2
+    siglip = sorted(
+        (r.tags["method"], r.tags["batch_size"], r.overrides["loss.temperature"])
+        for r in runs
+        if r.overrides["loss.name"] == "siglip"
+    )
+    assert (
+        siglip
+        == [("SigLIP", n, 0.1) for n in (256, 256, 1024, 1024, 4096, 4096)] + [("SigLIP, T0 0.04", 4096, 0.04)] * 2
+    )
 
 
 def test_training_seconds_add_up_the_logging_windows():
@@ -66,7 +87,17 @@ def test_quick_runs_every_method_and_resumes(tmp_path, cmudict_data_dir, capsys)
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
     records = study.main(args)
     assert sorted(r["method"] for r in records) == sorted(
-        ["CLIP", "SigLIP", "DCL", "SogCLR", "queue K=256", "queue K=256, EMA 0.99"]
+        [
+            "CLIP",
+            "SigLIP",
+            "DCL",
+            "SogCLR",
+            "queue K=256",
+            "queue K=256, EMA 0.99",
+            "SigLIP, T0 0.04",
+            "EMA 0.99, no queue",
+            "queue K=256, detached keys",
+        ]
     )
     assert {r["batch_size"] for r in records} == {64}
     for r in records:

@@ -37,6 +37,7 @@ class LossSettings:
     sogclr_gamma: float
     queue_size: int
     queue_momentum: float
+    queue_stop_gradient: bool
     xbm_loss: str
     xbm_memory_size: int
     xbm_warmup_steps: int

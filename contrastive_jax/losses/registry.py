@@ -131,18 +131,21 @@ def _random_rows(c: LossSettings, rows: int, salt: int) -> jax.Array:
 
 def _moco_init(c: LossSettings, params, num_examples):
     del num_examples
-    state = {
-        "queue_a": _random_rows(c, c.queue_size, 1),
-        "queue_b": _random_rows(c, c.queue_size, 2),
-        "pointer": jnp.zeros((), jnp.int32),
-    }
+    state = {}
+    if c.queue_size:
+        state = {
+            "queue_a": _random_rows(c, c.queue_size, 1),
+            "queue_b": _random_rows(c, c.queue_size, 2),
+            "pointer": jnp.zeros((), jnp.int32),
+        }
     if c.queue_momentum > 0:
         state["ema_params"] = params
     return state
 
 
 def _check_moco(c: LossSettings, global_batch_size: int, micro_batch_size: int) -> None:
-    check_multiple(c.queue_size, global_batch_size, "config.loss.queue_size", "config.train.global_batch_size")
+    if c.queue_size != 0:  # 0: no queue, the global batch's keys (MoCo v3)
+        check_multiple(c.queue_size, global_batch_size, "config.loss.queue_size", "config.train.global_batch_size")
     momentum = c.queue_momentum
     if not 0 <= momentum < 1:
         raise ConfigError(
@@ -158,11 +161,19 @@ def _check_moco(c: LossSettings, global_batch_size: int, micro_batch_size: int) 
 
 
 def _moco(o, c):
-    """Symmetric: a's queries against b's keys and queue, and b's against a's. Keys come
-    from the momentum encoder (`key_za`, `key_zb`) when the state holds one."""
+    """Symmetric: a's queries against b's keys, and b's against a's. Keys come from the
+    momentum encoder (`key_za`, `key_zb`, no gradient) when the state holds one, else from
+    the towers, carrying a gradient unless `queue_stop_gradient`. With a queue (K > 0)
+    each query's candidates are its key and the queue (MoCo v1, v2); with K = 0, the
+    global batch's keys (MoCo v3; with the towers' keys and their gradient, CLIP)."""
     state = o["state"]
     keys_a, keys_b = o.get("key_za", o["za"]), o.get("key_zb", o["zb"])
+    if c.queue_stop_gradient:
+        keys_a, keys_b = jax.lax.stop_gradient(keys_a), jax.lax.stop_gradient(keys_b)
     streaming = dict(temperature=o["temperature"], **_streaming(c))
+    if not c.queue_size:
+        loss = 0.5 * (infonce_loss(o["za"], keys_b, **streaming) + infonce_loss(o["zb"], keys_a, **streaming))
+        return loss, {}, state
     loss = 0.5 * (
         moco_queue_loss(o["za"], keys_b, state["queue_b"], **streaming)
         + moco_queue_loss(o["zb"], keys_a, state["queue_a"], **streaming)
@@ -278,8 +289,8 @@ LOSSES: Mapping[str, Loss] = {
             check=_check_sogclr,
         ),
     ),
-    # MoCo queues of both towers' keys [K, D], split over the devices; a pointer; the
-    # momentum encoder's parameters when config.loss.queue_momentum > 0.
+    # MoCo queues of both towers' keys [K, D], split over the devices, and a pointer (none
+    # when K = 0); the momentum encoder's parameters when config.loss.queue_momentum > 0.
     "moco_queue": Loss(
         _moco,
         frozenset({"za", "zb", "temperature"}),
