@@ -144,7 +144,12 @@ def _moco_init(c: LossSettings, params, num_examples):
 
 
 def _check_moco(c: LossSettings, global_batch_size: int, micro_batch_size: int) -> None:
-    if c.queue_size != 0:  # 0: no queue, the global batch's keys (MoCo v3)
+    if c.queue_size < 0:
+        raise ConfigError(
+            f"config.loss.queue_size={c.queue_size} must be 0 (no queue: the global batch's keys, "
+            "MoCo v3) or a positive multiple of config.train.global_batch_size."
+        )
+    if c.queue_size:
         check_multiple(c.queue_size, global_batch_size, "config.loss.queue_size", "config.train.global_batch_size")
     momentum = c.queue_momentum
     if not 0 <= momentum < 1:
