@@ -83,10 +83,10 @@ def methods(batch_sizes: Sequence[int], small: int, seeds: Sequence[int], queue_
     """The grid: CLIP (logging the noise scale) and SigLIP at every N; at N = `small`, DCL
     and SogCLR; the queue with EMA keys (MoCo's) at `small` and the next N. The controls:
     SigLIP at the largest N started at the temperature the runs end at (`SIGLIP_FEW_STEPS`)
-    and with twice the epochs (the first seed each: one run shows which way it goes); at
-    `small`, EMA keys without a queue (MoCo v3's form), and the queue without EMA with keys
-    from the towers, carrying their gradient (it collapsed: the first seed) or detached
-    (MoCo's own m = 0). Every seed, but where said."""
+    and with twice the epochs; at `small`, EMA keys without a queue (MoCo v3's form), and
+    the queue without EMA with keys from the towers, carrying their gradient or detached
+    (MoCo's own m = 0). Every seed but the EMA queue at the next N, the SigLIP controls and
+    the queues without EMA: the first seed (what machine time allowed)."""
     queue = {"loss.name": "moco_queue", "loss.queue_size": queue_size, "loss.chunk_size": "auto"}
     siglip = {"loss.name": "siglip", "loss.siglip_bias": SIGLIP_BIAS}
     return [
@@ -95,11 +95,10 @@ def methods(batch_sizes: Sequence[int], small: int, seeds: Sequence[int], queue_
         Method("DCL", {"loss.name": "dcl"}, [small], seeds),
         Method("SogCLR", {"loss.name": "sogclr", "loss.sogclr_gamma": 0.9}, [small], seeds),
         Method(f"queue K={queue_size:,}", {**queue, "loss.queue_momentum": 0.0}, [small], seeds[:1]),
-        Method(
-            f"queue K={queue_size:,}, EMA 0.99",
-            {**queue, "loss.queue_momentum": 0.99},
-            sorted({small, *batch_sizes[1:2]}),
-            seeds,
+        # the EMA queue: every seed at `small`, the first at the next N
+        *(
+            Method(f"queue K={queue_size:,}, EMA 0.99", {**queue, "loss.queue_momentum": 0.99}, [n], n_seeds)
+            for n, n_seeds in sorted({small: seeds, **{n: seeds[:1] for n in batch_sizes[1:2]}}.items())
         ),
         Method(
             f"SigLIP, T0 {SIGLIP_FEW_STEPS:g}",
@@ -115,7 +114,7 @@ def methods(batch_sizes: Sequence[int], small: int, seeds: Sequence[int], queue_
             f"queue K={queue_size:,}, detached keys",
             {**queue, "loss.queue_momentum": 0.0, "loss.queue_stop_gradient": True},
             [small],
-            seeds,
+            seeds[:1],
         ),
     ]
 
