@@ -280,7 +280,17 @@ QUOTED_FIGURES = [
     ),
     (
         "docs/batch_size_study.md",
-        "EMA 0.99 | 256 | 1 | **0.902** | **0.948** | 0.016 | 7.7 |",
+        "EMA 0.99 | 256 | 2 | **0.902** ± 0.000 | **0.949** ± 0.001 | 0.017 |",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| *control:* EMA 0.99, no queue | 256 | 2 | 0.885 ± 0.001 | 0.924 ± 0.000 | 0.031 |",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| *control:* SigLIP, 22 epochs (653 steps) | 4,096 | 1 | 0.887 | 0.924 | 0.040 |",
         RESULTS + "epoch_budget_study/summary.md",
     ),
     ("docs/batch_size_study.md", "(255,325 → 167,688 → 150,709)", RESULTS + "critical_batch_study/summary.md"),
