@@ -96,9 +96,9 @@ def methods(batch_sizes: Sequence[int], small: int, seeds: Sequence[int], queue_
         Method("SogCLR", {"loss.name": "sogclr", "loss.sogclr_gamma": 0.9}, [small], seeds),
         Method(f"queue K={queue_size:,}", {**queue, "loss.queue_momentum": 0.0}, [small], seeds[:1]),
         # the EMA queue: every seed at `small`, the first at the next N
-        *(
-            Method(f"queue K={queue_size:,}, EMA 0.99", {**queue, "loss.queue_momentum": 0.99}, [n], n_seeds)
-            for n, n_seeds in sorted({small: seeds, **{n: seeds[:1] for n in batch_sizes[1:2]}}.items())
+        Method(f"queue K={queue_size:,}, EMA 0.99", {**queue, "loss.queue_momentum": 0.99}, [small], seeds),
+        Method(
+            f"queue K={queue_size:,}, EMA 0.99", {**queue, "loss.queue_momentum": 0.99}, batch_sizes[1:2], seeds[:1]
         ),
         Method(
             f"SigLIP, T0 {SIGLIP_FEW_STEPS:g}",
