@@ -8,6 +8,12 @@ epochs, evaluating R@1 both ways on `validation` (13,490 pairs; the test split i
 read here) `EVALS_PER_EPOCH` times an epoch. AdamW's peak learning rate is
 `BASE_LEARNING_RATE * sqrt(N / 256) * f` (f = 1 is the earlier study's square-root rule,
 f = 4 at N = 4,096 linear scaling); warmup `WARMUP_EPOCHS` epochs, then a cosine to 0.
+`--task shapes` runs the same study on a task with more headroom, the generated
+image-text set (`SHAPES_FULL`: 60,000 pictures of 32 px written on first use, small CNN
+towers, image -> caption and back on 1,000 validation pictures; one seed, N in 256, 1,024,
+4,096 at three rates, no control or noise scale: the machine's time), into
+`experiments/results/critical_batch_study_shapes/`.
+
 Two stages, resumable:
 
 1. **tuning**: N in `BATCH_SIZES` x f in `LR_FACTORS` on the first seed;
@@ -43,11 +49,13 @@ runs and noise measurements are skipped, and so are the runs in the committed
   .venv/bin/python -m experiments.critical_batch_study --hours 1   # no run starts after 1 h;
                                                                    # reports what finished
   .venv/bin/python -m experiments.critical_batch_study --quick     # CI: slices of the data
+  .venv/bin/python -m experiments.critical_batch_study --task shapes   # the image-text set
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import os
@@ -58,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
-from experiments import intervals, sweep
+from experiments import intervals, sweep, zero_shot_shapes
 
 FIT_PAIRS = 108_000  # cmudict's `fit` split
 EPOCHS = 6.0
@@ -82,20 +90,29 @@ def learning_rate(n: int, factor: float) -> float:
     return BASE_LEARNING_RATE * math.sqrt(n / 256) * factor
 
 
-def study_run(n: int, factor: float, seed: int, *, epochs: float, train_size: int, loss: str = "clip") -> sweep.Run:
+def study_run(
+    n: int,
+    factor: float,
+    seed: int,
+    *,
+    epochs: float,
+    train_size: int,
+    loss: str = "clip",
+) -> sweep.Run:
     """The run at global batch `n`, learning-rate factor `factor` and `seed` (`loss`: CLIP,
     or DCL for the control; a DCL run's name and tags say so)."""
+    rate = learning_rate(n, factor)
     steps_per_epoch = train_size / n
     num_steps = math.ceil(epochs * steps_per_epoch)
     eval_every = max(1, round(steps_per_epoch / EVALS_PER_EPOCH))
     overrides = {
         **sweep.run_overrides(num_steps=num_steps, seed=seed, warmup_steps=round(WARMUP_EPOCHS * steps_per_epoch)),
         "train.global_batch_size": n,
-        "optim.learning_rate": learning_rate(n, factor),
+        "optim.learning_rate": rate,
         "eval.every_steps": eval_every,
         "checkpoint.every_steps": eval_every * 4,
     }
-    tags = {"batch_size": n, "lr_factor": factor, "learning_rate": learning_rate(n, factor), "seed": seed}
+    tags = {"batch_size": n, "lr_factor": factor, "learning_rate": rate, "seed": seed}
     name = f"n{n}_lr{factor:g}_s{seed}"
     if loss != "clip":
         overrides["loss.name"] = loss
@@ -443,12 +460,13 @@ def summary(
     noise: Mapping[str, Any],
     final: Mapping[str, Mapping] | None = None,
     rates: Mapping[int, float] | None = None,
+    title: str = "cmudict (fit -> validation)",
 ) -> str:
-    """The markdown report: per target, each N's steps at every learning rate (mean ± 95%
-    over the seeds run), the best, and the fitted curve; the DCL control; the noise scales;
-    the test split's table (`final`: `final_hits`, at `rates`)."""
+    """The markdown report on the task `title`: per target, each N's steps at every
+    learning rate (mean ± 95% over the seeds run), the best, and the fitted curve; the DCL
+    control; the noise scales; the test split's table (`final`: `final_hits`, at `rates`)."""
     clip_records = [r for r in records if is_clip(r)]
-    text = f"# The critical batch on cmudict (fit -> validation), {len(records)} runs\n"
+    text = f"# The critical batch on {title}, {len(records)} runs\n"
     factors = sorted({r["lr_factor"] for r in clip_records})
     for target in targets:
         text += f"\n## Steps to validation R@1 {target:.2f} (mean of both directions)\n\n"
@@ -488,10 +506,13 @@ def summary(
     return text + (_final_table(records, final, rates) if final else "")
 
 
-def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict:
+def plot(
+    records: Sequence[Mapping[str, Any]], targets: Sequence[float], train_size: int = FIT_PAIRS, floor: float = 0.7
+) -> dict:
     """`steps_to_target`: the best steps to each target against N (log-log, 95% intervals
     over seeds), with the perfect-scaling line from the smallest N; and the validation
-    curves of the best runs (tuning seed)."""
+    curves of the best runs (tuning seed) against epochs of `train_size` pairs, from R@1
+    `floor` up."""
     records = [r for r in records if is_clip(r)]
     fig, axes = sweep.new_figure("steps to a validation R@1 target, learning rate tuned per N", ncols=2)
     batch_sizes = sorted({r["batch_size"] for r in records})
@@ -514,8 +535,8 @@ def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict
             key = (record["batch_size"], record["lr_factor"], record["seed"])
             if n in best and key == (n, best[n]["lr_factor"], tuning_seed):
                 curve = validation_curve(record)
-                axes[1].plot(curve[:, 0] * n / FIT_PAIRS, curve[:, 1], color=color, label=f"N={n:,}")
-    axes[1].set(xlabel="epochs", ylabel="validation R@1 (mean of both directions)", ylim=(0.7, None))
+                axes[1].plot(curve[:, 0] * n / train_size, curve[:, 1], color=color, label=f"N={n:,}")
+    axes[1].set(xlabel="epochs", ylabel="validation R@1 (mean of both directions)", ylim=(floor, None))
     axes[1].legend(fontsize=7)
     return {"steps_to_target": fig}
 
@@ -524,8 +545,9 @@ def run(args) -> list[dict]:
     """Trains the tuning seed's grid, then seed by seed the other seeds at each N's best
     rates and the DCL control (skipping finished runs), measures the noise scales and the
     final test table, and writes results, the figure and the summary."""
-    base = load_config("cmudict_clip")
-    base = override(base, {"data.data_dir": args.data_dir, **SPLITS, **(QUICK_OVERRIDES if args.quick else {})})
+    task = TASKS[args.task]
+    base = override(load_config(task.config), {**task.overrides, **(task.quick_overrides if args.quick else {})})
+    base = override(base, {"data.data_dir": args.data_dir, **generated_records(args)})
     run_args = {"epochs": args.epochs, "train_size": args.train_size}
     grid_args = {"curve_keys": CURVES, "deadline": None if args.hours is None else time.monotonic() + 3600 * args.hours}
     tuning_seed = args.seeds[0]
@@ -544,11 +566,49 @@ def run(args) -> list[dict]:
         base, tuning, best_runs(records, args.targets[0]), args.out, args.noise_batches, args.replicates
     )
     sweep.write_results(records, args.out)
-    sweep.save(plot(records, args.targets), args.out)
+    sweep.save(plot(records, args.targets, args.train_size, task.curve_floor), args.out)
     final = final_hits(records, rates, args.out, args.final_split)
-    (args.out / "summary.md").write_text(summary(records, args.targets, noise, final, rates))
+    (args.out / "summary.md").write_text(summary(records, args.targets, noise, final, rates, task.title))
     print(f"wrote {args.out}")
     return records
+
+
+def generated_records(args) -> dict[str, str]:
+    """`{"data.records": the folder}` of the generated set a task trains on (`args.pictures`
+    pictures of `SHAPES_IMAGE_SIZE` px, written under --data-dir, or the built-in sets'
+    folder, on first use); `{}` for a task on a built-in set."""
+    if not getattr(args, "pictures", 0):
+        return {}
+    from contrastive_jax import data_sources, records, write_records
+
+    root = os.path.expanduser(args.data_dir or data_sources.DEFAULT_DATA_DIR)
+    folder = os.path.join(root, f"shapes-{SHAPES_IMAGE_SIZE}px-{args.pictures}")
+    if not os.path.exists(os.path.join(folder, records.METADATA_FILE)):
+        write_records.write("builtin:shapes", folder, num_examples=args.pictures, image_size=SHAPES_IMAGE_SIZE)
+    return {"data.records": folder}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """What the study trains and judges.
+
+    Attributes:
+      title: the task in the summary's heading.
+      config: the `configs/` module trained.
+      overrides: the fields set on it (the splits: never the test split; the towers).
+      full: the command's defaults (the grid, the epochs, the targets, ...).
+      quick: --quick's (a tiny grid, a few steps).
+      quick_overrides: the fields --quick sets on top (slices of the data).
+      curve_floor: the lowest validation R@1 the curves' panel shows.
+    """
+
+    title: str
+    config: str
+    overrides: Mapping[str, Any]
+    full: Mapping[str, Any]
+    quick: Mapping[str, Any]
+    quick_overrides: Mapping[str, Any]
+    curve_floor: float
 
 
 SPLITS = {"data.train_split": "fit", "eval.split": "validation"}
@@ -579,9 +639,49 @@ QUICK = dict(
 )
 QUICK_OVERRIDES = {"data.train_split": "fit[:1024]", "eval.split": "validation[:256]"}
 
+# The generated image-text set, a task with headroom: 60,000 pictures at 32 px (54,000 train);
+# validation and the final table on 1,000 pictures each, one caption per picture. CPU-sized
+# towers (experiments.zero_shot_shapes's, narrower); the grid cut to the machine's time.
+SHAPES_IMAGE_SIZE = 32
+SHAPES_TOWERS = {
+    **zero_shot_shapes.TOWERS,
+    "model.cnn_features": (16, 32),
+    "data.image_size": SHAPES_IMAGE_SIZE,
+    "eval.batch_size": 1000,
+}
+SHAPES_FULL = dict(
+    FULL,
+    batch_sizes=[256, 1024, 4096],
+    lr_factors=[1.0, 2.0, 4.0],
+    seeds=[0],
+    control_batch_sizes=[],
+    epochs=8.0,
+    train_size=54_000,
+    targets=[0.05, 0.10, 0.15, 0.20],
+    noise_batches=[],
+    final_split="test[:1000]",
+    pictures=60_000,
+)
+SHAPES_QUICK = dict(QUICK, noise_batches=[], final_split="test[:64]", pictures=1_500)
+TASKS = {
+    "cmudict": Task("cmudict (fit -> validation)", "cmudict_clip", SPLITS, FULL, QUICK, QUICK_OVERRIDES, 0.7),
+    "shapes": Task(
+        "the generated image-text set (train -> validation[:1000])",
+        "clip_shapes",
+        {"data.train_split": "train", "eval.split": "validation[:1000]", **SHAPES_TOWERS},
+        SHAPES_FULL,
+        SHAPES_QUICK,
+        {"data.train_split": "train[:1024]", "eval.split": "validation[:64]", "eval.batch_size": 64},
+        0.0,
+    ),
+}
+
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = sweep.argument_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--task", choices=sorted(TASKS), default="cmudict", help="the data and towers (default cmudict)"
+    )
     parser.add_argument("--batch-sizes", type=sweep.int_list, help="global batch sizes N")
     parser.add_argument("--lr-factors", type=sweep.float_list, help="learning-rate factors f (default 1,2,4,8)")
     parser.add_argument("--control-batch-sizes", type=sweep.int_list, help="N of the DCL control")
@@ -592,10 +692,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--hours", type=float, help="start no run after this many hours; report what finished (rerun to go on)"
     )
-    args = sweep.resolve(parser.parse_args(argv), "critical_batch_study", FULL, QUICK)
+    args = parser.parse_args(argv)
+    task = TASKS[args.task]
+    name = "critical_batch_study" + ("" if args.task == "cmudict" else f"_{args.task}")
+    args = sweep.resolve(args, name, task.full, task.quick)
     if args.steps is not None:
         parser.error("--steps: every run here trains a number of epochs; pass --epochs.")
-    args.train_size = FIT_PAIRS if not args.quick else QUICK["train_size"]
     return run(args)
 
 

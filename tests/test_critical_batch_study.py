@@ -37,6 +37,21 @@ def test_grid_tunes_the_rate_per_batch_at_the_same_epochs():
     assert control.name == "dcl_n1024_lr2_s1" and not study.is_clip(control.tags)
 
 
+def test_shapes_task_tunes_its_own_rates_on_validation_pictures():
+    task = study.TASKS["shapes"]
+    assert task.config == "clip_shapes" and task.overrides["data.train_split"] == "train"
+    assert task.overrides["eval.split"] == "validation[:1000]" and task.full["final_split"] == "test[:1000]"
+    assert task.full["train_size"] == 54_000  # shapes.split_sizes(60,000)["train"]
+    run_args = {"epochs": task.full["epochs"], "train_size": task.full["train_size"]}
+    runs = study.tuning_runs(task.full["batch_sizes"], task.full["lr_factors"], 0, **run_args)
+    assert len(runs) == 3 * 3
+    for run in runs:
+        n, factor = run.tags["batch_size"], run.tags["lr_factor"]
+        assert run.overrides["train.num_train_steps"] == math.ceil(8 * 54_000 / n)
+        assert run.overrides["optim.learning_rate"] == pytest.approx(1e-3 * math.sqrt(n / 256) * factor)
+        assert run.tags["learning_rate"] == run.overrides["optim.learning_rate"]
+
+
 def test_other_seeds_repeat_the_rates_best_at_some_target():
     # N = 256: f = 2 best at both targets; N = 1,024: f = 4 at the low one, f = 2 at the high one
     records = [
@@ -198,3 +213,20 @@ def test_quick_measures_steps_and_noise_and_resumes(tmp_path, cmudict_data_dir, 
     assert json.loads(json.dumps(budgeted)) == json.loads(json.dumps(records)) and "training" not in out
     # seed 2: the chosen rate at each N and the DCL control
     assert out.count("not started") == len(study.QUICK["batch_sizes"]) + len(study.QUICK["control_batch_sizes"])
+
+
+@pytest.mark.e2e
+def test_quick_shapes_writes_its_pictures_and_measures_steps(tmp_path):
+    data_dir = tmp_path / "data"
+    args = ["--task", "shapes", "--quick", "--out", str(tmp_path / "out"), "--data-dir", str(data_dir)]
+    records = study.main(
+        [*args, "--seeds", "0", "--batch-sizes", "64", "--lr-factors", "1", "--control-batch-sizes", ""]
+    )
+    assert [(r["batch_size"], r["lr_factor"], r["learning_rate"]) for r in records] == [(64, 1.0, 1e-3 / 2)]
+    assert (data_dir / "shapes-32px-1500" / "metadata.json").exists()  # 1,500 pictures at 32 px
+    curve = study.validation_curve(records[0])
+    assert len(curve) == 2 * 2 and np.all((0 <= curve[:, 1]) & (curve[:, 1] <= 1))  # 2 epochs of 1,024, 2 evals each
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert summary.startswith("# The critical batch on the generated image-text set") and "replicate" not in summary
+    final = json.loads((tmp_path / "out" / "final.json").read_text())
+    assert [entry["queries"] for entry in final.values()] == [64]  # test[:64]
