@@ -11,7 +11,7 @@ f = 4 at N = 4,096 linear scaling); warmup `WARMUP_EPOCHS` epochs, then a cosine
 `--task shapes` runs the same study on a task with more headroom, the generated
 image-text set (`SHAPES_FULL`: 60,000 pictures of 32 px written on first use, small CNN
 towers, image -> caption and back on 1,000 validation pictures; one seed, N in 256, 1,024,
-4,096 at three rates, no control or noise scale: the machine's time), into
+4,096 at four rates, no control or noise scale: the machine's time), into
 `experiments/results/critical_batch_study_shapes/`.
 
 Two stages, resumable:
@@ -652,7 +652,7 @@ SHAPES_TOWERS = {
 SHAPES_FULL = dict(
     FULL,
     batch_sizes=[256, 1024, 4096],
-    lr_factors=[1.0, 2.0, 4.0],
+    lr_factors=[1.0, 2.0, 4.0, 8.0],
     seeds=[0],
     control_batch_sizes=[],
     epochs=8.0,

@@ -44,7 +44,7 @@ def test_shapes_task_tunes_its_own_rates_on_validation_pictures():
     assert task.full["train_size"] == 54_000  # shapes.split_sizes(60,000)["train"]
     run_args = {"epochs": task.full["epochs"], "train_size": task.full["train_size"]}
     runs = study.tuning_runs(task.full["batch_sizes"], task.full["lr_factors"], 0, **run_args)
-    assert len(runs) == 3 * 3
+    assert len(runs) == 3 * 4
     for run in runs:
         n, factor = run.tags["batch_size"], run.tags["lr_factor"]
         assert run.overrides["train.num_train_steps"] == math.ceil(8 * 54_000 / n)
