@@ -349,15 +349,16 @@ def final_hits(records: Sequence[Mapping[str, Any]], rates: Mapping[int, float],
 def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
     """McCandlish's fit over every N that reached the target, and over those from the N
     that needed the fewest examples on (the model has the examples grow with N: a
-    smaller N needing more examples is outside it); with several seeds, the fit of each
-    seed's steps (at the rates chosen on the mean) and the 95% t-interval of B_crit."""
+    smaller N needing more examples is outside it; left out when that is every N); with
+    several seeds, the fit of each seed's steps (at the rates chosen on the mean) and the
+    95% t-interval of B_crit."""
     fewest = min(best, key=lambda n: best[n]["steps"] * n) if best else None
     text = ""
     for label, ns in (
         ("every N", sorted(best)),
         ("N >= the fewest-examples N", [n for n in sorted(best) if n >= fewest]),
     ):
-        if len(ns) < 2:
+        if len(ns) < 2 or (label != "every N" and ns == sorted(best)):
             continue
         fit = fit_mccandlish(ns, [best[n]["steps"] for n in ns])
         text += (
@@ -657,7 +658,7 @@ SHAPES_FULL = dict(
     control_batch_sizes=[],
     epochs=8.0,
     train_size=54_000,
-    targets=[0.05, 0.10, 0.15, 0.20],
+    targets=[0.05, 0.10, 0.15, 0.20, 0.30],
     noise_batches=[],
     final_split="test[:1000]",
     pictures=60_000,

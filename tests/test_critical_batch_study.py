@@ -133,6 +133,7 @@ def test_bcrit_interval_fits_each_seed():
     per_seed = [e_min / (s_min * (1 + 0.1 * s)) for s in (0, 1, 2)]
     assert f"B_crit = {', '.join(f'{b:,.0f}' for b in per_seed)} (seeds 0, 1, 2)" in text
     assert f"mean {np.mean(per_seed):,.0f} ± {intervals.t_interval(per_seed):,.0f} (95%)" in text
+    assert text.count("McCandlish's") == 1  # 1,024 needs the fewest examples: the second fit would repeat the first
 
 
 def test_final_table_reads_the_seeds_the_ceiling_and_the_paired_differences():
