@@ -409,12 +409,13 @@ def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float
 
 
 def _final_table(records: Sequence[Mapping[str, Any]], final: Mapping[str, Mapping], rates: Mapping[int, float]) -> str:
-    """The test split at each N's rate: R@1 both ways over the seeds measured (mean ± 95%
+    """The test split at each N's rate (`final`'s runs at another rate, chosen on
+    fewer runs, left out): R@1 both ways over the seeds measured (mean ± 95%
     t-interval) and its distance to the ceiling; then each doubling of N and DCL against
     CLIP, the difference of the seed-mean hits with its paired bootstrap over queries."""
     runs: dict[tuple[str, int], list[str]] = {}
     for record in records:
-        if record["name"] in final:
+        if record["name"] in final and record["lr_factor"] == rates[record["batch_size"]]:
             runs.setdefault((record.get("loss", "clip"), record["batch_size"]), []).append(record["name"])
     if not runs:
         return ""
