@@ -316,6 +316,26 @@ QUOTED_FIGURES = [
     ),
     ("docs/batch_size_study.md", "B_simple is 3,783–6,769", RESULTS + "critical_batch_study/summary.md"),
     ("docs/batch_size_study.md", "and 12,904–90,297 at", RESULTS + "critical_batch_study/summary.md"),
+    (
+        "docs/batch_size_study.md",
+        "| 256 | 263 (f = 8) | 435 (f = 8) | 511 (f = 8) | 689 (f = 8) | 1,215 (f = 8) |",
+        RESULTS + "critical_batch_study_shapes/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| 1,024 | 245 (f = 4) | 323 (f = 8) |",
+        RESULTS + "critical_batch_study_shapes/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "**B_crit = 25** at R@1 0.05 and **134**",
+        RESULTS + "critical_batch_study_shapes/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(−0.2970 [−0.3310, −0.2650] and −0.2900",
+        RESULTS + "critical_batch_study_shapes/summary.md",
+    ),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
     ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]
