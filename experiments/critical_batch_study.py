@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
+from contrastive_jax.datasets import shapes
 from experiments import intervals, sweep, zero_shot_shapes
 
 FIT_PAIRS = 108_000  # cmudict's `fit` split
@@ -645,6 +646,7 @@ QUICK_OVERRIDES = {"data.train_split": "fit[:1024]", "eval.split": "validation[:
 # validation and the final table on 1,000 pictures each, one caption per picture. CPU-sized
 # towers (experiments.zero_shot_shapes's, narrower); the grid cut to the machine's time.
 SHAPES_IMAGE_SIZE = 32
+SHAPES_PICTURES = 60_000
 SHAPES_TOWERS = {
     **zero_shot_shapes.TOWERS,
     "model.cnn_features": (16, 32),
@@ -658,11 +660,11 @@ SHAPES_FULL = dict(
     seeds=[0],
     control_batch_sizes=[],
     epochs=8.0,
-    train_size=54_000,
+    train_size=shapes.split_sizes(SHAPES_PICTURES)["train"],
     targets=[0.05, 0.10, 0.15, 0.20, 0.30],
     noise_batches=[],
     final_split="test[:1000]",
-    pictures=60_000,
+    pictures=SHAPES_PICTURES,
 )
 SHAPES_QUICK = dict(QUICK, noise_batches=[], final_split="test[:64]", pictures=1_500)
 TASKS = {
