@@ -91,15 +91,7 @@ def learning_rate(n: int, factor: float) -> float:
     return BASE_LEARNING_RATE * math.sqrt(n / 256) * factor
 
 
-def study_run(
-    n: int,
-    factor: float,
-    seed: int,
-    *,
-    epochs: float,
-    train_size: int,
-    loss: str = "clip",
-) -> sweep.Run:
+def study_run(n: int, factor: float, seed: int, *, epochs: float, train_size: int, loss: str = "clip") -> sweep.Run:
     """The run at global batch `n`, learning-rate factor `factor` and `seed` (`loss`: CLIP,
     or DCL for the control; a DCL run's name and tags say so)."""
     rate = learning_rate(n, factor)
@@ -463,7 +455,8 @@ def summary(
     noise: Mapping[str, Any],
     final: Mapping[str, Mapping] | None = None,
     rates: Mapping[int, float] | None = None,
-    title: str = "cmudict (fit -> validation)",
+    *,
+    title: str,
 ) -> str:
     """The markdown report on the task `title`: per target, each N's steps at every
     learning rate (mean ± 95% over the seeds run), the best, and the fitted curve; the DCL
@@ -509,9 +502,7 @@ def summary(
     return text + (_final_table(records, final, rates) if final else "")
 
 
-def plot(
-    records: Sequence[Mapping[str, Any]], targets: Sequence[float], train_size: int = FIT_PAIRS, floor: float = 0.7
-) -> dict:
+def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float], train_size: int, floor: float) -> dict:
     """`steps_to_target`: the best steps to each target against N (log-log, 95% intervals
     over seeds), with the perfect-scaling line from the smallest N; and the validation
     curves of the best runs (tuning seed) against epochs of `train_size` pairs, from R@1
@@ -571,7 +562,7 @@ def run(args) -> list[dict]:
     sweep.write_results(records, args.out)
     sweep.save(plot(records, args.targets, args.train_size, task.curve_floor), args.out)
     final = final_hits(records, rates, args.out, args.final_split)
-    (args.out / "summary.md").write_text(summary(records, args.targets, noise, final, rates, task.title))
+    (args.out / "summary.md").write_text(summary(records, args.targets, noise, final, rates, title=task.title))
     print(f"wrote {args.out}")
     return records
 
@@ -579,13 +570,14 @@ def run(args) -> list[dict]:
 def generated_records(args) -> dict[str, str]:
     """`{"data.records": the folder}` of the generated set a task trains on (`args.pictures`
     pictures of `SHAPES_IMAGE_SIZE` px, written under --data-dir, or the built-in sets'
-    folder, on first use); `{}` for a task on a built-in set."""
+    folder, on first use; the folder names the generator's version, as the built-in sets'
+    do); `{}` for a task on a built-in set."""
     if not getattr(args, "pictures", 0):
         return {}
     from contrastive_jax import data_sources, records, write_records
 
     root = os.path.expanduser(args.data_dir or data_sources.DEFAULT_DATA_DIR)
-    folder = os.path.join(root, f"shapes-{SHAPES_IMAGE_SIZE}px-{args.pictures}")
+    folder = os.path.join(root, f"shapes-v{data_sources.BUILTIN_VERSION}-{SHAPES_IMAGE_SIZE}px-{args.pictures}")
     if not os.path.exists(os.path.join(folder, records.METADATA_FILE)):
         write_records.write("builtin:shapes", folder, num_examples=args.pictures, image_size=SHAPES_IMAGE_SIZE)
     return {"data.records": folder}

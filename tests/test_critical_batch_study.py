@@ -227,7 +227,7 @@ def test_quick_shapes_writes_its_pictures_and_measures_steps(tmp_path):
         [*args, "--seeds", "0", "--batch-sizes", "64", "--lr-factors", "1", "--control-batch-sizes", ""]
     )
     assert [(r["batch_size"], r["lr_factor"], r["learning_rate"]) for r in records] == [(64, 1.0, 1e-3 / 2)]
-    assert (data_dir / "shapes-32px-1500" / "metadata.json").exists()  # 1,500 pictures at 32 px
+    assert (data_dir / "shapes-v2-32px-1500" / "metadata.json").exists()  # 1,500 pictures at 32 px, generator v2
     curve = study.validation_curve(records[0])
     assert len(curve) == 2 * 2 and np.all((0 <= curve[:, 1]) & (curve[:, 1] <= 1))  # 2 epochs of 1,024, 2 evals each
     summary = (tmp_path / "out" / "summary.md").read_text()
