@@ -10,8 +10,8 @@ read here) `EVALS_PER_EPOCH` times an epoch. AdamW's peak learning rate is
 f = 4 at N = 4,096 linear scaling); warmup `WARMUP_EPOCHS` epochs, then a cosine to 0.
 `--task shapes` runs the same study on a task with more headroom, the generated
 image-text set (`SHAPES_FULL`: 60,000 pictures of 32 px written on first use, small CNN
-towers, image -> caption and back on 1,000 validation pictures; one seed, N in 256, 1,024,
-4,096 at four rates, no control or noise scale: the machine's time), into
+towers, image -> caption and back on 1,000 validation pictures; N in 256, 1,024, 4,096 at
+five rates, three seeds, no control or noise scale: the machine's time), into
 `experiments/results/critical_batch_study_shapes/`.
 
 Two stages, resumable:
@@ -502,11 +502,17 @@ def summary(
     return text + (_final_table(records, final, rates) if final else "")
 
 
-def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float], train_size: int, floor: float) -> dict:
+def plot(
+    records: Sequence[Mapping[str, Any]],
+    targets: Sequence[float],
+    train_size: int,
+    floor: float,
+    rates: Mapping[int, float],
+) -> dict:
     """`steps_to_target`: the best steps to each target against N (log-log, 95% intervals
     over seeds), with the perfect-scaling line from the smallest N; and the validation
-    curves of the best runs (tuning seed) against epochs of `train_size` pairs, from R@1
-    `floor` up."""
+    curves of every seed at each N's chosen factor (`rates`: `{N: f}`) against epochs of
+    `train_size` pairs, from R@1 `floor` up."""
     records = [r for r in records if is_clip(r)]
     fig, axes = sweep.new_figure("steps to a validation R@1 target, learning rate tuned per N", ncols=2)
     batch_sizes = sorted({r["batch_size"] for r in records})
@@ -522,14 +528,12 @@ def plot(records: Sequence[Mapping[str, Any]], targets: Sequence[float], train_s
     axes[0].set(xlabel="global batch N", ylabel="steps (dotted: perfect scaling)", yscale="log")
     sweep.log_spaced_ticks(axes[0], batch_sizes)
     axes[0].legend(fontsize=7)
-    best = best_runs(records, targets[0])
-    tuning_seed = min(r["seed"] for r in records)
     for n, color in zip(batch_sizes, sweep.colors(len(batch_sizes), "plasma"), strict=True):
-        for record in records:
-            key = (record["batch_size"], record["lr_factor"], record["seed"])
-            if n in best and key == (n, best[n]["lr_factor"], tuning_seed):
-                curve = validation_curve(record)
-                axes[1].plot(curve[:, 0] * n / train_size, curve[:, 1], color=color, label=f"N={n:,}")
+        runs = [r for r in records if (r["batch_size"], r["lr_factor"]) == (n, rates[n])]
+        for i, record in enumerate(sorted(runs, key=lambda r: r["seed"])):
+            curve = validation_curve(record)
+            label = f"N={n:,}, f={rates[n]:g} ({len(runs)} seeds)" if i == 0 else None
+            axes[1].plot(curve[:, 0] * n / train_size, curve[:, 1], color=color, lw=1, label=label)
     axes[1].set(xlabel="epochs", ylabel="validation R@1 (mean of both directions)", ylim=(floor, None))
     axes[1].legend(fontsize=7)
     return {"steps_to_target": fig}
@@ -560,7 +564,7 @@ def run(args) -> list[dict]:
         base, tuning, best_runs(records, args.targets[0]), args.out, args.noise_batches, args.replicates
     )
     sweep.write_results(records, args.out)
-    sweep.save(plot(records, args.targets, args.train_size, task.curve_floor), args.out)
+    sweep.save(plot(records, args.targets, args.train_size, task.curve_floor, rates), args.out)
     final = final_hits(records, rates, args.out, args.final_split)
     (args.out / "summary.md").write_text(summary(records, args.targets, noise, final, rates, title=task.title))
     print(f"wrote {args.out}")
@@ -648,8 +652,8 @@ SHAPES_TOWERS = {
 SHAPES_FULL = dict(
     FULL,
     batch_sizes=[256, 1024, 4096],
-    lr_factors=[1.0, 2.0, 4.0, 8.0],
-    seeds=[0],
+    lr_factors=[1.0, 2.0, 4.0, 8.0, 16.0],
+    seeds=[0, 1, 2],
     control_batch_sizes=[],
     epochs=8.0,
     train_size=shapes.split_sizes(SHAPES_PICTURES)["train"],

@@ -44,7 +44,7 @@ def test_shapes_task_tunes_its_own_rates_on_validation_pictures():
     assert task.full["train_size"] == 54_000  # shapes.split_sizes(60,000)["train"]
     run_args = {"epochs": task.full["epochs"], "train_size": task.full["train_size"]}
     runs = study.tuning_runs(task.full["batch_sizes"], task.full["lr_factors"], 0, **run_args)
-    assert len(runs) == 3 * 4
+    assert len(runs) == 3 * 5 and task.full["lr_factors"][-1] == 16.0 and task.full["seeds"] == [0, 1, 2]
     for run in runs:
         n, factor = run.tags["batch_size"], run.tags["lr_factor"]
         assert run.overrides["train.num_train_steps"] == math.ceil(8 * 54_000 / n)
@@ -94,6 +94,21 @@ def _record(n, factor, seed, reached_at, top=0.9):
     curve = [[step, top * step / reached_at] for step in (reached_at / 2, reached_at)]
     curves = {f"eval/{m}": curve for m in study.METRICS}
     return {"batch_size": n, "lr_factor": factor, "seed": seed, "curves": curves}
+
+
+def test_curves_panel_draws_every_seed_at_each_n_chosen_rate_even_one_that_misses():
+    # N = 1,024 reaches no target on the mean of its seeds: its seeds' curves are drawn all the same
+    records = [_record(256, 2.0, seed, 300) for seed in (0, 1, 2)] + [
+        _record(256, 4.0, 0, 200),
+        _record(1024, 4.0, 0, 100, top=0.95),
+        _record(1024, 4.0, 1, 100, top=0.1),
+        {**_record(1024, 4.0, 0, 50), "loss": "dcl"},  # the control is not drawn
+    ]
+    axes = study.plot(records, [0.9], train_size=25_600, floor=0.0, rates={256: 2.0, 1024: 4.0})["steps_to_target"].axes
+    lines = axes[1].get_lines()
+    assert [line.get_xdata()[-1] for line in lines] == pytest.approx([3, 3, 3, 4, 4])  # steps * N / train size
+    labels = [line.get_label() for line in lines if not line.get_label().startswith("_")]
+    assert labels == ["N=256, f=2 (3 seeds)", "N=1,024, f=4 (2 seeds)"]
 
 
 def test_best_runs_take_the_fewest_mean_steps_over_every_seed_and_mark_the_grid_edge():

@@ -318,22 +318,22 @@ QUOTED_FIGURES = [
     ("docs/batch_size_study.md", "and 12,904–90,297 at", RESULTS + "critical_batch_study/summary.md"),
     (
         "docs/batch_size_study.md",
-        "| 256 | 263 (f = 8) | 435 (f = 8) | 511 (f = 8) | 689 (f = 8) | 1,215 (f = 8) |",
+        "| 256 | 318 ± 80 | 407 ± 63 | 497 ± 39 | 711 ± 130 | 996 ± 244 |",
         RESULTS + "critical_batch_study_shapes/summary.md",
     ),
     (
         "docs/batch_size_study.md",
-        "| 1,024 | 245 (f = 4) | 323 (f = 8) |",
+        "N = 256 ends at R@1 0.416 ± 0.041 image → caption and 0.428 ± 0.081 back, N = 1,024 at 0.062 ±",
         RESULTS + "critical_batch_study_shapes/summary.md",
     ),
     (
         "docs/batch_size_study.md",
-        "**B_crit = 25** at R@1 0.05 and **134**",
+        "0.130 and 0.064 ± 0.128",
         RESULTS + "critical_batch_study_shapes/summary.md",
     ),
     (
         "docs/batch_size_study.md",
-        "(−0.2970 [−0.3310, −0.2650] and −0.2900",
+        "−0.3540 [−0.3770, −0.3320] and −0.3640",
         RESULTS + "critical_batch_study_shapes/summary.md",
     ),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
