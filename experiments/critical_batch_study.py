@@ -137,9 +137,15 @@ def replicate_runs(factors: Mapping[int, Sequence[float]], seeds: Sequence[int],
 def control_factors(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> dict[int, float]:
     """Per N, the rate of the DCL control: CLIP's best in `records` (the tuning seed's) at
     the middle target, or, where N misses it, at the highest lower target it reaches
-    (none reached: the grid's middle)."""
-    factors = sorted({r["lr_factor"] for r in records if is_clip(r)})
-    chosen = {r["batch_size"]: factors[len(factors) // 2] for r in records}
+    (none reached: the factor whose run ends at the highest validation R@1, the smaller
+    on a tie)."""
+    clip = sorted((r for r in records if is_clip(r)), key=lambda r: r["lr_factor"])
+    chosen = {}
+    for record in clip:
+        n, last = record["batch_size"], validation_curve(record)[-1, 1]
+        if n not in chosen or last > chosen[n][1]:
+            chosen[n] = (record["lr_factor"], last)
+    chosen = {n: factor for n, (factor, _) in chosen.items()}
     for target in targets[: len(targets) // 2 + 1]:
         chosen.update({n: entry["lr_factor"] for n, entry in best_runs(records, target).items()})
     return chosen

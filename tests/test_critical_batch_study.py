@@ -67,6 +67,13 @@ def test_other_seeds_repeat_the_rates_best_at_some_target():
         (1, 256, 2.0), (1, 1024, 2.0), (1, 1024, 4.0), (2, 256, 2.0), (2, 1024, 2.0), (2, 1024, 4.0)
     ]  # fmt: skip
     assert study.control_factors(records, [0.5, 0.92]) == {256: 2.0, 1024: 2.0}  # the middle target's best
+    # an N that reaches no target: the factor ending at the highest validation R@1, the smaller on a tie
+    missing = [
+        _record(4096, 8.0, 0, 100, top=0.3),
+        _record(4096, 4.0, 0, 100, top=0.2),
+        _record(4096, 1.0, 0, 100, top=0.3),
+    ]
+    assert study.control_factors(records + missing, [0.5, 0.92]) == {256: 2.0, 1024: 2.0, 4096: 1.0}
 
 
 def test_steps_to_target_interpolates_between_evaluations():
