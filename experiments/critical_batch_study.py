@@ -141,11 +141,9 @@ def control_factors(records: Sequence[Mapping[str, Any]], targets: Sequence[floa
     on a tie)."""
     clip = sorted((r for r in records if is_clip(r)), key=lambda r: r["lr_factor"])
     chosen = {}
-    for record in clip:
-        n, last = record["batch_size"], validation_curve(record)[-1, 1]
-        if n not in chosen or last > chosen[n][1]:
-            chosen[n] = (record["lr_factor"], last)
-    chosen = {n: factor for n, (factor, _) in chosen.items()}
+    for n in {r["batch_size"] for r in clip}:  # max keeps the first, the smaller factor, on a tie
+        ends = [r for r in clip if r["batch_size"] == n]
+        chosen[n] = max(ends, key=lambda r: validation_curve(r)[-1, 1])["lr_factor"]
     for target in targets[: len(targets) // 2 + 1]:
         chosen.update({n: entry["lr_factor"] for n, entry in best_runs(records, target).items()})
     return chosen
