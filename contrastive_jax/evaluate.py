@@ -7,7 +7,8 @@ similarity = dot product):
   every gallery item in query i's group (e.g. any pronunciation that is the same string
   as the query's own, so homophones are not errors); computed in blocks of queries, so
   memory is O(block * n), not n^2. `cross_view_ranks` gives each query's rank (for
-  per-query statistics), `recall_ceiling` the best R@1 when some queries are identical.
+  per-query statistics), `recall_ceiling` the best R@1 when some queries are identical
+  (`paired_ceilings`: both directions).
 * `retrieval_metrics`: metric-learning retrieval within one labelled set, the query left
   out: Recall@K, MAP@R and R-precision (Musgrave et al. 2020).
 * `knn_accuracy`, `linear_probe_accuracy`: classification from frozen embeddings.
@@ -17,7 +18,7 @@ similarity = dot product):
 that fit the task; `train.py` calls it periodically and at the end and writes JSON.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -92,6 +93,27 @@ def recall_ceiling(query_ids: np.ndarray, groups: np.ndarray) -> float:
     for (query, _), count in zip(pairs.tolist(), counts.tolist(), strict=True):
         best[query] = max(best.get(query, 0), count)
     return sum(best.values()) / len(query_ids)
+
+
+def paired_ceilings(ids: Mapping[str, np.ndarray], match_keys: tuple[str, str] | None) -> dict[str, float]:
+    """`recall_ceiling` of both directions of paired retrieval.
+
+    Args:
+      ids: the split's id keys, each [n] ints (e.g. `input_pipeline.eval_arrays`'s).
+      match_keys: `(a -> b, b -> a)`: the keys whose equal values are right answers
+        (`records.Metadata.match_keys`), or None: only the pair itself (ceilings 1).
+
+    Returns:
+      `{"a_to_b": ceiling, "b_to_a": ceiling}`: the a -> b queries are identical where
+      the b -> a key is equal (the a side's own id), and the other way round.
+    """
+    if match_keys is None:
+        return {"a_to_b": 1.0, "b_to_a": 1.0}
+    match_a, match_b = match_keys
+    return {
+        "a_to_b": recall_ceiling(ids[match_b], ids[match_a]),
+        "b_to_a": recall_ceiling(ids[match_a], ids[match_b]),
+    }
 
 
 def _neighbours(z: np.ndarray, num: int) -> np.ndarray:

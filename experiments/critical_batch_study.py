@@ -290,19 +290,15 @@ def test_hits(model, arrays: Mapping[str, np.ndarray], match_keys: tuple[str, st
     """Per query of `arrays` (`input_pipeline.eval_arrays` of the test split), whether the
     trained `model` (`trained.TrainedModel`) ranks a right answer first (R@1), both
     directions (`{"a_to_b": [n] bool, "b_to_a": [n] bool}`), and each direction's ceiling
-    (`"a_to_b/ceiling"`: `evaluate.recall_ceiling`); `match_keys`: the data's."""
+    (`"a_to_b/ceiling"`: `evaluate.paired_ceilings`); `match_keys`: the data's."""
     from contrastive_jax import evaluate
 
     z = {side: model.embed(arrays[side], side, batch_size=1024) for side in ("a", "b")}
     match_a, match_b = match_keys or (None, None)
-    hits = {}
-    for direction, query, gallery, match, identity in (
-        ("a_to_b", "a", "b", match_a, match_b),
-        ("b_to_a", "b", "a", match_b, match_a),
-    ):
+    hits = {f"{direction}/ceiling": c for direction, c in evaluate.paired_ceilings(arrays, match_keys).items()}
+    for direction, query, gallery, match in (("a_to_b", "a", "b", match_a), ("b_to_a", "b", "a", match_b)):
         groups = arrays[match] if match else None
         hits[direction] = evaluate.cross_view_ranks(z[query], z[gallery], groups=groups) == 0
-        hits[f"{direction}/ceiling"] = evaluate.recall_ceiling(arrays[identity], groups) if match else 1.0
     return hits
 
 
@@ -374,15 +370,6 @@ def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
     return text
 
 
-def _mean_and_interval(values: Sequence[float | None], decimals: int = 0) -> str:
-    """`mean ± the 95% t-interval's half-width` of seeds' values to `decimals` (the mean
-    alone for one value; `-` when one is None: a seed missed the target)."""
-    if not values or None in values:
-        return "-"
-    mean = f"{np.mean(values):.{decimals}f}"
-    return mean + (f" ± {intervals.t_interval(values):.{decimals}f}" if len(values) > 1 else "")
-
-
 def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> str:
     """DCL against CLIP at the same N, rate and seeds: steps to each target (mean ± 95%)."""
     controls = [r for r in records if not is_clip(r)]
@@ -395,7 +382,7 @@ def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float
         for target in targets:
             for clip in (True, False):
                 by_seed = reached_steps(records, target, clip=clip).get((n, factor), {})
-                cells.append(_mean_and_interval([by_seed.get(seed) for seed in seeds]))
+                cells.append(intervals.mean_and_interval([by_seed.get(seed) for seed in seeds]))
         rows.append([f"{n:,}", f"{factor:g}", len(seeds), *cells])
     header = ["N", "f", "seeds", *(f"{loss} to {t:.2f}" for t in targets for loss in ("CLIP", "DCL"))]
     return (
@@ -422,7 +409,7 @@ def _final_table(records: Sequence[Mapping[str, Any]], final: Mapping[str, Mappi
         for direction in DIRECTIONS:
             per_seed = [float(final[name][direction].mean()) for name in names]
             ceiling = final[names[0]][f"{direction}/ceiling"]
-            cells += [_mean_and_interval(per_seed, decimals=3), f"{ceiling - np.mean(per_seed):.3f}"]
+            cells += [intervals.mean_and_interval(per_seed, decimals=3), f"{ceiling - np.mean(per_seed):.3f}"]
         rows.append([loss.upper(), f"{n:,}", f"{rates[n]:g}", len(names), *cells])
     ceilings = ", ".join(f"{final[names[0]][f'{d}/ceiling']:.3f} {d}" for d in DIRECTIONS)
     header = ["loss", "N", "f", "seeds", "R@1 a_to_b", "ceiling - R@1", "R@1 b_to_a", "ceiling - R@1"]
@@ -478,7 +465,9 @@ def summary(
             cells = []
             for factor in factors:
                 by_seed = reached.get((n, factor), {})
-                cells.append(_mean_and_interval(list(by_seed.values())) + (f" ({len(by_seed)})" if by_seed else ""))
+                cells.append(
+                    intervals.mean_and_interval(list(by_seed.values())) + (f" ({len(by_seed)})" if by_seed else "")
+                )
             chosen = best.get(n)
             mark = " (grid edge)" if chosen and chosen["edge"] else ""
             cells.append(f"{chosen['steps']:.0f} at f={chosen['lr_factor']:g}{mark}" if chosen else "not reached")

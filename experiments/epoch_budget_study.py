@@ -37,13 +37,13 @@ import numpy as np
 
 from contrastive_jax import noise_scale
 from contrastive_jax.config_lib import load_config, override
-from experiments import sweep
+from experiments import intervals, sweep
 
 TRAIN_PAIRS = 121_490  # cmudict's training split
 EPOCHS = 11.0  # N = 4,096 gets ceil(11 * 121,490 / 4,096) = 327 steps
 BATCH_SIZES = (256, 1024, 4096)
 SMALL_BATCH = 256  # the alternatives' N
-SEEDS = (0, 1)
+SEEDS = (0, 1, 2)
 REFERENCE_BATCH = 256
 BASE_LEARNING_RATE = 1e-3  # AdamW's peak at N = 256; x sqrt(N / 256) above
 WARMUP_EPOCHS = 0.5
@@ -238,6 +238,14 @@ def _groups(records: Sequence[Mapping]) -> dict[tuple[str, int], list[Mapping]]:
     return groups
 
 
+def comparisons(groups: Mapping[tuple[str, int], Sequence]) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """The pairs of `(method, N)` groups the findings compare: every method against CLIP
+    at its N, and CLIP at each N against CLIP at the next smaller N."""
+    clip_ns = sorted(n for label, n in groups if label == "CLIP")
+    pairs = [(("CLIP", big), ("CLIP", small)) for small, big in zip(clip_ns, clip_ns[1:], strict=False)]
+    return pairs + [(key, ("CLIP", key[1])) for key in groups if key[0] != "CLIP" and ("CLIP", key[1]) in groups]
+
+
 def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
     """The four figures (see the module docstring)."""
     groups = _groups(records)
@@ -296,18 +304,25 @@ def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
     return figures
 
 
-def summary(records: Sequence[Mapping]) -> str:
-    """`summary.md`: the final table, R@1 at each evaluation, and the noise scale."""
+def summary(records: Sequence[Mapping], ceilings: Mapping[str, float]) -> str:
+    """`summary.md`: the final table (R@1 both ways: mean ± 95% t-interval over the seeds,
+    and its distance to the `ceilings`, `evaluate.paired_ceilings` of the test split), the
+    differences the findings read (`comparisons`), R@1 at each evaluation, and the noise
+    scale."""
     groups = _groups(records)
     rows = []
     for (label, n), group in groups.items():
+        cells = []
+        for metric, direction in zip(METRICS, ceilings, strict=True):
+            values = [r[metric] for r in group]
+            cells += [intervals.mean_and_interval(values, decimals=3), f"{ceilings[direction] - np.mean(values):.3f}"]
         rows.append(
             [
                 label,
                 f"{n:,}",
                 group[0]["steps"],
                 len(group),
-                *(sweep.mean_std(group, m) for m in METRICS),
+                *cells,
                 sweep.mean_std(group, "train/loss"),
                 sweep.mean_std(group, "train/temperature"),
                 f"{np.mean([r['training_minutes'] for r in group]):.2f}",
@@ -318,6 +333,12 @@ def summary(records: Sequence[Mapping]) -> str:
     longer = "".join(f", {e:g}" for e in epochs[len(budget) :])
     text = f"# cmudict, the same epoch budget at every N ({budget[0]:g} to {budget[-1]:g} epochs: whole steps"
     text += f"; the longer controls{longer})\n\n" if longer else ")\n\n"
+    text += (
+        "Test R@1: mean ± the 95% t-interval over the seeds (the value alone for one seed); ceiling: the best "
+        "R@1 any model can reach, identical queries ranking alike ("
+        + ", ".join(f"{value:.3f} {direction}" for direction, value in ceilings.items())
+        + "). Loss and temperature: mean ± std.\n\n"
+    )
     text += sweep.markdown_table(
         rows,
         [
@@ -326,11 +347,30 @@ def summary(records: Sequence[Mapping]) -> str:
             "steps",
             "seeds",
             f"test {METRICS[0]}",
+            "ceiling - R@1",
             f"test {METRICS[1]}",
+            "ceiling - R@1",
             "final loss",
             "temperature",
             "training min",
         ],
+    )
+    text += (
+        "\n## Differences of test R@1 (each method against CLIP at its N; CLIP against the next smaller N): "
+        "difference of the seed means [95% Welch interval over the seeds; n/a: one seed]\n\n"
+    )
+    comparison_rows = []
+    for x, y in comparisons(groups):
+        cells = []
+        for metric in METRICS:
+            difference, low, high = intervals.welch_interval(
+                [r[metric] for r in groups[x]], [r[metric] for r in groups[y]]
+            )
+            cells.append(f"{difference:+.4f} " + ("[n/a]" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"))
+        seeds = f"{len(groups[x])} vs {len(groups[y])}"
+        comparison_rows.append([f"{x[0]}, N={x[1]:,}", f"{y[0]}, N={y[1]:,}", seeds, *cells])
+    text += sweep.markdown_table(
+        comparison_rows, ["method", "against", "seeds", f"{METRICS[0]} difference", f"{METRICS[1]} difference"]
     )
     text += f"\n## test {METRICS[0]} at each evaluation (mean over seeds): epoch -> R@1\n\n"
     eval_rows = []
@@ -351,6 +391,15 @@ def summary(records: Sequence[Mapping]) -> str:
     return text
 
 
+def test_ceilings(config) -> dict[str, float]:
+    """`evaluate.paired_ceilings` of `config`'s evaluation split (the test split)."""
+    from contrastive_jax import data_sources, evaluate, input_pipeline, trainer
+
+    data = trainer.data_settings(config)
+    ids = input_pipeline.eval_arrays(data, config.eval.split)
+    return evaluate.paired_ceilings(ids, data_sources.open_metadata(data).match_keys)
+
+
 def run(args) -> list[dict]:
     """Trains the grid (skipping finished runs), then writes results, figures and summary."""
     base = load_config("cmudict_clip")
@@ -363,7 +412,7 @@ def run(args) -> list[dict]:
     records = [with_time_axes(r, args.train_size, base.num_simulated_devices) for r in records]
     sweep.write_results(records, args.out)
     sweep.save(plot(records, args.batch_sizes), args.out)
-    (args.out / "summary.md").write_text(summary(records))
+    (args.out / "summary.md").write_text(summary(records, test_ceilings(base)))
     print(f"wrote {args.out}")
     return records
 

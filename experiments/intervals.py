@@ -1,5 +1,6 @@
-"""The studies' intervals: over seeds (Student's t) and over test queries (a paired
-bootstrap: two models scored on the same queries, the queries resampled together)."""
+"""The studies' intervals: over seeds (Student's t; Welch's for the difference of two
+methods' seed means) and over test queries (a paired bootstrap: two models scored on
+the same queries, the queries resampled together)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,40 @@ def t_interval(values: Sequence[float]) -> float:
     if len(values) < 2:
         return math.nan
     return float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
+
+
+def mean_and_interval(values: Sequence[float | None], decimals: int = 0) -> str:
+    """`"mean ± the 95% t-interval's half-width"` of seeds' values to `decimals` (the mean
+    alone for one value; `-` when one is None: a seed missed a target)."""
+    if not values or None in values:
+        return "-"
+    mean = f"{np.mean(values):.{decimals}f}"
+    return mean + (f" ± {t_interval(values):.{decimals}f}" if len(values) > 1 else "")
+
+
+def welch_interval(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]:
+    """The difference of two means over independent seeds and its 95% Welch interval
+    (unequal variances, Welch–Satterthwaite degrees of freedom).
+
+    Args:
+      x: [n] one method's final metric, one value per seed.
+      y: [m] the other's.
+
+    Returns:
+      `(mean(x) - mean(y), low, high)`; the bounds are NaN when either side has one value.
+    """
+    from scipy import stats
+
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    difference = float(x.mean() - y.mean())
+    if len(x) < 2 or len(y) < 2:
+        return difference, math.nan, math.nan
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    if vx + vy == 0:
+        return difference, difference, difference
+    dof = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+    half_width = float(stats.t.ppf(0.975, dof) * math.sqrt(vx + vy))
+    return difference, difference - half_width, difference + half_width
 
 
 def paired_bootstrap(

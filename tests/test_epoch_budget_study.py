@@ -14,15 +14,16 @@ if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the
 
 from contrastive_jax import noise_scale  # noqa: E402
 from experiments import epoch_budget_study as study  # noqa: E402
+from experiments import intervals  # noqa: E402
 
 
 def test_grid_gives_every_batch_the_same_epochs_and_the_largest_300_steps():
     grid = study.methods(study.BATCH_SIZES, study.SMALL_BATCH, study.SEEDS, study.QUEUE_SIZE)
     runs = study.study_runs(grid, epochs=study.EPOCHS, train_size=study.TRAIN_PAIRS)
-    # CLIP and SigLIP at 3 N x 2 seeds; DCL, SogCLR x 2 seeds; queue; queue with EMA x 2
+    # CLIP and SigLIP at 3 N x 3 seeds; DCL, SogCLR x 3 seeds; queue; queue with EMA x 3
     # seeds at 256 and one at 1,024; the controls: SigLIP at 4,096 from T 0.04 and for twice
-    # the epochs, one seed each; EMA without queue x 2 seeds, the queue with detached keys
-    assert len(runs) == 2 * 3 * 2 + 2 * 2 + 1 + 3 + 2 + 2 + 1
+    # the epochs, one seed each; EMA without queue x 3 seeds, the queue with detached keys
+    assert len(runs) == 2 * 3 * 3 + 2 * 3 + 1 + 4 + 2 + 3 + 1
     assert [r.tags["seed"] for r in runs] == sorted(r.tags["seed"] for r in runs)
     assert len({r.name for r in runs}) == len(runs)
     for run in runs:
@@ -46,16 +47,16 @@ def test_grid_gives_every_batch_the_same_epochs_and_the_largest_300_steps():
         for r in queues
     )
     assert (
-        forms == [(0, 0.99, False)] * 2 + [(16_384, 0.0, False)] + [(16_384, 0.0, True)] + [(16_384, 0.99, False)] * 3
+        forms == [(0, 0.99, False)] * 3 + [(16_384, 0.0, False)] + [(16_384, 0.0, True)] + [(16_384, 0.99, False)] * 4
     )
     assert {r.tags["batch_size"] for r in runs if r.tags["method"] in ("DCL", "SogCLR")} == {256}
-    assert sorted(r.tags["batch_size"] for r in queues) == [256] * 6 + [1024]
+    assert sorted(r.tags["batch_size"] for r in queues) == [256] * 8 + [1024]
     siglip = sorted(
         (r.tags["method"], r.tags["batch_size"], r.overrides["loss.temperature"])
         for r in runs
         if r.overrides["loss.name"] == "siglip"
     )
-    assert siglip == [("SigLIP", n, 0.1) for n in (256, 256, 1024, 1024, 4096, 4096)] + [
+    assert siglip == [("SigLIP", n, 0.1) for n in (256,) * 3 + (1024,) * 3 + (4096,) * 3] + [
         ("SigLIP, 2x epochs", 4096, 0.1),
         ("SigLIP, T0 0.04", 4096, 0.04),
     ]
@@ -81,6 +82,50 @@ def test_noise_by_epoch_pools_each_epochs_windows_and_recovers_the_model():
     assert rows[1][3] == pytest.approx(-0.5) and np.isnan(rows[1][5])
     pooled = study.pooled_noise([dict(record, noise_by_epoch=rows, noise_small_batch=b)] * 2)
     np.testing.assert_allclose(pooled[0], rows[0])
+
+
+def test_summary_gives_intervals_the_ceilings_distance_and_each_methods_difference_to_clip():
+    def record(method, n, seed, a, b):
+        evals = [[10, 1.0, 60.0, a, b]]
+        return {
+            "method": method,
+            "batch_size": n,
+            "seed": seed,
+            "steps": 10,
+            "epochs": 11.0,
+            "a_to_b/R@1": a,
+            "b_to_a/R@1": b,
+            "train/loss": 1.0,
+            "train/temperature": 0.03,
+            "training_minutes": 1.0,
+            "evals": evals,
+        }
+
+    clip_256 = [(0.890, 0.930), (0.892, 0.931), (0.891, 0.933)]
+    clip_1024 = [(0.897, 0.940), (0.900, 0.942), (0.898, 0.939)]
+    records = [record("CLIP", 256, s, *v) for s, v in enumerate(clip_256)]
+    records += [record("CLIP", 1024, s, *v) for s, v in enumerate(clip_1024)]
+    records += [record("DCL", 256, 0, 0.899, 0.936), record("DCL", 256, 1, 0.901, 0.935)]
+    records += [record("queue", 256, 0, 0.0, 0.0)]
+    groups = study._groups(records)
+    assert study.comparisons(groups) == [
+        (("CLIP", 1024), ("CLIP", 256)),
+        (("DCL", 256), ("CLIP", 256)),
+        (("queue", 256), ("CLIP", 256)),
+    ]
+    text = study.summary(records, {"a_to_b": 0.932, "b_to_a": 0.982})
+    # CLIP 256: a_to_b mean 0.891, 95% t half-width 4.3027 * 0.001 / sqrt(3) = 0.0025
+    assert "| CLIP | 256 | 10 | 3 | 0.891 ± 0.002 | 0.041 | 0.931 ± 0.004 | 0.051 |" in text
+    assert "| queue | 256 | 10 | 1 | 0.000 | 0.932 | 0.000 | 0.982 |" in text
+    for (x, y), row in zip(study.comparisons(groups), text.split("## Differences")[1].splitlines()[4:], strict=False):
+        want = [intervals.welch_interval([r[m] for r in groups[x]], [r[m] for r in groups[y]]) for m in study.METRICS]
+        assert row.startswith(f"| {x[0]}, N={x[1]:,} | {y[0]}, N={y[1]:,} | {len(groups[x])} vs {len(groups[y])} |")
+        assert f"{want[0][0]:+.4f}" in row and f"{want[1][0]:+.4f}" in row
+        if len(groups[x]) > 1:
+            assert f"[{want[0][1]:+.4f}, {want[0][2]:+.4f}]" in row
+    # CLIP 1,024 - 256, a_to_b: se 1.054e-3, Welch dof 3.45, t 2.96: half-width 0.0031
+    assert "+0.0073 [+0.0042, +0.0105]" in text
+    assert "-0.8910 [n/a]" in text  # one seed: no interval
 
 
 @pytest.mark.e2e

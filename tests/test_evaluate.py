@@ -71,6 +71,15 @@ def test_recall_ceiling_counts_one_right_answer_per_set_of_identical_queries():
     assert evaluate.recall_ceiling(np.array([0, 0, 1]), np.array([5, 5, 6])) == 1.0
 
 
+def test_paired_ceilings_take_each_directions_queries_from_the_other_directions_key():
+    # "read"-like: one spelling, three pronunciations (rows 0-2); "knight"/"night" (3, 4):
+    # two spellings, one pronunciation. cmudict's match keys: (pronunciation, word).
+    ids = {"pronunciation_id": np.array([0, 1, 2, 3, 3]), "word_id": np.array([0, 0, 0, 1, 2])}
+    ceilings = evaluate.paired_ceilings(ids, ("pronunciation_id", "word_id"))
+    assert ceilings == {"a_to_b": 3 / 5, "b_to_a": 4 / 5}
+    assert evaluate.paired_ceilings(ids, None) == {"a_to_b": 1.0, "b_to_a": 1.0}
+
+
 def test_no_embedding_beats_the_recall_ceiling():
     rng = np.random.default_rng(1)
     query_ids = rng.integers(0, 12, size=40)

@@ -46,3 +46,22 @@ def test_paired_bootstrap_pairs_the_queries():
     unpaired = 1.96 * math.sqrt(x.var() / len(x) + y.var() / len(y))
     assert high - low < unpaired / 2
     assert intervals.paired_bootstrap(y, y) == (0.0, 0.0, 0.0)
+
+
+def test_welch_interval_matches_scipys_unequal_variance_t_test():
+    from scipy import stats
+
+    x, y = [0.902, 0.905, 0.899], [0.891, 0.892, 0.8905, 0.889]
+    difference, low, high = intervals.welch_interval(x, y)
+    want = stats.ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
+    assert difference == pytest.approx(np.mean(x) - np.mean(y))
+    assert (low, high) == pytest.approx((want.low, want.high), rel=1e-9)
+    assert low > 0  # resolved: every x above every y, little spread
+    difference, low, high = intervals.welch_interval([0.744], y)  # one seed: no interval
+    assert difference == pytest.approx(0.744 - np.mean(y)) and math.isnan(low) and math.isnan(high)
+
+
+def test_mean_and_interval_formats_the_t_half_width():
+    assert intervals.mean_and_interval([1.0, 2.0, 3.0], decimals=2) == "2.00 ± 2.48"  # 4.3027 / sqrt(3)
+    assert intervals.mean_and_interval([0.744], decimals=3) == "0.744"
+    assert intervals.mean_and_interval([300.0, None]) == "-"
