@@ -23,7 +23,8 @@ Writes to `--out` (default `experiments/results/epoch_budget_study`): `results.{
 (every run's tags, final metrics and curves), `summary.md` (one row per method and N,
 the epoch and noise-scale tables) and the figures `r1_vs_batch.png`, `r1_vs_epochs.png`,
 `r1_vs_training_time.png`, `noise_scale.png`. Training time is the steps' own time (from
-the logged throughput; compilation, evaluation and checkpoints left out).
+the logged throughput; compilation, evaluation and checkpoints left out; the first seed's,
+as a resumed grid runs its seeds in other sessions).
 """
 
 from __future__ import annotations
@@ -225,9 +226,17 @@ def pooled_noise(group: Sequence[Mapping]) -> np.ndarray:
     )
 
 
-def _mean_over_seeds(records: Sequence[Mapping], key: str) -> np.ndarray:
-    """The seeds' mean of `record[key]` (a list of equal-length rows)."""
-    return np.mean([np.asarray(r[key], dtype=float) for r in records], axis=0)
+def _mean_evals(group: Sequence[Mapping]) -> np.ndarray:
+    """The seeds' `evals` (`with_time_axes`): R@1 averaged over the seeds, the time axis
+    the first seed's (a resumed grid runs its seeds in other sessions, at another pace)."""
+    evals = np.mean([np.asarray(r["evals"], dtype=float) for r in group], axis=0)
+    evals[:, 2] = np.asarray(_first_seed(group)["evals"], dtype=float)[:, 2]
+    return evals
+
+
+def _first_seed(group: Sequence[Mapping]) -> Mapping:
+    """The run of the lowest seed in `group`."""
+    return min(group, key=lambda r: r["seed"])
 
 
 def _groups(records: Sequence[Mapping]) -> dict[tuple[str, int], list[Mapping]]:
@@ -276,9 +285,11 @@ def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
     axes[0].legend(fontsize=7)
     figures["r1_vs_batch"] = fig
     for name, column, xlabel in (("r1_vs_epochs", 1, "epochs"), ("r1_vs_training_time", 2, "training minutes")):
-        fig, ax = sweep.new_figure(f"test {METRICS[0]} along the runs (mean over seeds)", width=7)
+        fig, ax = sweep.new_figure(
+            f"test {METRICS[0]} along the runs (mean over seeds; time: the first seed's)", width=7
+        )
         for ((label, n), group), color in zip(groups.items(), sweep.colors(len(groups), "tab20"), strict=True):
-            evals = _mean_over_seeds(group, "evals")
+            evals = _mean_evals(group)
             x = evals[:, column] / (60 if column == 2 else 1)
             ax.plot(x, evals[:, 3], marker="o", markersize=3, color=color, label=f"{label}, N={n:,}")
         ax.set(xlabel=xlabel, ylabel=f"test {METRICS[0]}", xscale="log" if column == 2 else "linear")
@@ -325,7 +336,7 @@ def summary(records: Sequence[Mapping], ceilings: Mapping[str, float]) -> str:
                 *cells,
                 sweep.mean_std(group, "train/loss"),
                 sweep.mean_std(group, "train/temperature"),
-                f"{np.mean([r['training_minutes'] for r in group]):.2f}",
+                f"{_first_seed(group)['training_minutes']:.2f}",
             ]
         )
     epochs = sorted({r["epochs"] for r in records})
@@ -352,7 +363,7 @@ def summary(records: Sequence[Mapping], ceilings: Mapping[str, float]) -> str:
             "ceiling - R@1",
             "final loss",
             "temperature",
-            "training min",
+            "training min (first seed)",
         ],
     )
     text += (
@@ -372,10 +383,10 @@ def summary(records: Sequence[Mapping], ceilings: Mapping[str, float]) -> str:
     text += sweep.markdown_table(
         comparison_rows, ["method", "against", "seeds", f"{METRICS[0]} difference", f"{METRICS[1]} difference"]
     )
-    text += f"\n## test {METRICS[0]} at each evaluation (mean over seeds): epoch -> R@1\n\n"
+    text += f"\n## test {METRICS[0]} at each evaluation (mean over seeds): epoch -> R@1 (the first seed's minutes)\n\n"
     eval_rows = []
     for (label, n), group in groups.items():
-        evals = _mean_over_seeds(group, "evals")
+        evals = _mean_evals(group)
         eval_rows.append([label, f"{n:,}", *(f"{e:.1f}: {r:.3f} ({t / 60:.1f} min)" for _, e, t, r, _ in evals)])
     text += sweep.markdown_table(eval_rows, ["method", "N", *(f"eval {i + 1}" for i in range(len(eval_rows[0]) - 2))])
     noisy = {key: group for key, group in groups.items() if "noise_by_epoch" in group[0]}

@@ -85,8 +85,8 @@ def test_noise_by_epoch_pools_each_epochs_windows_and_recovers_the_model():
 
 
 def test_summary_gives_intervals_the_ceilings_distance_and_each_methods_difference_to_clip():
-    def record(method, n, seed, a, b):
-        evals = [[10, 1.0, 60.0, a, b]]
+    def record(method, n, seed, a, b):  # seed s trains for 1 + s minutes (sessions differ in pace)
+        evals = [[10, 1.0, 60.0 * (1 + seed), a, b]]
         return {
             "method": method,
             "batch_size": n,
@@ -97,13 +97,13 @@ def test_summary_gives_intervals_the_ceilings_distance_and_each_methods_differen
             "b_to_a/R@1": b,
             "train/loss": 1.0,
             "train/temperature": 0.03,
-            "training_minutes": 1.0,
+            "training_minutes": 1.0 + seed,
             "evals": evals,
         }
 
     clip_256 = [(0.890, 0.930), (0.892, 0.931), (0.891, 0.933)]
     clip_1024 = [(0.897, 0.940), (0.900, 0.942), (0.898, 0.939)]
-    records = [record("CLIP", 256, s, *v) for s, v in enumerate(clip_256)]
+    records = [record("CLIP", 256, s, *v) for s, v in reversed(list(enumerate(clip_256)))]
     records += [record("CLIP", 1024, s, *v) for s, v in enumerate(clip_1024)]
     records += [record("DCL", 256, 0, 0.899, 0.936), record("DCL", 256, 1, 0.901, 0.935)]
     records += [record("queue", 256, 0, 0.0, 0.0)]
@@ -117,6 +117,9 @@ def test_summary_gives_intervals_the_ceilings_distance_and_each_methods_differen
     # CLIP 256: a_to_b mean 0.891, 95% t half-width 4.3027 * 0.001 / sqrt(3) = 0.0025
     assert "| CLIP | 256 | 10 | 3 | 0.891 ± 0.002 | 0.041 | 0.931 ± 0.004 | 0.051 |" in text
     assert "| queue | 256 | 10 | 1 | 0.000 | 0.932 | 0.000 | 0.982 |" in text
+    # time: the first seed's, wherever it stands among the records; R@1: the seeds' mean
+    clip_row = next(line for line in text.splitlines() if line.startswith("| CLIP | 256 | 10 |"))
+    assert clip_row.endswith("| 0.030 ± 0.000 | 1.00 |") and "| CLIP | 256 | 1.0: 0.891 (1.0 min) |" in text
     for (x, y), row in zip(study.comparisons(groups), text.split("## Differences")[1].splitlines()[4:], strict=False):
         want = [intervals.welch_interval([r[m] for r in groups[x]], [r[m] for r in groups[y]]) for m in study.METRICS]
         assert row.startswith(f"| {x[0]}, N={x[1]:,} | {y[0]}, N={y[1]:,} | {len(groups[x])} vs {len(groups[y])} |")
