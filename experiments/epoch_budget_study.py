@@ -248,11 +248,16 @@ def _groups(records: Sequence[Mapping]) -> dict[tuple[str, int], list[Mapping]]:
 
 
 def comparisons(groups: Mapping[tuple[str, int], Sequence]) -> list[tuple[tuple[str, int], tuple[str, int]]]:
-    """The pairs of `(method, N)` groups the findings compare: every method against CLIP
-    at its N, and CLIP at each N against CLIP at the next smaller N."""
+    """The pairs of `(method, N)` groups the findings compare: CLIP at each N against CLIP
+    at the next smaller N, then at each N every method against each one before it in the
+    grid (CLIP first)."""
     clip_ns = sorted(n for label, n in groups if label == "CLIP")
     pairs = [(("CLIP", big), ("CLIP", small)) for small, big in zip(clip_ns, clip_ns[1:], strict=False)]
-    return pairs + [(key, ("CLIP", key[1])) for key in groups if key[0] != "CLIP" and ("CLIP", key[1]) in groups]
+    keys = list(groups)
+    for n in sorted({n for _, n in keys}):
+        at_n = [key for key in keys if key[1] == n]
+        pairs += [(x, y) for i, x in enumerate(at_n) for y in at_n[:i]]
+    return pairs
 
 
 def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
@@ -278,7 +283,7 @@ def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
         # The axis spans the trained runs: a collapsed run (R@1 < 0.1) would stretch it to
         # 0 and flatten every difference discussed; it stays off the axis.
         trained = [r[metric] for r in records if r[metric] >= COLLAPSED_R1]
-        ax.set(xlabel="global batch N", ylabel=f"test {metric} (runs under {COLLAPSED_R1:g} off the axis)")
+        ax.set(xlabel="global batch N", ylabel=f"test {metric} (bars: std over seeds; under {COLLAPSED_R1:g}: off)")
         if trained:
             ax.set_ylim(min(trained) - 0.01, max(trained) + 0.01)
         sweep.log_spaced_ticks(ax, batch_sizes)
@@ -367,7 +372,7 @@ def summary(records: Sequence[Mapping], ceilings: Mapping[str, float]) -> str:
         ],
     )
     text += (
-        "\n## Differences of test R@1 (each method against CLIP at its N; CLIP against the next smaller N): "
+        "\n## Differences of test R@1 (CLIP against the next smaller N; at each N every pair of methods): "
         "difference of the seed means [95% Welch interval over the seeds; n/a: one seed]\n\n"
     )
     comparison_rows = []

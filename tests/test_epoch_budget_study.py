@@ -112,6 +112,7 @@ def test_summary_gives_intervals_the_ceilings_distance_and_each_methods_differen
         (("CLIP", 1024), ("CLIP", 256)),
         (("DCL", 256), ("CLIP", 256)),
         (("queue", 256), ("CLIP", 256)),
+        (("queue", 256), ("DCL", 256)),
     ]
     text = study.summary(records, {"a_to_b": 0.932, "b_to_a": 0.982})
     # CLIP 256: a_to_b mean 0.891, 95% t half-width 4.3027 * 0.001 / sqrt(3) = 0.0025
