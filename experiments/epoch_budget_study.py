@@ -30,6 +30,7 @@ as a resumed grid runs its seeds in other sessions).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -266,10 +267,12 @@ def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
     labels = list(dict.fromkeys(r["method"] for r in records))
     figures = {}
     fig, axes = sweep.new_figure(
-        f"test R@1 after {min(r['epochs'] for r in records):.3g} epochs at every N (a control: longer)", ncols=2
+        f"test R@1 after {min(r['epochs'] for r in records):.3g} epochs at every N (a control: longer); bars: std "
+        f"over seeds; runs under {COLLAPSED_R1:g} off the axis",
+        ncols=2,
     )
     for ax, metric in zip(axes, METRICS, strict=True):
-        for label, marker in zip(labels, "osD^v<>", strict=False):
+        for label, marker in zip(labels, itertools.cycle("osD^v<>phX*P"), strict=False):
             sweep.errorbar(
                 ax,
                 records,
@@ -283,7 +286,7 @@ def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
         # The axis spans the trained runs: a collapsed run (R@1 < 0.1) would stretch it to
         # 0 and flatten every difference discussed; it stays off the axis.
         trained = [r[metric] for r in records if r[metric] >= COLLAPSED_R1]
-        ax.set(xlabel="global batch N", ylabel=f"test {metric} (bars: std over seeds; under {COLLAPSED_R1:g}: off)")
+        ax.set(xlabel="global batch N", ylabel=f"test {metric}")
         if trained:
             ax.set_ylim(min(trained) - 0.01, max(trained) + 0.01)
         sweep.log_spaced_ticks(ax, batch_sizes)

@@ -132,6 +132,24 @@ def test_summary_gives_intervals_the_ceilings_distance_and_each_methods_differen
     assert "-0.8910 [n/a]" in text  # one seed: no interval
 
 
+def test_r1_vs_batch_figure_draws_every_method_of_a_grid_longer_than_its_markers():
+    labels = [f"method {i}" for i in range(10)]
+    records = [
+        {
+            "method": label,
+            "batch_size": 256,
+            "seed": 0,
+            "epochs": 11.0,
+            "a_to_b/R@1": 0.9,
+            "b_to_a/R@1": 0.9,
+            "evals": [[10, 11.0, 60.0, 0.9, 0.9]],
+        }
+        for label in labels
+    ]
+    figures = study.plot(records, [256])
+    assert figures["r1_vs_batch"].axes[0].get_legend_handles_labels()[1] == labels
+
+
 @pytest.mark.e2e
 def test_quick_runs_every_method_and_resumes(tmp_path, cmudict_data_dir, capsys):
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
