@@ -332,9 +332,9 @@ def summary(records: Sequence[Mapping], ceilings: Mapping[str, float]) -> str:
     rows = []
     for (label, n), group in groups.items():
         cells = []
-        for metric, direction in zip(METRICS, ceilings, strict=True):
-            values = [r[metric] for r in group]
-            cells += [intervals.mean_and_interval(values, decimals=3), f"{ceilings[direction] - np.mean(values):.3f}"]
+        for metric in METRICS:
+            values, ceiling = [r[metric] for r in group], ceilings[metric.split("/")[0]]  # "a_to_b/R@1": "a_to_b"
+            cells += [intervals.mean_and_interval(values, decimals=3), f"{ceiling - np.mean(values):.3f}"]
         rows.append(
             [
                 label,

@@ -84,7 +84,7 @@ def test_noise_by_epoch_pools_each_epochs_windows_and_recovers_the_model():
     np.testing.assert_allclose(pooled[0], rows[0])
 
 
-def test_summary_gives_intervals_the_ceilings_distance_and_each_methods_difference_to_clip():
+def test_summary_gives_intervals_the_ceilings_distance_and_each_pairs_difference():
     def record(method, n, seed, a, b):  # seed s trains for 1 + s minutes (sessions differ in pace)
         evals = [[10, 1.0, 60.0 * (1 + seed), a, b]]
         return {
