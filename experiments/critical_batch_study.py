@@ -54,12 +54,10 @@ runs and noise measurements are skipped, and so are the runs in the committed
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import math
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -67,7 +65,7 @@ import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
 from contrastive_jax.datasets import shapes
-from experiments import intervals, sweep, zero_shot_shapes
+from experiments import intervals, query_hits, sweep, zero_shot_shapes
 
 FIT_PAIRS = 108_000  # cmudict's `fit` split
 EPOCHS = 6.0
@@ -81,8 +79,7 @@ WARMUP_EPOCHS = 0.5
 TARGETS = (0.80, 0.84, 0.86, 0.88, 0.90)  # validation R@1, mean of both directions
 NOISE_BATCHES = (1024, 4096)
 REPLICATES = 16
-DIRECTIONS = ("a_to_b", "b_to_a")  # spelling -> pronunciation and back
-METRICS = tuple(f"{d}/R@1" for d in DIRECTIONS)
+METRICS = tuple(f"{d}/R@1" for d in query_hits.DIRECTIONS)
 CURVES = ("train/loss", "train/temperature", "train/examples_per_second", *(f"eval/{m}" for m in METRICS))
 
 
@@ -286,57 +283,11 @@ def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], o
     return cache
 
 
-def test_hits(model, arrays: Mapping[str, np.ndarray], match_keys: tuple[str, str] | None) -> dict[str, Any]:
-    """Per query of `arrays` (`input_pipeline.eval_arrays` of the test split), whether the
-    trained `model` (`trained.TrainedModel`) ranks a right answer first (R@1), both
-    directions (`{"a_to_b": [n] bool, "b_to_a": [n] bool}`), and each direction's ceiling
-    (`"a_to_b/ceiling"`: `evaluate.paired_ceilings`); `match_keys`: the data's."""
-    from contrastive_jax import evaluate
-
-    z = {side: model.embed(arrays[side], side, batch_size=1024) for side in ("a", "b")}
-    match_a, match_b = match_keys or (None, None)
-    hits = {f"{direction}/ceiling": c for direction, c in evaluate.paired_ceilings(arrays, match_keys).items()}
-    for direction, query, gallery, match in (("a_to_b", "a", "b", match_a), ("b_to_a", "b", "a", match_b)):
-        groups = arrays[match] if match else None
-        hits[direction] = evaluate.cross_view_ranks(z[query], z[gallery], groups=groups) == 0
-    return hits
-
-
 def final_hits(records: Sequence[Mapping[str, Any]], rates: Mapping[int, float], out, split: str) -> dict:
-    """`test_hits` on `split` (the test split, read here only) for every run at its N's
-    rate in `rates` (CLIP and DCL, every seed), cached in `out/final.json` (the hits
-    bit-packed): `{run name: {"a_to_b": [n] bool, "b_to_a": [n] bool, "a_to_b/ceiling",
-    "b_to_a/ceiling"}}`."""
-    from contrastive_jax import data_sources, input_pipeline, trained
-
-    cache_file = out / "final.json"
-    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
-    arrays = match_keys = None
-    for record in records:
-        name, workdir = record["name"], out / "runs" / record["name"]
-        if record["lr_factor"] != rates.get(record["batch_size"]) or name in cache:
-            continue
-        if not (workdir / "checkpoints").is_dir():
-            print(f"[final] {name}: no checkpoint in {workdir} (delete the run's record to retrain it)", flush=True)
-            continue
-        print(f"[final] {name}: R@1 of each {split} query", flush=True)
-        model = trained.load(str(workdir))
-        if arrays is None:  # every run of the study reads the same data: the split once
-            arrays = input_pipeline.eval_arrays(model.data, split)
-            match_keys = data_sources.open_metadata(model.data).match_keys
-        hits = test_hits(model, arrays, match_keys)
-        packed = {d: base64.b64encode(np.packbits(hits[d])).decode() for d in DIRECTIONS}
-        cache[name] = {"queries": len(hits["a_to_b"]), **hits, **packed}
-        cache_file.write_text(json.dumps(cache, indent=1))
-    return {
-        name: {
-            k: np.unpackbits(np.frombuffer(base64.b64decode(v), np.uint8), count=entry["queries"]).astype(bool)
-            if k in DIRECTIONS
-            else v
-            for k, v in entry.items()
-        }
-        for name, entry in cache.items()
-    }
+    """`query_hits.cached_hits` on `split` (the test split, read here only) for every run at
+    its N's rate in `rates` (CLIP and DCL, every seed), cached in `out/final.json`."""
+    names = [r["name"] for r in records if r["lr_factor"] == rates.get(r["batch_size"])]
+    return query_hits.cached_hits(names, out, split)
 
 
 def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
@@ -406,29 +357,26 @@ def _final_table(records: Sequence[Mapping[str, Any]], final: Mapping[str, Mappi
     rows = []
     for (loss, n), names in sorted(runs.items(), key=lambda item: (item[0][1], item[0][0])):
         cells = []
-        for direction in DIRECTIONS:
+        for direction in query_hits.DIRECTIONS:
             per_seed = [float(final[name][direction].mean()) for name in names]
             ceiling = final[names[0]][f"{direction}/ceiling"]
             cells += [intervals.mean_and_interval(per_seed, decimals=3), f"{ceiling - np.mean(per_seed):.3f}"]
         rows.append([loss.upper(), f"{n:,}", f"{rates[n]:g}", len(names), *cells])
-    ceilings = ", ".join(f"{final[names[0]][f'{d}/ceiling']:.3f} {d}" for d in DIRECTIONS)
+    ceilings = ", ".join(f"{final[names[0]][f'{d}/ceiling']:.3f} {d}" for d in query_hits.DIRECTIONS)
     header = ["loss", "N", "f", "seeds", "R@1 a_to_b", "ceiling - R@1", "R@1 b_to_a", "ceiling - R@1"]
     text = (
         "\n## The test split, read once: R@1 at each N's rate and its distance to the ceiling\n\n"
         f"The best R@1 any model can reach (identical queries rank alike): {ceilings}. R@1: mean ± the 95% "
         "t-interval over the seeds.\n\n" + sweep.markdown_table(rows, header)
     )
-    seed_mean = {
-        key: {d: np.mean([final[name][d] for name in names], axis=0) for d in DIRECTIONS} for key, names in runs.items()
-    }
     clip_ns = sorted(n for loss, n in runs if loss == "clip")
     pairs = [(("clip", big), ("clip", small)) for small, big in zip(clip_ns, clip_ns[1:], strict=False)]
     pairs += [(("dcl", n), ("clip", n)) for loss, n in sorted(runs) if loss == "dcl" and ("clip", n) in runs]
     rows = []
     for x, y in pairs:
         cells = []
-        for direction in DIRECTIONS:
-            difference, low, high = intervals.paired_bootstrap(seed_mean[x][direction], seed_mean[y][direction])
+        for direction in query_hits.DIRECTIONS:
+            difference, low, high = query_hits.seed_mean_difference(final, runs[x], runs[y], direction)
             cells.append(f"{difference:+.4f} [{low:+.4f}, {high:+.4f}]")
         rows.append([f"{x[0].upper()} {x[1]:,} - {y[0].upper()} {y[1]:,}", *cells])
     header = ["comparison", "R@1 a_to_b difference [95%]", "R@1 b_to_a difference [95%]"]
@@ -540,7 +488,7 @@ def run(args) -> list[dict]:
     base = override(load_config(task.config), {**task.overrides, **(task.quick_overrides if args.quick else {})})
     base = override(base, {"data.data_dir": args.data_dir, **generated_records(args)})
     run_args = {"epochs": args.epochs, "train_size": args.train_size}
-    grid_args = {"curve_keys": CURVES, "deadline": None if args.hours is None else time.monotonic() + 3600 * args.hours}
+    grid_args = {"curve_keys": CURVES, "deadline": sweep.deadline(args.hours)}
     tuning_seed = args.seeds[0]
     tuning = tuning_runs(args.batch_sizes, args.lr_factors, tuning_seed, **run_args)
     records = sweep.run_grid(base, tuning, args.out, **grid_args)
@@ -682,9 +630,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--targets", type=sweep.float_list, help="validation R@1 targets")
     parser.add_argument("--noise-batches", type=sweep.int_list, help="n of the replicate noise scale")
     parser.add_argument("--replicates", type=int, help=f"independent batches per n (default {REPLICATES})")
-    parser.add_argument(
-        "--hours", type=float, help="start no run after this many hours; report what finished (rerun to go on)"
-    )
+    sweep.add_hours_option(parser)
     args = parser.parse_args(argv)
     task = TASKS[args.task]
     name = "critical_batch_study" + ("" if args.task == "cmudict" else f"_{args.task}")

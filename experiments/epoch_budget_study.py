@@ -17,11 +17,14 @@ epochs, evaluating test R@1 both ways `EVALS` times along the run. The grid (`ME
 
 Run (from the repository root; resumable: rerun the same command after a kill):
   .venv/bin/python -m experiments.epoch_budget_study           # the grid, results committed
+  .venv/bin/python -m experiments.epoch_budget_study --hours 1  # no run starts after 1 h
   .venv/bin/python -m experiments.epoch_budget_study --quick   # CI: slices of the data
 
 Writes to `--out` (default `experiments/results/epoch_budget_study`): `results.{csv,json}`
-(every run's tags, final metrics and curves), `summary.md` (one row per method and N,
-the epoch and noise-scale tables) and the figures `r1_vs_batch.png`, `r1_vs_epochs.png`,
+(every run's tags, final metrics and curves), `final.json` (each run's per-query test
+hits, from its last checkpoint while it is on disk: `query_hits`), `summary.md` (one row
+per method and N; the differences, with a Welch interval over the seeds and a paired
+bootstrap over the queries; the epoch and noise-scale tables) and the figures `r1_vs_batch.png`, `r1_vs_epochs.png`,
 `r1_vs_training_time.png`, `noise_scale.png`. Training time is the steps' own time (from
 the logged throughput; compilation, evaluation and checkpoints left out; the first seed's,
 as a resumed grid runs its seeds in other sessions).
@@ -39,7 +42,7 @@ import numpy as np
 
 from contrastive_jax import noise_scale
 from contrastive_jax.config_lib import load_config, override
-from experiments import intervals, sweep
+from experiments import intervals, query_hits, sweep
 
 TRAIN_PAIRS = 121_490  # cmudict's training split
 EPOCHS = 11.0  # N = 4,096 gets ceil(11 * 121,490 / 4,096) = 327 steps
@@ -87,8 +90,8 @@ def methods(batch_sizes: Sequence[int], small: int, seeds: Sequence[int], queue_
     SigLIP at the largest N started at the temperature the runs end at (`SIGLIP_FEW_STEPS`)
     and with twice the epochs; at `small`, EMA keys without a queue (MoCo v3's form), and
     the queue without EMA with keys from the towers, carrying their gradient or detached
-    (MoCo's own m = 0). Every seed but the EMA queue at the next N, the SigLIP controls and
-    the queues without EMA: the first seed (what machine time allowed)."""
+    (MoCo's own m = 0). Every seed but the queues without EMA (they collapse): the first
+    seed."""
     queue = {"loss.name": "moco_queue", "loss.queue_size": queue_size, "loss.chunk_size": "auto"}
     siglip = {"loss.name": "siglip", "loss.siglip_bias": SIGLIP_BIAS}
     return [
@@ -97,20 +100,19 @@ def methods(batch_sizes: Sequence[int], small: int, seeds: Sequence[int], queue_
         Method("DCL", {"loss.name": "dcl"}, [small], seeds),
         Method("SogCLR", {"loss.name": "sogclr", "loss.sogclr_gamma": 0.9}, [small], seeds),
         Method(f"queue K={queue_size:,}", {**queue, "loss.queue_momentum": 0.0}, [small], seeds[:1]),
-        # the EMA queue: every seed at `small`, the first at the next N
-        Method(f"queue K={queue_size:,}, EMA 0.99", {**queue, "loss.queue_momentum": 0.99}, [small], seeds),
         Method(
-            f"queue K={queue_size:,}, EMA 0.99", {**queue, "loss.queue_momentum": 0.99}, batch_sizes[1:2], seeds[:1]
+            f"queue K={queue_size:,}, EMA 0.99",
+            {**queue, "loss.queue_momentum": 0.99},
+            [small, *batch_sizes[1:2]],
+            seeds,
         ),
         Method(
             f"SigLIP, T0 {SIGLIP_FEW_STEPS:g}",
             {**siglip, "loss.temperature": SIGLIP_FEW_STEPS},
             batch_sizes[-1:],
-            seeds[:1],
+            seeds,
         ),
-        Method(
-            "SigLIP, 2x epochs", {**siglip, "loss.temperature": SIGLIP_TEMPERATURE}, batch_sizes[-1:], seeds[:1], 2.0
-        ),
+        Method("SigLIP, 2x epochs", {**siglip, "loss.temperature": SIGLIP_TEMPERATURE}, batch_sizes[-1:], seeds, 2.0),
         Method("EMA 0.99, no queue", {**queue, "loss.queue_size": 0, "loss.queue_momentum": 0.99}, [small], seeds),
         Method(
             f"queue K={queue_size:,}, detached keys",
@@ -323,11 +325,14 @@ def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
     return figures
 
 
-def summary(records: Sequence[Mapping], ceilings: Mapping[str, float]) -> str:
+def summary(
+    records: Sequence[Mapping], ceilings: Mapping[str, float], hits: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
     """`summary.md`: the final table (R@1 both ways: mean ± 95% t-interval over the seeds,
     and its distance to the `ceilings`, `evaluate.paired_ceilings` of the test split), the
-    differences the findings read (`comparisons`), R@1 at each evaluation, and the noise
-    scale."""
+    differences the findings read (`comparisons`) with a Welch interval over the seeds and,
+    where both sides have per-query `hits` (`query_hits.cached_hits`) of the same seeds, a
+    paired bootstrap over the test queries; R@1 at each evaluation, and the noise scale."""
     groups = _groups(records)
     rows = []
     for (label, n), group in groups.items():
@@ -391,6 +396,7 @@ def summary(records: Sequence[Mapping], ceilings: Mapping[str, float]) -> str:
     text += sweep.markdown_table(
         comparison_rows, ["method", "against", "seeds", f"{METRICS[0]} difference", f"{METRICS[1]} difference"]
     )
+    text += _bootstrap_section(groups, hits or {})
     text += f"\n## test {METRICS[0]} at each evaluation (mean over seeds): epoch -> R@1 (the first seed's minutes)\n\n"
     eval_rows = []
     for (label, n), group in groups.items():
@@ -410,6 +416,38 @@ def summary(records: Sequence[Mapping], ceilings: Mapping[str, float]) -> str:
     return text
 
 
+def _bootstrap_section(groups: Mapping[tuple[str, int], Sequence[Mapping]], hits: Mapping[str, Mapping]) -> str:
+    """The `comparisons` again, on the same queries: over the seeds both groups have
+    `hits` for, the difference of the seed-mean hits with its 95% paired bootstrap over
+    the test queries (`query_hits.seed_mean_difference`); a pair with no such seed is left
+    out."""
+    if not hits:
+        return ""
+    rows = []
+    for x, y in comparisons(groups):
+        by_seed = [{r["seed"]: r["name"] for r in groups[key] if r["name"] in hits} for key in (x, y)]
+        seeds = sorted(by_seed[0].keys() & by_seed[1].keys())
+        if not seeds:
+            continue
+        names, against = [by_seed[0][s] for s in seeds], [by_seed[1][s] for s in seeds]
+        cells = []
+        for direction in query_hits.DIRECTIONS:
+            difference, low, high = query_hits.seed_mean_difference(hits, names, against, direction)
+            cells.append(f"{difference:+.4f} [{low:+.4f}, {high:+.4f}]")
+        rows.append([f"{x[0]}, N={x[1]:,}", f"{y[0]}, N={y[1]:,}", ", ".join(map(str, seeds)), *cells])
+    if not rows:
+        return ""
+    queries = len(next(iter(hits.values()))[query_hits.DIRECTIONS[0]])
+    return (
+        "\n## The same differences on the same queries: the seeds whose per-query hits were measured "
+        f"(their checkpoints on disk), difference of the seed-mean R@1 [95% paired bootstrap over the {queries:,} "
+        f"test queries, {intervals.BOOTSTRAP_RESAMPLES:,} resamples]\n\n"
+        + sweep.markdown_table(
+            rows, ["method", "against", "seeds", f"{METRICS[0]} difference", f"{METRICS[1]} difference"]
+        )
+    )
+
+
 def test_ceilings(config) -> dict[str, float]:
     """`evaluate.paired_ceilings` of `config`'s evaluation split (the test split)."""
     from contrastive_jax import data_sources, evaluate, input_pipeline, trainer
@@ -427,11 +465,12 @@ def run(args) -> list[dict]:
         base = override(base, QUICK_OVERRIDES)
     grid = methods(args.batch_sizes, args.batch_sizes[0], args.seeds, args.queue_size)
     runs = study_runs(grid, epochs=args.epochs, train_size=args.train_size, evals=args.evals)
-    records = sweep.run_grid(base, runs, args.out, curve_keys=CURVES)
+    records = sweep.run_grid(base, runs, args.out, curve_keys=CURVES, deadline=sweep.deadline(args.hours))
     records = [with_time_axes(r, args.train_size, base.num_simulated_devices) for r in records]
     sweep.write_results(records, args.out)
     sweep.save(plot(records, args.batch_sizes), args.out)
-    (args.out / "summary.md").write_text(summary(records, test_ceilings(base)))
+    hits = query_hits.cached_hits([r["name"] for r in records], args.out, base.eval.split)
+    (args.out / "summary.md").write_text(summary(records, test_ceilings(base), hits))
     print(f"wrote {args.out}")
     return records
 
@@ -455,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--epochs", type=float, help=f"epochs per run (default {EPOCHS:g})")
     parser.add_argument("--evals", type=int, help=f"evaluations per run (default {EVALS})")
     parser.add_argument("--queue-size", type=int, help=f"MoCo keys per tower (default {QUEUE_SIZE:,})")
+    sweep.add_hours_option(parser)
     args = sweep.resolve(parser.parse_args(argv), "epoch_budget_study", FULL, QUICK)
     if args.steps is not None:
         parser.error("--steps: every run here trains a number of epochs; pass --epochs.")

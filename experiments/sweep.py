@@ -313,6 +313,18 @@ def argument_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def add_hours_option(parser: argparse.ArgumentParser) -> None:
+    """--hours, for a driver that passes `deadline(args.hours)` to `run_grid`."""
+    parser.add_argument(
+        "--hours", type=float, help="start no run after this many hours; report what finished (rerun to go on)"
+    )
+
+
+def deadline(hours: float | None) -> float | None:
+    """`run_grid`'s `deadline` for a budget of `hours` from now (None: no limit)."""
+    return None if hours is None else time.monotonic() + 3600 * hours
+
+
 def int_list(text: str) -> list[int]:
     """Parses `"16,32,64"` (`""`: none)."""
     return [int(v) for v in text.split(",") if v]

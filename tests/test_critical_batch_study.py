@@ -226,7 +226,7 @@ def test_quick_measures_steps_and_noise_and_resumes(tmp_path, cmudict_data_dir, 
     capsys.readouterr()
     assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(records))
     out = capsys.readouterr().out
-    assert out.count("finished earlier, skipped") == len(records) and "[noise]" not in out and "[final]" not in out
+    assert out.count("finished earlier, skipped") == len(records) and "[noise]" not in out and "[hits]" not in out
     # a fresh clone: the workdirs gone, the committed results.json stands in for them
     for workdir in (tmp_path / "runs").iterdir():
         shutil.rmtree(workdir)

@@ -21,9 +21,9 @@ def test_grid_gives_every_batch_the_same_epochs_and_the_largest_300_steps():
     grid = study.methods(study.BATCH_SIZES, study.SMALL_BATCH, study.SEEDS, study.QUEUE_SIZE)
     runs = study.study_runs(grid, epochs=study.EPOCHS, train_size=study.TRAIN_PAIRS)
     # CLIP and SigLIP at 3 N x 3 seeds; DCL, SogCLR x 3 seeds; queue; queue with EMA x 3
-    # seeds at 256 and one at 1,024; the controls: SigLIP at 4,096 from T 0.04 and for twice
-    # the epochs, one seed each; EMA without queue x 3 seeds, the queue with detached keys
-    assert len(runs) == 2 * 3 * 3 + 2 * 3 + 1 + 4 + 2 + 3 + 1
+    # seeds at 256 and 1,024; the controls: SigLIP at 4,096 from T 0.04 and for twice the
+    # epochs, 3 seeds each; EMA without queue x 3 seeds, the queue with detached keys
+    assert len(runs) == 2 * 3 * 3 + 2 * 3 + 1 + 6 + 6 + 3 + 1
     assert [r.tags["seed"] for r in runs] == sorted(r.tags["seed"] for r in runs)
     assert len({r.name for r in runs}) == len(runs)
     for run in runs:
@@ -47,19 +47,21 @@ def test_grid_gives_every_batch_the_same_epochs_and_the_largest_300_steps():
         for r in queues
     )
     assert (
-        forms == [(0, 0.99, False)] * 3 + [(16_384, 0.0, False)] + [(16_384, 0.0, True)] + [(16_384, 0.99, False)] * 4
+        forms == [(0, 0.99, False)] * 3 + [(16_384, 0.0, False)] + [(16_384, 0.0, True)] + [(16_384, 0.99, False)] * 6
     )
     assert {r.tags["batch_size"] for r in runs if r.tags["method"] in ("DCL", "SogCLR")} == {256}
-    assert sorted(r.tags["batch_size"] for r in queues) == [256] * 8 + [1024]
+    assert sorted(r.tags["batch_size"] for r in queues) == [256] * 8 + [1024] * 3
     siglip = sorted(
         (r.tags["method"], r.tags["batch_size"], r.overrides["loss.temperature"])
         for r in runs
         if r.overrides["loss.name"] == "siglip"
     )
-    assert siglip == [("SigLIP", n, 0.1) for n in (256,) * 3 + (1024,) * 3 + (4096,) * 3] + [
-        ("SigLIP, 2x epochs", 4096, 0.1),
-        ("SigLIP, T0 0.04", 4096, 0.04),
-    ]
+    assert (
+        siglip
+        == [("SigLIP", n, 0.1) for n in (256,) * 3 + (1024,) * 3 + (4096,) * 3]
+        + [("SigLIP, 2x epochs", 4096, 0.1)] * 3
+        + [("SigLIP, T0 0.04", 4096, 0.04)] * 3
+    )
 
 
 def test_training_seconds_add_up_the_logging_windows():
@@ -130,6 +132,39 @@ def test_summary_gives_intervals_the_ceilings_distance_and_each_pairs_difference
     # CLIP 1,024 - 256, a_to_b: se 1.054e-3, Welch dof 3.45, t 2.96: half-width 0.0031
     assert "+0.0073 [+0.0042, +0.0105]" in text
     assert "-0.8910 [n/a]" in text  # one seed: no interval
+    assert "paired bootstrap" not in text  # no per-query hits: no such section
+
+
+def test_summary_bootstraps_the_queries_over_the_seeds_both_sides_have_hits_for():
+    rng = np.random.default_rng(0)
+    base = rng.random(2000) < 0.85
+    runs = {  # (method, N, seed): queries right beyond `base`'s; DCL seed 1 has no hits
+        ("CLIP", 256, 0): 0, ("CLIP", 256, 1): 10, ("CLIP", 256, 2): 20,
+        ("DCL", 256, 1): 30, ("DCL", 256, 2): 40, ("queue", 256, 0): -1,
+    }  # fmt: skip
+    records, hits = [], {}
+    for (method, n, seed), extra in runs.items():
+        name = f"{method}_{n}_{seed}"
+        right = base.copy() if extra >= 0 else np.zeros_like(base)
+        right[np.flatnonzero(~base)[: max(extra, 0)]] = True
+        records.append(
+            {"name": name, "method": method, "batch_size": n, "seed": seed, "steps": 10, "epochs": 11.0,
+             "a_to_b/R@1": right.mean(), "b_to_a/R@1": right.mean(), "train/loss": 1.0, "train/temperature": 0.03,
+             "training_minutes": 1.0, "evals": [[10, 11.0, 60.0, right.mean(), right.mean()]]}
+        )  # fmt: skip
+        if (method, seed) != ("DCL", 1):
+            hits[name] = {"a_to_b": right, "b_to_a": ~right}
+    text = study.summary(records, {"a_to_b": 0.932, "b_to_a": 0.982}, hits)
+    section = text.split("paired bootstrap over the 2,000 test queries")[1].split("\n## ")[0]
+    # DCL against CLIP: seed 2 only (seed 1's DCL hits missing): 40 - 20 queries
+    want = [study.query_hits.seed_mean_difference(hits, ["DCL_256_2"], ["CLIP_256_2"], d) for d in ("a_to_b", "b_to_a")]
+    assert want[0][0] == pytest.approx(20 / 2000) and want[1][0] == pytest.approx(-20 / 2000)
+    assert 0 < want[0][1] < want[0][0] < want[0][2]
+    cells = " | ".join(f"{d:+.4f} [{low:+.4f}, {high:+.4f}]" for d, low, high in want)
+    assert f"| DCL, N=256 | CLIP, N=256 | 2 | {cells} |" in section
+    # the queue against CLIP: seed 0 alone; the queue against DCL: no common seed, left out
+    assert f"| queue, N=256 | CLIP, N=256 | 0 | {-base.mean():+.4f} [" in section
+    assert "| queue, N=256 | DCL, N=256 |" not in section
 
 
 def test_r1_vs_batch_figure_draws_every_method_of_a_grid_longer_than_its_markers():
@@ -190,7 +225,16 @@ def test_quick_runs_every_method_and_resumes(tmp_path, cmudict_data_dir, capsys)
         "noise_scale.png",
     ):
         assert (tmp_path / name).stat().st_size > 0
-    assert "B_simple" in (tmp_path / "summary.md").read_text()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "B_simple" in summary and "paired bootstrap over the 512 test queries" in summary
+    assert sorted(json.loads((tmp_path / "final.json").read_text())) == sorted(r["name"] for r in records)
+    final = study.query_hits.cached_hits([], tmp_path, "test[:512]")  # every run's hits, read back
+    for r in records:  # the hits of the last checkpoint: the run's own final evaluation
+        assert final[r["name"]]["queries"] == 512
+        assert np.mean(final[r["name"]]["a_to_b"]) == pytest.approx(r["a_to_b/R@1"], abs=1e-6)
+        assert np.mean(final[r["name"]]["b_to_a"]) == pytest.approx(r["b_to_a/R@1"], abs=1e-6)
     capsys.readouterr()
     assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(records))
-    assert capsys.readouterr().out.count("finished earlier, skipped") == len(records)
+    out = capsys.readouterr().out
+    assert out.count("finished earlier, skipped") == len(records) and "[hits]" not in out
+    assert (tmp_path / "summary.md").read_text() == summary

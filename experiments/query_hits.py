@@ -1,0 +1,89 @@
+"""Per-query test hits of trained runs, for intervals over the test queries.
+
+A study's runs are scored on one test split: for each query, whether the trained model
+ranks a right answer first (R@1), both directions. The hits of run `name` are computed
+once from its last checkpoint (`out/runs/<name>`) and cached, bit-packed, in
+`out/final.json`, so a fresh clone (no checkpoints) still has them. Two groups of runs on
+the same queries are compared by the difference of their seed-mean hits, with
+`intervals.paired_bootstrap` over the queries.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments import intervals
+
+DIRECTIONS = ("a_to_b", "b_to_a")  # cmudict: spelling -> pronunciation and back
+
+
+def test_hits(model, arrays: Mapping[str, np.ndarray], match_keys: tuple[str, str] | None) -> dict[str, Any]:
+    """Per query of `arrays` (`input_pipeline.eval_arrays` of the test split), whether the
+    trained `model` (`trained.TrainedModel`) ranks a right answer first (R@1), both
+    directions (`{"a_to_b": [n] bool, "b_to_a": [n] bool}`), and each direction's ceiling
+    (`"a_to_b/ceiling"`: `evaluate.paired_ceilings`); `match_keys`: the data's."""
+    from contrastive_jax import evaluate
+
+    z = {side: model.embed(arrays[side], side, batch_size=1024) for side in ("a", "b")}
+    match_a, match_b = match_keys or (None, None)
+    hits = {f"{direction}/ceiling": c for direction, c in evaluate.paired_ceilings(arrays, match_keys).items()}
+    for direction, query, gallery, match in (("a_to_b", "a", "b", match_a), ("b_to_a", "b", "a", match_b)):
+        groups = arrays[match] if match else None
+        hits[direction] = evaluate.cross_view_ranks(z[query], z[gallery], groups=groups) == 0
+    return hits
+
+
+def cached_hits(names: Iterable[str], out: Path, split: str) -> dict[str, dict[str, Any]]:
+    """`test_hits` on `split` of each run in `names` whose checkpoint is in
+    `out/runs/<name>` and whose hits are not in `out/final.json` yet (computed, then
+    cached); returns every cached run's hits: `{name: {"a_to_b": [n] bool, "b_to_a": [n]
+    bool, "a_to_b/ceiling", "b_to_a/ceiling", "queries": n}}`. A run with neither is left
+    out, with a line saying so."""
+    from contrastive_jax import data_sources, input_pipeline, trained
+
+    cache_file = out / "final.json"
+    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+    arrays = match_keys = None
+    for name in names:
+        workdir = out / "runs" / name
+        if name in cache:
+            continue
+        if not (workdir / "checkpoints").is_dir():
+            print(f"[hits] {name}: no checkpoint in {workdir} (delete the run's record to retrain it)", flush=True)
+            continue
+        print(f"[hits] {name}: R@1 of each {split} query", flush=True)
+        model = trained.load(str(workdir))
+        if arrays is None:  # every run of a study reads the same data: the split once
+            arrays = input_pipeline.eval_arrays(model.data, split)
+            match_keys = data_sources.open_metadata(model.data).match_keys
+        hits = test_hits(model, arrays, match_keys)
+        packed = {d: base64.b64encode(np.packbits(hits[d])).decode() for d in DIRECTIONS}
+        cache[name] = {"queries": len(hits["a_to_b"]), **hits, **packed}
+        cache_file.write_text(json.dumps(cache, indent=1))
+    return {
+        name: {
+            k: np.unpackbits(np.frombuffer(base64.b64decode(v), np.uint8), count=entry["queries"]).astype(bool)
+            if k in DIRECTIONS
+            else v
+            for k, v in entry.items()
+        }
+        for name, entry in cache.items()
+    }
+
+
+def seed_mean_difference(
+    hits: Mapping[str, Mapping[str, Any]], names: Sequence[str], against: Sequence[str], direction: str
+) -> tuple[float, float, float]:
+    """The R@1 difference of runs `names` (one per seed) against runs `against` on the same
+    queries: their seed-mean hits in `direction` differenced query by query, with the 95%
+    paired bootstrap over the queries (`intervals.paired_bootstrap`): `(difference, low,
+    high)`."""
+    x = np.mean([hits[name][direction] for name in names], axis=0)
+    y = np.mean([hits[name][direction] for name in against], axis=0)
+    return intervals.paired_bootstrap(x, y)
