@@ -43,19 +43,20 @@ def cached_hits(names: Iterable[str], out: Path, split: str) -> dict[str, dict[s
     """`test_hits` on `split` of each run in `names` whose checkpoint is in
     `out/runs/<name>` and whose hits are not in `out/final.json` yet (computed, then
     cached); returns every cached run's hits: `{name: {"a_to_b": [n] bool, "b_to_a": [n]
-    bool, "a_to_b/ceiling", "b_to_a/ceiling", "queries": n}}`. A run with neither is left
-    out, with a line saying so."""
+    bool, "a_to_b/ceiling", "b_to_a/ceiling", "queries": n}}`. The runs with neither are
+    left out, named in one line."""
     from contrastive_jax import data_sources, input_pipeline, trained
 
     cache_file = out / "final.json"
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
     arrays = match_keys = None
+    missing = []
     for name in names:
         workdir = out / "runs" / name
         if name in cache:
             continue
         if not (workdir / "checkpoints").is_dir():
-            print(f"[hits] {name}: no checkpoint in {workdir} (delete the run's record to retrain it)", flush=True)
+            missing.append(name)
             continue
         print(f"[hits] {name}: R@1 of each {split} query", flush=True)
         model = trained.load(str(workdir))
@@ -66,6 +67,12 @@ def cached_hits(names: Iterable[str], out: Path, split: str) -> dict[str, dict[s
         packed = {d: base64.b64encode(np.packbits(hits[d])).decode() for d in DIRECTIONS}
         cache[name] = {"queries": len(hits["a_to_b"]), **hits, **packed}
         cache_file.write_text(json.dumps(cache, indent=1))
+    if missing:
+        print(
+            f"[hits] no checkpoint in {out / 'runs'} for {len(missing)} runs, so no per-query hits: "
+            f"{', '.join(missing)} (delete a run's record to retrain it)",
+            flush=True,
+        )
     return {
         name: {
             k: np.unpackbits(np.frombuffer(base64.b64decode(v), np.uint8), count=entry["queries"]).astype(bool)
