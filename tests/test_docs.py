@@ -291,17 +291,38 @@ QUOTED_FIGURES = [
     ),
     (
         "docs/batch_size_study.md",
-        "| *control:* SigLIP, 22 epochs (653 steps) | 4,096 | 1 | 0.887 | 0.045 | 0.924 | 0.058 | 0.040 |",
+        "| *control:* SigLIP, 22 epochs (653 steps) | 4,096 | 2 | 0.887 ± 0.002 | 0.045 | 0.927 ± 0.042 | 0.055 |",
         RESULTS + "epoch_budget_study/summary.md",
     ),
     (
         "docs/batch_size_study.md",
-        "| CLIP 1,024 − CLIP 256 | +0.0084 [+0.0037, +0.0130] | +0.0096 [+0.0053, +0.0138] |",
+        "| *control:* SigLIP from T = 0.04 | 4,096 | 2 | 0.750 ± 0.074 | 0.182 | 0.781 ± 0.086 | 0.201 |",
         RESULTS + "epoch_budget_study/summary.md",
     ),
     (
         "docs/batch_size_study.md",
-        "| EMA queue − DCL, N = 256 | +0.0035 [+0.0003, +0.0068] | +0.0123 [+0.0077, +0.0169] |",
+        "| queue K = 16,384, EMA 0.99 | 1,024 | 3 | **0.906** ± 0.001 | 0.026 | **0.951** ± 0.000 | 0.031 |",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| EMA queue − CLIP, N = 1,024 | 3 vs 3 | +0.0068 [+0.0017, +0.0120] | +0.0094 [+0.0045, +0.0142] "
+        "| +0.0055 [+0.0017, +0.0094] | +0.0086 [+0.0054, +0.0120] |",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "+0.1374 [+0.1321, +0.1427] / +0.1464 [+0.1410, +0.1517]",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| CLIP 1,024 − CLIP 256 | 3 vs 3 | +0.0084 [+0.0037, +0.0130] | +0.0096 [+0.0053, +0.0138] |",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| EMA queue − DCL, N = 256 | 3 vs 3 | +0.0035 [+0.0003, +0.0068] | +0.0123 [+0.0077, +0.0169] |",
         RESULTS + "epoch_budget_study/summary.md",
     ),
     ("docs/batch_size_study.md", "(255,325 → 167,688 → 150,709)", RESULTS + "critical_batch_study/summary.md"),
