@@ -24,10 +24,11 @@ Writes to `--out` (default `experiments/results/epoch_budget_study`): `results.{
 (every run's tags, final metrics and curves), `final.json` (each run's per-query test
 hits, from its last checkpoint while it is on disk: `query_hits`), `summary.md` (one row
 per method and N; the differences, with a Welch interval over the seeds and a paired
-bootstrap over the queries; the epoch and noise-scale tables) and the figures `r1_vs_batch.png`, `r1_vs_epochs.png`,
-`r1_vs_training_time.png`, `noise_scale.png`. Training time is the steps' own time (from
-the logged throughput; compilation, evaluation and checkpoints left out; the first seed's,
-as a resumed grid runs its seeds in other sessions).
+bootstrap over the queries; the epoch and noise-scale tables) and the figures
+`r1_vs_batch.png`, `r1_vs_epochs.png`, `r1_vs_training_time.png`, `noise_scale.png`.
+Training time is the steps' own time (from the logged throughput; compilation, evaluation
+and checkpoints left out; the first seed's, as a resumed grid runs its seeds in other
+sessions).
 """
 
 from __future__ import annotations
