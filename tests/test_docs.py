@@ -291,12 +291,12 @@ QUOTED_FIGURES = [
     ),
     (
         "docs/batch_size_study.md",
-        "| *control:* SigLIP, 22 epochs (653 steps) | 4,096 | 2 | 0.887 ± 0.002 | 0.045 | 0.927 ± 0.042 | 0.055 |",
+        "| *control:* SigLIP, 22 epochs (653 steps) | 4,096 | 3 | 0.886 ± 0.006 | 0.046 | 0.927 ± 0.008 | 0.055 |",
         RESULTS + "epoch_budget_study/summary.md",
     ),
     (
         "docs/batch_size_study.md",
-        "| *control:* SigLIP from T = 0.04 | 4,096 | 2 | 0.750 ± 0.074 | 0.182 | 0.781 ± 0.086 | 0.201 |",
+        "| *control:* SigLIP from T = 0.04 | 4,096 | 3 | 0.741 ± 0.043 | 0.191 | 0.772 ± 0.041 | 0.210 |",
         RESULTS + "epoch_budget_study/summary.md",
     ),
     (
@@ -312,7 +312,7 @@ QUOTED_FIGURES = [
     ),
     (
         "docs/batch_size_study.md",
-        "+0.1374 [+0.1321, +0.1427] / +0.1464 [+0.1410, +0.1517]",
+        "+0.1454 [+0.1407, +0.1501] / +0.1545 [+0.1496, +0.1593]",
         RESULTS + "epoch_budget_study/summary.md",
     ),
     (
