@@ -374,10 +374,10 @@ def _final_table(records: Sequence[Mapping[str, Any]], final: Mapping[str, Mappi
     pairs += [(("dcl", n), ("clip", n)) for loss, n in sorted(runs) if loss == "dcl" and ("clip", n) in runs]
     rows = []
     for x, y in pairs:
-        cells = []
-        for direction in query_hits.DIRECTIONS:
-            difference, low, high = query_hits.seed_mean_difference(final, runs[x], runs[y], direction)
-            cells.append(f"{difference:+.4f} [{low:+.4f}, {high:+.4f}]")
+        cells = [
+            intervals.difference_cell(*query_hits.seed_mean_difference(final, runs[x], runs[y], direction))
+            for direction in query_hits.DIRECTIONS
+        ]
         rows.append([f"{x[0].upper()} {x[1]:,} - {y[0].upper()} {y[1]:,}", *cells])
     header = ["comparison", "R@1 a_to_b difference [95%]", "R@1 b_to_a difference [95%]"]
     return text + (

@@ -61,8 +61,9 @@ SIGLIP_TEMPERATURE, SIGLIP_BIAS = 0.1, -10.0
 # The control at the largest N: SigLIP from the temperature the 11-epoch runs end at
 # (CLIP at 4,096: 0.040; SigLIP at 1,024: 0.038), not one its few steps must travel to.
 SIGLIP_FEW_STEPS = 0.04
-METRICS = ("a_to_b/R@1", "b_to_a/R@1")
+METRICS = tuple(f"{d}/R@1" for d in query_hits.DIRECTIONS)
 COLLAPSED_R1 = 0.1  # a run under this test R@1 has collapsed: left off the R@1-vs-N axis
+DIFFERENCE_HEADER = ["method", "against", "seeds", *(f"{m} difference" for m in METRICS)]  # a comparisons table
 CURVES = (
     "train/loss",
     "train/temperature",
@@ -338,8 +339,8 @@ def summary(
     rows = []
     for (label, n), group in groups.items():
         cells = []
-        for metric in METRICS:
-            values, ceiling = [r[metric] for r in group], ceilings[metric.split("/")[0]]  # "a_to_b/R@1": "a_to_b"
+        for direction, metric in zip(query_hits.DIRECTIONS, METRICS, strict=True):
+            values, ceiling = [r[metric] for r in group], ceilings[direction]
             cells += [intervals.mean_and_interval(values, decimals=3), f"{ceiling - np.mean(values):.3f}"]
         rows.append(
             [
@@ -388,15 +389,11 @@ def summary(
     for x, y in comparisons(groups):
         cells = []
         for metric in METRICS:
-            difference, low, high = intervals.welch_interval(
-                [r[metric] for r in groups[x]], [r[metric] for r in groups[y]]
-            )
-            cells.append(f"{difference:+.4f} " + ("[n/a]" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"))
+            interval = intervals.welch_interval([r[metric] for r in groups[x]], [r[metric] for r in groups[y]])
+            cells.append(intervals.difference_cell(*interval))
         seeds = f"{len(groups[x])} vs {len(groups[y])}"
         comparison_rows.append([f"{x[0]}, N={x[1]:,}", f"{y[0]}, N={y[1]:,}", seeds, *cells])
-    text += sweep.markdown_table(
-        comparison_rows, ["method", "against", "seeds", f"{METRICS[0]} difference", f"{METRICS[1]} difference"]
-    )
+    text += sweep.markdown_table(comparison_rows, DIFFERENCE_HEADER)
     text += _bootstrap_section(groups, hits or {})
     text += f"\n## test {METRICS[0]} at each evaluation (mean over seeds): epoch -> R@1 (the first seed's minutes)\n\n"
     eval_rows = []
@@ -431,10 +428,10 @@ def _bootstrap_section(groups: Mapping[tuple[str, int], Sequence[Mapping]], hits
         if not seeds:
             continue
         names, against = [by_seed[0][s] for s in seeds], [by_seed[1][s] for s in seeds]
-        cells = []
-        for direction in query_hits.DIRECTIONS:
-            difference, low, high = query_hits.seed_mean_difference(hits, names, against, direction)
-            cells.append(f"{difference:+.4f} [{low:+.4f}, {high:+.4f}]")
+        cells = [
+            intervals.difference_cell(*query_hits.seed_mean_difference(hits, names, against, direction))
+            for direction in query_hits.DIRECTIONS
+        ]
         rows.append([f"{x[0]}, N={x[1]:,}", f"{y[0]}, N={y[1]:,}", ", ".join(map(str, seeds)), *cells])
     if not rows:
         return ""
@@ -443,9 +440,7 @@ def _bootstrap_section(groups: Mapping[tuple[str, int], Sequence[Mapping]], hits
         "\n## The same differences on the same queries: the seeds whose per-query hits were measured "
         f"(their checkpoints on disk), difference of the seed-mean R@1 [95% paired bootstrap over the {queries:,} "
         f"test queries, {intervals.BOOTSTRAP_RESAMPLES:,} resamples]\n\n"
-        + sweep.markdown_table(
-            rows, ["method", "against", "seeds", f"{METRICS[0]} difference", f"{METRICS[1]} difference"]
-        )
+        + sweep.markdown_table(rows, DIFFERENCE_HEADER)
     )
 
 

@@ -30,6 +30,12 @@ def mean_and_interval(values: Sequence[float | None], decimals: int = 0) -> str:
     return mean + (f" ± {t_interval(values):.{decimals}f}" if len(values) > 1 else "")
 
 
+def difference_cell(difference: float, low: float, high: float) -> str:
+    """`"+0.0073 [+0.0042, +0.0105]"`: a difference and its interval, to 4 decimals
+    (`"[n/a]"` for NaN bounds: one seed)."""
+    return f"{difference:+.4f} " + ("[n/a]" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]")
+
+
 def welch_interval(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]:
     """The difference of two means over independent seeds and its 95% Welch interval
     (unequal variances, Welch–Satterthwaite degrees of freedom).
