@@ -228,12 +228,15 @@ def saved_state(workdir: str, step: int):
 
     path = os.path.join(workdir, "checkpoints", str(step), "state")
     checkpointer = ocp.StandardCheckpointer()
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # any saving topology
-    target = jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-        checkpointer.metadata(path).item_metadata,
-    )
-    return jax.device_get(checkpointer.restore(path, target))
+    try:  # closed, not left to the garbage collector with its threads
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # any saving topology
+        target = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+            checkpointer.metadata(path).item_metadata,
+        )
+        return jax.device_get(checkpointer.restore(path, target))
+    finally:
+        checkpointer.close()
 
 
 def max_difference(tree_a, tree_b) -> float:

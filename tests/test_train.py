@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
+from subprocess_runs import checkpoint_steps, saved_state
 
 from contrastive_jax import checkpoint, input_pipeline, losses, optimizer, resume, run_dir, sharding, train
 from contrastive_jax.config_lib import override
@@ -245,11 +245,6 @@ def test_weight_decay_skips_biases_and_temperature(config, name):
     assert float(updates["log_inv_temperature"]) == 0.0
 
 
-def saved_state(workdir, step):
-    """The checkpointed state of `step` as a dict (params, opt_state, loss_state, ...)."""
-    return ocp.StandardCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step), "state"))
-
-
 # A plain run, and a loss whose state is split over the devices (MoCo's queues, pointer
 # and momentum encoder): the resumed run ends bitwise where the straight one does.
 QUEUE = {"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum": 0.9, "loss.chunk_size": 32}
@@ -278,7 +273,7 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
     monkeypatch.setattr(train, "_global_batch", lambda *args: counted(*args, crash_at=10))
     with pytest.raises(RuntimeError, match="simulated crash"):
         train.train_and_evaluate(config, resumed)
-    assert checkpoint.Checkpointer(os.path.join(resumed, "checkpoints"), max_to_keep=3).latest_step() == 8
+    assert checkpoint_steps(resumed)[0][-1] == 8
     calls["n"] = 0
     monkeypatch.setattr(train, "_global_batch", counted)
     assert train.train_and_evaluate(config, resumed) == results
@@ -326,18 +321,20 @@ def test_checkpoint_restores_onto_a_different_mesh(config, tmp_path):
     config = override(config, FSDP_FIELDS)
     _, state8, _, _ = make_state_and_batch(config, sharding.make_mesh(8, fsdp=4))
     ckpt = checkpoint.Checkpointer(tmp_path, max_to_keep=1)
-    run_config = build(config, sharding.make_mesh(8, fsdp=4)).run_config
-    ckpt.save(3, state8, resume.position(run_config, 3))
-    ckpt.wait()
-    for num_devices, fsdp in ((2, 1), (8, 2)):
-        _, _, abstract, _ = make_state_and_batch(config, sharding.make_mesh(num_devices, fsdp=fsdp))
-        step, restored = resume.restore_latest(ckpt, run_config, abstract)
-        assert step == 3 and ckpt.restore_position(3)["next_step"] == 3
-        chex.assert_trees_all_equal(*jax.device_get([(s.params, s.opt_state) for s in (restored, state8)]))
-        kernel = restored.params["tower_a"]["Dense_0"]["kernel"]
-        assert kernel.sharding.mesh.devices.size == num_devices
-        assert kernel.addressable_shards[0].data.size == kernel.size // fsdp
-    ckpt.close()
+    try:
+        run_config = build(config, sharding.make_mesh(8, fsdp=4)).run_config
+        ckpt.save(3, state8, resume.position(run_config, 3))
+        ckpt.wait()
+        for num_devices, fsdp in ((2, 1), (8, 2)):
+            _, _, abstract, _ = make_state_and_batch(config, sharding.make_mesh(num_devices, fsdp=fsdp))
+            step, restored = resume.restore_latest(ckpt, run_config, abstract)
+            assert step == 3 and ckpt.restore_position(3)["next_step"] == 3
+            chex.assert_trees_all_equal(*jax.device_get([(s.params, s.opt_state) for s in (restored, state8)]))
+            kernel = restored.params["tower_a"]["Dense_0"]["kernel"]
+            assert kernel.sharding.mesh.devices.size == num_devices
+            assert kernel.addressable_shards[0].data.size == kernel.size // fsdp
+    finally:
+        ckpt.close()
 
 
 FSDP_FIELDS = {"mesh.fsdp_min_kib": 0.0}  # the tiny towers' arrays are all split

@@ -9,8 +9,8 @@ import sys
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
+from subprocess_runs import saved_state
 
 from contrastive_jax import input_pipeline, run_dir
 from contrastive_jax import trained as trained_model_lib
@@ -30,7 +30,7 @@ def test_pairs(model):
 
 def test_restores_the_checkpoints_parameters(trained, model):
     step = run_dir.read_eval_results(trained)["step"]
-    saved = ocp.StandardCheckpointer().restore(os.path.join(trained, run_dir.CHECKPOINTS, str(step), "state"))
+    saved = saved_state(trained, step)
     assert model.step == step
     jax.tree.map(np.testing.assert_array_equal, model.variables["params"], saved["params"])
 
