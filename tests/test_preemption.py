@@ -12,6 +12,8 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import jax
@@ -239,6 +241,35 @@ def test_corrupt_latest_checkpoint_is_reported_and_skipped(
     # Resumed from the previous checkpoint and redid the last steps exactly.
     assert resumed_from_steps(workdir) == [STEPS - 2]
     assert_bitwise_equal(saved_params(workdir, STEPS), saved_params(reference, STEPS))
+
+
+# 64 leaves split over a 4 x 2 mesh (each leaf's sum ends in an all-reduce), fingerprinted
+# 30 times in a fresh process: launched all at once, XLA's CPU backend deadlocked at a
+# rendezvous and aborted the process after its 40 s timeout, 3 times in 3 (the first within
+# 5 s); one at a time they take about 3 s.
+_FINGERPRINT_SPLIT_LEAVES = """
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from contrastive_jax import checkpoint
+mesh = jax.make_mesh((4, 2), ("data", "fsdp"))
+leaves = [
+    jax.device_put(jnp.arange(64 * (i % 5 + 1), dtype=jnp.float32).reshape(-1, 8),
+                   NamedSharding(mesh, P("fsdp" if i % 2 else "data")))
+    for i in range(64)
+]
+for _ in range(30):
+    checkpoint.fingerprint(leaves)
+print("done")
+"""
+
+
+@pytest.mark.slow
+def test_fingerprint_of_many_split_leaves_does_not_deadlock():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")  # XLA_FLAGS (8 devices): tests/conftest.py
+    result = subprocess.run(
+        [sys.executable, "-c", _FINGERPRINT_SPLIT_LEAVES], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-2000:]
 
 
 def test_fingerprint_sees_every_single_bit_flip():
