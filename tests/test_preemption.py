@@ -245,8 +245,8 @@ def test_corrupt_latest_checkpoint_is_reported_and_skipped(
 
 # 64 leaves split over a 4 x 2 mesh (each leaf's sum ends in an all-reduce), fingerprinted
 # 30 times in a fresh process: launched all at once, XLA's CPU backend deadlocked at a
-# rendezvous and aborted the process after its 40 s timeout, 3 times in 3 (the first within
-# 5 s); one at a time they take about 3 s.
+# rendezvous and aborted the process at its timeout (40 s unless XLA_FLAGS set another), 3
+# times in 3; one at a time they take about 3 s.
 _FINGERPRINT_SPLIT_LEAVES = """
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
