@@ -98,6 +98,7 @@ def get_config() -> ml_collections.ConfigDict:
     optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".
     optim.learning_rate = 3e-3  # Peak learning rate (after warmup).
     optim.warmup_steps = 100  # Linear warmup from 0 to the peak.
+    optim.schedule = "cosine"  # After the warmup: "cosine" (decays to the end) or "constant" (the peak for good).
     optim.end_learning_rate_factor = 0.0  # Cosine decays to this fraction of the peak.
     optim.weight_decay = 1e-4  # Decoupled weight decay (not on biases, norms, temperature).
     optim.momentum = 0.9  # "sgd" / "lars" momentum; "adamw" / "lamb" b1.

@@ -1,5 +1,5 @@
-"""The optimizer `config.optim` names (`OptimSettings`): warmup + cosine schedule, masked weight decay,
-global-norm clipping; for fine-tuning, a frozen tower (LiT) and layer-wise learning-rate decay."""
+"""The optimizer `config.optim` names (`OptimSettings`): a warmup, then a cosine or a constant rate;
+masked weight decay, global-norm clipping; for fine-tuning, a frozen tower (LiT) and layer-wise learning-rate decay."""
 
 import dataclasses
 import re
@@ -12,6 +12,7 @@ import optax
 from contrastive_jax.config_lib import ConfigError
 
 OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
+SCHEDULES = ("cosine", "constant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,7 @@ class OptimSettings:
     grad_clip_norm: float
     frozen_tower: str = ""  # "a" or "b": that tower's parameters are not updated; "": none
     layer_decay: float = 1.0  # layer-wise learning-rate decay (`layer_decay_scales`); 1: off
+    schedule: str = "cosine"  # after the warmup: "cosine" (to the end) or "constant" (the peak)
 
 
 def weight_decay_mask(params) -> Any:
@@ -37,8 +39,20 @@ def weight_decay_mask(params) -> Any:
 
 
 def make_schedule(optim: OptimSettings, num_train_steps: int) -> optax.Schedule:
-    """Linear warmup from 0 to `optim.learning_rate`, then cosine decay to
-    `learning_rate * end_learning_rate_factor` at `num_train_steps`."""
+    """Linear warmup from 0 to `optim.learning_rate` over `optim.warmup_steps`, then
+    (`optim.schedule`) "cosine": a cosine decay to `learning_rate *
+    end_learning_rate_factor` at `num_train_steps`; "constant": the peak rate for good,
+    a schedule that does not depend on `num_train_steps` (steps-to-target studies:
+    Shallue et al. 2018, McCandlish et al. 2018).
+
+    Raises:
+      ConfigError: an unknown `config.optim.schedule`.
+    """
+    if optim.schedule == "constant":
+        warmup = optax.linear_schedule(0.0, optim.learning_rate, max(optim.warmup_steps, 1))
+        return optax.join_schedules([warmup, optax.constant_schedule(optim.learning_rate)], [optim.warmup_steps])
+    if optim.schedule != "cosine":
+        raise ConfigError(f"config.optim.schedule={optim.schedule!r}; use one of {SCHEDULES}.")
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=optim.learning_rate,
@@ -118,7 +132,7 @@ def make_optimizer(
     of each tower (`models.TwoTower.TOWER_PARAMS`, `released.TOWER_PARAMS`).
 
     Raises:
-      ConfigError: an unknown `config.optim.name` or `frozen_tower`, or a `layer_decay`
+      ConfigError: an unknown `config.optim.name`, `schedule` or `frozen_tower`, or a `layer_decay`
         outside (0, 1].
     """
     schedule = make_schedule(optim, num_train_steps)

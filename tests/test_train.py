@@ -19,7 +19,7 @@ import pytest
 from subprocess_runs import checkpoint_steps, saved_state
 
 from contrastive_jax import checkpoint, input_pipeline, losses, optimizer, resume, run_dir, sharding, train
-from contrastive_jax.config_lib import override
+from contrastive_jax.config_lib import ConfigError, override
 from contrastive_jax.sharding import BATCH_AXES
 from contrastive_jax.trainer import build, data_settings, optim_settings
 
@@ -243,6 +243,35 @@ def test_weight_decay_skips_biases_and_temperature(config, name):
     assert np.all(np.asarray(updates["kernel"]) < 0)  # decayed towards 0
     np.testing.assert_array_equal(updates["bias"], 0.0)
     assert float(updates["log_inv_temperature"]) == 0.0
+
+
+# Golden rates (peak 0.01, warmup 4 steps, 20 steps): the warmup's line, then the peak
+# for good ("constant", whatever the run's length) or a cosine to 0 at step 20.
+SCHEDULE_STEPS = (0, 2, 4, 10, 20, 1000)
+GOLDEN_RATES = {
+    "constant": (0.0, 0.005, 0.01, 0.01, 0.01, 0.01),
+    "cosine": (0.0, 0.005, 0.01, 0.01 * (1 + math.cos(math.pi * 6 / 16)) / 2, 0.0, 0.0),
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(GOLDEN_RATES))
+def test_schedule_golden_rates(config, schedule):
+    config = override(config, {"optim.schedule": schedule, "optim.learning_rate": 0.01, "optim.warmup_steps": 4})
+    rates = optimizer.make_schedule(optim_settings(config), 20)
+    np.testing.assert_allclose([float(rates(step)) for step in SCHEDULE_STEPS], GOLDEN_RATES[schedule], atol=1e-9)
+    longer = optimizer.make_schedule(optim_settings(config), 200)
+    assert (float(longer(10)) == float(rates(10))) == (schedule == "constant")  # only "constant" ignores the length
+
+
+def test_constant_schedule_without_warmup_starts_at_the_peak(config):
+    config = override(config, {"optim.schedule": "constant", "optim.learning_rate": 0.01, "optim.warmup_steps": 0})
+    assert float(optimizer.make_schedule(optim_settings(config), 20)(0)) == pytest.approx(0.01)
+
+
+def test_unknown_schedule_is_one_clear_error(config):
+    config = override(config, {"optim.schedule": "linear"})
+    with pytest.raises(ConfigError, match=r"config.optim.schedule='linear'; use one of \('cosine', 'constant'\)"):
+        optimizer.make_optimizer(optim_settings(config), 10)
 
 
 # A plain run, and a loss whose state is split over the devices (MoCo's queues, pointer
