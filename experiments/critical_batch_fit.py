@@ -1,0 +1,94 @@
+"""The critical batch with an honest interval: McCandlish's steps-to-target curve
+``S(N) = S_min (1 + B_crit / N)`` fitted over every N, its 95% interval by a bootstrap
+that resamples the seeds within each N, and the estimate against the range fitted.
+
+The fit minimises the relative residuals, ``sum_N ((S_min + E_min / N - S_N) / S_N)^2``
+with ``E_min = S_min B_crit`` (linear in ``S_min`` and ``E_min``): steps span an order of
+magnitude over N, and an unweighted fit would be the smallest N's alone. ``S_min <= 0``
+(the steps still halving at the largest N) gives ``B_crit = inf``: not resolved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+BOOTSTRAP_RESAMPLES = 2_000
+
+
+def fit(batch_sizes: Sequence[float], steps: Sequence[float]) -> tuple[float, float]:
+    """`(s_min, b_crit)` of ``S(N) = S_min (1 + B_crit / N)`` through `steps` by least
+    squares on relative residuals (``b_crit = inf`` where ``s_min <= 0``).
+
+    Args:
+      batch_sizes: [M] the global batches N, M >= 2 distinct.
+      steps: [M] the steps to the target at each (e.g. the mean over seeds).
+    """
+    n = np.asarray(batch_sizes, np.float64)
+    s = np.asarray(steps, np.float64)
+    design = np.column_stack([1 / s, 1 / (n * s)])  # each row divided by its S: relative residuals
+    (s_min, e_min), *_ = np.linalg.lstsq(design, np.ones_like(s), rcond=None)
+    return float(s_min), float(e_min / s_min) if s_min > 0 else math.inf
+
+
+def bootstrap(
+    steps_by_n: Mapping[int, Sequence[float]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> dict[str, float]:
+    """`fit` of the seed means and the 95% percentile interval of its ``B_crit`` over
+    `resamples` draws that resample, within each N, its seeds with replacement.
+
+    Args:
+      steps_by_n: `{N: [k_N] steps to the target, one per seed}`, two or more N (an N with
+        one seed adds no spread).
+      resamples: bootstrap draws.
+      seed: the draws' seed.
+
+    Returns:
+      `{"s_min", "b_crit", "low", "high", "seeds"}`: the estimate from the seed means,
+      the interval's bounds (order statistics, so an infinite draw is kept, not
+      interpolated) and the fewest seeds of any N.
+    """
+    ns = sorted(steps_by_n)
+    rng = np.random.default_rng(seed)
+    means = []
+    for n in ns:
+        values = np.asarray(steps_by_n[n], np.float64)
+        means.append(values[rng.integers(0, len(values), (resamples, len(values)))].mean(axis=1))
+    draws = np.sort([fit(ns, column)[1] for column in np.column_stack(means)])
+    s_min, b_crit = fit(ns, [np.mean(steps_by_n[n]) for n in ns])
+    low, high = draws[int(0.025 * resamples)], draws[math.ceil(0.975 * resamples) - 1]
+    seeds = min(len(steps_by_n[n]) for n in ns)
+    return {"s_min": s_min, "b_crit": b_crit, "low": float(low), "high": float(high), "seeds": seeds}
+
+
+def fit_ranges(
+    steps_by_n: Mapping[int, Sequence[float]], starts: Sequence[int], **bootstrap_args
+) -> list[dict[str, float]]:
+    """`bootstrap` over the N from each of `starts` up (each start leaving two or more N):
+    how much the estimate hangs on the range fitted. One dict per start, `bootstrap`'s
+    with `"from"` and `"points"` (the number of N) added."""
+    rows = []
+    for start in starts:
+        kept = {n: steps for n, steps in steps_by_n.items() if n >= start}
+        if len(kept) >= 2:
+            rows.append({"from": start, "points": len(kept), **bootstrap(kept, **bootstrap_args)})
+    return rows
+
+
+def resolved(low: float, high: float) -> bool:
+    """Whether a ``B_crit`` interval pins it down: both bounds finite and positive."""
+    return 0 < low and math.isfinite(high)
+
+
+def b_crit_words(entry: Mapping[str, float]) -> str:
+    """`"B_crit = 2,340 [1,980, 2,760] (95% bootstrap over seeds; resolved)"` for a
+    `bootstrap` result; "not resolved" when `resolved` does not hold (an infinite bound
+    written "inf")."""
+    number = lambda v: f"{v:,.0f}" if math.isfinite(v) else "inf"  # noqa: E731
+    verdict = "resolved" if resolved(entry["low"], entry["high"]) else "not resolved"
+    return (
+        f"B_crit = {number(entry['b_crit'])} [{number(entry['low'])}, {number(entry['high'])}] "
+        f"(95% bootstrap over seeds; {verdict})"
+    )
