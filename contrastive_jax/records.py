@@ -12,7 +12,7 @@ split's records all have the same ones, listed in the metadata)::
 
     image      bytes      the encoded image file as it was (JPEG, PNG, ...)
     captions   [str]      every caption of the image (one is drawn per visit)
-    label      int        a class id in [0, num_classes)
+    label      int        a class id in [0, num_classes) (its name: `Metadata.class_names`)
     text       str        a text paired with `sequence` (cmudict: the spelling)
     sequence   [int]      class ids paired with `text` (cmudict: the phonemes)
     <id key>   int        the dataset's grouping ids (`Metadata.id_keys`)
@@ -74,6 +74,8 @@ class Metadata:
       match_keys: paired retrieval's (a -> b, b -> a) id keys: gallery item j answers
         query i when their ids are equal; None: only item i answers query i.
       num_classes: labels are in [0, num_classes); 0 when there are no labels.
+      class_names: the classes' names by id, when known (the labels were written from
+        names, or the source names its classes); () otherwise.
       image_channels: 1 (grey) or 3 (RGB): what every image is converted to.
       sequence_vocab_size: `sequence` ids are in [0, sequence_vocab_size); 0 when none.
       max_text_length: the longest `text` in bytes / `sequence` in ids (0 for captions).
@@ -86,6 +88,7 @@ class Metadata:
     id_keys: tuple[str, ...] = ()
     match_keys: tuple[str, str] | None = None
     num_classes: int = 0
+    class_names: tuple[str, ...] = ()
     image_channels: int = 3
     sequence_vocab_size: int = 0
     max_text_length: int = 0
@@ -118,6 +121,7 @@ class Metadata:
             fields=tuple(values.pop("fields")),
             id_keys=tuple(values.pop("id_keys", ())),
             match_keys=None if match_keys is None else tuple(match_keys),
+            class_names=tuple(values.pop("class_names", ())),
             **values,
         )
 

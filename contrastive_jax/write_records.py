@@ -10,34 +10,54 @@ SOURCE is one of:
 
 * `csv:FILE` or `jsonl:FILE`: one example a row: `image` (a path, relative to the
   file's folder or absolute), `caption` (one) or `captions` (a JSON list; in a CSV, also
-  several `caption` columns), optionally `label` (an int).
+  several `caption` columns), optionally `label`. Read as a stream (one pass to index it).
+* `parquet:FILES` (a file, a folder of `*.parquet` or a glob; needs pyarrow:
+  `pip install 'contrastive-jax[parquet]'`): as img2dataset and Hugging Face datasets
+  write them, read in batches: the image column (`--image-column`; default the first of
+  `image`, `jpg`, `png`, `webp`) holds the image file's bytes, a path or a Hugging Face
+  `{bytes, path}` struct; the caption column (`--caption-column`; default `caption`,
+  `captions` or `text`) a string or a list; the label column (`--label-column`; default
+  `label` when there is one).
 * `webdataset:FOLDER`: every `*.tar` in it, as img2dataset writes them: per key an image
   (`.jpg`, `.jpeg`, `.png`, `.webp`), its caption(s) from `.json` (`captions` or
-  `caption`) or `.txt`, optionally a `.cls` label.
+  `caption`) or `.txt`, optionally a label (`.cls`, or the `.json`'s `label`).
+* `folder:DIR`: one subfolder per class, as torchvision's ImageFolder reads it
+  (`DIR/<class name>/<image>`); an image's caption, optional, is the `.txt` file of the
+  same stem beside it.
 * `tfds:NAME`: a TFDS dataset's split (`--tfds-data-dir`; needs
   `pip install 'contrastive-jax[tfds]'`): its `image`, `label` and captions (a `caption`
   / `text` string, or `captions/text` as in `coco_captions`), images encoded as `--encode`.
 * `builtin:sklearn_digits`, `builtin:cmudict`, `builtin:shapes` (the generated image-text
   set: `--num-examples`, `--seed`, `--image-size`, `--encode`): all their splits at once.
 
+Labels are ints (class ids) or class names. Names are numbered in sorted order (as
+torchvision's ImageFolder and Hugging Face's ClassLabel do; a folder's are always names),
+and the names are kept in the metadata (`class_names`); a column of mostly ints is ids
+(its names are bad inputs). A split added later is numbered as the set's first was: a
+name the set does not have stops the command, naming it.
+
 Files and TFDS write one split per command (`--split`, default "train"); run it again
 with another split and the same DIR to add one (the metadata lists both). Image files are
 stored as they are; every image is decoded once, as the reader decodes it, to check it.
 A bad input (an image that is missing or does not decode, an empty caption, a label that
-is not an int, a row that does not parse) is reported on its own line as it is found,
-left out, and counted in the metadata (`source.skipped`, the first reasons in
-`source.skipped_first`). Shards (independent ranges of the source) are written in
-parallel by `--workers` processes; each is renamed into place when whole, and a rerun of
-the same command keeps the shards already written, so an interrupted command is resumed
-by running it again. The metadata is written last.
+is not an id or a known name, a row that does not parse) is reported on its own line as
+it is found, left out, and counted in the metadata (`source.skipped`, the first reasons
+in `source.skipped_first`). More than `--max-bad` of a split's inputs bad (a fraction,
+default 0.01) stops the command (exit status 2) with the most common cause and the first
+five, and none of that split is kept. Shards (independent ranges of the source) are
+written in parallel by `--workers` processes; each is renamed into place when whole, and a
+rerun of the same command keeps the shards already written, so an interrupted command is
+resumed by running it again. The metadata is written last.
 """
 
 import argparse
+import collections
 import concurrent.futures
 import dataclasses
 import json
 import multiprocessing
 import os
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -46,17 +66,20 @@ import numpy as np
 
 from contrastive_jax import records
 from contrastive_jax.config_lib import ConfigError
-from contrastive_jax.record_inputs import SOURCES, BadInput, open_source
+from contrastive_jax.record_inputs import SOURCES, BadInput, ClassLabels, is_class_id, open_source
 
 RECORDS_PER_SHARD = 10_000
 MAX_REASONS_KEPT = 20
+MAX_BAD = 0.01  # the share of a split's inputs that may be bad (--max-bad)
+BAD_ROWS_SHOWN = 5  # the bad inputs a stopped command names
 _PROGRESS_DIR = ".progress"  # per finished shard: what the metadata needs of it, for a rerun
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
     """Records [start, stop) of a split, written to `path`; `key` says what they are (the
-    source and its options), so a rerun keeps the shard only if it was written alike."""
+    source, its options and its class names), so a rerun keeps the shard only if it was
+    written alike."""
 
     split: str
     start: int
@@ -65,14 +88,19 @@ class ShardTask:
     key: str
 
 
+class _TooManyBad(ConfigError):
+    """More of a split's inputs are bad than `--max-bad` allows (the message says why)."""
+
+
 def _progress_file(task: ShardTask) -> str:
     return os.path.join(os.path.dirname(task.path), _PROGRESS_DIR, os.path.basename(task.path) + ".json")
 
 
 def _write_shard(source, task: ShardTask) -> dict:
     """Writes one shard, reporting its bad inputs as they are found; returns what the
-    metadata needs of it (`num_records`, `labels`, `skipped` reasons, `longest` text),
-    kept from an earlier run when the shard is there and was written by the same task."""
+    metadata needs of it (`num_records`, `labels` (ids), `skipped` [where, reason] pairs,
+    `longest` text), kept from an earlier run when the shard is there and was written by
+    the same task."""
     progress = _progress_file(task)
     if os.path.exists(task.path) and os.path.exists(progress):
         with open(progress) as f:
@@ -86,7 +114,7 @@ def _write_shard(source, task: ShardTask) -> dict:
         for example in source.examples(task.split, task.start, task.stop):
             if isinstance(example, BadInput):
                 print(f"skipped {example.where}: {example.reason}", file=sys.stderr, flush=True)
-                skipped.append(f"{example.where}: {example.reason}")
+                skipped.append([example.where, example.reason])
                 continue
             if "label" in example:
                 labels.append(example["label"])
@@ -115,9 +143,14 @@ def _write_shard_in_worker(numbered_task: tuple[int, ShardTask]) -> tuple[int, d
     return number, _write_shard(_worker_source, task)
 
 
-def _run(source, tasks: list[ShardTask], workers: int) -> list[dict]:
+def _run(source, tasks: list[ShardTask], workers: int, max_bad: int) -> list[dict]:
     """Each task's `_write_shard` result, in order, written by `workers` processes (the
-    source is sent to each once); prints a line per shard as it is done."""
+    source is sent to each once); prints a line per shard as it is done.
+
+    Raises:
+      _TooManyBad: more than `max_bad` inputs skipped (the shards not started are not
+        written).
+    """
     results: list[dict] = [{}] * len(tasks)
 
     def report(number: int, result: dict) -> None:
@@ -130,6 +163,9 @@ def _run(source, tasks: list[ShardTask], workers: int) -> list[dict]:
             file=sys.stderr,
             flush=True,
         )
+        skipped = [bad for r in results if r for bad in r["skipped"]]
+        if len(skipped) > max_bad:
+            raise _TooManyBad(_too_many_bad(tasks[0].split, skipped, max_bad))
 
     if workers <= 1 or len(tasks) == 1:
         for number, task in enumerate(tasks):
@@ -143,11 +179,65 @@ def _run(source, tasks: list[ShardTask], workers: int) -> list[dict]:
         initializer=_set_worker_source,
         initargs=(source,),
     ) as pool:
-        for future in concurrent.futures.as_completed(
-            [pool.submit(_write_shard_in_worker, t) for t in enumerate(tasks)]
-        ):
-            report(*future.result())
+        futures = [pool.submit(_write_shard_in_worker, t) for t in enumerate(tasks)]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                report(*future.result())
+        except _TooManyBad:
+            pool.shutdown(cancel_futures=True)
+            raise
     return results
+
+
+def _too_many_bad(split: str, skipped: list[list[str]], max_bad: int) -> str:
+    """Why a split is stopped: how many inputs are bad, the most common cause (a reason
+    less its details: quoted values, and what follows " (") and the first `BAD_ROWS_SHOWN`."""
+    causes = collections.Counter(re.sub(r" ?'[^']*'", "", reason.split(" (")[0]) for _, reason in skipped)
+    cause, count = causes.most_common(1)[0]
+    first = "; ".join(f"{where}: {reason}" for where, reason in skipped[:BAD_ROWS_SHOWN])
+    return (
+        f"split {split!r}: {len(skipped):,} inputs bad so far, more than the {max_bad:,} --max-bad allows; "
+        f"most ({count:,}): {cause}. The first {min(len(skipped), BAD_ROWS_SHOWN)}: {first}. Nothing of split "
+        f"{split!r} is kept; fix the inputs or raise --max-bad."
+    )
+
+
+def _class_labels(source, split: str, existing: records.Metadata | None, max_bad: int) -> ClassLabels | None:
+    """How split `split`'s labels are numbered (None: the source's labels are ids): by the
+    names of the record set the split is added to; else, for a folder or a label column
+    of mostly names, by the split's names, sorted; else they are ids.
+
+    Raises:
+      ConfigError: a name the record set does not have, or more than `max_bad` names
+        where the labels are ids.
+    """
+    counts = source.label_counts(split)
+    if counts is None:
+        return None
+    names = {str(value) for value in counts}
+    named = [value for value in counts if not is_class_id(value)]
+    total, named_count = sum(counts.values()), sum(counts[value] for value in named)
+    if existing is not None and existing.class_names:
+        unseen = sorted(names - set(existing.class_names))
+        if unseen:
+            raise ConfigError(
+                f"split {split!r}: the label {unseen[0]!r} (and {len(unseen) - 1} more) is not a class of the record "
+                f"set in {existing.directory}, whose {len(existing.class_names)} classes were named when it was "
+                f"first written ({', '.join(existing.class_names[:5])}, ...); leave those rows out, or write them "
+                "to another --out."
+            )
+        return ClassLabels(existing.class_names)
+    ids_already = existing is not None and existing.num_classes > 0
+    if not ids_already and (getattr(source, "labels_are_names", False) or 2 * named_count > total):
+        return ClassLabels(tuple(sorted(names)))
+    if named_count > max_bad:
+        why = f"the record set in {existing.directory} numbers its classes" if ids_already else "most labels are ints"
+        raise ConfigError(
+            f"split {split!r}: the label column holds names ({', '.join(map(repr, sorted(named)[:5]))}, ...): "
+            f"{named_count:,} of {total:,} labels are not ints >= 0, and {why}; give every row an int, or a "
+            "class name (names are numbered in sorted order), or raise --max-bad to leave those rows out."
+        )
+    return ClassLabels()
 
 
 def _command(spec: str, out: str, split: str, shards: int, workers: int, options: dict) -> str:
@@ -158,11 +248,23 @@ def _command(spec: str, out: str, split: str, shards: int, workers: int, options
     return shlex.join(["python", "-m", "contrastive_jax.write_records", *words])
 
 
-def _write_split(source, name: str, out: str, shards: int, workers: int, key: dict) -> tuple[records.Split, dict]:
+def _write_split(
+    source, name: str, out: str, shards: int, workers: int, key: dict, existing: records.Metadata | None, max_bad: float
+) -> tuple[records.Split, dict]:
     """Writes split `name` of `source` into `out` (its shards and labels): its `Split`,
     and a summary: the inputs `skipped` (a count and the first reasons), the labels'
-    `num_classes` and the `longest` text (bytes) or sequence."""
+    `num_classes` and `class_names`, and the `longest` text (bytes) or sequence.
+
+    Raises:
+      ConfigError: the labels cannot be numbered, or more than `max_bad` (a fraction) of
+        the split's inputs are bad; then none of the split's shards are left in `out`.
+    """
     size = source.num_examples(name)
+    allowed = int(max_bad * size)
+    class_labels = _class_labels(source, name, existing, allowed)
+    if class_labels is not None:
+        source = source.numbered(class_labels)
+    class_names = class_labels.names if class_labels else tuple(source.info.get("class_names", ()))
     count = shards or max(1, -(-size // RECORDS_PER_SHARD))
     bounds = [size * k // count for k in range(count + 1)]
     tasks = [
@@ -171,19 +273,27 @@ def _write_split(source, name: str, out: str, shards: int, workers: int, key: di
             bounds[k],
             bounds[k + 1],
             os.path.join(out, records.shard_name(name, k, count)),
-            json.dumps(key | {"split": name, "range": bounds[k : k + 2]}),
+            json.dumps(key | {"split": name, "range": bounds[k : k + 2], "class_names": list(class_names)}),
         )
         for k in range(count)
     ]
-    results = _run(source, tasks, workers)
+    try:
+        results = _run(source, tasks, workers, allowed)
+    except _TooManyBad:
+        for task in tasks:
+            for path in (task.path, f"{task.path}.tmp", _progress_file(task)):
+                if os.path.exists(path):
+                    os.remove(path)
+        raise
     labels = [label for r in results for label in r["labels"]]
     if labels:
         np.save(records.labels_file(out, name), np.asarray(labels, np.int32))
-    skipped = [reason for r in results for reason in r["skipped"]]
+    skipped = [f"{where}: {reason}" for r in results for where, reason in r["skipped"]]
     summary = {
         "skipped": len(skipped),
         "skipped_first": skipped[:MAX_REASONS_KEPT],
-        "num_classes": max(labels) + 1 if labels else 0,
+        "num_classes": len(class_names) or (max(labels) + 1 if labels else 0),
+        "class_names": class_names,
         "longest": max(r["longest"] for r in results),
     }
     return records.Split(
@@ -203,13 +313,17 @@ def write(
     num_examples: int = 10_000,
     seed: int = 0,
     image_size: int = 64,
+    max_bad: float = MAX_BAD,
+    image_column: str | None = None,
+    caption_column: str | None = None,
+    label_column: str | None = None,
 ) -> records.Metadata:
     """Writes the source `source_spec` as a record set in `out`, adding its split(s) to
     a set already there (the command `main` runs; see the module docstring).
 
     Args:
-      source_spec: "csv:FILE", "jsonl:FILE", "webdataset:FOLDER", "tfds:NAME" or
-        "builtin:NAME".
+      source_spec: "csv:FILE", "jsonl:FILE", "parquet:FILES", "webdataset:FOLDER",
+        "folder:DIR", "tfds:NAME" or "builtin:NAME".
       out: the record set's directory (created).
       split: the split written from a file or TFDS source (built-ins write all theirs).
       shards: shards per split; 0: one per `RECORDS_PER_SHARD` records.
@@ -217,18 +331,26 @@ def write(
       encode: "png" or "jpeg" (quality 95): how decoded images (TFDS, shapes) are stored.
       tfds_data_dir: TFDS's data_dir for "tfds:" sources.
       num_examples, seed, image_size: the generated set's ("builtin:shapes").
+      max_bad: the share of a split's inputs that may be bad (left out); more stops
+        the command and keeps none of the split.
+      image_column, caption_column, label_column: a Parquet source's columns (None: the
+        usual names).
 
     Returns:
       The metadata written (the set's splits: those already there and these).
 
     Raises:
-      ConfigError: a bad argument, or a source that is not there.
+      ConfigError: a bad argument, a source that is not there, labels that cannot be
+        numbered, or more than `max_bad` bad inputs in a split.
     """
-    if shards < 0 or workers < 1 or encode not in ("png", "jpeg"):
-        raise ConfigError(f"need --shards >= 0, --workers >= 1, --encode=png|jpeg; got {shards}, {workers}, {encode}.")
+    if shards < 0 or workers < 1 or encode not in ("png", "jpeg") or not 0 <= max_bad <= 1:
+        raise ConfigError(
+            "need --shards >= 0, --workers >= 1, --encode=png|jpeg, 0 <= --max-bad <= 1; "
+            f"got {shards}, {workers}, {encode}, {max_bad}."
+        )
     options = {"encode": encode, "tfds_data_dir": tfds_data_dir}
     options |= {"num_examples": num_examples, "seed": seed, "image_size": image_size}
-    source = open_source(source_spec, split=split, **options)
+    source = open_source(source_spec, split=split, columns=(image_column, caption_column, label_column), **options)
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
     existing = records.read_metadata(out) if os.path.exists(os.path.join(out, records.METADATA_FILE)) else None
@@ -238,14 +360,15 @@ def write(
             "write them to another --out."
         )
     what = {"spec": source_spec, **source.options}  # what decides the records (a rerun keeps shards alike)
-    command = _command(source_spec, out, split, shards, workers, source.options)
+    command = _command(source_spec, out, split, shards, workers, source.options | {"max_bad": max_bad})
     splits, summaries = (dict(existing.splits), dict(existing.source.get("splits", {}))) if existing else ({}, {})
-    num_classes, longest = 0, 0
+    num_classes, class_names, longest = 0, (), 0
     for name in source.splits():
-        splits[name], summary = _write_split(source, name, out, shards, workers, what)
+        splits[name], summary = _write_split(source, name, out, shards, workers, what, existing, max_bad)
         num_classes, longest = max(num_classes, summary.pop("num_classes")), max(longest, summary.pop("longest"))
+        class_names = summary.pop("class_names") or class_names
         summaries[name] = {"command": command, **summary}
-    info = {"num_classes": num_classes, "max_text_length": longest, **source.info}
+    info = {"num_classes": num_classes, "max_text_length": longest, **source.info, "class_names": class_names}
     metadata = _merged(existing, out, splits, info, {"command": command, **what, "splits": summaries})
     records.write_metadata(metadata)
     return metadata
@@ -254,7 +377,8 @@ def write(
 def _merged(existing: records.Metadata | None, out: str, splits, info: dict, source: dict) -> records.Metadata:
     """The metadata of the splits already in `out` (`existing`) and those written now
     (`info`: what their source says of them): the largest of their class counts, image
-    channels and lengths; `source`'s per-split skipped inputs summed."""
+    channels and lengths, the class names (the same in both, when named); `source`'s
+    per-split skipped inputs summed."""
 
     def largest(field: str) -> int:
         return max(info.get(field, 0), getattr(existing, field) if existing else 0)
@@ -267,6 +391,7 @@ def _merged(existing: records.Metadata | None, out: str, splits, info: dict, sou
         id_keys=tuple(info.get("id_keys", ())),
         match_keys=info.get("match_keys"),
         num_classes=largest("num_classes"),
+        class_names=tuple(info["class_names"]) or (existing.class_names if existing else ()),
         image_channels=max(info.get("image_channels", 3), existing.image_channels if existing else 0),
         sequence_vocab_size=largest("sequence_vocab_size"),
         max_text_length=largest("max_text_length"),
@@ -301,6 +426,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-examples", type=int, default=10_000, help="builtin:shapes: pictures in all")
     parser.add_argument("--seed", type=int, default=0, help="builtin:shapes: the seed")
     parser.add_argument("--image-size", type=int, default=64, help="builtin:shapes: pixels a side")
+    parser.add_argument(
+        "--max-bad", type=float, default=MAX_BAD, help="the share of a split's inputs that may be bad (left out)"
+    )
+    parser.add_argument("--image-column", default=None, help="parquet: the image column (bytes, path or struct)")
+    parser.add_argument("--caption-column", default=None, help="parquet: the caption column")
+    parser.add_argument("--label-column", default=None, help="parquet: the label column (ids or names)")
     args = vars(parser.parse_args(argv))
     try:
         metadata = write(args.pop("source"), args.pop("out"), **args)

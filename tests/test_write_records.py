@@ -81,7 +81,7 @@ def test_csv_round_trip(tmp_path, image_files, capsys):
         writer = csv.writer(f)
         writer.writerow(["image", "captions", "label"])  # captions: a JSON list
         writer.writerows([image, json.dumps(captions), label] for image, captions, label in ROWS)
-    write_records.write(f"csv:{table}", str(tmp_path / "out"))
+    write_records.write(f"csv:{table}", str(tmp_path / "out"), max_bad=0.5)
     check_round_trip(str(tmp_path / "out"), image_files, capsys)
 
 
@@ -99,9 +99,9 @@ def test_csv_with_caption_columns(tmp_path, image_files):
 def test_jsonl_round_trip_with_two_splits(tmp_path, image_files, capsys):
     table = tmp_path / "pairs.jsonl"
     table.write_text("".join(json.dumps({"image": i, "captions": c, "label": label}) + "\n" for i, c, label in ROWS))
-    write_records.write(f"jsonl:{table}", str(tmp_path / "out"))
+    write_records.write(f"jsonl:{table}", str(tmp_path / "out"), max_bad=0.5)
     check_round_trip(str(tmp_path / "out"), image_files, capsys, place="line")
-    write_records.write(f"jsonl:{table}", str(tmp_path / "out"), split="test")
+    write_records.write(f"jsonl:{table}", str(tmp_path / "out"), split="test", max_bad=0.5)
     metadata = records.read_metadata(str(tmp_path / "out"))
     assert {name: s.num_records for name, s in metadata.splits.items()} == {"train": 4, "test": 4}
     assert metadata.source["skipped"] == 4 and len(metadata.source["skipped_first"]) == 4
@@ -121,7 +121,7 @@ def test_bad_rows_are_reported_and_left_out(tmp_path, image_files, capsys):
         {"image": "img/grey.png", "caption": "a negative label", "label": -1},
     ]
     table.write_text("\n".join([*map(json.dumps, lines), "{not json", "", "[1, 2]"]) + "\n")  # 10 lines
-    metadata = write_records.write(f"jsonl:{table}", str(tmp_path / "out"))
+    metadata = write_records.write(f"jsonl:{table}", str(tmp_path / "out"), max_bad=0.9)
     _, examples = read_back(str(tmp_path / "out"))
     assert [(e["captions"], e["label"]) for e in examples] == [(["kept"], 1)]
     reported = capsys.readouterr().err
@@ -158,7 +158,7 @@ def test_webdataset_round_trip(tmp_path, image_files, capsys):
                     info = tarfile.TarInfo(key + name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
-    write_records.write(f"webdataset:{folder}", str(tmp_path / "out"))
+    write_records.write(f"webdataset:{folder}", str(tmp_path / "out"), max_bad=0.5)
     metadata, examples = read_back(str(tmp_path / "out"))
     kept = [r for k, r in enumerate(ROWS) if k in KEPT]
     # .txt files hold the first caption only; .json files all of them.
@@ -277,7 +277,10 @@ def test_digits_workers_write_the_same_shards(tmp_path):
     "arguments, message",
     [
         (["--source=csv:/no/such.csv"], "no such file"),
-        (["--source=parquet:/x"], "is not a source"),
+        (["--source=lance:/x"], "is not a source"),
+        (["--source=parquet:/x"], "no Parquet files there"),
+        (["--source=folder:/x"], "no such folder"),
+        (["--source=builtin:shapes", "--max-bad=2"], "0 <= --max-bad <= 1"),
         (["--source=builtin:shapes", "--num-examples=2"], "--num-examples >= 3"),
         (["--source=builtin:shapes", "--workers=0"], "--workers >= 1"),
         ([], "the following arguments are required: --source"),
@@ -298,3 +301,204 @@ def test_tfds_without_tensorflow_datasets_says_what_to_install(tmp_path, monkeyp
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # `import` raises ImportError
     with pytest.raises(ConfigError, match=r"^--source=tfds:cifar10 needs .*pip install 'contrastive-jax\[tfds\]'"):
         write_records.write("tfds:cifar10", str(tmp_path / "out"))
+
+
+# --- labels as names, the bad-input budget --------------------------------------------
+
+NAMED = [("img/rgb.jpg", "zebra"), ("img/grey.png", "ant"), ("img/cmyk.jpg", "mole"), ("img/alpha.png", "ant")]
+IDS = {"ant": 0, "mole": 1, "zebra": 2}  # sorted, as ImageFolder and ClassLabel number them
+
+
+def named_table(tmp_path, kind: str, rows=NAMED, name="pairs") -> str:
+    """A CSV or JSONL file of `rows` (image, label), a caption each: its path."""
+    path = tmp_path / f"{name}.{kind}"
+    if kind == "csv":
+        lines = ["image,caption,label", *(f"{image},a picture of {label},{label}" for image, label in rows)]
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        path.write_text(
+            "".join(json.dumps({"image": i, "caption": f"a {label}", "label": label}) + "\n" for i, label in rows)
+        )
+    return str(path)
+
+
+def write_tar(path, members: dict[str, bytes]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "webdataset_cls", "webdataset_json"])
+def test_class_names_are_numbered_in_sorted_order_and_kept(tmp_path, image_files, kind):
+    if kind.startswith("webdataset"):
+        (tmp_path / "wds").mkdir()
+        members = {}
+        for k, (image, label) in enumerate(NAMED):
+            members[f"{k:04d}.jpg" if image.endswith(".jpg") else f"{k:04d}.png"] = image_files[image[4:]]
+            if kind == "webdataset_cls":
+                members[f"{k:04d}.txt"], members[f"{k:04d}.cls"] = f"a {label}".encode(), label.encode()
+            else:
+                members[f"{k:04d}.json"] = json.dumps({"caption": f"a {label}", "label": label}).encode()
+        write_tar(tmp_path / "wds" / "00000.tar", members)
+        spec = f"webdataset:{tmp_path / 'wds'}"
+    else:
+        spec = f"{kind}:{named_table(tmp_path, kind)}"
+    metadata = write_records.write(spec, str(tmp_path / "out"))
+    _, examples = read_back(str(tmp_path / "out"))
+    assert metadata.class_names == ("ant", "mole", "zebra") and metadata.num_classes == 3
+    assert [e["label"] for e in examples] == [IDS[label] for _, label in NAMED]
+    assert [metadata.class_names[e["label"]] for e in examples] == [label for _, label in NAMED]
+    assert records.read_metadata(tmp_path / "out").class_names == ("ant", "mole", "zebra")  # stored
+
+
+def test_a_second_split_is_numbered_as_the_first_and_an_unseen_name_stops(tmp_path, image_files):
+    write_records.write(f"csv:{named_table(tmp_path, 'csv')}", str(tmp_path / "out"))
+    test_rows = [("img/rgb.jpg", "zebra"), ("img/grey.png", "mole")]  # sorted alone, zebra would be 1
+    metadata = write_records.write(
+        f"jsonl:{named_table(tmp_path, 'jsonl', test_rows, 'test')}", str(tmp_path / "out"), split="test"
+    )
+    _, examples = read_back(str(tmp_path / "out"), "test")
+    assert [e["label"] for e in examples] == [IDS["zebra"], IDS["mole"]]
+    assert metadata.class_names == ("ant", "mole", "zebra") and set(metadata.splits) == {"train", "test"}
+    unseen = named_table(tmp_path, "csv", [("img/rgb.jpg", "zebra"), ("img/grey.png", "yak")], "unseen")
+    with pytest.raises(ConfigError, match=r"^split 'validation': the label 'yak' .* is not a class of the record set"):
+        write_records.write(f"csv:{unseen}", str(tmp_path / "out"), split="validation")
+    assert set(records.read_metadata(tmp_path / "out").splits) == {"train", "test"}
+
+
+def test_digits_are_ids_and_a_few_names_among_them_are_bad_rows(tmp_path, image_files, capsys):
+    rows = [("img/rgb.jpg", "2"), ("img/grey.png", "0"), ("img/cmyk.jpg", "cat"), ("img/alpha.png", "7")]
+    metadata = write_records.write(f"csv:{named_table(tmp_path, 'csv', rows)}", str(tmp_path / "out"), max_bad=0.25)
+    _, examples = read_back(str(tmp_path / "out"))
+    assert [e["label"] for e in examples] == [2, 0, 7] and metadata.class_names == () and metadata.num_classes == 8
+    assert "row 3 (img/cmyk.jpg): the label 'cat' is not an int >= 0" in capsys.readouterr().err
+
+
+def run_command(*arguments):
+    return subprocess.run(
+        [sys.executable, "-m", "contrastive_jax.write_records", *arguments], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_label_column_of_names_where_ids_are_wanted_stops_in_one_line(tmp_path, image_files):
+    ids = named_table(tmp_path, "csv", [(image, str(k)) for k, (image, _) in enumerate(NAMED)], "ids")
+    assert run_command(f"--source=csv:{ids}", f"--out={tmp_path / 'out'}").returncode == 0
+    names = named_table(tmp_path, "csv")
+    result = run_command(f"--source=csv:{names}", f"--out={tmp_path / 'out'}", "--split=test")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "error: split 'test': the label column holds names ('ant', 'mole', 'zebra', ...): 4 of 4 labels are not ints "
+        f">= 0, and the record set in {tmp_path / 'out'} numbers its classes; give every row an int, or a class "
+        "name (names are numbered in sorted order), or raise --max-bad to leave those rows out."
+    ]
+    assert set(records.read_metadata(tmp_path / "out").splits) == {"train"}
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith("test")]
+
+
+def test_more_bad_inputs_than_max_bad_stop_and_keep_no_split(tmp_path, image_files):
+    rows = [("img/rgb.jpg", "cat")] * 150 + [("img/corrupt.jpg", "cat")] * 2  # 2 of 152: 1.3%
+    table = named_table(tmp_path, "csv", rows)
+    result = run_command(f"--source=csv:{table}", f"--out={tmp_path / 'out'}", "--shards=2", "--workers=2")
+    assert result.returncode == 2
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error == [
+        "error: split 'train': 2 inputs bad so far, more than the 1 --max-bad allows; most (2): the image does not "
+        f"decode. The first 2: {table} row 151 (img/corrupt.jpg): the image does not decode (cannot decode the image "
+        f"(OSError: Truncated File Read)); {table} row 152 (img/corrupt.jpg): the image does not decode (cannot "
+        "decode the image (OSError: Truncated File Read)). Nothing of split 'train' is kept; fix the inputs or raise "
+        "--max-bad."
+    ]
+    assert not (tmp_path / "out" / records.METADATA_FILE).exists()
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]  # no shard, no progress file
+    assert run_command(f"--source=csv:{table}", f"--out={tmp_path / 'out'}", "--max-bad=0.02").returncode == 0
+    assert records.read_metadata(tmp_path / "out").splits["train"].num_records == 150
+
+
+# --- folders, Parquet, tables as streams -----------------------------------------------
+
+
+def test_an_image_folder_round_trips_with_sidecar_captions(tmp_path, image_files):
+    tree = {"tulip/a.jpg": "rgb.jpg", "tulip/deep/b.png": "grey.png", "10/c.jpg": "cmyk.jpg", "2/d.png": "alpha.png"}
+    for name, image in tree.items():
+        (tmp_path / "flowers" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "flowers" / name).write_bytes(image_files[image])
+    (tmp_path / "flowers" / "notes.txt").write_text("not a class folder")
+    metadata = write_records.write(f"folder:{tmp_path / 'flowers'}", str(tmp_path / "plain"))
+    _, examples = read_back(str(tmp_path / "plain"))
+    assert metadata.fields == ("image", "label") and metadata.class_names == ("10", "2", "tulip")  # ImageFolder's
+    order = ["10/c.jpg", "2/d.png", "tulip/a.jpg", "tulip/deep/b.png"]
+    assert [(e["image"], e["label"]) for e in examples] == [
+        (image_files[tree[n]], k) for k, n in zip([0, 1, 2, 2], order)
+    ]
+    for name in order[1:]:
+        (tmp_path / "flowers" / name).with_suffix(".txt").write_text(f"  a flower, {name}\n")
+    metadata = write_records.write(f"folder:{tmp_path / 'flowers'}", str(tmp_path / "captioned"), max_bad=0.5)
+    _, examples = read_back(str(tmp_path / "captioned"))
+    assert metadata.fields == ("image", "captions", "label") and metadata.source["skipped"] == 1
+    assert [e["captions"] for e in examples] == [[f"a flower, {name}"] for name in order[1:]]
+    assert "10/c.jpg: no caption file c.txt beside it" in metadata.source["skipped_first"][0]
+
+
+def test_parquet_with_bytes_structs_and_paths_round_trips(tmp_path, image_files):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rgb, grey = image_files["rgb.jpg"], image_files["grey.png"]
+    # img2dataset's layout: the image bytes in `jpg`, a `caption`; split over two files and row groups.
+    pq.write_table(
+        pa.table({"jpg": [rgb, grey, rgb], "caption": ["red", "grey", "red again"], "label": ["b", "a", "b"]}),
+        tmp_path / "part-0.parquet",
+        row_group_size=2,
+    )
+    pq.write_table(pa.table({"jpg": [grey], "caption": ["grey again"], "label": ["c"]}), tmp_path / "part-1.parquet")
+    metadata = write_records.write(f"parquet:{tmp_path}", str(tmp_path / "out"), shards=3)
+    _, examples = read_back(str(tmp_path / "out"))
+    assert metadata.class_names == ("a", "b", "c") and metadata.fields == ("image", "captions", "label")
+    assert [(e["image"], e["captions"], e["label"]) for e in examples] == [
+        (rgb, ["red"], 1),
+        (grey, ["grey"], 0),
+        (rgb, ["red again"], 1),
+        (grey, ["grey again"], 2),
+    ]
+    # Hugging Face datasets' Image struct (bytes, or a path), a list of captions, named columns.
+    (tmp_path / "hf").mkdir()
+    structs = [{"bytes": rgb, "path": None}, {"bytes": None, "path": str(tmp_path / "img" / "grey.png")}]
+    table = pa.table({"picture": structs, "texts": [["one", "two"], ["three"]], "y": [3, 0]})
+    pq.write_table(table, tmp_path / "hf" / "train.parquet")
+    metadata = write_records.write(
+        f"parquet:{tmp_path / 'hf' / '*.parquet'}",
+        str(tmp_path / "hf_out"),
+        image_column="picture",
+        caption_column="texts",
+        label_column="y",
+    )
+    _, examples = read_back(str(tmp_path / "hf_out"))
+    assert [(e["image"], e["captions"], e["label"]) for e in examples] == [
+        (rgb, ["one", "two"], 3),
+        (grey, ["three"], 0),
+    ]
+    assert metadata.class_names == () and "--image-column=picture" in metadata.source["command"]
+    with pytest.raises(
+        ConfigError, match=r"has no pixels column \(its columns: picture, texts, y\); name it with --image-column"
+    ):
+        write_records.write(f"parquet:{tmp_path / 'hf'}", str(tmp_path / "x"), image_column="pixels")
+
+
+def test_tables_are_read_as_streams_from_their_index(tmp_path, image_files, monkeypatch):
+    from contrastive_jax import record_inputs
+
+    monkeypatch.setattr(record_inputs, "INDEX_EVERY", 4)
+    rows = [(f"img/{['rgb.jpg', 'grey.png'][k % 2]}", f'caption {k}, "quoted"\nover two lines') for k in range(23)]
+    rows[10] = ("img/none.jpg", "a missing image")
+    with open(tmp_path / "pairs.csv", "w", newline="") as f:
+        csv.writer(f).writerows([("image", "caption"), *rows[:10], (), *rows[10:]])  # a blank row
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps({"image": i, "caption": c}) for i, c in rows) + "\n\n")
+    for kind, where in (("csv", "row 12 (img/none.jpg)"), ("jsonl", "line 11 (img/none.jpg)")):
+        source = record_inputs.TableSource(str(tmp_path / f"pairs.{kind}"), "train", kind)
+        assert source.num_examples("train") == 23 and len(source.offsets) == 6
+        for start, stop in ((0, 23), (5, 9), (8, 8), (10, 11), (13, 23), (22, 30)):
+            got = list(source.examples("train", start, stop))
+            assert [e.where if isinstance(e, record_inputs.BadInput) else e["captions"][0] for e in got] == [
+                f"{source.path} {where}" if k == 10 else c for k, (_, c) in enumerate(rows) if start <= k < stop
+            ], (kind, start, stop)

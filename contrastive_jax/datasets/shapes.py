@@ -133,7 +133,7 @@ class Shapes:
 
     @property
     def info(self) -> dict:
-        return {"fields": ("image", "captions", "label"), "num_classes": len(KINDS), "image_channels": 3}
+        return {"fields": ("image", "captions", "label"), "class_names": KINDS, "image_channels": 3}
 
     @property
     def options(self) -> dict:
@@ -147,6 +147,10 @@ class Shapes:
 
     def num_examples(self, split: str) -> int:
         return split_sizes(self.num_examples_total)[split]
+
+    def label_counts(self, split: str) -> None:
+        """None: the labels are class ids (`KINDS.index`)."""
+        return None
 
     def splits(self) -> tuple[str, ...]:
         return tuple(SPLIT_FRACTIONS)
