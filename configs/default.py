@@ -60,6 +60,8 @@ def get_config() -> ml_collections.ConfigDict:
     model.embed_dim = 64  # Width of the L2-normalised embedding the loss sees.
     model.num_classes = 0  # > 0 adds a classifier head (the classifier losses need it).
     model.compute_dtype = "float32"  # "bfloat16": bfloat16 activations, float32 params/loss.
+    model.remat = "none"  # Transformer blocks rematerialised: "none", "full" or "dots" (keeps the matmuls).
+    model.attention = "auto"  # Attention kernel: "auto" (cuDNN's fused on a GPU in bfloat16), "xla", "cudnn".
     model.init_from = ""  # A released checkpoint to start from (open_clip .safetensors/.bin, SigLIP .npz); "": none.
     model.quick_gelu = False  # init_from is OpenAI's CLIP or an open_clip "-quickgelu" model.
 
@@ -79,6 +81,10 @@ def get_config() -> ml_collections.ConfigDict:
     # they fit in one tile (losses.logit_stats.auto_chunk_size); None: dense [B, N].
     loss.chunk_size = ml_collections.config_dict.placeholder(object)  # int, "auto" or None.
     loss.collective = "all_gather"  # "all_gather" or "ring" (ppermute; never holds all of b).
+    # The logits' matmul operands, for the softmax / sigmoid losses and those beyond the
+    # batch: "bfloat16" is mixed precision (float32 accumulation, logits and softmax /
+    # log-sum-exp; tolerance in tests/test_streaming.py).
+    loss.matmul_dtype = ml_collections.config_dict.placeholder(str)  # None: the embeddings' (float32).
     # Negatives beyond the batch (losses.beyond_batch, losses.memory).
     loss.dcl_weight_sigma = ml_collections.config_dict.placeholder(float)  # "dcl": None: DCL; sigma (0.5): DCLW.
     loss.dcl_weight_gradient = False  # "dcl", DCLW: True: the weight's gradient flows (the reference code's form).

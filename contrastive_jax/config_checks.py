@@ -13,6 +13,7 @@ import ml_collections
 
 from contrastive_jax import bad_loss, data_sources, grad_cache, losses, records
 from contrastive_jax.config_lib import ConfigError, check_divides, check_multiple
+from contrastive_jax.losses.streaming import MATMUL_DTYPES
 
 # Count fields and their least value (every_steps 0: only at the end).
 _COUNTS = {
@@ -54,6 +55,8 @@ def check(
     check_multiple(train.global_batch_size, num_devices, "config.train.global_batch_size", "the devices")
     data_sources.per_process_batch_size(train.global_batch_size, jax.process_count())
     _check_chunk_size(config.loss, train.global_batch_size, num_devices)
+    if config.loss.matmul_dtype not in MATMUL_DTYPES:
+        raise ConfigError(f"config.loss.matmul_dtype={config.loss.matmul_dtype!r}; use one of {MATMUL_DTYPES}.")
     if config.loss.dcl_weight_gradient and config.loss.dcl_weight_sigma is None:
         raise ConfigError(
             "config.loss.dcl_weight_gradient=True needs DCLW's weight: set config.loss.dcl_weight_sigma "

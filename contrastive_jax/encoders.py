@@ -2,7 +2,8 @@
 
 Images: `MLP` (flattened), `SmallCNN`, `ResNet` (18 / 50), `ViT`; text (token ids
 `[B, L]`, 0 = padding): `TextCNN` (1-D convolutions as `Conv1D` matmuls),
-`TextTransformer`. Each takes `train` (dropout, BatchNorm statistics). `ENCODERS` maps
+`TextTransformer` (both on `transformer.Encoder`, the released towers' blocks too).
+Each takes `train` (dropout, BatchNorm statistics). `ENCODERS` maps
 the names `config.model.encoder_a` / `encoder_b` take to constructors.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from contrastive_jax import transformer
 from contrastive_jax.config_lib import check_divides
 
 
@@ -119,34 +121,11 @@ class ResNet(nn.Module):
         return jnp.mean(x, axis=(1, 2))
 
 
-class TransformerBlock(nn.Module):
-    """Pre-LayerNorm self-attention + MLP block. `[B, T, W]` -> `[B, T, W]`."""
-
-    num_heads: int
-    mlp_dim: int
-    dropout_rate: float = 0.0
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x, *, mask=None, train: bool = False):
-        width = x.shape[-1]
-        y = nn.LayerNorm(dtype=self.dtype)(x)
-        y = nn.MultiHeadDotProductAttention(
-            num_heads=self.num_heads,
-            dtype=self.dtype,
-            dropout_rate=self.dropout_rate,
-            deterministic=not train,
-        )(y, y, mask=mask)
-        x = x + nn.Dropout(self.dropout_rate, deterministic=not train)(y)
-        y = nn.LayerNorm(dtype=self.dtype)(x)
-        y = nn.Dense(width, dtype=self.dtype)(nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(y)))
-        return x + nn.Dropout(self.dropout_rate, deterministic=not train)(y)
-
-
 class ViT(nn.Module):
     """Vision Transformer (Dosovitskiy et al. 2021) with a class token.
 
-    `[B, H, W, C]` -> `[B, width]`, H and W multiples of `patch_size`.
+    `[B, H, W, C]` -> `[B, width]`, H and W multiples of `patch_size`. The blocks are
+    `transformer.Encoder`'s (`remat`, `attention`: its options).
     """
 
     width: int
@@ -156,6 +135,8 @@ class ViT(nn.Module):
     patch_size: int
     dropout_rate: float = 0.0
     dtype: Any = jnp.float32
+    remat: str = "none"
+    attention: str = "auto"
 
     @nn.compact
     def __call__(self, x, *, train: bool = False):
@@ -168,15 +149,15 @@ class ViT(nn.Module):
         x = jnp.concatenate([jnp.tile(cls, (x.shape[0], 1, 1)).astype(self.dtype), x], axis=1)
         pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, *x.shape[1:]))
         x = x + pos.astype(self.dtype)
-        for _ in range(self.depth):
-            x = TransformerBlock(self.num_heads, self.mlp_dim, self.dropout_rate, self.dtype)(x, train=train)
-        return nn.LayerNorm(dtype=self.dtype)(x[:, 0])
+        x = _encoder(self, self.depth, self.mlp_dim, self.num_heads)(x, None, train)
+        return x[:, 0]
 
 
 class TextTransformer(nn.Module):
     """Bidirectional Transformer over tokens (0 = padding), mean-pooled over real tokens.
 
-    `[B, L]` int -> `[B, width]`.
+    `[B, L]` int -> `[B, width]`. The blocks are `transformer.Encoder`'s (`remat`,
+    `attention`: its options).
     """
 
     vocab_size: int
@@ -185,6 +166,8 @@ class TextTransformer(nn.Module):
     num_heads: int
     dropout_rate: float = 0.0
     dtype: Any = jnp.float32
+    remat: str = "none"
+    attention: str = "auto"
 
     @nn.compact
     def __call__(self, tokens, *, train: bool = False):
@@ -192,14 +175,24 @@ class TextTransformer(nn.Module):
         x = nn.Embed(self.vocab_size, self.width, dtype=self.dtype)(tokens)
         pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, *x.shape[1:]))
         x = x + pos.astype(self.dtype)
-        mask = nn.make_attention_mask(valid, valid)
-        for _ in range(self.depth):
-            x = TransformerBlock(self.num_heads, 4 * self.width, self.dropout_rate, self.dtype)(
-                x, mask=mask, train=train
-            )
-        x = nn.LayerNorm(dtype=self.dtype)(x)
+        x = _encoder(self, self.depth, 4 * self.width, self.num_heads)(x, nn.make_attention_mask(valid, valid), train)
         weights = valid.astype(x.dtype)[..., None]
         return jnp.sum(x * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
+
+
+def _encoder(tower: ViT | TextTransformer, depth: int, mlp_dim: int, num_heads: int) -> transformer.Encoder:
+    """The pre-LayerNorm blocks and final LayerNorm of one of the project's Transformer
+    towers (tanh GELU, Flax's LayerNorm epsilon), with the tower's options."""
+    return transformer.Encoder(
+        depth,
+        mlp_dim,
+        num_heads,
+        dtype=tower.dtype,
+        dropout_rate=tower.dropout_rate,
+        remat=tower.remat,
+        attention=tower.attention,
+        name="Transformer",
+    )
 
 
 class Conv1D(nn.Module):
@@ -261,8 +254,14 @@ class TextCNN(nn.Module):
         return nn.Dense(self.out_dim, dtype=self.dtype)(jnp.concatenate([mean, largest], -1))
 
 
+# The encoders built of Transformer blocks (`config.model.remat` and `attention` apply).
+TRANSFORMER_ENCODERS = frozenset({"vit_tiny", "vit_small", "vit_base", "text_transformer"})
+
+
 def _vit(width, depth, num_heads, mlp_dim):
-    return lambda m, dtype, vocab: ViT(width, depth, num_heads, mlp_dim, m.patch_size, m.dropout_rate, dtype)
+    return lambda m, dtype, vocab: ViT(
+        width, depth, num_heads, mlp_dim, m.patch_size, m.dropout_rate, dtype, m.remat, m.attention
+    )
 
 
 # name -> (models.ModelSettings, compute dtype, text vocabulary size) -> encoder.
@@ -276,6 +275,13 @@ ENCODERS: Mapping[str, Callable[[Any, Any, int], nn.Module]] = {
     "vit_base": _vit(768, 12, 12, 3072),
     "text_cnn": lambda m, dtype, vocab: TextCNN(vocab, m.cnn_features, m.encoder_dim, dtype=dtype),
     "text_transformer": lambda m, dtype, vocab: TextTransformer(
-        vocab, m.encoder_dim, m.text_num_layers, max(m.encoder_dim // 64, 1), m.dropout_rate, dtype
+        vocab,
+        m.encoder_dim,
+        m.text_num_layers,
+        max(m.encoder_dim // 64, 1),
+        m.dropout_rate,
+        dtype,
+        m.remat,
+        m.attention,
     ),
 }

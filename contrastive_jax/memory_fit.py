@@ -9,7 +9,7 @@ set, else the accelerator's limit (`memory_stats()["bytes_limit"]`), else, on th
 the host's available memory shared by its simulated devices. A step that needs more is a
 `ConfigError` naming the figures and the settings that would fit, each measured by
 compiling the trainer's variant with it (`loss.chunk_size`, `loss.collective="ring"`,
-`mesh.fsdp`, `train.micro_batch_size`, `model.compute_dtype`): only then are other
+`mesh.fsdp`, `model.remat`, `train.micro_batch_size`, `model.compute_dtype`): only then are other
 steps compiled. A leaf: it imports neither the trainer nor the config.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from contrastive_jax import sharding
+from contrastive_jax import encoders, sharding
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.losses import logit_stats
 from contrastive_jax.losses.streaming import AUTO_TILE
@@ -163,8 +163,9 @@ def candidates(trainer) -> list[dict[str, Any]]:
     """Config overrides that lower a `trainer.Trainer`'s step memory, the least
     intrusive first: stream the logits in tiles, pass the other side's shards around a
     ring, split the parameters and optimizer state over each host's devices
-    (`mesh.fsdp`), micro-batches, bfloat16 activations (each one the run does not
-    already use)."""
+    (`mesh.fsdp`), recompute each Transformer block in the backward pass (`model.remat`,
+    for towers that have blocks), micro-batches, bfloat16 activations (each one the run
+    does not already use)."""
     loss = trainer.loss_settings
     n, num_devices = trainer.data.global_batch_size, sharding.batch_shards(trainer.mesh)
     tile = AUTO_TILE["cpu"]  # the largest divisor of the columns at most the CPU's tile
@@ -176,6 +177,10 @@ def candidates(trainer) -> list[dict[str, Any]]:
         found.append({"loss.collective": "ring", "loss.chunk_size": ring_tile})
     if trainer.mesh.shape[sharding.FSDP_AXIS] == 1 and jax.local_device_count() > 1:
         found.append({"mesh.fsdp": jax.local_device_count()})
+    model = trainer.run_config["model"]
+    has_blocks = model["init_from"] or {model["encoder_a"], model["encoder_b"]} & encoders.TRANSFORMER_ENCODERS
+    if has_blocks and model["remat"] == "none":
+        found.append({"model.remat": "full"})
     if not trainer.micro_batch_size and n % (8 * num_devices) == 0:
         streamed = {} if loss.chunk_size is not None else found[0]
         found.append({"train.micro_batch_size": n // 8, **streamed})

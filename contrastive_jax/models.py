@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax import encoders, losses
+from contrastive_jax import encoders, losses, transformer
 from contrastive_jax.config_lib import ConfigError
 
 MAX_INV_TEMPERATURE = 100.0
@@ -153,11 +153,27 @@ class ModelSettings:
     embed_dim: int
     num_classes: int
     compute_dtype: str
+    remat: str
+    attention: str
     temperature_init: float
     learn_temperature: bool
     bias_init: float | None
     init_from: str = ""  # a released checkpoint (`contrastive_jax.released`); "": the towers above
     quick_gelu: bool = False  # the released checkpoint uses OpenAI CLIP's activation
+
+
+def tower_options(settings: ModelSettings) -> transformer.TowerOptions:
+    """How the towers compute (`config.model.compute_dtype`, `remat`, `attention`).
+
+    Raises:
+      ConfigError: a name none of them takes.
+    """
+    if settings.compute_dtype not in COMPUTE_DTYPES:
+        raise ConfigError(
+            f"config.model.compute_dtype={settings.compute_dtype!r}; use one of {sorted(COMPUTE_DTYPES)}."
+        )
+    transformer.check_options(remat=settings.remat, attention=settings.attention)
+    return transformer.TowerOptions(COMPUTE_DTYPES[settings.compute_dtype], settings.remat, settings.attention)
 
 
 def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
@@ -168,12 +184,11 @@ def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
       text_vocab_size: token ids the text encoder embeds (the input pipeline's).
 
     Raises:
-      ConfigError: an unknown encoder or compute dtype, or a temperature that is not > 0.
+      ConfigError: an unknown encoder, compute dtype, remat policy or attention kernel,
+        or a temperature that is not > 0.
     """
     m = settings
-    if m.compute_dtype not in COMPUTE_DTYPES:
-        raise ConfigError(f"config.model.compute_dtype={m.compute_dtype!r}; use one of {sorted(COMPUTE_DTYPES)}.")
-    dtype = COMPUTE_DTYPES[m.compute_dtype]
+    dtype = tower_options(m).dtype
 
     def encoder(field):
         name = getattr(m, field)

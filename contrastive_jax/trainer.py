@@ -468,6 +468,7 @@ def _model(settings: models.ModelSettings, data: data_sources.DataSettings, text
     seed (`initial_params` None), or a released checkpoint checked against the inputs."""
     if not settings.init_from:
         return models.create_model(settings, text_vocab_size=text_vocab_size), None
+    options = models.tower_options(settings)
     loaded = released.load(settings.init_from, quick_gelu=settings.quick_gelu)
     released.check_inputs(
         loaded.settings,
@@ -477,4 +478,4 @@ def _model(settings: models.ModelSettings, data: data_sources.DataSettings, text
         embed_dim=settings.embed_dim,
         learned_bias=settings.bias_init is not None,
     )
-    return loaded.model, loaded.params
+    return loaded.model.clone(options=options), loaded.params

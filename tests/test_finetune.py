@@ -10,7 +10,7 @@ import pytest
 from contrastive_jax import optimizer
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.released import TOWER_PARAMS, open_clip_layout
-from contrastive_jax.released.transformer import TowerSettings
+from contrastive_jax.transformer import TowerSettings
 
 SGD = optimizer.OptimSettings("sgd", 0.1, 0, 1.0, 0.0, 0.0, 0.0)
 TOWER = TowerSettings(width=64, depth=3, num_heads=1, mlp_dim=128)

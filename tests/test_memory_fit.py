@@ -107,3 +107,18 @@ def test_the_device_memory_is_the_limit_or_the_hosts_available_share():
         memory_fit.device_memory(0.0)
     assert memory_fit.format_bytes(17.2 * 2**30) == "17.2 GiB"
     assert memory_fit.format_bytes(1536) == "1.5 KiB"
+
+
+@pytest.mark.parametrize(
+    "model, suggested",
+    [
+        ({"encoder_a": "vit_tiny", "encoder_b": "vit_tiny", "patch_size": 4}, True),
+        ({"encoder_a": "mlp", "encoder_b": "text_transformer"}, True),
+        ({"encoder_a": "vit_tiny", "encoder_b": "vit_tiny", "patch_size": 4, "remat": "dots"}, False),
+        ({}, False),  # the MLP towers: no Transformer blocks to recompute
+    ],
+)
+def test_towers_with_transformer_blocks_are_told_to_rematerialise_them(load_config, digits_data_dir, model, suggested):
+    fields = tiny_fields(digits_data_dir) | {f"model.{name}": value for name, value in model.items()}
+    run = trainer.build(override(load_config("default"), fields), sharding.make_mesh())
+    assert ({"model.remat": "full"} in memory_fit.candidates(run)) == suggested

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from contrastive_jax.released import open_clip_layout
-from contrastive_jax.released.transformer import TowerSettings
+from contrastive_jax.transformer import TowerSettings
 
 torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")

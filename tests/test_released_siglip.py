@@ -9,7 +9,7 @@ import pytest
 
 from contrastive_jax import released
 from contrastive_jax.released import big_vision_layout as layout
-from contrastive_jax.released.transformer import TowerSettings
+from contrastive_jax.transformer import TowerSettings
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

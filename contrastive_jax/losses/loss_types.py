@@ -28,6 +28,7 @@ class LossSettings:
 
     chunk_size: int | str | None
     collective: str
+    matmul_dtype: str | None
     margin: float
     triplet_mining: str
     label_smoothing: float

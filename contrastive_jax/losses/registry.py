@@ -65,8 +65,13 @@ from contrastive_jax.sharding import BATCH_AXES
 
 
 def _streaming(c: LossSettings) -> dict[str, Any]:
-    """The global batch's axis and the loss's streaming options, as keywords."""
-    return {"axis_name": BATCH_AXES, "chunk_size": c.chunk_size, "collective": c.collective}
+    """The global batch's axis and the loss's streaming and precision options, as keywords."""
+    return {
+        "axis_name": BATCH_AXES,
+        "chunk_size": c.chunk_size,
+        "collective": c.collective,
+        "matmul_dtype": c.matmul_dtype,
+    }
 
 
 def _streamed_pair_loss(loss_fn, metrics: bool = True, **extra: str) -> Loss:

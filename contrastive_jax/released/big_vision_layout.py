@@ -17,7 +17,6 @@ SigLIP's (its 256k-id vocabulary is read from the arrays); NaFlex checkpoints ar
 
 import dataclasses
 import re
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -25,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from contrastive_jax import transformer
 from contrastive_jax.models import TEMPERATURE_PARAM
-from contrastive_jax.released import transformer
-from contrastive_jax.released.transformer import TowerSettings
 from contrastive_jax.released.two_tower import ReleasedTwoTower, TwoTowerSettings
+from contrastive_jax.transformer import TowerSettings
 
 ACTIVATION = "gelu_tanh"  # big_vision's `nn.gelu`, approximate=True
 LAYER_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's
@@ -144,21 +143,28 @@ class ImageTower(nn.Module):
     """big_vision's `vit`: `[B, H, W, 3]` pixels in [-1, 1] -> `[B, embed_dim]`."""
 
     settings: Settings
-    dtype: Any = jnp.float32
+    options: transformer.TowerOptions = transformer.TowerOptions()
 
     @nn.compact
     def __call__(self, x):
+        dtype = self.options.dtype
         s, p, width = self.settings, self.settings.patch_size, self.settings.image.width
-        x = nn.Conv(width, (p, p), strides=(p, p), padding="VALID", dtype=self.dtype, name="embedding")(x)
+        x = nn.Conv(width, (p, p), strides=(p, p), padding="VALID", dtype=dtype, name="embedding")(x)
         x = x.reshape(x.shape[0], -1, width)
         x = x + _posemb(self, x.shape[1], width).astype(x.dtype)
         if s.pool_type == "tok":
             cls = self.param("cls", nn.initializers.zeros, (1, 1, width)).astype(x.dtype)
             x = jnp.concatenate([jnp.tile(cls, (x.shape[0], 1, 1)), x], axis=1)
-        x = transformer.encoder(s.image, ACTIVATION, LAYER_NORM_EPSILON, dtype=self.dtype, name="Transformer")(x)
+        x = transformer.encoder(s.image, ACTIVATION, LAYER_NORM_EPSILON, options=self.options, name="Transformer")(x)
         if s.pool_type == "map":
             pool = transformer.MAPHead(
-                s.image.mlp_dim, s.image.num_heads, ACTIVATION, LAYER_NORM_EPSILON, self.dtype, name="MAPHead_0"
+                s.image.mlp_dim,
+                s.image.num_heads,
+                ACTIVATION,
+                LAYER_NORM_EPSILON,
+                dtype,
+                self.options.attention,
+                name="MAPHead_0",
             )
             x = pool(x)
         elif s.pool_type == "tok":
@@ -167,7 +173,7 @@ class ImageTower(nn.Module):
             x = x.mean(axis=1)
         else:
             raise ValueError(f"pool_type={s.pool_type!r}; use one of {POOL_TYPES}.")
-        return nn.Dense(s.embed_dim, dtype=self.dtype, name="head")(x) if s.image_head else x
+        return nn.Dense(s.embed_dim, dtype=dtype, name="head")(x) if s.image_head else x
 
 
 class TextTower(nn.Module):
@@ -175,17 +181,17 @@ class TextTower(nn.Module):
     at the last position (SigLIP's texts are padded to the full length)."""
 
     settings: Settings
-    dtype: Any = jnp.float32
+    options: transformer.TowerOptions = transformer.TowerOptions()
 
     @nn.compact
     def __call__(self, tokens):
-        s = self.settings
+        s, dtype = self.settings, self.options.dtype
         if tokens.shape[-1] != s.context_length:
             raise ValueError(f"texts of {tokens.shape[-1]} ids; the released text tower takes {s.context_length}.")
-        x = nn.Embed(s.vocab_size, s.text.width, dtype=self.dtype, name="Embed_0")(tokens)
+        x = nn.Embed(s.vocab_size, s.text.width, dtype=dtype, name="Embed_0")(tokens)
         x = x + _posemb(self, s.context_length, s.text.width).astype(x.dtype)
-        x = transformer.encoder(s.text, ACTIVATION, LAYER_NORM_EPSILON, dtype=self.dtype, name="Encoder_0")(x)[:, -1]
-        return nn.Dense(s.embed_dim, dtype=self.dtype, name="head")(x) if s.text_head else x
+        x = transformer.encoder(s.text, ACTIVATION, LAYER_NORM_EPSILON, options=self.options, name="Encoder_0")(x)
+        return nn.Dense(s.embed_dim, dtype=dtype, name="head")(x[:, -1]) if s.text_head else x[:, -1]
 
 
 class Model(ReleasedTwoTower):
@@ -193,13 +199,14 @@ class Model(ReleasedTwoTower):
     `[B, image_size, image_size, 3]` (uint8, or float in [0, 1]), `b` ids
     `[B, context_length]` -> `za`, `zb` `[B, embed_dim]` L2-normalised float32,
     `temperature` (`exp(-log_inv_temperature)`, big_vision's `1 / exp(t)`) and `bias`
-    (`b`). `dtype` is the towers' compute dtype; parameters stay float32."""
+    (`b`). `options` say how the towers compute (`transformer.TowerOptions`: the
+    activations' dtype, rematerialisation, the attention kernel); parameters stay float32."""
 
     settings: Settings
-    dtype: Any = jnp.float32
+    options: transformer.TowerOptions = transformer.TowerOptions()
 
     def towers(self):
-        return ImageTower(self.settings, self.dtype), TextTower(self.settings, self.dtype)
+        return ImageTower(self.settings, self.options), TextTower(self.settings, self.options)
 
     def normalize_pixels(self, pixels):
         return pixels * 2.0 - 1.0

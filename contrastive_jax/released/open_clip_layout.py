@@ -6,7 +6,7 @@ The towers are open_clip's `VisionTransformer` (class token, `ln_pre`, pre-Layer
 blocks, `ln_post` on the class token, `proj`) and its CLIP text tower (causal attention,
 `ln_final`, the end-of-text token's features -- the largest id of each row -- times
 `text_projection`), with PyTorch's LayerNorm epsilon 1e-5. Parameters take the names of
-`released.transformer` (big_vision's) under `img` and `txt`. What the arrays cannot say is
+`transformer` (big_vision's) under `img` and `txt`. What the arrays cannot say is
 an argument of `settings_from`: the head width (64 in every released model) and the MLP
 activation (`"quick_gelu"` for OpenAI's weights and open_clip's `-quickgelu` models,
 `"gelu"` for the others).
@@ -22,9 +22,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from contrastive_jax.released import transformer
-from contrastive_jax.released.transformer import TowerSettings
+from contrastive_jax import transformer
 from contrastive_jax.released.two_tower import ReleasedTwoTower, TwoTowerSettings
+from contrastive_jax.transformer import TowerSettings
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -92,20 +92,22 @@ class ImageTower(nn.Module):
     """open_clip's `VisionTransformer`: `[B, H, W, 3]` normalised pixels -> `[B, embed_dim]`."""
 
     settings: Settings
+    options: transformer.TowerOptions = transformer.TowerOptions()
 
     @nn.compact
     def __call__(self, x):
-        s, p = self.settings, self.settings.patch_size
-        x = nn.Conv(s.image.width, (p, p), strides=(p, p), padding="VALID", use_bias=False, name="embedding")(x)
+        s, p, dtype = self.settings, self.settings.patch_size, self.options.dtype
+        x = nn.Conv(
+            s.image.width, (p, p), strides=(p, p), padding="VALID", use_bias=False, dtype=dtype, name="embedding"
+        )(x)
         x = x.reshape(x.shape[0], -1, s.image.width)
-        cls = self.param("cls", nn.initializers.zeros, (s.image.width,))
+        cls = self.param("cls", nn.initializers.zeros, (s.image.width,)).astype(x.dtype)
         x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, s.image.width)), x], axis=1)
-        x = x + self.param("pos_embedding", nn.initializers.normal(0.02), x.shape[1:])[None]
-        x = nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, name="ln_pre")(x)
-        x = transformer.encoder(s.image, s.activation, LAYER_NORM_EPSILON, name="Transformer")(
-            x
-        )  # encoder_norm: ln_post
-        return nn.Dense(s.embed_dim, use_bias=False, name="head")(x[:, 0])
+        x = x + self.param("pos_embedding", nn.initializers.normal(0.02), x.shape[1:])[None].astype(x.dtype)
+        x = nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=dtype, name="ln_pre")(x)
+        # encoder_norm: ln_post
+        x = transformer.encoder(s.image, s.activation, LAYER_NORM_EPSILON, options=self.options, name="Transformer")(x)
+        return nn.Dense(s.embed_dim, use_bias=False, dtype=dtype, name="head")(x[:, 0])
 
 
 class TextTower(nn.Module):
@@ -113,27 +115,34 @@ class TextTower(nn.Module):
     each row's largest id (the end-of-text token)."""
 
     settings: Settings
+    options: transformer.TowerOptions = transformer.TowerOptions()
 
     @nn.compact
     def __call__(self, tokens):
-        s = self.settings
-        x = nn.Embed(s.vocab_size, s.text.width)(tokens)
-        x = x + self.param("pos_embedding", nn.initializers.normal(0.01), x.shape[1:])[None]
-        x = transformer.encoder(s.text, s.activation, LAYER_NORM_EPSILON, causal=True, name="Encoder_0")(x)  # ln_final
+        s, dtype = self.settings, self.options.dtype
+        x = nn.Embed(s.vocab_size, s.text.width, dtype=dtype)(tokens)
+        x = x + self.param("pos_embedding", nn.initializers.normal(0.01), x.shape[1:])[None].astype(x.dtype)
+        encoder = transformer.encoder(
+            s.text, s.activation, LAYER_NORM_EPSILON, options=self.options, causal=True, name="Encoder_0"
+        )
+        x = encoder(x)  # encoder_norm: ln_final
         x = x[jnp.arange(x.shape[0]), jnp.argmax(tokens, axis=-1)]
-        return nn.Dense(s.embed_dim, use_bias=False, name="head")(x)
+        return nn.Dense(s.embed_dim, use_bias=False, dtype=dtype, name="head")(x)
 
 
 class Model(ReleasedTwoTower):
     """A CLIP with `models.TwoTower`'s contract (`released`'s docstring): `a` images
     `[B, image_size, image_size, 3]` (uint8, or float in [0, 1]), `b` ids
     `[B, context_length]` -> `za`, `zb` `[B, embed_dim]` normalised, `temperature`
-    (`exp(-log_inv_temperature)`, open_clip's `1 / logit_scale.exp()`) and `bias`."""
+    (`exp(-log_inv_temperature)`, open_clip's `1 / logit_scale.exp()`) and `bias`.
+    `options` say how the towers compute (`transformer.TowerOptions`: the activations'
+    dtype, rematerialisation, the attention kernel); parameters stay float32."""
 
     settings: Settings
+    options: transformer.TowerOptions = transformer.TowerOptions()
 
     def towers(self):
-        return ImageTower(self.settings), TextTower(self.settings)
+        return ImageTower(self.settings, self.options), TextTower(self.settings, self.options)
 
     def normalize_pixels(self, pixels):
         mean, std = jnp.array(OPENAI_MEAN).reshape(1, 1, 1, 3), jnp.array(OPENAI_STD).reshape(1, 1, 1, 3)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from contrastive_jax import losses
 from contrastive_jax.models import TEMPERATURE_PARAM
-from contrastive_jax.released.transformer import TowerSettings
+from contrastive_jax.transformer import TowerSettings
 
 # The parameters of each tower (`optim.frozen_tower`, layer decay).
 TOWER_PARAMS = {"a": ("img",), "b": ("txt",)}

@@ -1,0 +1,187 @@
+"""The one Transformer (`contrastive_jax.transformer`): attention through
+`jax.nn.dot_product_attention` equals Flax's own, masks included; rematerialised blocks
+give the same numbers and gradients in less compiled memory; bfloat16 activations and
+logits' matmul stay within a stated tolerance of float32 in a whole CLIP step."""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contrastive_jax import encoders, losses, models, transformer
+from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.trainer import model_settings
+
+
+def _qkv(batch=3, length=7, heads=2, head_dim=8, dtype=jnp.float32):
+    keys = jax.random.split(jax.random.key(0), 3)
+    return [jax.random.normal(k, (batch, length, heads, head_dim), dtype) for k in keys]
+
+
+def _padding_mask(lengths, length):
+    """[B, 1, L, L] 0/1 float (as `nn.make_attention_mask` makes them): real tokens attend
+    to real tokens; a row of length 0 is all padding (every score masked)."""
+    valid = jnp.arange(length)[None, :] < jnp.asarray(lengths)[:, None]
+    return nn.make_attention_mask(valid, valid)
+
+
+@pytest.mark.parametrize("masked", ["none", "padding", "causal", "padding_and_causal"])
+def test_fused_attention_equals_flax_attention(masked):
+    query, key, value = _qkv()
+    padding = _padding_mask([7, 4, 0], 7) if "padding" in masked else None
+    causal = "causal" in masked
+    flax_mask = padding
+    if causal:
+        flax_mask = nn.combine_masks(padding, nn.make_causal_mask(jnp.ones((3, 7))))
+    expected = nn.dot_product_attention(query, key, value, mask=flax_mask)
+    got = transformer.dot_product_attention(query, key, value, mask=padding, is_causal=causal, attention="xla")
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    if masked != "none":  # the mask matters: without it the numbers differ
+        unmasked = transformer.dot_product_attention(query, key, value, attention="xla")
+        assert not np.allclose(unmasked, expected, atol=1e-3)
+
+
+def test_attention_dropout_when_training_uses_flax_attention_with_the_causal_mask():
+    query, key, value = _qkv()
+    rng = jax.random.key(1)
+    options = dict(dropout_rng=rng, dropout_rate=0.5, deterministic=False)
+    expected = nn.dot_product_attention(
+        query, key, value, mask=nn.make_causal_mask(jnp.ones((3, 7))), broadcast_dropout=True, **options
+    )
+    got = transformer.dot_product_attention(query, key, value, is_causal=True, **options)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def _encoder(**options):
+    return transformer.Encoder(depth=3, mlp_dim=64, num_heads=2, causal=True, **options)
+
+
+def test_encoder_gradients_equal_with_and_without_remat():
+    x = jax.random.normal(jax.random.key(0), (4, 9, 32))
+    params = _encoder().init(jax.random.key(1), x)
+
+    def value_and_grad(remat):
+        def loss(params, x):
+            return jnp.sum(jnp.sin(_encoder(remat=remat).apply(params, x)))
+
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
+
+    plain_value, plain_grads = value_and_grad("none")
+    for remat in ("full", "dots"):
+        value, grads = value_and_grad(remat)
+        np.testing.assert_allclose(value, plain_value, rtol=1e-6)
+        for got, expected in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads)):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)  # float32 round-off
+
+
+def _kept_for_backward(model, x):
+    """Bytes the backward pass of `sum(model(x))` keeps from the forward (the
+    residuals: parameters and the activations not recomputed), from `jax.vjp` traced
+    abstractly. XLA's CPU backend does not show rematerialisation in
+    `memory_analysis()` (its scheduler computes the recomputations early: a remat'd MLP
+    chain's temporaries rose from 88 to 102 MiB here); GPUs do (experiments/bench_step.py)."""
+    params = jax.eval_shape(model.init, jax.random.key(0), x)
+
+    def loss(params, x):
+        return jnp.sum(model.apply(params, x))
+
+    residuals = jax.eval_shape(lambda p, x: jax.vjp(loss, p, x)[1], params, x)
+    return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(residuals))
+
+
+def _params(sizes, x):
+    return jax.eval_shape(transformer.Encoder(**sizes).init, jax.random.key(0), x)
+
+
+def test_remat_keeps_fewer_activations_for_the_backward_pass():
+    x = jax.ShapeDtypeStruct((16, 64, 128), jnp.float32)
+    deep = dict(depth=6, mlp_dim=512, num_heads=4)
+    plain = _kept_for_backward(transformer.Encoder(**deep), x)  # 126 MiB
+    full = _kept_for_backward(transformer.Encoder(**deep, remat="full"), x)  # 9 MiB
+    dots = _kept_for_backward(transformer.Encoder(**deep, remat="dots"), x)  # 33 MiB
+    params = 4 * sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(_params(deep, x)))
+    activation = 4 * math.prod(x.shape)  # one [B, L, W] float32 array
+    # Fully rematerialised: each block's input and the final LayerNorm's statistics.
+    assert full - params <= (6 + 4) * activation, (full, params, activation)
+    assert full < dots < 0.3 * plain, (full, dots, plain)
+
+
+def test_remat_keeps_the_parameter_tree():
+    x = jnp.ones((2, 5, 16))
+    plain = jax.eval_shape(_encoder().init, jax.random.key(0), x)
+    rematerialised = jax.eval_shape(_encoder(remat="full").init, jax.random.key(0), x)
+    assert jax.tree.structure(plain) == jax.tree.structure(rematerialised)
+    assert "encoderblock_2" in plain["params"]
+
+
+def test_unknown_remat_or_attention_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"config.model.remat='some'; use one of \['dots', 'full', 'none'\]"):
+        transformer.check_options(remat="some", attention="auto")
+    with pytest.raises(ConfigError, match="config.model.attention='flash'"):
+        transformer.check_options(remat="none", attention="flash")
+
+
+def test_auto_attention_is_xla_on_the_cpu():
+    query = jnp.ones((1, 4, 2, 64), jnp.bfloat16)
+    assert transformer._implementation(query, "auto") == "xla"  # the CPU here; cudnn on a GPU
+    assert transformer._implementation(query, "cudnn") == "cudnn"
+
+
+# bfloat16: the towers' activations and the logits' matmul operands in bfloat16,
+# float32 accumulation, softmax / log-sum-exp, parameters and gradients. Tolerance: the
+# loss within 1%, all gradients together within 3% of their norm, each parameter's within
+# 10% of its own norm (bfloat16 keeps 8 bits of mantissa, 0.4% per rounding, over 12
+# layers of them; measured 0.1%, 1.3% and at most 5.8%). The key projections' biases are
+# left out: their exact gradient is 0 (a softmax ignores what it adds to every score).
+LOSS_RTOL, GRADS_RTOL, PARAM_RTOL = 1e-2, 3e-2, 1e-1
+
+
+def _clip_step(config, params, images, tokens):
+    model = models.create_model(model_settings(config), text_vocab_size=64)
+    dtype = config.loss.matmul_dtype
+
+    def loss(params):
+        out = model.apply(params, images, tokens)
+        return losses.clip_loss(out["za"], out["zb"], temperature=out["temperature"], matmul_dtype=dtype)
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def _relative_error(got, expected):
+    return float(np.linalg.norm(np.ravel(got - expected)) / np.linalg.norm(np.ravel(expected)))
+
+
+def test_bfloat16_clip_step_within_tolerance_of_float32(load_config):
+    config = load_config("default")
+    config.model.update(encoder_a="vit_tiny", encoder_b="text_transformer", patch_size=8, encoder_dim=64)
+    config.model.update(text_num_layers=2, dropout_rate=0.0, embed_dim=32)
+    images = jax.random.uniform(jax.random.key(0), (32, 16, 16, 3))
+    tokens = jax.random.randint(jax.random.key(1), (32, 6), 1, 64)
+    model = models.create_model(model_settings(config), text_vocab_size=64)
+    params = model.init(jax.random.key(2), images, tokens)
+    value32, grads32 = _clip_step(config, params, images, tokens)
+    config.model.compute_dtype, config.loss.matmul_dtype = "bfloat16", "bfloat16"
+    value16, grads16 = _clip_step(config, params, images, tokens)
+    assert value16.dtype == jnp.float32 and value16 != value32  # bfloat16 really used
+    np.testing.assert_allclose(value16, value32, rtol=LOSS_RTOL)
+    flat16, flat32 = (jnp.concatenate([jnp.ravel(g) for g in jax.tree.leaves(t)]) for t in (grads16, grads32))
+    assert _relative_error(flat16, flat32) < GRADS_RTOL
+    for (path, g16), g32 in zip(jax.tree_util.tree_leaves_with_path(grads16), jax.tree.leaves(grads32)):
+        name = jax.tree_util.keystr(path)
+        assert g16.dtype == jnp.float32, name
+        if "['key']['bias']" not in name:
+            assert _relative_error(g16, g32) < PARAM_RTOL, name
+
+
+def test_transformer_encoders_are_listed(load_config):
+    config = load_config("default")
+    config.model.update(patch_size=4, encoder_dim=64, text_num_layers=1)
+    for name in encoders.ENCODERS:
+        config.model.encoder_a = name
+        model = models.create_model(model_settings(config), text_vocab_size=16)
+        a = jnp.ones((1, 8), jnp.int32) if name.startswith("text_") else jnp.ones((1, 8, 8, 3))
+        params = jax.eval_shape(model.init, jax.random.key(0), a, None)["params"]["tower_a"]
+        assert ("Transformer" in params) == (name in encoders.TRANSFORMER_ENCODERS), name
