@@ -110,6 +110,7 @@ def run_grid(
     curve_keys: Iterable[str] = ("train/loss", "train/temperature"),
     log: Callable[[str], None] = print,
     deadline: float | None = None,
+    stop_when: Callable[[Path], bool] | None = None,
 ) -> list[dict[str, Any]]:
     """Trains every run not finished yet, then collects all of them.
 
@@ -125,14 +126,15 @@ def run_grid(
       log: where progress lines go.
       deadline: a `time.monotonic()` after which no run starts (None: no limit); the
         runs not started have no record (the next invocation trains them).
+      stop_when: `workdir -> bool`, e.g. "the validation target is reached": each run
+        then trains in segments of its `checkpoint.every_steps` and stops after the first
+        segment where it holds, its `train.num_train_steps` a cap (`train_until`).
 
     Returns:
       One record per finished run: `name`, its tags, the final evaluation's metrics, the
       last logged `train/loss` and `train/temperature`, and `curves`.
     """
-    simulate_cpu_devices(base.num_simulated_devices)
-    from contrastive_jax import train  # JAX starts after XLA_FLAGS is final.
-
+    simulate_cpu_devices(base.num_simulated_devices)  # before `train_until` starts JAX
     curve_keys = tuple(curve_keys)
     committed = committed_records(out)
     records, durations = [], []
@@ -146,7 +148,7 @@ def run_grid(
             records.append(earlier)
             continue
         _check_run(workdir, run, config)
-        if is_complete(workdir, config):
+        if is_complete(workdir, config) or (stop_when and run_dir.read_eval_results(workdir) and stop_when(workdir)):
             log(f"{label}: finished earlier, skipped")
         elif deadline is not None and time.monotonic() > deadline:
             log(f"{label}: not started (the time budget is spent; run the command again to go on)")
@@ -155,7 +157,7 @@ def run_grid(
             resuming = " (resuming from its checkpoint)" if (workdir / "checkpoints").exists() else ""
             log(f"{label}: training {config.train.num_train_steps} steps{resuming}")
             start = time.perf_counter()
-            train.train_and_evaluate(config, str(workdir))
+            train_until(config, workdir, stop_when)
             durations.append(time.perf_counter() - start)
             remaining = sum(
                 _committed_record(r, out / "runs" / r.name, committed) is None
@@ -168,6 +170,32 @@ def run_grid(
             )
         records.append(collect(run, workdir, curve_keys))
     return records
+
+
+def train_until(config: ml_collections.ConfigDict, workdir: Path, stop_when: Callable[[Path], bool] | None) -> None:
+    """`train.train_and_evaluate(config, workdir)`; with `stop_when`, in segments of
+    `config.checkpoint.every_steps` (each resumes the last; the final one ends at
+    `config.train.num_train_steps`), stopping after the first segment where
+    `stop_when(workdir)` holds.
+
+    Raises:
+      ValueError: `stop_when` with a schedule that depends on the run's length (a run
+        stopped early must be the same run as one trained on).
+    """
+    from contrastive_jax import train
+
+    if stop_when is None:
+        train.train_and_evaluate(config, str(workdir))
+        return
+    if config.optim.schedule != "constant":
+        raise ValueError(f"stop_when needs config.optim.schedule='constant', not {config.optim.schedule!r}.")
+    results = run_dir.read_eval_results(workdir)
+    done, cap = (results or {}).get("step", 0), config.train.num_train_steps
+    while done < cap:
+        done = min(cap, done + config.checkpoint.every_steps)
+        train.train_and_evaluate(override(config, {"train.num_train_steps": done}), str(workdir))
+        if stop_when(workdir):
+            return
 
 
 def run_sweep(

@@ -1,0 +1,298 @@
+"""The critical batch under a schedule that does not depend on N: steps to each validation
+target with a fixed warmup in steps, then a constant rate (Shallue et al. 2018;
+McCandlish et al. 2018), the rate tuned per N on a sqrt(2) grid, B_crit with a bootstrap
+interval over seeds.
+
+The cosine study (`critical_batch_study`) decays every run's rate over 6 epochs, so a
+large N reaches its target while its rate is already low: steps-to-target measured the
+schedule as much as the batch. Here every run trains `configs/cmudict_clip.py` (two 1-D
+CNN towers, CLIP over the global batch on 8 simulated CPU devices) on cmudict's `fit`
+split (108,000 pairs) with `optim.schedule = "constant"`: a linear warmup over
+`WARMUP_STEPS` steps whatever N, then the peak rate ``BASE_LEARNING_RATE * 2 ** (k / 2)``
+(rate step k). Validation R@1 both ways (13,490 pairs; the test split is never read) is
+measured every `EVAL_EXAMPLES` training examples (at least every step); a run trains in
+segments of `SEGMENT_EVALS` evaluations and stops after the first segment that reached
+the highest target, or made no new best for `PATIENCE_EVALS` evaluations, or at the cap
+of `MAX_EPOCHS` epochs. Its steps to every target are interpolated from those points.
+
+Stages (resumable; a run's results are written as it finishes):
+
+1. **tuning**, on the first seed, N by N: rate steps ``k0(N) - 1 .. k0(N) + 1``
+   (``k0`` from the square-root rule, `first_rate_step`), then the neighbour beyond
+   the best while the best (fewest steps to the highest target; a miss ranks by its
+   best R@1) is at the edge of what ran;
+2. **seeds**: every other seed at each N's tuned rate and both its neighbours.
+
+The report (`summary.md`, `results.json`, `steps_to_target.png`): per target, each N's
+steps at every rate (mean ± 95% t over seeds); each N's best rate among those run with
+every seed, marked where it is at the edge of those; ``B_crit`` fitted over every N with
+its 95% bootstrap over seeds (`critical_batch_fit`), and the table of the estimate
+against the range fitted.
+
+Run (from the repository root; rerun the same command to go on):
+  .venv/bin/python -m experiments.critical_batch_constant_lr --hours 2   # no run starts after 2 h
+  .venv/bin/python -m experiments.critical_batch_constant_lr --hours 0   # the report from what finished
+  .venv/bin/python -m experiments.critical_batch_constant_lr --quick     # CI: slices of the data
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from contrastive_jax import run_dir
+from contrastive_jax.config_lib import load_config, override
+from experiments import critical_batch_fit, intervals, sweep
+from experiments import critical_batch_study as cosine
+
+BATCH_SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
+SEEDS = (0, 1, 2)
+TARGETS = (0.80, 0.82, 0.84, 0.86, 0.88)  # validation R@1, mean of both directions; the last stops a run
+BASE_LEARNING_RATE = 1e-3  # rate step k: BASE_LEARNING_RATE * 2 ** (k / 2)
+WARMUP_STEPS = 20  # the same at every N
+EVAL_EXAMPLES = 32_768  # validation every this many training examples (at least every step)
+SEGMENT_EVALS = 4  # evaluations per training segment (the stop is checked between segments)
+PATIENCE_EVALS = 12  # no new best validation R@1 in this many evaluations: the run stops
+MAX_TUNING_RATES = 6  # rate steps tuned per N at most
+MAX_EPOCHS = 16.0  # the cap
+FIT_STARTS = (256, 512, 1024)  # the fit-range table: every N from each of these up
+
+
+def learning_rate(rate_step: int) -> float:
+    """AdamW's peak rate at rate step `rate_step` of the sqrt(2) grid."""
+    return BASE_LEARNING_RATE * 2 ** (rate_step / 2)
+
+
+def first_rate_step(n: int) -> int:
+    """The grid's centre at N = `n`: the square-root rule from 2e-3 at N = 256 (the
+    cosine study's best there), ``log2(n / 256) + 2``."""
+    return round(math.log2(n / 256)) + 2
+
+
+def study_run(
+    n: int, rate_step: int, seed: int, *, train_size: int, max_epochs: float, eval_examples: int
+) -> sweep.Run:
+    """The run at N = `n`, rate step `rate_step` and `seed`: constant rate after
+    `WARMUP_STEPS`, validated every `eval_examples` training examples (at least every
+    step), capped at `max_epochs` epochs of `train_size` pairs, every segment's
+    checkpoint kept (the noise scale is measured along the run)."""
+    every = max(1, round(eval_examples / n))
+    cap = math.ceil(max_epochs * train_size / n)
+    rate = learning_rate(rate_step)
+    overrides = {
+        "seed": seed,
+        "data.seed": seed,
+        "train.global_batch_size": n,
+        "train.num_train_steps": cap,
+        "train.log_every_steps": every,
+        "optim.schedule": "constant",
+        "optim.warmup_steps": WARMUP_STEPS,
+        "optim.learning_rate": rate,
+        "eval.every_steps": every,
+        "checkpoint.every_steps": every * SEGMENT_EVALS,
+        "checkpoint.max_to_keep": 1_000,
+    }
+    tags = {"batch_size": n, "rate_step": rate_step, "lr_factor": 2 ** (rate_step / 2), "seed": seed}
+    return sweep.Run(f"n{n}_k{rate_step}_s{seed}", tags | {"learning_rate": rate, "max_steps": cap}, overrides)
+
+
+def finished(curve: np.ndarray, target: float, patience: int = PATIENCE_EVALS) -> bool:
+    """Whether a run with validation `curve` (`[[step, R@1], ...]`) may stop: it reached
+    `target`, or its last `patience` evaluations hold no new best."""
+    values = curve[:, 1]
+    reached = len(values) and values.max() >= target
+    stalled = len(values) > patience and values[-patience:].max() <= values[:-patience].max()
+    return bool(reached or stalled)
+
+
+def workdir_curve(workdir: Path) -> np.ndarray:
+    """The validation curve (`cosine.validation_curve`'s) logged so far in `workdir`."""
+    history = run_dir.metrics_by_step(workdir)
+    curves = {
+        f"eval/{m}": [[step, values[f"eval/{m}"]] for step, values in history.items() if f"eval/{m}" in values]
+        for m in cosine.METRICS
+    }
+    if not curves[f"eval/{cosine.METRICS[0]}"]:
+        return np.zeros((0, 2))
+    return cosine.validation_curve({"curves": curves})
+
+
+def rank(record: Mapping[str, Any], target: float) -> tuple[float, float]:
+    """A tuning run's sort key: steps to `target` (inf on a miss), then minus its best R@1."""
+    curve = cosine.validation_curve(record)
+    steps = cosine.steps_to_target(curve, target)
+    return (math.inf if steps is None else steps, -float(curve[:, 1].max()))
+
+
+def next_rate_step(records: Sequence[Mapping[str, Any]], target: float) -> int | None:
+    """The rate step to tune next at one N from its tuning runs `records`: None when the
+    best (`rank`) is inside the steps run, else the neighbour beyond it."""
+    steps = sorted(r["rate_step"] for r in records)
+    best = min(records, key=lambda r: rank(r, target))["rate_step"]
+    if best == steps[0]:
+        return best - 1
+    return best + 1 if best == steps[-1] else None
+
+
+def tune(base, n: int, seed: int, target: float, out: Path, run_args, grid_args, most: int) -> list[dict]:
+    """The tuning runs at N = `n` on `seed`: the three steps around `first_rate_step`,
+    then the neighbour beyond the best (at `target`) while it is at an edge, up to
+    `most` rates (stops early when the budget leaves a run unstarted)."""
+    k0 = first_rate_step(n)
+    runs = [study_run(n, k, seed, **run_args) for k in (k0 - 1, k0, k0 + 1)]
+    while True:
+        records = sweep.run_grid(base, runs, out, **grid_args)
+        step = next_rate_step(records, target) if len(records) == len(runs) else None
+        if step is None or len(runs) >= most:
+            return records
+        runs.append(study_run(n, step, seed, **run_args))
+
+
+def tuned_steps(records: Sequence[Mapping[str, Any]], seed: int, target: float) -> dict[int, int]:
+    """`{N: rate step}`: each N's best tuning run on `seed` (`rank`)."""
+    by_n: dict[int, list] = {}
+    for record in (r for r in records if r["seed"] == seed):
+        by_n.setdefault(record["batch_size"], []).append(record)
+    return {n: min(rs, key=lambda r: rank(r, target))["rate_step"] for n, rs in sorted(by_n.items())}
+
+
+def seed_runs(tuned: Mapping[int, int], seeds: Sequence[int], **run_args) -> list[sweep.Run]:
+    """Seed by seed, each N's tuned rate step and both its neighbours."""
+    return [study_run(n, k + d, seed, **run_args) for seed in seeds for n, k in tuned.items() for d in (-1, 0, 1)]
+
+
+def best_by_n(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, dict[str, Any]]:
+    """`cosine.best_runs` (the fewest mean steps among the rates run with every seed an
+    N has) with `edge` redone per N: the best is the smallest or largest of those rates."""
+    best = cosine.best_runs(records, target)
+    reached = cosine.reached_steps(records, target)
+    for n, entry in best.items():
+        seeds = entry["seeds"]
+        full = sorted(f for (m, f), by_seed in reached.items() if m == n and len(by_seed) == seeds)
+        entry["edge"] = len(full) > 1 and entry["lr_factor"] in (full[0], full[-1])
+    return best
+
+
+def b_crit_entries(best: Mapping[int, Mapping[str, Any]], starts: Sequence[int]) -> list[dict[str, float]]:
+    """`critical_batch_fit.fit_ranges` of the best runs' steps per seed (`best_by_n`)."""
+    steps_by_n = {n: list(entry["by_seed"].values()) for n, entry in best.items()}
+    return critical_batch_fit.fit_ranges(steps_by_n, starts)
+
+
+def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], starts: Sequence[int]) -> str:
+    """The markdown report: per target, each N's steps at every rate, the best, and B_crit
+    over every N with its bootstrap interval beside the fit-range table."""
+    text = f"# The critical batch on cmudict, constant rate after {WARMUP_STEPS} warmup steps, {len(records)} runs\n"
+    text += (
+        "\nSteps: mean ± the 95% t-interval's half-width over the seeds run (count in brackets); "
+        "`-`: a seed missed the target. Rate step k: peak rate 1e-3 · 2^(k/2).\n"
+    )
+    ks = sorted({r["rate_step"] for r in records})
+    for target in targets:
+        best = best_by_n(records, target)
+        reached = cosine.reached_steps(records, target)
+        rows = []
+        for n in sorted({r["batch_size"] for r in records}):
+            cells = []
+            for k in ks:
+                by_seed = reached.get((n, 2 ** (k / 2)), {})
+                count = f" ({len(by_seed)})" if by_seed else ""
+                cells.append(intervals.mean_and_interval(list(by_seed.values())) + count)
+            entry = best.get(n)
+            if entry:
+                k = round(2 * math.log2(entry["lr_factor"]))
+                cells += [f"{entry['steps']:.0f} at k={k}" + (" (edge)" if entry["edge"] else ""), entry["seeds"]]
+            else:
+                cells += ["not reached", "-"]
+            rows.append([f"{n:,}", *cells])
+        text += f"\n## Steps to validation R@1 {target:g} (mean of both directions)\n\n"
+        text += sweep.markdown_table(rows, ["N", *(f"k={k}" for k in ks), "best", "seeds"])
+        fits = b_crit_entries(best, starts)
+        if fits:
+            text += (
+                f"\nS(N) = S_min (1 + B_crit / N) over N from {fits[0]['from']:,} "
+                f"({fits[0]['points']} N): {critical_batch_fit.b_crit_words(fits[0])}, "
+                f"S_min = {fits[0]['s_min']:.0f} steps.\n\n"
+            )
+            rows = [
+                [f"{e['from']:,}", e["points"], e["seeds"], critical_batch_fit.b_crit_words(e)[len("B_crit = ") :]]
+                for e in fits
+            ]
+            text += sweep.markdown_table(rows, ["fitted from N", "N fitted", "fewest seeds", "B_crit [95%]"])
+    return text
+
+
+def run(args) -> list[dict]:
+    """Tunes each N on the first seed, then the other seeds at the tuned rate and its
+    neighbours (finished runs skipped), and writes results, the figure and the summary."""
+    base = override(
+        load_config("cmudict_clip"),
+        {**cosine.SPLITS, **(cosine.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
+    )
+    target = args.targets[-1]
+    run_args = {"train_size": args.train_size, "max_epochs": args.max_epochs, "eval_examples": args.eval_examples}
+    grid_args = {
+        "curve_keys": cosine.CURVES,
+        "deadline": sweep.deadline(args.hours),
+        "stop_when": lambda workdir: finished(workdir_curve(workdir), target),
+    }
+    records = []
+    for n in args.batch_sizes:
+        records += tune(base, n, args.seeds[0], target, args.out, run_args, grid_args, args.max_tuning_rates)
+    tuned = tuned_steps(records, args.seeds[0], target)
+    records += sweep.run_grid(base, seed_runs(tuned, args.seeds[1:], **run_args), args.out, **grid_args)
+    sweep.write_results(records, args.out)
+    if records:
+        best = best_by_n(records, target)
+        rates = {n: best[n]["lr_factor"] if n in best else 2 ** (k / 2) for n, k in tuned.items()}
+        sweep.save(cosine.plot(records, args.targets, args.train_size, 0.7, rates), args.out)
+    starts = args.batch_sizes[: len(FIT_STARTS)]  # the full grid: FIT_STARTS
+    (args.out / "summary.md").write_text(summary(records, args.targets, starts))
+    print(f"wrote {args.out}")
+    return records
+
+
+FULL = dict(
+    batch_sizes=list(BATCH_SIZES),
+    seeds=list(SEEDS),
+    targets=list(TARGETS),
+    train_size=cosine.FIT_PAIRS,
+    max_epochs=MAX_EPOCHS,
+    eval_examples=EVAL_EXAMPLES,
+    max_tuning_rates=MAX_TUNING_RATES,
+)
+# --quick: 1,024 training pairs, 256 validation pairs, N = 64 and 128, at most 2 epochs,
+# validation every 256 examples, 4 rates tuned at most.
+QUICK = dict(
+    batch_sizes=[64, 128],
+    seeds=[0, 1],
+    targets=[0.005, 0.01],
+    train_size=1024,
+    max_epochs=2.0,
+    eval_examples=256,
+    max_tuning_rates=4,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = sweep.argument_parser(__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", type=sweep.int_list, help="global batch sizes N")
+    parser.add_argument("--targets", type=sweep.float_list, help="validation R@1 targets (the last stops a run)")
+    parser.add_argument("--max-epochs", type=float, help=f"each run's cap (default {MAX_EPOCHS:g})")
+    parser.add_argument("--eval-examples", type=int, help=f"examples between validations (default {EVAL_EXAMPLES:,})")
+    parser.add_argument("--max-tuning-rates", type=int, help=f"rates tuned per N at most (default {MAX_TUNING_RATES})")
+    sweep.add_hours_option(parser)
+    args = sweep.resolve(parser.parse_args(argv), "critical_batch_constant_lr", FULL, QUICK)
+    if args.steps is not None:
+        parser.error("--steps: each run trains to its target or its cap; pass --max-epochs.")
+    if sorted(args.targets) != list(args.targets):
+        parser.error(f"--targets {args.targets}: give them in increasing order (the last stops each run).")
+    return run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""experiments/critical_batch_constant_lr.py: the constant-rate runs, when a run stops, the
+sqrt(2) rate grid's bracketing, the seeds' rates, the per-N edge flag, and --quick end to
+end (each run stops at its target or cap; a rerun trains nothing)."""
+
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
+    sys.path.insert(0, str(ROOT))
+
+from experiments import critical_batch_constant_lr as study  # noqa: E402
+from experiments import sweep  # noqa: E402
+
+RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
+
+
+def record(n, k, seed, values, every=10):
+    """A run's record whose validation R@1 (both directions) is `values` every `every` steps."""
+    curve = [[every * (i + 1), v] for i, v in enumerate(values)]
+    curves = {"eval/a_to_b/R@1": curve, "eval/b_to_a/R@1": curve}
+    return {"name": f"n{n}_k{k}_s{seed}", "batch_size": n, "rate_step": k, "lr_factor": 2 ** (k / 2), "seed": seed,
+            "curves": curves}  # fmt: skip
+
+
+def test_runs_hold_a_constant_rate_after_fixed_warmup_steps_and_segment_by_evaluations():
+    small, large = study.study_run(256, 2, 0, **RUN_ARGS), study.study_run(16384, 9, 1, **RUN_ARGS)
+    assert small.name == "n256_k2_s0" and small.tags["learning_rate"] == pytest.approx(2e-3)
+    assert large.tags["learning_rate"] == pytest.approx(1e-3 * 2**4.5)
+    for run in (small, large):
+        assert run.overrides["optim.schedule"] == "constant" and run.overrides["optim.warmup_steps"] == 20
+    # validation every 32,768 examples (128 steps at 256; 2 at 16,384), a segment 4 of them
+    assert [small.overrides[k] for k in ("eval.every_steps", "checkpoint.every_steps")] == [128, 512]
+    assert [large.overrides[k] for k in ("eval.every_steps", "checkpoint.every_steps")] == [2, 8]
+    assert small.tags["max_steps"] == 6750 and large.tags["max_steps"] == 106  # 16 epochs of 108,000
+    assert [study.first_rate_step(n) for n in (256, 512, 4096, 16384)] == [2, 3, 6, 8]
+
+
+def test_a_run_stops_at_its_target_or_after_patience_without_a_new_best():
+    rising = np.array([[10, 0.5], [20, 0.7], [30, 0.88]])
+    assert study.finished(rising, 0.88) and not study.finished(rising[:2], 0.88)
+    flat = np.array([[1, 0.7], [2, 0.8], [3, 0.79], [4, 0.8], [5, 0.79]])  # best at eval 2, a tie is no new best
+    assert study.finished(flat, 0.88, patience=3) and not study.finished(flat, 0.88, patience=4)
+    assert not study.finished(np.zeros((0, 2)), 0.88)
+
+
+def test_tuning_extends_the_grid_past_an_edge_best_and_stops_inside():
+    slow, fast = [0.5, 0.7, 0.8, 0.9], [0.7, 0.9]
+    assert study.next_rate_step([record(256, 1, 0, slow), record(256, 2, 0, slow), record(256, 3, 0, fast)], 0.88) == 4
+    assert study.next_rate_step([record(256, 1, 0, fast), record(256, 2, 0, slow), record(256, 3, 0, slow)], 0.88) == 0
+    assert (
+        study.next_rate_step([record(256, 1, 0, slow), record(256, 2, 0, fast), record(256, 3, 0, slow)], 0.88) is None
+    )
+    # none reach the target: the best R@1 decides
+    misses = [record(256, 1, 0, [0.5, 0.6]), record(256, 2, 0, [0.5, 0.8]), record(256, 3, 0, [0.5, 0.7])]
+    assert study.next_rate_step(misses, 0.88) is None
+    assert study.tuned_steps(misses, 0, 0.88) == {256: 2}
+
+
+def test_other_seeds_run_the_tuned_rate_and_both_neighbours():
+    runs = study.seed_runs({256: 2, 1024: 5}, [1, 2], **RUN_ARGS)
+    assert [r.name for r in runs[:6]] == [
+        f"n{n}_k{k}_s1" for n, ks in ((256, (1, 2, 3)), (1024, (4, 5, 6))) for k in ks
+    ]
+    assert len(runs) == 12
+
+
+def test_best_is_flagged_at_the_edge_of_the_rates_every_seed_ran():
+    fast, slow = [0.7, 0.9], [0.5, 0.7, 0.8, 0.9]
+    records = [record(256, k, s, fast if k == 3 else slow) for s in (0, 1, 2) for k in (1, 2, 3)]
+    records.append(record(256, 4, 0, slow))  # tuned on seed 0 only: not a candidate
+    best = study.best_by_n(records, 0.88)[256]
+    assert best["lr_factor"] == 2**1.5 and best["seeds"] == 3 and best["edge"]
+    inside = [record(256, k, s, fast if k == 2 else slow) for s in (0, 1, 2) for k in (1, 2, 3)]
+    best = study.best_by_n(inside, 0.88)[256]
+    assert best["lr_factor"] == 2.0 and not best["edge"]
+
+
+def test_summary_quotes_each_targets_b_crit_interval_and_the_fit_range_table():
+    rng = np.random.default_rng(0)
+    records = []
+    for n in (256, 512, 1024, 2048):
+        steps = 40 * (1 + 2000 / n)
+        for seed in (0, 1, 2):
+            s = steps * np.exp(0.03 * rng.standard_normal())
+            records.append(record(n, 2, seed, [0.0, 0.88], every=round(s / 2)))  # reaches 0.88 at `s`
+    text = study.summary(records, [0.88], [256, 512, 1024])
+    assert "| 256 | " in text and "(3) | " in text
+    assert "S(N) = S_min (1 + B_crit / N) over N from 256 (4 N): B_crit = " in text
+    line = next(line for line in text.splitlines() if line.startswith("S(N)"))
+    assert line.count("[") == 1 and "95% bootstrap over seeds; resolved" in line
+    assert "| 512 | 3 | 3 | " in text and "| 1,024 | 2 | 3 | " in text
+
+
+def test_train_until_refuses_a_schedule_that_depends_on_the_length(tmp_path, load_config):
+    with pytest.raises(ValueError, match="stop_when needs config.optim.schedule='constant', not 'cosine'"):
+        sweep.train_until(load_config("default"), tmp_path, lambda workdir: True)
+
+
+@pytest.mark.e2e
+def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict_data_dir, capsys):
+    args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
+    records = study.main(args)
+    tuning = [r for r in records if r["seed"] == 0]
+    assert {r["batch_size"] for r in tuning} == {64, 128} and all(3 <= sum(r["batch_size"] == n for r in tuning) <= 4
+                                                                  for n in (64, 128))  # fmt: skip
+    tuned = study.tuned_steps(records, 0, 0.01)
+    assert sorted((r["batch_size"], r["rate_step"]) for r in records if r["seed"] == 1) == sorted(
+        (n, k + d) for n, k in tuned.items() for d in (-1, 0, 1)
+    )
+    for r in records:
+        curve = study.cosine.validation_curve(r)
+        every = {64: 4, 128: 2}[r["batch_size"]]  # 256 examples
+        assert list(curve[:, 0]) == [every * (i + 1) for i in range(len(curve))]
+        reached = np.flatnonzero(curve[:, 1] >= 0.01)
+        if len(reached):  # it stopped after the segment (4 evaluations) that reached the target
+            assert len(curve) == 4 * (reached[0] // 4 + 1)
+        else:
+            assert curve[-1, 0] == r["max_steps"]
+    assert any(curve[-1, 0] < r["max_steps"] for r in records if len(curve := study.cosine.validation_curve(r)))
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Steps to validation R@1 0.005" in summary and "B_crit = " in summary
+    capsys.readouterr()
+    assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(records))
+    out = capsys.readouterr().out
+    assert "training" not in out and out.count("finished earlier") >= len(records)
+
+
+def test_bad_targets_are_one_clear_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        study.main(["--quick", "--targets", "0.9,0.8"])
+    assert exit_info.value.code == 2
+    assert "give them in increasing order" in capsys.readouterr().err
