@@ -62,9 +62,9 @@ def make_schedule(optim: OptimSettings, num_train_steps: int) -> optax.Schedule:
     )
 
 
-# A Transformer block's parameters (released towers: `encoderblock_<i>`; encoders.ViT and
-# TextTransformer: `TransformerBlock_<i>`), and what comes before the first block.
-_BLOCK = re.compile(r"^(?:encoderblock|TransformerBlock)_(\d+)$")
+# A Transformer block's parameters (`transformer.Encoder`'s `encoderblock_<i>`, in every
+# tower), and what comes before the first block.
+_BLOCK = re.compile(r"^encoderblock_(\d+)$")
 _EMBEDDINGS = frozenset({"embedding", "Conv_0", "Embed_0", "cls", "pos_embedding", "ln_pre"})
 
 
