@@ -5,8 +5,9 @@
 records with the global-batch streamed CLIP loss. Needs an accelerator.
 
 The three files: the checkpoint (`open_clip_model.safetensors` or
-`open_clip_pytorch_model.bin` from the model's Hugging Face page; OpenAI's weights and the
-`-quickgelu` models also need `--config.model.quick_gelu=True`), your records
+`open_clip_pytorch_model.bin` from the model's Hugging Face page; QuickGELU, which OpenAI's
+weights and the `-quickgelu` models use, is read from the `open_clip_config.json` beside
+it or the path's model name, else `--config.model.quick_gelu=True`), your records
 (`python -m contrastive_jax.write_records`, docs/own_data.md) and CLIP's BPE vocabulary
 (`bpe_simple_vocab_16e6.txt.gz`, shipped inside open_clip's wheel). The image tower is
 trained with layer-wise learning-rate decay; `--config.optim.frozen_tower=a` locks it
@@ -14,7 +15,8 @@ instead (LiT, Zhai et al. 2022). The temperature starts at the checkpoint's.
 
 One TPU chip (Colab) holds the 4,096 batch as micro-batches of 256 (gradient caching:
 the loss is exact over all 4,096); on a larger slice, raise `micro_batch_size` or set it
-to 0.
+to 0. On a CPU (to try the recipe) the run is one device, not eight simulated ones: eight
+copies of a ViT-B/32's step do not fit a laptop's memory.
 """
 
 import ml_collections
@@ -25,6 +27,7 @@ from configs import default
 def get_config():
     """A released CLIP, fine-tuned contrastively on image-text records."""
     config = default.get_config()
+    config.num_simulated_devices = 1  # On a CPU: one device (a released model's step is large).
     config.data.records = ml_collections.config_dict.placeholder(str)  # Your image-text records.
     config.data.task = "pairs"  # (image, one of its captions) pairs.
     config.data.image_size = 224  # The checkpoint's image size.

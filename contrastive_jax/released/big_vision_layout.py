@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from contrastive_jax import transformer
+from contrastive_jax import released, transformer
 from contrastive_jax.models import TEMPERATURE_PARAM
 from contrastive_jax.released.two_tower import ReleasedTwoTower, TwoTowerSettings
 from contrastive_jax.transformer import TowerSettings
@@ -212,14 +212,6 @@ class Model(ReleasedTwoTower):
         return pixels * 2.0 - 1.0
 
 
-def _expected_shapes(settings: Settings) -> dict[str, tuple[int, ...]]:
-    """`Model(settings)`'s parameter shapes by "/"-joined name (abstract: nothing computed)."""
-    images = jnp.zeros((1, settings.image_size, settings.image_size, 3), jnp.float32)
-    texts = jnp.zeros((1, settings.context_length), jnp.int32)
-    tree = jax.eval_shape(Model(settings).init, jax.random.key(0), images, texts)["params"]
-    return {name: leaf.shape for name, leaf in traverse_util.flatten_dict(tree, sep="/").items()}
-
-
 def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
     """The parameters of `Model(settings)` (numpy float32) from a big_vision checkpoint's
     `arrays` (as `read` gives them): big_vision's tree, unflattened, with `t` [1] as
@@ -231,7 +223,7 @@ def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
     """
     arrays = dict(arrays)
     flat = {}
-    for name, shape in sorted(_expected_shapes(settings).items()):
+    for name, shape in sorted(released.param_shapes(Model(settings), settings).items()):
         source = TOP_LEVEL.get(name, name)
         array = np.asarray(_array(arrays, source), np.float32)
         arrays.pop(source)

@@ -21,8 +21,9 @@ import os
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
-from contrastive_jax import transformer
+from contrastive_jax import released, transformer
 from contrastive_jax.released.two_tower import ReleasedTwoTower, TwoTowerSettings
 from contrastive_jax.transformer import TowerSettings
 
@@ -193,11 +194,14 @@ def _encoder_params(arrays, prefix: str, tower: TowerSettings, final_norm: str) 
 
 
 def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
-    """The parameters of `Model(settings)` from an open_clip checkpoint's `arrays`.
+    """The parameters of `Model(settings)` from an open_clip checkpoint's `arrays`, each
+    checked against the shape `Model(settings)` needs.
 
     Raises:
       ValueError: an array the towers have no place for (e.g. LayerScale's `ls_1`, an
-        attention-pooling head), naming it: such a model is not a classic CLIP.
+        attention-pooling head), naming it: such a model is not a classic CLIP; or a
+        parameter of another shape than the settings need (another model's arrays, e.g.
+        a ViT-B/16's in ViT-B/32 settings), naming it.
     """
     arrays = {name: np.asarray(array, np.float32) for name, array in arrays.items() if name != "attn_mask"}
     img = {
@@ -222,6 +226,13 @@ def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
             f"{sorted(arrays)[0]} (and {len(arrays) - 1} more) have no place in a classic open_clip CLIP "
             "(LayerScale, attention pooling and timm or Hugging Face towers are not loaded)."
         )
+    given = traverse_util.flatten_dict(params, sep="/")
+    for name, shape in released.param_shapes(Model(settings), settings).items():
+        if given[name].shape != shape:
+            raise ValueError(
+                f"the parameter {name} has shape {given[name].shape}; the towers the settings describe need {shape}: "
+                "the arrays are another model's (give one checkpoint, unchanged, with the settings inferred from it)."
+            )
     return params
 
 
