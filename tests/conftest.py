@@ -30,7 +30,8 @@ listed here):
     record_inputs, records, write_records  test_write_records
     sharding                 test_losses_sharded, test_train (fsdp)
     released/*               test_released_open_clip (open_clip_layout, transformer),
-                             test_released_siglip (big_vision_layout), test_finetune
+                             test_released_siglip (big_vision_layout), test_finetune,
+                             test_released_files (damaged files, shapes, QuickGELU)
     simulated_devices        test_cli, test_notebook
     tokenizers               test_tokenizers
     trained                  test_trained (and docs/use_a_trained_model.md, run by test_docs)
