@@ -112,37 +112,100 @@ def _flat(tree) -> np.ndarray:
     return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
 
 
+def _pair_moments(gram: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(|E g|^2, tr Cov(g))` as U-statistics over the pairs of distinct replicates, each
+    replicate k taken `counts[..., k]` times (a bootstrap draw; all ones: the sample).
+
+    Args:
+      gram: [R, R] the replicates' inner products.
+      counts: [..., R] how often each replicate is drawn (summing to R).
+    """
+    off = gram - np.diag(np.diag(gram))
+    pair_sum = np.einsum("...k,kl,...l->...", counts, off, counts)  # pairs of distinct replicates
+    pairs = counts.sum(-1) ** 2 - np.sum(counts**2, -1)
+    # tr Cov = the mean over those pairs of |g_k - g_l|^2 / 2
+    spread = np.sum(counts * np.diag(gram) * (counts.sum(-1, keepdims=True) - counts), -1) - pair_sum
+    return pair_sum / pairs, spread / pairs
+
+
 def replicates(grads: Sequence[Any]) -> tuple[Replicates, np.ndarray]:
     """`(moments, mean gradient)` of R >= 2 gradients (pytrees), each of an independent batch."""
     flat = np.stack([_flat(g) for g in grads])  # [R, P]
     count = len(flat)
     if count < 2:
         raise ValueError(f"need 2 or more independent gradients, got {count}.")
-    total = flat.sum(axis=0)
-    pair_sum = total @ total - np.sum(flat * flat)  # sum over r != s of <g_r, g_s>
-    mean = total / count
-    trace_cov = float(np.sum((flat - mean) ** 2) / (count - 1))
-    return Replicates(float(pair_sum / (count * (count - 1))), trace_cov, count), mean
+    mean_sq, trace_cov = _pair_moments(flat @ flat.T, np.ones(count))
+    return Replicates(float(mean_sq), float(trace_cov), count), flat.mean(axis=0)
 
 
-def compare(at_n: Sequence[Any], at_quarter: Sequence[Any], n: int) -> dict[str, float]:
+def _statistics(gram: np.ndarray, big: int, n: int, counts_big: np.ndarray, counts_small: np.ndarray) -> dict:
+    """`compare`'s quantities from the joint [R_big + R_small]^2 Gram matrix (the big
+    batch's replicates first) and each side's draw counts ([..., R_big], [..., R_small])."""
+    big_sq, big_cov = _pair_moments(gram[:big, :big], counts_big)
+    small_sq, small_cov = _pair_moments(gram[big:, big:], counts_small)
+    cross = np.einsum("...k,kl,...l->...", counts_big, gram[:big, big:], counts_small) / (
+        counts_big.sum(-1) * counts_small.sum(-1)
+    )
+    bias = small_sq + big_sq - 2 * cross  # |E g_{n/4} - E g_n|^2, unbiased
+    return {
+        "g_squared": big_sq,
+        "trace_sigma": n * big_cov,
+        "b_simple": n * big_cov / big_sq,
+        "variance_ratio": small_cov / big_cov,
+        "bias_squared": bias,
+        "bias_over_g": bias / big_sq,
+    }
+
+
+def compare(
+    at_n: Sequence[Any], at_quarter: Sequence[Any], n: int, *, resamples: int = 0, seed: int = 0
+) -> dict[str, float]:
     """The replicate noise scale at batch `n` from R gradients at `n` (`at_n`) and R at
-    `n / 4` (`at_quarter`), each of an independent global batch.
+    `n / 4` (`at_quarter`), each of an independent global batch (disjoint examples: the
+    estimator assumes independence, and batches that share examples bias it).
+
+    Args:
+      at_n: R >= 2 gradient pytrees, one per independent batch of `n` examples.
+      at_quarter: R' >= 2 at `n / 4`.
+      n: the larger batch.
+      resamples: with > 0, a bootstrap over the replicates (each side's resampled with
+        replacement, the pair statistics over distinct replicates only, so a draw's
+        duplicates add no spurious signal) gives each quantity's 95% percentile interval.
+      seed: the bootstrap's seed.
 
     Returns:
       `g_squared` (``|E g_n|^2``), `trace_sigma` (n tr Cov(g_n), per example), `b_simple`
       (their ratio), `variance_ratio` (tr Cov(g_{n/4}) / tr Cov(g_n): 4 when the noise
-      scales as 1/B) and `bias_squared` (``|E g_{n/4} - E g_n|^2``, unbiased: the
-      objective's change with the batch size, which is not noise).
+      scales as 1/B), `bias_squared` (``|E g_{n/4} - E g_n|^2``, unbiased: the
+      objective's change with the batch size, which is not noise) and `bias_over_g`
+      (bias_squared / g_squared); with `resamples`, `<quantity>_interval`: `[low, high]`.
     """
-    (big, big_mean), (small, small_mean) = replicates(at_n), replicates(at_quarter)
-    difference = small_mean - big_mean
-    bias = float(difference @ difference) - small.trace_cov / small.count - big.trace_cov / big.count
-    trace_sigma = n * big.trace_cov
-    return {
-        "g_squared": big.mean_sq_norm,
-        "trace_sigma": trace_sigma,
-        "b_simple": trace_sigma / big.mean_sq_norm,
-        "variance_ratio": small.trace_cov / big.trace_cov,
-        "bias_squared": bias,
-    }
+    flat = np.stack([_flat(g) for g in (*at_n, *at_quarter)])
+    big, small = len(at_n), len(at_quarter)
+    if min(big, small) < 2:
+        raise ValueError(f"need 2 or more independent gradients, got {min(big, small)}.")
+    gram = flat @ flat.T
+    point = {k: float(v) for k, v in _statistics(gram, big, n, np.ones(big), np.ones(small)).items()}
+    if resamples:
+        rng = np.random.default_rng(seed)
+        draws = [rng.multinomial(r, np.full(r, 1 / r), size=resamples) for r in (big, small)]  # [resamples, R]
+        spread = _statistics(gram, big, n, *draws)
+        for key, values in spread.items():
+            point[f"{key}_interval"] = [float(q) for q in np.quantile(values, [0.025, 0.975])]
+    return point
+
+
+def adam_preconditioned(grads: Any, opt_state: Any, *, b2: float = 0.999, eps: float = 1e-8) -> Any:
+    """`grads` divided elementwise by Adam's denominator ``sqrt(v_hat) + eps`` in
+    `opt_state` (the step's own scale: the noise scale of the preconditioned gradient is
+    the one an Adam step feels). `b2` and `eps` are `optax.adamw`'s defaults, which
+    `optimizer.make_optimizer` uses.
+
+    Args:
+      grads: a gradient pytree shaped like the parameters.
+      opt_state: an optax state holding one `ScaleByAdamState` (AdamW's; its `nu`
+        shaped like `grads`, its `count` the steps taken, >= 1).
+    """
+    adam = optax.tree_utils.tree_get(opt_state, "ScaleByAdamState")
+    correction = 1 - b2 ** int(adam.count)
+    return jax.tree.map(lambda g, v: np.asarray(g) / (np.sqrt(np.asarray(v) / correction) + eps), grads, adam.nu)

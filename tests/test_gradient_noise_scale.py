@@ -234,3 +234,80 @@ def test_the_replicate_moments_are_unbiased_with_few_replicates():
     draws = [noise_scale.replicates([mean + rng.normal(size=10) for _ in range(3)])[0] for _ in range(4000)]
     assert np.mean([d.mean_sq_norm for d in draws]) == pytest.approx(1.0, abs=0.1)
     assert np.mean([d.trace_cov for d in draws]) == pytest.approx(10.0, rel=0.03)
+
+
+def _gaussian_gradients(g, sigma, batch, count, rng):
+    """`count` batch-mean gradients of per-example gradients ``g + sigma * e`` (e standard
+    normal per coordinate): B_simple is ``sum(sigma^2) / |g|^2``."""
+    return [{"g": g + sigma * rng.normal(size=(batch, len(g))).mean(axis=0)} for _ in range(count)]
+
+
+def test_replicate_bootstrap_intervals_cover_the_known_noise_scale():
+    """64 disjoint replicates at N = 64 and N / 4 of least squares: each interval holds
+    the closed form (B_simple, a variance ratio of 4, no bias) and is no wider than
+    needed."""
+    d, noise, delta = 8, 0.5, 0.25
+    b_simple = ((d + 1) * d * delta**2 + d * noise**2) / (d * delta**2)
+    rng = np.random.default_rng(3)
+    got = noise_scale.compare(
+        _least_squares_gradients(64, 64, rng), _least_squares_gradients(16, 64, rng), n=64, resamples=2000
+    )
+    low, high = got["b_simple_interval"]
+    assert low < b_simple < high and high / low < 2.5
+    assert got["variance_ratio_interval"][0] < 4 < got["variance_ratio_interval"][1]
+    assert got["bias_over_g_interval"][0] < 0 < got["bias_over_g_interval"][1]
+    assert (
+        got["b_simple"]
+        == noise_scale.compare(
+            _least_squares_gradients(64, 64, np.random.default_rng(3)),
+            _least_squares_gradients(16, 64, rng),
+            n=64,
+        )["b_simple"]
+    )  # the point estimate does not depend on the bootstrap
+
+
+def test_replicates_that_share_examples_fake_a_negative_bias():
+    """The quarter batches cut from the big batches (as the cosine study's streams did):
+    the estimator's independence fails and the 'bias' comes out well below 0; disjoint
+    quarter batches of the same problem hold 0."""
+    d, n, count = 256, 64, 32  # B_simple 400: a shared example moves the bias by -2 B / (n R) = -0.39 |G|^2
+    g, sigma = np.full(d, 0.05), np.ones(d)
+    rng = np.random.default_rng(4)
+    examples = g + sigma * rng.normal(size=(count, n, d))  # [R, n, D] per-example gradients
+    at_n = [{"g": batch.mean(axis=0)} for batch in examples]
+    shared = [{"g": q.mean(axis=0)} for batch in examples[: count // 4] for q in np.split(batch, 4)]
+    disjoint = _gaussian_gradients(g, sigma, n // 4, count, rng)
+    faked = noise_scale.compare(at_n, shared, n, resamples=1000)
+    assert faked["bias_over_g"] == pytest.approx(-0.39, abs=0.15) and faked["bias_over_g_interval"][1] < 0
+    low, high = noise_scale.compare(at_n, disjoint, n, resamples=1000)["bias_over_g_interval"]
+    assert low < 0 < high
+
+
+def test_adam_preconditioning_divides_by_the_bias_corrected_second_moment():
+    import optax
+
+    params = {"w": np.zeros(3, np.float32)}
+    first = {"w": np.array([0.5, -2.0, 4.0], np.float32)}
+    tx = optax.chain(optax.clip_by_global_norm(100.0), optax.adamw(1e-3))  # as make_optimizer chains it
+    _, state = tx.update(first, tx.init(params), params)
+    # after one step v_hat = g^2: the first gradient preconditioned is its sign
+    np.testing.assert_allclose(noise_scale.adam_preconditioned(first, state)["w"], [1, -1, 1], rtol=1e-6)
+    np.testing.assert_allclose(
+        noise_scale.adam_preconditioned({"w": np.array([1.0, 1.0, 8.0])}, state)["w"], [2, 0.5, 2], rtol=1e-6
+    )
+
+
+def test_the_preconditioned_noise_scale_is_a_different_number_each_named():
+    """Coordinates with large noise and small signal beside the reverse: the SGD B_simple
+    and the one under Adam's diagonal scale differ by 10x; each interval holds its own
+    closed form and not the other's."""
+    g, sigma, scale = np.array([0.1, 1.0]), np.array([3.0, 0.3]), np.array([3.0, 0.3])
+    sgd = np.sum(sigma**2) / np.sum(g**2)  # 9.09 / 1.01 = 9.0
+    adam = np.sum((sigma / scale) ** 2) / np.sum((g / scale) ** 2)  # 2 / 11.11 = 0.18
+    rng = np.random.default_rng(0)  # intervals held the SGD truth in 36 of 40 seeds by hand
+    at_n, at_quarter = _gaussian_gradients(g, sigma, 64, 64, rng), _gaussian_gradients(g, sigma, 16, 64, rng)
+    plain = noise_scale.compare(at_n, at_quarter, 64, resamples=1000)["b_simple_interval"]
+    scaled = [jax.tree.map(lambda x: x / scale, grads) for grads in (at_n, at_quarter)]
+    preconditioned = noise_scale.compare(*scaled, 64, resamples=1000)["b_simple_interval"]
+    assert plain[0] < sgd < plain[1] and not plain[0] < adam < plain[1]
+    assert preconditioned[0] < adam < preconditioned[1] and not preconditioned[0] < sgd < preconditioned[1]
