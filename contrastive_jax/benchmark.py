@@ -4,14 +4,17 @@ CLIP_benchmark's JSON (github.com/LAION-AI/CLIP_benchmark)::
 
     python -m contrastive_jax.benchmark --workdir=runs/clip_shapes --task=zeroshot_retrieval --out=retrieval.json
     python -m contrastive_jax.benchmark --workdir=runs/clip_shapes --task=zeroshot_classification \\
-        --classnames=circle,square,triangle,cross,diamond --templates="a {}.;a picture with a {}." --out=kinds.json
+        --templates="a {}.;a picture with a {}." --out=kinds.json
 
 Tower a embeds the images and tower b the texts (the image-text configs' order).
 
 - **Zero-shot classification**: each class's embedding is the mean of its prompts'
   (every template filled with the class name), L2-normalised (CLIP's prompt ensemble);
   an image's prediction is the class of highest cosine. `acc1`, `acc5` (top-k
-  accuracy) and `mean_per_class_recall`, as CLIP_benchmark names them.
+  accuracy) and `mean_per_class_recall`, as CLIP_benchmark names them. The class names
+  are the record set's (`class_names` in its metadata, kept when the labels were written
+  as names), or `--classnames` in label order; the templates are `--templates`
+  (`;`-separated) or `--templates-file` (one a line).
 - **Retrieval** with all captions (the 5-captions-per-image protocol of COCO and
   Flickr30k): `image_retrieval_recall@k`, each caption's image among the k images
   nearest to it; `text_retrieval_recall@k`, at least one of an image's captions among
@@ -25,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from contrastive_jax import input_pipeline
+from contrastive_jax import console, data_sources, input_pipeline, records
 from contrastive_jax.config_lib import ConfigError
 
 TASKS = ("zeroshot_classification", "zeroshot_retrieval")
@@ -85,39 +88,85 @@ def report(dataset: str, model: str, task: str, metrics: dict[str, float]) -> di
     return {"dataset": dataset, "model": model, "pretrained": model, "task": task, "metrics": metrics, "language": "en"}
 
 
+def classnames_for(given: Sequence[str], metadata: records.Metadata, labels: np.ndarray) -> list[str]:
+    """The class names zero-shot classification prompts with, in label order: `given`
+    (`--classnames`), else the record set's `metadata.class_names`.
+
+    Raises:
+      ConfigError: no names either way, or fewer names than the `labels` [n] need.
+    """
+    names = list(given) or list(metadata.class_names)
+    if not names:
+        raise ConfigError(
+            f"zero-shot classification needs class names and the record set {metadata.directory} has none (its "
+            "labels were written as ids); give --classnames=NAME,NAME,... in label order."
+        )
+    if len(names) <= int(labels.max()):
+        raise ConfigError(f"{len(names)} class names for labels up to {int(labels.max())}; give one name per class.")
+    return names
+
+
+def read_templates(inline: str, path: str | None) -> list[str]:
+    """The prompt templates: the lines of the file `path` (blank ones left out) when
+    given, else `inline` split at ';'. Each has a `{}` for the class name.
+
+    Raises:
+      ConfigError: the file cannot be read, or a template has no `{}`.
+    """
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                templates = [line.strip() for line in f if line.strip()]
+        except OSError as e:
+            raise ConfigError(f"--templates-file={path}: {e.strerror}.") from None
+    else:
+        templates = [template for template in inline.split(";") if template]
+    for template in templates:
+        if "{}" not in template:
+            raise ConfigError(f"the template {template!r} has no {{}} where the class name goes.")
+    return templates
+
+
 def run(workdir: str, task: str, split: str, classnames: Sequence[str] = (), templates: Sequence[str] = ("{}",)):
-    """`task` on `split` of the run in `workdir` (its newest checkpoint): the report."""
+    """`task` on `split` of the run in `workdir` (its newest checkpoint): the report.
+    Zero-shot classification takes `classnames` in label order, or the record set's."""
     from contrastive_jax import trained
 
     if task not in TASKS:
         raise ConfigError(f"--task={task!r}: use one of {TASKS}.")
     model = trained.load(workdir)
     images = input_pipeline.eval_arrays(model.data, split)
+    if task == "zeroshot_classification" and "label" not in images:
+        raise ConfigError(f"zero-shot classification needs labels and split {split!r} has none.")
     image_embeddings = model.embed(images["a"], "a")
     if task == "zeroshot_retrieval":
         tokens, text_image = input_pipeline.eval_captions(model.data, split)
         metrics = retrieval(image_embeddings, model.embed(tokens, "b"), text_image)
     else:
-        if not classnames or "label" not in images:
-            raise ConfigError("zero-shot classification needs --classnames and a split with labels.")
-        classes = class_embeddings(lambda texts: model.embed(model.tokenize(texts), "b"), classnames, templates)
+        names = classnames_for(classnames, data_sources.open_metadata(model.data), images["label"])
+        classes = class_embeddings(lambda texts: model.embed(model.tokenize(texts), "b"), names, templates)
         metrics = zero_shot_classification(image_embeddings, classes, images["label"])
     return report(f"{model.data.display_name}:{split}", f"{workdir}@{model.step}", task, metrics)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line: one task on one split, its report written as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m contrastive_jax.benchmark", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m contrastive_jax.benchmark", description=console.help_description(__doc__)
+    )
     parser.add_argument("--workdir", required=True, help="the run's working directory (its newest checkpoint)")
     parser.add_argument("--task", required=True, choices=TASKS)
     parser.add_argument("--split", default="test", help="the split evaluated (default: test)")
-    parser.add_argument("--classnames", default="", help="class names, comma-separated, in label order")
+    parser.add_argument(
+        "--classnames", default="", help="class names, comma-separated, in label order (default: the record set's)"
+    )
     parser.add_argument("--templates", default="{}", help="prompt templates, ';'-separated, '{}' for the name")
+    parser.add_argument("--templates-file", default=None, help="prompt templates, one a line (instead of --templates)")
     parser.add_argument("--out", required=True, help="the JSON report")
     args = parser.parse_args(argv)
     classnames = [name.strip() for name in args.classnames.split(",") if name.strip()]
-    templates = [template for template in args.templates.split(";") if template]
     try:
+        templates = read_templates(args.templates, args.templates_file)
         result = run(args.workdir, args.task, args.split, classnames, templates)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

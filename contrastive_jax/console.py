@@ -127,6 +127,14 @@ def run_line(mesh, workdir: str, *, global_batch_size: int, num_steps: int, memo
     )
 
 
+def help_description(doc: str) -> str:
+    """A command's `--help` description: its module docstring's first paragraph, whole
+    (a sentence, not its first line), on one line; a closing `::` (a code block follows)
+    becomes a full stop."""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    return paragraph[:-2] + "." if paragraph.endswith("::") else paragraph
+
+
 def display_path(path: str) -> str:
     """`path` relative to the current directory when it lies under it, else absolute."""
     relative = os.path.relpath(path)

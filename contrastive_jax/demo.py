@@ -15,11 +15,12 @@ import argparse
 import os
 import sys
 
+from contrastive_jax import console
 from contrastive_jax.simulated_devices import with_device_count
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=console.help_description(__doc__))
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--dim", type=int, default=32)

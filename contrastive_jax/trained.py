@@ -31,6 +31,7 @@ from jax import export as jax_export  # a submodule to import on jax 0.7.2
 from contrastive_jax import (
     checkpoint,
     config_lib,
+    console,
     data_sources,
     input_pipeline,
     models,
@@ -163,7 +164,9 @@ def read_inputs(path: str, model: TrainedModel) -> np.ndarray:
 def main(argv: list[str] | None = None) -> int:
     """The command line: embed a file with one tower of a trained run (`--inputs`), or
     export the tower (`--export`)."""
-    parser = argparse.ArgumentParser(prog="python -m contrastive_jax.trained", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m contrastive_jax.trained", description=console.help_description(__doc__)
+    )
     parser.add_argument("--workdir", required=True, help="the run's working directory")
     parser.add_argument("--side", required=True, choices=SIDES, help="tower a or tower b")
     parser.add_argument("--step", type=int, default=None, help="the checkpoint (default: the newest)")

@@ -64,7 +64,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from contrastive_jax import records
+from contrastive_jax import console, records
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.record_inputs import SOURCES, BadInput, ClassLabels, is_class_id, open_source
 
@@ -412,7 +412,7 @@ class _ArgumentParser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _ArgumentParser(
         prog="python -m contrastive_jax.write_records",
-        description=__doc__.split("\n\n")[0],
+        description=console.help_description(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__[__doc__.index("SOURCE is one of") :],
     )

@@ -59,6 +59,45 @@ def test_retrieval_with_one_caption_each_is_plain_recall():
     assert metrics["text_retrieval_recall@1"] == np.mean(np.argmax(scores, axis=0) == np.arange(50))
 
 
+def test_class_names_come_from_the_record_set_unless_given(tmp_path, image_files_for_names):
+    from contrastive_jax import records, write_records
+    from contrastive_jax.config_lib import ConfigError
+
+    metadata = write_records.write(f"csv:{image_files_for_names}", str(tmp_path / "named"))
+    labels = records.RecordSet(metadata, "train").labels()
+    assert benchmark.classnames_for([], metadata, labels) == ["ant", "zebra"]  # sorted, label order
+    assert benchmark.classnames_for(["fourmi", "zèbre"], metadata, labels) == ["fourmi", "zèbre"]
+    with pytest.raises(ConfigError, match=r"2 class names for labels up to 2"):
+        benchmark.classnames_for(["a", "b"], metadata, np.array([0, 2]))
+    unnamed = records.Metadata(directory=str(tmp_path / "ids"), splits={}, fields=("image", "label"), num_classes=2)
+    with pytest.raises(ConfigError, match=r"has none \(its labels were written as ids\); give --classnames"):
+        benchmark.classnames_for([], unnamed, labels)
+
+
+@pytest.fixture
+def image_files_for_names(tmp_path):
+    """A CSV of two images labelled by name: its path."""
+    from PIL import Image
+
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (8, 8), (10, 20, 30)).save(tmp_path / name)
+    (tmp_path / "pairs.csv").write_text("image,caption,label\na.png,a zebra,zebra\nb.png,an ant,ant\n")
+    return str(tmp_path / "pairs.csv")
+
+
+def test_templates_inline_or_from_a_file(tmp_path):
+    from contrastive_jax.config_lib import ConfigError
+
+    assert benchmark.read_templates("a {}.;a photo of a {}.", None) == ["a {}.", "a photo of a {}."]
+    (tmp_path / "templates.txt").write_text("a photo of a {}.\n\n  itap of a {}.  \na {}; with a semicolon\n")
+    got = benchmark.read_templates("ignored", str(tmp_path / "templates.txt"))
+    assert got == ["a photo of a {}.", "itap of a {}.", "a {}; with a semicolon"]
+    with pytest.raises(ConfigError, match=r"the template 'a photo' has no \{\}"):
+        benchmark.read_templates("a photo", None)
+    with pytest.raises(ConfigError, match=r"--templates-file=.*missing\.txt: No such file"):
+        benchmark.read_templates("{}", str(tmp_path / "missing.txt"))
+
+
 @pytest.mark.e2e
 def test_both_tasks_on_a_run_of_the_generated_image_text_set(load_config, shapes_data_dir, tmp_path):
     from contrastive_jax import train
@@ -91,6 +130,12 @@ def test_both_tasks_on_a_run_of_the_generated_image_text_set(load_config, shapes
     )
     metrics = json.loads(kinds.read_text())["metrics"]
     assert 0 <= metrics["acc1"] <= metrics["acc5"] == 1.0  # 5 classes: top-5 is every class
+    # The record set's class names (the shapes' kinds) and a templates file: the same.
+    (tmp_path / "templates.txt").write_text("a {}.\na picture with a {}.\n")
+    from_data = tmp_path / "from_data.json"
+    args = ["--task=zeroshot_classification", f"--templates-file={tmp_path / 'templates.txt'}", f"--out={from_data}"]
+    assert benchmark.main([f"--workdir={workdir}", *args]) == 0
+    assert json.loads(from_data.read_text())["metrics"] == metrics
     tokens, owner = input_pipeline.eval_captions(load_config_data(workdir), "test")
     assert len(tokens) == 4 * (owner.max() + 1)  # 4 captions per picture
 

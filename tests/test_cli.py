@@ -641,6 +641,22 @@ def help_of(*entry: str) -> tuple[int, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
+@pytest.mark.parametrize("module", ["main", "write_records", "benchmark", "trained", "demo"])
+def test_every_command_help_describes_it_in_whole_sentences(module):
+    """`--help` gives the command's first paragraph whole, not its first line cut
+    mid-sentence (`console.help_description`)."""
+    import ast
+
+    from contrastive_jax import console
+
+    status, usage, errors = help_of("-m", f"contrastive_jax.{module}")
+    assert status == (1 if module == "main" else 0), errors  # absl's --help exits with 1
+    with open(os.path.join(ROOT, "contrastive_jax", f"{module}.py")) as f:
+        doc = ast.get_docstring(ast.parse(f.read()), clean=False)
+    description = console.help_description(doc)
+    assert description.endswith(".") and description in " ".join(usage.split())
+
+
 @pytest.mark.slow
 def test_readme_demo_runs_as_written():
     command = ".venv/bin/python -m contrastive_jax.demo"
