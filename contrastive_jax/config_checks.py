@@ -50,6 +50,7 @@ def check(
         if config[group][field] < least:
             raise ConfigError(f"config.{name}={config[group][field]} must be >= {least}.")
     metadata = data_sources.check_data_config(data)
+    metadata.split(records.parse_split(config.eval.split)[0])  # evaluated at the end: checked before compiling
     bad_loss.check_config(guard)
     _check_loss_inputs(loss, config, data, metadata)
     check_multiple(train.global_batch_size, num_devices, "config.train.global_batch_size", "the devices")
