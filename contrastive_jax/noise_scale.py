@@ -123,6 +123,7 @@ def _pair_moments(gram: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.
     off = gram - np.diag(np.diag(gram))
     pair_sum = np.einsum("...k,kl,...l->...", counts, off, counts)  # pairs of distinct replicates
     pairs = counts.sum(-1) ** 2 - np.sum(counts**2, -1)
+    pairs = np.where(pairs == 0, np.nan, pairs)  # one replicate drawn R times: no pair
     # tr Cov = the mean over those pairs of |g_k - g_l|^2 / 2
     spread = np.sum(counts * np.diag(gram) * (counts.sum(-1, keepdims=True) - counts), -1) - pair_sum
     return pair_sum / pairs, spread / pairs
@@ -170,7 +171,8 @@ def compare(
       n: the larger batch.
       resamples: with > 0, a bootstrap over the replicates (each side's resampled with
         replacement, the pair statistics over distinct replicates only, so a draw's
-        duplicates add no spurious signal) gives each quantity's 95% percentile interval.
+        duplicates add no spurious signal) gives each quantity's 95% percentile interval
+        (a draw of one replicate over and over has no pairs: left out).
       seed: the bootstrap's seed.
 
     Returns:
@@ -191,7 +193,7 @@ def compare(
         draws = [rng.multinomial(r, np.full(r, 1 / r), size=resamples) for r in (big, small)]  # [resamples, R]
         spread = _statistics(gram, big, n, *draws)
         for key, values in spread.items():
-            point[f"{key}_interval"] = [float(q) for q in np.quantile(values, [0.025, 0.975])]
+            point[f"{key}_interval"] = [float(q) for q in np.nanquantile(values, [0.025, 0.975])]
     return point
 
 

@@ -21,7 +21,14 @@ Stages (resumable; a run's results are written as it finishes):
    (``k0`` from the square-root rule, `first_rate_step`), then the neighbour beyond
    the best while the best (fewest steps to the highest target; a miss ranks by its
    best R@1) is at the edge of what ran;
-2. **seeds**: every other seed at each N's tuned rate and both its neighbours.
+2. **seeds**: every other seed at each N's tuned rate and both its neighbours;
+3. **noise**: the replicate noise scale (`noise_scale.compare`) at `NOISE_POINTS`
+   checkpoints along each N's chosen run on the first `NOISE_SEEDS` seeds: `REPLICATES`
+   global batches at n = `NOISE_BATCH` and as many at n / 4, from disjoint examples
+   (`replicate_starts`; a stream of its own, `NOISE_DATA_SEED` + the seed), with 95%
+   bootstrap intervals over the replicates, both for the plain gradient (``B_simple``,
+   SGD's) and for the gradient divided by AdamW's ``sqrt(v_hat) + eps`` at that
+   checkpoint (``B_adam``). Cached in `noise.json`.
 
 The report (`summary.md`, `results.json`, `steps_to_target.png`): per target, each N's
 steps at every rate (mean ± 95% t over seeds); each N's best rate among those run with
@@ -37,7 +44,9 @@ Run (from the repository root; rerun the same command to go on):
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +69,11 @@ PATIENCE_EVALS = 12  # no new best validation R@1 in this many evaluations: the 
 MAX_TUNING_RATES = 6  # rate steps tuned per N at most
 MAX_EPOCHS = 16.0  # the cap
 FIT_STARTS = (256, 512, 1024)  # the fit-range table: every N from each of these up
+NOISE_BATCH = 1024  # n of the replicate noise scale (and n / 4)
+REPLICATES = 16  # independent batches at each of n and n / 4
+NOISE_POINTS = 4  # checkpoints measured along each run, spread evenly, the last included
+NOISE_SEEDS = 2  # the first seeds at each N's chosen rate
+NOISE_DATA_SEED = 1_000  # + the run's seed: the replicates' stream, not the one trained on
 
 
 def learning_rate(rate_step: int) -> float:
@@ -183,6 +197,95 @@ def b_crit_entries(best: Mapping[int, Mapping[str, Any]], starts: Sequence[int])
     return critical_batch_fit.fit_ranges(steps_by_n, starts)
 
 
+def replicate_starts(count: int) -> tuple[int, int]:
+    """The stream steps where the `count` replicates at n and those at n / 4 start: the
+    examples ``[0, count n)`` and ``[count n, count n + count n / 4)`` of an epoch, disjoint
+    (the cosine study started both at 0, so the quarter batches were the first big ones cut
+    in four)."""
+    return 0, 4 * count
+
+
+def measured_steps(steps: Sequence[int], points: int) -> list[int]:
+    """The checkpoint `steps` nearest to 1/points, 2/points, ..., all of the last one
+    (fewer where two fractions share a checkpoint)."""
+    return sorted({min(steps, key=lambda s: abs(s - steps[-1] * j / points)) for j in range(1, points + 1)})
+
+
+def noise_at(config, workdir: Path, step: int, n: int, count: int, resamples: int) -> dict[str, dict]:
+    """`{"sgd": ..., "adam": ...}`: `noise_scale.compare` (with `resamples` bootstrap
+    draws) at the checkpoint of `step` in `workdir`, of the plain gradients and of the
+    same divided by AdamW's denominator there (`noise_scale.adam_preconditioned`)."""
+    from contrastive_jax import noise_scale
+
+    big_start, small_start = replicate_starts(count)
+    at_n, state = cosine.gradient_replicates(config, str(workdir), n, count, step=step, start_step=big_start)
+    at_quarter, _ = cosine.gradient_replicates(config, str(workdir), n // 4, count, step=step, start_step=small_start)
+    adam = [[noise_scale.adam_preconditioned(g, state.opt_state) for g in side] for side in (at_n, at_quarter)]
+    return {
+        "sgd": noise_scale.compare(at_n, at_quarter, n, resamples=resamples),
+        "adam": noise_scale.compare(*adam, n, resamples=resamples),
+    }
+
+
+def noise_scales(base, runs: Sequence[sweep.Run], out: Path, args, deadline: float | None) -> dict[str, dict]:
+    """`noise_at` at `args.noise_points` checkpoints of each of `runs` (cached in
+    `out/noise.json` entry by entry: a rerun measures only what is new; a run without its
+    workdir, read from the committed results, is skipped with a line)."""
+    from contrastive_jax import checkpoint
+
+    cache_file = out / "noise.json"
+    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+    for run in runs:
+        workdir = out / "runs" / run.name
+        if not (workdir / run_dir.CHECKPOINTS).is_dir():
+            print(f"[noise] {run.name}: no checkpoints in {workdir}", flush=True)
+            continue
+        ckpt = checkpoint.Checkpointer(workdir / run_dir.CHECKPOINTS, max_to_keep=1_000)
+        try:
+            steps = ckpt.steps()
+        finally:
+            ckpt.close()
+        config = override(base, {**run.overrides, "data.seed": NOISE_DATA_SEED + run.tags["seed"]})
+        for step in measured_steps(steps, args.noise_points):
+            key = f"{run.name}@{step}"
+            if key in cache or (deadline is not None and time.monotonic() > deadline):
+                continue
+            print(f"[noise] {key}: {args.replicates} replicates at {args.noise_batch} and at {args.noise_batch // 4}")
+            measured = noise_at(config, workdir, step, args.noise_batch, args.replicates, intervals.BOOTSTRAP_RESAMPLES)
+            cache[key] = {**run.tags, "step": step, "n": args.noise_batch, **measured}
+            cache_file.write_text(json.dumps(cache, indent=1))
+    return cache
+
+
+def noise_table(noise: Mapping[str, Mapping[str, Any]]) -> str:
+    """The noise section of the report: per run and checkpoint, B_simple and B_adam, the
+    variance ratio and the bias, each with its 95% bootstrap interval over replicates."""
+
+    def cell(entry, key, fmt):
+        low, high = entry[f"{key}_interval"]
+        return f"{entry[key]:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+    rows = [
+        [
+            f"{e['batch_size']:,}",
+            e["seed"],
+            e["step"],
+            cell(e["sgd"], "b_simple", ",.0f"),
+            cell(e["adam"], "b_simple", ",.0f"),
+            cell(e["sgd"], "variance_ratio", ".2f"),
+            cell(e["sgd"], "bias_over_g", "+.2f"),
+        ]
+        for e in sorted(noise.values(), key=lambda e: (e["batch_size"], e["seed"], e["step"]))
+    ]
+    header = ["run's N", "seed", "step", "B_simple (SGD)", "B_adam", "tr Cov(n/4) / tr Cov(n)", "bias² / \\|E g\\|²"]
+    n = next(iter(noise.values()))["n"]
+    return (
+        f"\n## The replicate noise scale along each N's chosen run (n = {n:,} and {n // 4:,}, disjoint batches)\n\n"
+        "Each value with its 95% bootstrap interval over the replicates. B_adam: the gradient divided by "
+        "AdamW's sqrt(v_hat) + eps at that checkpoint.\n\n" + sweep.markdown_table(rows, header)
+    )
+
+
 def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], starts: Sequence[int]) -> str:
     """The markdown report: per target, each N's steps at every rate, the best, and B_crit
     over every N with its bootstrap interval beside the fit-range table."""
@@ -246,12 +349,16 @@ def run(args) -> list[dict]:
     tuned = tuned_steps(records, args.seeds[0], target)
     records += sweep.run_grid(base, seed_runs(tuned, args.seeds[1:], **run_args), args.out, **grid_args)
     sweep.write_results(records, args.out)
+    noise = {}
     if records:
         best = best_by_n(records, target)
-        rates = {n: best[n]["lr_factor"] if n in best else 2 ** (k / 2) for n, k in tuned.items()}
+        chosen = {n: round(2 * math.log2(best[n]["lr_factor"])) if n in best else k for n, k in tuned.items()}
+        rates = {n: 2 ** (k / 2) for n, k in chosen.items()}
         sweep.save(cosine.plot(records, args.targets, args.train_size, 0.7, rates), args.out)
+        measured = [study_run(n, k, seed, **run_args) for seed in args.seeds[:NOISE_SEEDS] for n, k in chosen.items()]
+        noise = noise_scales(base, measured, args.out, args, grid_args["deadline"])
     starts = args.batch_sizes[: len(FIT_STARTS)]  # the full grid: FIT_STARTS
-    (args.out / "summary.md").write_text(summary(records, args.targets, starts))
+    (args.out / "summary.md").write_text(summary(records, args.targets, starts) + (noise_table(noise) if noise else ""))
     print(f"wrote {args.out}")
     return records
 
@@ -264,6 +371,9 @@ FULL = dict(
     max_epochs=MAX_EPOCHS,
     eval_examples=EVAL_EXAMPLES,
     max_tuning_rates=MAX_TUNING_RATES,
+    noise_batch=NOISE_BATCH,
+    replicates=REPLICATES,
+    noise_points=NOISE_POINTS,
 )
 # --quick: 1,024 training pairs, 256 validation pairs, N = 64 and 128, at most 2 epochs,
 # validation every 256 examples, 4 rates tuned at most.
@@ -275,6 +385,9 @@ QUICK = dict(
     max_epochs=2.0,
     eval_examples=256,
     max_tuning_rates=4,
+    noise_batch=64,
+    replicates=8,
+    noise_points=2,
 )
 
 
@@ -285,12 +398,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--max-epochs", type=float, help=f"each run's cap (default {MAX_EPOCHS:g})")
     parser.add_argument("--eval-examples", type=int, help=f"examples between validations (default {EVAL_EXAMPLES:,})")
     parser.add_argument("--max-tuning-rates", type=int, help=f"rates tuned per N at most (default {MAX_TUNING_RATES})")
+    parser.add_argument("--noise-batch", type=int, help=f"n of the replicate noise scale (default {NOISE_BATCH:,})")
+    parser.add_argument("--replicates", type=int, help=f"independent batches at n and n / 4 (default {REPLICATES})")
+    parser.add_argument("--noise-points", type=int, help=f"checkpoints measured per run (default {NOISE_POINTS})")
     sweep.add_hours_option(parser)
     args = sweep.resolve(parser.parse_args(argv), "critical_batch_constant_lr", FULL, QUICK)
     if args.steps is not None:
         parser.error("--steps: each run trains to its target or its cap; pass --max-epochs.")
     if sorted(args.targets) != list(args.targets):
         parser.error(f"--targets {args.targets}: give them in increasing order (the last stops each run).")
+    if args.noise_batch % 4 or args.replicates * args.noise_batch * 5 // 4 > args.train_size:
+        parser.error(
+            f"--noise-batch {args.noise_batch} --replicates {args.replicates}: n must divide by 4, and the "
+            f"replicates' {args.replicates} x (n + n / 4) examples fit in one epoch of {args.train_size:,}."
+        )
     return run(args)
 
 

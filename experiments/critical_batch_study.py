@@ -224,20 +224,23 @@ def best_runs(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, 
     return best
 
 
-def gradient_replicates(config, workdir: str, n: int, count: int) -> list[Any]:
-    """`count` gradients of the global-batch loss at the final state in `workdir`, each
-    of an independent global batch of `n` examples (consecutive steps of a stream of
-    that batch size: disjoint examples, each batch its own negatives)."""
+def gradient_replicates(
+    config, workdir: str, n: int, count: int, *, step: int | None = None, start_step: int = 0
+) -> tuple[list[Any], Any]:
+    """`(grads, state)`: `count` gradients of the global-batch loss at the checkpoint of
+    `step` in `workdir` (None: the newest), each of an independent global batch of `n`
+    examples (steps `start_step`, `start_step + 1`, ... of a stream of that batch size:
+    disjoint examples within an epoch, each batch its own negatives), and that state."""
     import jax
 
     from contrastive_jax import checkpoint, input_pipeline, run_dir, sharding, trainer
 
     run = trainer.build(override(config, {"train.global_batch_size": n, "train.micro_batch_size": 0}))
-    stream = input_pipeline.train_dataset(run.data, start_step=0)
+    stream = input_pipeline.train_dataset(run.data, start_step=start_step)
     _, abstract = run.init_state(stream.element_spec)
     ckpt = checkpoint.Checkpointer(os.path.join(workdir, run_dir.CHECKPOINTS), max_to_keep=1_000)
     try:
-        state = ckpt.restore_state(ckpt.latest_step(), abstract)
+        state = ckpt.restore_state(ckpt.latest_step() if step is None else step, abstract)
     finally:
         ckpt.close()
 
@@ -253,7 +256,7 @@ def gradient_replicates(config, workdir: str, n: int, count: int) -> list[Any]:
     for batch, _ in zip(stream, range(count), strict=False):
         batch = jax.device_put(dict(batch), sharding.data_sharding(run.mesh))
         grads.append(jax.device_get(grad(state.params, batch)))
-    return grads
+    return grads, state
 
 
 def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], out, noise_batches, count) -> dict:
@@ -276,8 +279,8 @@ def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], o
                 print(f"[noise] {key}: no checkpoint in {workdir} (delete the run's record to retrain it)", flush=True)
             elif key not in cache:
                 print(f"[noise] {key}: {count} replicates at {size} and at {size // 4}", flush=True)
-                at_n = gradient_replicates(config, workdir, size, count)
-                at_quarter = gradient_replicates(config, workdir, size // 4, count)
+                at_n, _ = gradient_replicates(config, workdir, size, count)
+                at_quarter, _ = gradient_replicates(config, workdir, size // 4, count)
                 cache[key] = {"run": name, "batch_size": n, "n": size, **noise_scale.compare(at_n, at_quarter, size)}
                 cache_file.write_text(json.dumps(cache, indent=1))
     return cache

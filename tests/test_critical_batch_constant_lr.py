@@ -101,6 +101,46 @@ def test_train_until_refuses_a_schedule_that_depends_on_the_length(tmp_path, loa
         sweep.train_until(load_config("default"), tmp_path, lambda workdir: True)
 
 
+def test_replicates_at_n_and_a_quarter_of_it_read_disjoint_examples(tiny_config):
+    """The streams `replicate_starts` names: 4 batches of 64 and 4 of 16 share no example
+    (`index`: the position in the split); started both at 0, as the cosine study did,
+    the quarter batches are the first big one cut in four."""
+    from contrastive_jax import input_pipeline
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.trainer import data_settings
+
+    def indices(n, start, count=4):
+        data = data_settings(override(tiny_config, {"train.global_batch_size": n}))
+        stream = input_pipeline.train_dataset(data, start_step=start)
+        return [set(np.asarray(batch["index"]).tolist()) for batch, _ in zip(stream, range(count), strict=False)]
+
+    big_start, small_start = study.replicate_starts(4)
+    big, small = indices(64, big_start), indices(16, small_start)
+    assert all(len(b) == 64 for b in big) and all(len(q) == 16 for q in small)
+    assert not set().union(*big) & set().union(*small)
+    assert set().union(*indices(16, 0)) == big[0]
+
+
+def test_noise_is_measured_at_evenly_spread_checkpoints_and_tabled_with_intervals():
+    assert study.measured_steps([8, 16, 24, 32, 40, 48, 56, 64], 4) == [16, 32, 48, 64]
+    assert study.measured_steps([8, 16], 4) == [8, 16]
+    both = {"b_simple": 1234.4, "b_simple_interval": [900.0, 2100.0], "variance_ratio": 3.9}
+    both |= {"variance_ratio_interval": [3.1, 4.8], "bias_over_g": -0.05, "bias_over_g_interval": [-0.3, 0.2]}
+    entry = {"batch_size": 1024, "seed": 1, "step": 96, "n": 1024, "sgd": both, "adam": dict(both, b_simple=56.0)}
+    text = study.noise_table({"n1024_k4_s1@96": entry})
+    assert "(n = 1,024 and 256, disjoint batches)" in text
+    assert (
+        "| 1,024 | 1 | 96 | 1,234 [900, 2,100] | 56 [900, 2,100] | 3.90 [3.10, 4.80] | -0.05 [-0.30, +0.20] |" in text
+    )
+
+
+def test_replicates_that_do_not_fit_an_epoch_are_one_clear_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        study.main(["--quick", "--noise-batch", "512"])
+    assert exit_info.value.code == 2
+    assert "fit in one epoch of 1,024" in capsys.readouterr().err
+
+
 @pytest.mark.e2e
 def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict_data_dir, capsys):
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
@@ -124,6 +164,13 @@ def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict
     assert any(curve[-1, 0] < r["max_steps"] for r in records if len(curve := study.cosine.validation_curve(r)))
     summary = (tmp_path / "summary.md").read_text()
     assert "## Steps to validation R@1 0.005" in summary and "B_crit = " in summary
+    noise = json.loads((tmp_path / "noise.json").read_text())  # 2 checkpoints of each N's run on 2 seeds
+    assert sorted({(e["batch_size"], e["seed"]) for e in noise.values()}) == [(64, 0), (64, 1), (128, 0), (128, 1)]
+    for entry in noise.values():
+        for form in ("sgd", "adam"):
+            low, high = entry[form]["b_simple_interval"]
+            assert entry[form]["trace_sigma"] > 0 and low <= high
+    assert "B_adam" in summary and "disjoint batches" in summary
     capsys.readouterr()
     assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(records))
     out = capsys.readouterr().out
