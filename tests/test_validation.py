@@ -62,7 +62,11 @@ BAD_VALUES = [
     ("train.on_bad_loss", "rolback", r"config.train.on_bad_loss='rolback'; use one of \('stop', 'rollback'\)"),
     # Values out of range.
     # A split the record set lacks, found at build (before anything compiles).
-    ("eval.split", "vali", r"has no split 'vali'; it has \['disjoint_test', .* \(set config.data.train_split / config.eval.split"),
+    (
+        "eval.split",
+        "vali",
+        r"has no split 'vali'; it has \['disjoint_test', .* \(set config.data.train_split / config.eval.split",
+    ),
     ("eval.split", "test[2:", r"split 'test\[2:' is not NAME, NAME\+NAME or NAME\[start:stop\]"),
     ("loss.temperature", 0.0, r"config.loss.temperature=0.0 must be > 0"),
     ("loss.temperature", -0.1, r"config.loss.temperature=-0.1 must be > 0"),
