@@ -150,6 +150,19 @@ def test_a_released_clip_fine_tunes_with_its_image_tower_locked(load_config, sha
     np.testing.assert_allclose(model.embed(images, "a"), want_a, rtol=1e-4, atol=1e-5)  # locked
     moved = np.abs(model.embed(model.tokenize(captions), "b") - want_b).max()
     assert moved > 1e-3  # trained
+    # Weights out: the fine-tuned model, written as open_clip's state_dict, is open_clip's again.
+    from safetensors.torch import load_file
+
+    from contrastive_jax import released
+
+    released.save(str(tmp_path / "fine_tuned.safetensors"), model.model, model.variables["params"])
+    fine_tuned = open_clip.model.CLIP(embed_dim=32, vision_cfg=vision, text_cfg=text).eval()
+    fine_tuned.load_state_dict(load_file(str(tmp_path / "fine_tuned.safetensors")), strict=True)
+    with torch.no_grad():
+        got_a = fine_tuned.encode_image(pixels, normalize=True).numpy()
+        got_b = fine_tuned.encode_text(open_clip.tokenize(captions), normalize=True).numpy()
+    np.testing.assert_allclose(got_a, model.embed(images, "a"), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got_b, model.embed(model.tokenize(captions), "b"), rtol=1e-4, atol=1e-5)
 
 
 @pytest.fixture(scope="module")

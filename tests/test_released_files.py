@@ -127,11 +127,22 @@ def _embeddings(model, variables):
     return images, tokens, model.apply(variables, images, tokens)
 
 
-@pytest.mark.parametrize("where", ["config", "hf_cache_name", "quickgelu_name", "forced"])
-def test_quick_gelu_is_taken_from_the_checkpoint_where_open_clip_says_it(tmp_path, where):
-    torch = pytest.importorskip("torch")
+def _open_clip_embeddings(reference, images, tokens):
+    """open_clip's normalised embeddings of `_embeddings`' images and tokens."""
+    import torch
+
     from contrastive_jax.released import open_clip_layout
 
+    mean, std = np.array(open_clip_layout.OPENAI_MEAN), np.array(open_clip_layout.OPENAI_STD)
+    with torch.no_grad():
+        pixels = torch.from_numpy(((images - mean) / std).transpose(0, 3, 1, 2).astype(np.float32))
+        want_a = reference.encode_image(pixels, normalize=True).numpy()
+        want_b = reference.encode_text(torch.from_numpy(tokens.astype(np.int64)), normalize=True).numpy()
+    return want_a, want_b
+
+
+@pytest.mark.parametrize("where", ["config", "hf_cache_name", "quickgelu_name", "forced"])
+def test_quick_gelu_is_taken_from_the_checkpoint_where_open_clip_says_it(tmp_path, where):
     reference = _open_clip_model(quick_gelu=True)
     folder = {
         "config": tmp_path,
@@ -147,11 +158,7 @@ def test_quick_gelu_is_taken_from_the_checkpoint_where_open_clip_says_it(tmp_pat
     loaded = released.load(path, quick_gelu=where == "forced")
     assert loaded.settings.activation == "quick_gelu"
     images, tokens, out = _embeddings(loaded.model, {"params": loaded.params})
-    mean, std = np.array(open_clip_layout.OPENAI_MEAN), np.array(open_clip_layout.OPENAI_STD)
-    with torch.no_grad():
-        pixels = torch.from_numpy(((images - mean) / std).transpose(0, 3, 1, 2).astype(np.float32))
-        want_a = reference.encode_image(pixels, normalize=True).numpy()
-        want_b = reference.encode_text(torch.from_numpy(tokens.astype(np.int64)), normalize=True).numpy()
+    want_a, want_b = _open_clip_embeddings(reference, images, tokens)
     np.testing.assert_allclose(out["za"], want_a, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(out["zb"], want_b, rtol=1e-4, atol=1e-5)
 
@@ -165,3 +172,49 @@ def test_a_plain_checkpoint_and_a_config_without_quick_gelu_are_gelu(tmp_path):
     (tmp_path / released.OPEN_CLIP_CONFIG).write_text("{not json")
     with pytest.raises(ConfigError, match="is not open_clip's JSON config"):
         released.quick_gelu_from(path)
+
+
+def test_a_changed_open_clip_model_written_back_loads_into_open_clip_with_equal_embeddings(tmp_path):
+    """Weights out: the loaded towers' parameters, moved as fine-tuning moves them, are
+    written as open_clip's state_dict; open_clip 3.3.0 loads them (strict) and embeds as
+    the Flax towers do."""
+    import jax
+
+    reference = _open_clip_model(embed_dim=24)  # skips without torch and open_clip
+    from safetensors.torch import load_file
+
+    loaded = released.load(_save_safetensors(_open_clip_model().state_dict(), tmp_path / "in.safetensors"))
+    rng = np.random.default_rng(1)
+    params = jax.tree.map(lambda p: p + 0.05 * rng.standard_normal(p.shape).astype(np.float32), loaded.params)
+    released.save(str(tmp_path / "out.safetensors"), loaded.model, params)
+    reference.load_state_dict(load_file(str(tmp_path / "out.safetensors")), strict=True)
+    images, tokens, out = _embeddings(loaded.model, {"params": params})
+    want_a, want_b = _open_clip_embeddings(reference, images, tokens)
+    np.testing.assert_allclose(out["za"], want_a, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["zb"], want_b, rtol=1e-4, atol=1e-5)
+    assert 1 / float(out["temperature"]) == pytest.approx(reference.logit_scale.exp().item(), rel=1e-6)
+    with pytest.raises(ConfigError, match=r"out\.bin: open_clip's layout is written as \.safetensors"):
+        released.save(str(tmp_path / "out.bin"), loaded.model, params)
+
+
+def test_a_big_vision_model_written_back_reads_as_it_was(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    from contrastive_jax.released import big_vision_layout
+    from contrastive_jax.transformer import TowerSettings
+
+    tower = TowerSettings(width=32, depth=2, num_heads=2, mlp_dim=64)
+    settings = big_vision_layout.Settings(
+        image_size=16, patch_size=8, image=tower, context_length=6, vocab_size=40, text=tower, embed_dim=32
+    )
+    model = big_vision_layout.Model(settings)
+    params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), jnp.zeros((1, 6), jnp.int32))["params"]
+    path = str(tmp_path / "siglip.npz")
+    released.save(path, model, params)
+    with np.load(path) as npz:
+        assert "params/t" in npz.files and npz["params/b"].shape == (1,)
+        assert "params/img/MAPHead_0/probe" in npz.files and "params/txt/head/kernel" in npz.files
+    loaded = released.load(path)
+    assert loaded.settings == settings
+    jax.tree.map(np.testing.assert_array_equal, loaded.params, jax.tree.map(np.asarray, params))

@@ -13,7 +13,9 @@ Each layout module (`open_clip_layout`, `big_vision_layout`) gives:
   embeddings L2-normalized float32; the image tower's parameters under `img`, the text
   tower's under `txt`, `log_inv_temperature` (CLIP's `logit_scale`, SigLIP's `t`) and
   `logit_bias` (SigLIP's `b`) at the top;
-* `params_from(arrays, settings)`: the parameter tree of `Model(settings)`.
+* `params_from(arrays, settings)`: the parameter tree of `Model(settings)`;
+* `arrays_from(...)` and `write(path, params, settings)`: the way back, a trained or
+  fine-tuned model's parameters as the layout's file (`save`).
 
 **QuickGELU.** OpenAI's CLIP weights and the open_clip models trained like them use
 OpenAI's `x * sigmoid(1.702 x)` in place of GELU; the arrays do not say it, and the
@@ -114,6 +116,25 @@ def load(path: str, *, quick_gelu: bool = False) -> Released:
         problem = f"{e.args[0]} is not in the checkpoint" if isinstance(e, KeyError) else str(e)
         raise ConfigError(f"{path}: {problem}") from None
     return Released(layout.Model(settings), params, settings)
+
+
+def save(path: str, model, params) -> None:
+    """Writes a model of a released layout (`load`'s `model`, or a run's fine-tuned from
+    it: `trained.load(workdir)`'s `model` and `variables["params"]`) back to that layout:
+    open_clip's `state_dict` as `.safetensors` (open_clip loads it), big_vision's `.npz`.
+
+    Raises:
+      ConfigError: `model` is not a released layout's, or `path`'s suffix is not its.
+    """
+    from contrastive_jax.released import big_vision_layout, open_clip_layout
+
+    layout = {open_clip_layout.Model: open_clip_layout, big_vision_layout.Model: big_vision_layout}.get(type(model))
+    if layout is None:
+        raise ConfigError(f"{type(model).__name__} is not a released layout's model; nothing to write to {path}.")
+    try:
+        layout.write(path, params, model.settings)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _read(layout, path: str) -> dict:

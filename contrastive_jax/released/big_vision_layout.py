@@ -241,3 +241,22 @@ def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
             f"({settings}); give a big_vision SigLIP / SigLIP 2 two-tower .npz (not NaFlex, not a training state)."
         )
     return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def arrays_from(params: dict) -> dict[str, np.ndarray]:
+    """big_vision's arrays (float32, "/"-joined names, `t` and `b` of shape [1]) of the
+    parameters of a `Model`: `params_from`'s inverse, for a trained or fine-tuned model."""
+    arrays = {}
+    for name, value in traverse_util.flatten_dict(params, sep="/").items():
+        value = np.asarray(value, np.float32)
+        arrays[TOP_LEVEL.get(name, name)] = value.reshape(1) if name in TOP_LEVEL else value
+    return arrays
+
+
+def write(path: str, params: dict, settings: Settings) -> None:
+    """Writes the parameters of `Model(settings)` as a big_vision `.npz` (`params/<name>`,
+    as big_vision's checkpoints name them), which `read` and big_vision's
+    `two_towers.load` read back."""
+    if not path.endswith(".npz"):
+        raise ValueError(f"{path}: big_vision's layout is written as .npz.")
+    np.savez(path, **{f"params/{name}": array for name, array in arrays_from(params).items()})

@@ -150,47 +150,92 @@ class Model(ReleasedTwoTower):
         return (pixels - mean) / std
 
 
-def _attention(arrays, prefix: str, num_heads: int) -> dict:
-    """`nn.MultiheadAttention`'s packed `in_proj` and `out_proj` as Flax's
-    `MultiHeadDotProductAttention` (`[W, heads, head_dim]` kernels)."""
-    in_weight, in_bias = arrays.pop(f"{prefix}in_proj_weight"), arrays.pop(f"{prefix}in_proj_bias")
-    width = in_weight.shape[1]
-    shape = (width, num_heads, width // num_heads)
-    out = {}
-    for index, name in enumerate(("query", "key", "value")):
-        rows = slice(index * width, (index + 1) * width)
-        out[name] = {"kernel": in_weight[rows].T.reshape(shape), "bias": in_bias[rows].reshape(shape[1:])}
-    out_weight = arrays.pop(f"{prefix}out_proj.weight")
-    out["out"] = {
-        "kernel": out_weight.T.reshape(shape[1], shape[2], width),
-        "bias": arrays.pop(f"{prefix}out_proj.bias"),
-    }
-    return out
+QKV = ("query", "key", "value")
 
 
-def _layer_norm(arrays, prefix: str) -> dict:
-    return {"scale": arrays.pop(f"{prefix}weight"), "bias": arrays.pop(f"{prefix}bias")}
-
-
-def _dense(arrays, prefix: str) -> dict:
-    return {"kernel": arrays.pop(f"{prefix}weight").T, "bias": arrays.pop(f"{prefix}bias")}
-
-
-def _encoder_params(arrays, prefix: str, tower: TowerSettings, final_norm: str) -> dict:
-    params = {}
+def _encoder_names(prefix: str, path: tuple[str, ...], tower: TowerSettings, final_norm: str):
+    """`_names`' rows of one encoder: its blocks, then its final LayerNorm."""
+    heads = tower.num_heads
     for index in range(tower.depth):
-        block = f"{prefix}resblocks.{index}."
-        params[f"encoderblock_{index}"] = {
-            "LayerNorm_0": _layer_norm(arrays, f"{block}ln_1."),
-            "MultiHeadDotProductAttention_0": _attention(arrays, f"{block}attn.", tower.num_heads),
-            "LayerNorm_1": _layer_norm(arrays, f"{block}ln_2."),
-            "MlpBlock_0": {
-                "Dense_0": _dense(arrays, f"{block}mlp.c_fc."),
-                "Dense_1": _dense(arrays, f"{block}mlp.c_proj."),
-            },
-        }
-    params["encoder_norm"] = _layer_norm(arrays, final_norm)
-    return params
+        block, at = f"{prefix}resblocks.{index}.", (*path, f"encoderblock_{index}")
+        attention, mlp = (*at, "MultiHeadDotProductAttention_0"), (*at, "MlpBlock_0")
+        yield from (
+            (f"{block}ln_1.weight", (*at, "LayerNorm_0", "scale"), "same", 0),
+            (f"{block}ln_1.bias", (*at, "LayerNorm_0", "bias"), "same", 0),
+            (f"{block}attn.in_proj_weight", attention, "qkv_weight", heads),
+            (f"{block}attn.in_proj_bias", attention, "qkv_bias", heads),
+            (f"{block}attn.out_proj.weight", (*attention, "out", "kernel"), "out_weight", heads),
+            (f"{block}attn.out_proj.bias", (*attention, "out", "bias"), "same", 0),
+            (f"{block}ln_2.weight", (*at, "LayerNorm_1", "scale"), "same", 0),
+            (f"{block}ln_2.bias", (*at, "LayerNorm_1", "bias"), "same", 0),
+            (f"{block}mlp.c_fc.weight", (*mlp, "Dense_0", "kernel"), "linear", 0),
+            (f"{block}mlp.c_fc.bias", (*mlp, "Dense_0", "bias"), "same", 0),
+            (f"{block}mlp.c_proj.weight", (*mlp, "Dense_1", "kernel"), "linear", 0),
+            (f"{block}mlp.c_proj.bias", (*mlp, "Dense_1", "bias"), "same", 0),
+        )
+    yield (f"{final_norm}weight", (*path, "encoder_norm", "scale"), "same", 0)
+    yield (f"{final_norm}bias", (*path, "encoder_norm", "bias"), "same", 0)
+
+
+def _names(settings: Settings) -> list[tuple[str, tuple[str, ...], str, int]]:
+    """Every array of a classic open_clip CLIP of `settings`, as `(its name, its
+    parameter's path in Model(settings), how it is stored, the attention heads)`. How:
+    "same"; "linear" (a torch Linear's weight, transposed); "conv" (a Conv2d's weight
+    `[O, I, H, W]` as `[H, W, I, O]`); "scalar" (a 0-d array); "qkv_weight" / "qkv_bias"
+    (`nn.MultiheadAttention`'s packed `in_proj`: Flax's query, key and value under the
+    path, kernels `[W, heads, head_dim]`); "out_weight" (`out_proj`'s weight as
+    `[heads, head_dim, W]`)."""
+    names = [
+        ("visual.conv1.weight", ("img", "embedding", "kernel"), "conv", 0),
+        ("visual.class_embedding", ("img", "cls"), "same", 0),
+        ("visual.positional_embedding", ("img", "pos_embedding"), "same", 0),
+        ("visual.ln_pre.weight", ("img", "ln_pre", "scale"), "same", 0),
+        ("visual.ln_pre.bias", ("img", "ln_pre", "bias"), "same", 0),
+        *_encoder_names("visual.transformer.", ("img", "Transformer"), settings.image, "visual.ln_post."),
+        ("visual.proj", ("img", "head", "kernel"), "same", 0),
+        ("token_embedding.weight", ("txt", "Embed_0", "embedding"), "same", 0),
+        ("positional_embedding", ("txt", "pos_embedding"), "same", 0),
+        *_encoder_names("transformer.", ("txt", "Encoder_0"), settings.text, "ln_final."),
+        ("text_projection", ("txt", "head", "kernel"), "same", 0),
+        ("logit_scale", ("log_inv_temperature",), "scalar", 0),
+    ]
+    return names + ([("logit_bias", ("logit_bias",), "scalar", 0)] if settings.logit_bias else [])
+
+
+def _to_params(array: np.ndarray, how: str, heads: int) -> list[tuple[tuple[str, ...], np.ndarray]]:
+    """An open_clip array as `(path under its parameter's path, value)` pairs (`_names`)."""
+    if how in ("qkv_weight", "qkv_bias"):
+        width = array.shape[-1] if how == "qkv_weight" else array.shape[0] // 3
+        head_shape = (heads, width // heads)
+        parts = np.split(array, 3)
+        if how == "qkv_weight":
+            return [((name, "kernel"), part.T.reshape(width, *head_shape)) for name, part in zip(QKV, parts)]
+        return [((name, "bias"), part.reshape(head_shape)) for name, part in zip(QKV, parts)]
+    value = {
+        "same": lambda: array,
+        "linear": lambda: array.T,
+        "conv": lambda: array.transpose(2, 3, 1, 0),
+        "scalar": lambda: array.reshape(()),
+        "out_weight": lambda: array.T.reshape(heads, array.shape[0] // heads, array.shape[0]),
+    }[how]()
+    return [((), value)]
+
+
+def _to_array(get, how: str) -> np.ndarray:
+    """The open_clip array of a parameter (`get(path under its parameter's path)`): the
+    inverse of `_to_params`."""
+    if how == "qkv_weight":
+        return np.concatenate([get((name, "kernel")).reshape(get((name, "kernel")).shape[0], -1).T for name in QKV])
+    if how == "qkv_bias":
+        return np.concatenate([get((name, "bias")).reshape(-1) for name in QKV])
+    value = get(())
+    return {
+        "same": lambda: value,
+        "linear": lambda: value.T,
+        "conv": lambda: value.transpose(3, 2, 0, 1),
+        "scalar": lambda: value.reshape(()),
+        "out_weight": lambda: value.reshape(-1, value.shape[-1]).T,
+    }[how]()
 
 
 def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
@@ -198,42 +243,51 @@ def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
     checked against the shape `Model(settings)` needs.
 
     Raises:
+      KeyError: an array the towers need is missing (its name).
       ValueError: an array the towers have no place for (e.g. LayerScale's `ls_1`, an
         attention-pooling head), naming it: such a model is not a classic CLIP; or a
         parameter of another shape than the settings need (another model's arrays, e.g.
         a ViT-B/16's in ViT-B/32 settings), naming it.
     """
     arrays = {name: np.asarray(array, np.float32) for name, array in arrays.items() if name != "attn_mask"}
-    img = {
-        "embedding": {"kernel": arrays.pop("visual.conv1.weight").transpose(2, 3, 1, 0)},
-        "cls": arrays.pop("visual.class_embedding"),
-        "pos_embedding": arrays.pop("visual.positional_embedding"),
-        "ln_pre": _layer_norm(arrays, "visual.ln_pre."),
-        "Transformer": _encoder_params(arrays, "visual.transformer.", settings.image, "visual.ln_post."),
-        "head": {"kernel": arrays.pop("visual.proj")},
-    }
-    txt = {
-        "Embed_0": {"embedding": arrays.pop("token_embedding.weight")},
-        "pos_embedding": arrays.pop("positional_embedding"),
-        "Encoder_0": _encoder_params(arrays, "transformer.", settings.text, "ln_final."),
-        "head": {"kernel": arrays.pop("text_projection")},
-    }
-    params = {"img": img, "txt": txt, "log_inv_temperature": arrays.pop("logit_scale").reshape(())}
-    if settings.logit_bias:
-        params["logit_bias"] = arrays.pop("logit_bias").reshape(())
+    flat = {}
+    for name, path, how, heads in _names(settings):
+        for under, value in _to_params(arrays.pop(name), how, heads):
+            flat[(*path, *under)] = value
     if arrays:
         raise ValueError(
             f"{sorted(arrays)[0]} (and {len(arrays) - 1} more) have no place in a classic open_clip CLIP "
             "(LayerScale, attention pooling and timm or Hugging Face towers are not loaded)."
         )
-    given = traverse_util.flatten_dict(params, sep="/")
     for name, shape in released.param_shapes(Model(settings), settings).items():
-        if given[name].shape != shape:
+        given = flat[tuple(name.split("/"))].shape
+        if given != shape:
             raise ValueError(
-                f"the parameter {name} has shape {given[name].shape}; the towers the settings describe need {shape}: "
+                f"the parameter {name} has shape {given}; the towers the settings describe need {shape}: "
                 "the arrays are another model's (give one checkpoint, unchanged, with the settings inferred from it)."
             )
-    return params
+    return traverse_util.unflatten_dict(flat)
+
+
+def arrays_from(params: dict, settings: Settings) -> dict[str, np.ndarray]:
+    """The open_clip `state_dict` arrays (float32, by open_clip's names) of the parameters
+    of `Model(settings)`: `params_from`'s inverse, for a trained or fine-tuned model."""
+    flat = {path: np.asarray(value, np.float32) for path, value in traverse_util.flatten_dict(params).items()}
+    arrays = {}
+    for name, path, how, _ in _names(settings):
+        arrays[name] = np.ascontiguousarray(_to_array(lambda under, path=path: flat[(*path, *under)], how))
+    return arrays
+
+
+def write(path: str, params: dict, settings: Settings) -> None:
+    """Writes the parameters of `Model(settings)` as open_clip's `state_dict` in the
+    `.safetensors` file `path`: `open_clip.create_model(...)` with the same architecture
+    loads it (`load_state_dict(safetensors.torch.load_file(path))`)."""
+    from safetensors.numpy import save_file
+
+    if not path.endswith(".safetensors"):
+        raise ValueError(f"{path}: open_clip's layout is written as .safetensors.")
+    save_file(arrays_from(params, settings), path)
 
 
 def is_checkpoint(path: str) -> bool:
