@@ -116,6 +116,33 @@ def paired_ceilings(ids: Mapping[str, np.ndarray], match_keys: tuple[str, str] |
     }
 
 
+def input_ceilings(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """The best R@1 any model can reach in paired retrieval with only the pair itself
+    right (no match keys), from the inputs: identical inputs embed identically, so an
+    answer whose input another candidate repeats ties with it (ties count against the
+    query, `cross_view_ranks`), and identical queries rank alike (of each set, at most one
+    is right).
+
+    Args:
+      a: [n, ...] the a side's inputs (pixels, tokens), row i paired with `b[i]`.
+      b: [n, ...] the b side's.
+
+    Returns:
+      `{"a_to_b": ceiling, "b_to_a": ceiling}`: per direction, the number of sets of
+      identical queries holding a query whose answer's input is unique, over n.
+    """
+
+    def ids(x):
+        return np.unique(np.reshape(x, (len(x), -1)), axis=0, return_inverse=True)[1].ravel()
+
+    def ceiling(query_ids, answer_ids):
+        unique_answer = np.bincount(answer_ids)[answer_ids] == 1
+        return len(np.unique(query_ids[unique_answer])) / len(query_ids)
+
+    a_ids, b_ids = ids(a), ids(b)
+    return {"a_to_b": ceiling(a_ids, b_ids), "b_to_a": ceiling(b_ids, a_ids)}
+
+
 def _neighbours(z: np.ndarray, num: int) -> np.ndarray:
     """[n, num] indices of each row's most similar other rows, most similar first."""
     similarity = z @ z.T

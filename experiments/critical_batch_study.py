@@ -510,9 +510,30 @@ def run(args) -> list[dict]:
     sweep.write_results(records, args.out)
     sweep.save(plot(records, args.targets, args.train_size, task.curve_floor, rates), args.out)
     final = final_hits(records, rates, args.out, args.final_split)
+    if getattr(args, "pictures", 0):  # the generated set names no match keys: its ceiling from its inputs
+        write_input_ceilings(base, args.final_split, args.out)
     (args.out / "summary.md").write_text(summary(records, args.targets, noise, final, rates, title=task.title))
     print(f"wrote {args.out}")
     return records
+
+
+def write_input_ceilings(base, split: str, out) -> dict[str, Any]:
+    """`evaluate.input_ceilings` of `split` as `base`'s data reads it (the set names no
+    match keys: only the pair is right, identical inputs tie), cached in
+    `out/ceiling.json` with the split and the method."""
+    from contrastive_jax import evaluate, input_pipeline, trainer
+
+    path = out / "ceiling.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    arrays = input_pipeline.eval_arrays(trainer.data_settings(base), split)
+    entry = {
+        "split": split,
+        **evaluate.input_ceilings(arrays["a"], arrays["b"]),
+        "method": "evaluate.input_ceilings: identical inputs embed alike; ties count against the query",
+    }
+    path.write_text(json.dumps(entry, indent=1))
+    return entry
 
 
 def generated_records(args) -> dict[str, str]:

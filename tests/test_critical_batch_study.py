@@ -256,3 +256,5 @@ def test_quick_shapes_writes_its_pictures_and_measures_steps(tmp_path):
     assert summary.startswith("# The critical batch on the generated image-text set") and "replicate" not in summary
     final = json.loads((tmp_path / "out" / "final.json").read_text())
     assert [entry["queries"] for entry in final.values()] == [64]  # test[:64]
+    ceiling = json.loads((tmp_path / "out" / "ceiling.json").read_text())  # computed: the set has no match keys
+    assert ceiling["split"] == "test[:64]" and 0 < ceiling["a_to_b"] <= 1 and 0 < ceiling["b_to_a"] <= 1

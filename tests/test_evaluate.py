@@ -203,3 +203,16 @@ def test_map_padded_chunks_pads_the_last_chunk_and_cuts_the_padding():
     np.testing.assert_array_equal(out["sum"], a.sum(axis=1))
     np.testing.assert_array_equal(out["first"], a[:, :1])
     assert padded_chunks.map_padded_chunks(fn, (a[:0], None), 4) is None
+
+
+def test_input_ceilings_count_repeated_answers_and_identical_queries_against_the_ceiling():
+    """Five pictures, captions A A B C C' where C' == C: a picture whose caption repeats
+    ties with the twin (ties count against it): 1 of 5 right image -> caption (B); of
+    the identical caption queries one each is right, and B: 3 of 5 back."""
+    pictures = np.arange(5 * 4, dtype=np.float32).reshape(5, 2, 2)  # all different
+    captions = np.array([[1, 2], [1, 2], [3, 4], [5, 6], [5, 6]])
+    assert evaluate.input_ceilings(pictures, captions) == {"a_to_b": 0.2, "b_to_a": 0.6}
+    assert evaluate.input_ceilings(pictures, pictures) == {"a_to_b": 1.0, "b_to_a": 1.0}
+    # a perfect model reaches it: each picture embeds as its caption, identical captions alike
+    z = np.eye(5)[[0, 0, 1, 2, 2]]
+    assert np.mean(evaluate.cross_view_ranks(z, z) == 0) == 0.2
