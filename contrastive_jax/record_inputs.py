@@ -131,6 +131,7 @@ class _FileSource:
     split_name: str
     has_label: bool
     has_captions: bool = True
+    labels_are_names: bool = False  # True: every label is a name, digits too (a folder's)
     labels: collections.Counter
     size: int
     class_labels: ClassLabels = ClassLabels()
@@ -383,7 +384,8 @@ class ParquetSource(_FileSource):
     them, read with pyarrow a batch of rows at a time: the image column holds the image
     file's bytes, a path (relative to the file's folder, or absolute), or Hugging Face's
     `{"bytes", "path"}` struct; the caption column a string or a list of them; the label
-    column (optional) an int or a class name. `columns`: (image, caption, label) names,
+    column (optional) an int or a class name (ints with a Hugging Face `ClassLabel`'s names
+    in the schema's metadata: those names are kept). `columns`: (image, caption, label) names,
     None for each to take the first of `IMAGE_COLUMNS`, `CAPTION_COLUMNS`, "label"."""
 
     IMAGE_COLUMNS = ("image", "jpg", "png", "webp")
@@ -414,6 +416,10 @@ class ParquetSource(_FileSource):
                     f"--source=parquet:{files}: {self.paths[0]} has no {name or 'image/caption'} column (its columns: "
                     f"{', '.join(schema.names)}); name it with {flag}."
                 )
+        # Hugging Face datasets keep a ClassLabel's names in the schema's metadata.
+        features = json.loads((schema.metadata or {}).get(b"huggingface", b"{}")).get("info", {}).get("features", {})
+        label_feature = features.get(self.label_column) or {}
+        self.class_names = tuple(label_feature.get("names", ())) if label_feature.get("_type") == "ClassLabel" else ()
         self.rows = [pq.ParquetFile(p).metadata.num_rows for p in self.paths]
         self.size, self.has_label = sum(self.rows), self.label_column is not None
         self.labels = collections.Counter()
@@ -422,6 +428,11 @@ class ParquetSource(_FileSource):
                 for batch in pq.ParquetFile(path).iter_batches(columns=[self.label_column]):
                     values = (_label_value(v) for v in batch.column(0).to_pylist())
                     self.labels.update(v for v in values if v is not None)
+
+    @property
+    def info(self) -> dict:
+        """The fields, and a Hugging Face ClassLabel's names (its ids' names) when there are."""
+        return super().info | ({"class_names": self.class_names} if self.class_names else {})
 
     def examples(self, split: str, start: int, stop: int) -> Iterator[dict | BadInput]:
         pq = _pyarrow_parquet(self.paths[0])
@@ -494,6 +505,8 @@ class TfdsSource:
         )
         self.channels = features["image"].shape[-1]
         self.num_classes = getattr(features["label"], "num_classes", None) if self.has_label else None
+        names = list(getattr(features["label"], "names", None) or []) if self.num_classes else []
+        self.class_names = tuple(names) if names != [str(i) for i in range(len(names))] else ()  # not "0", "1", ...
 
     def splits(self) -> tuple[str, ...]:
         return (self.split_name,)
@@ -501,7 +514,7 @@ class TfdsSource:
     @property
     def info(self) -> dict:
         fields = ("image", *(("captions",) if self.caption_path else ()), *(("label",) if self.has_label else ()))
-        known = {"num_classes": self.num_classes} if self.num_classes else {}
+        known = {"num_classes": self.num_classes, "class_names": self.class_names} if self.num_classes else {}
         return {"fields": fields, "image_channels": 1 if self.channels == 1 else 3, **known}
 
     def num_examples(self, split: str) -> int:

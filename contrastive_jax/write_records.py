@@ -228,7 +228,7 @@ def _class_labels(source, split: str, existing: records.Metadata | None, max_bad
             )
         return ClassLabels(existing.class_names)
     ids_already = existing is not None and existing.num_classes > 0
-    if not ids_already and (getattr(source, "labels_are_names", False) or 2 * named_count > total):
+    if not ids_already and (source.labels_are_names or 2 * named_count > total):
         return ClassLabels(tuple(sorted(names)))
     if named_count > max_bad:
         why = f"the record set in {existing.directory} numbers its classes" if ids_already else "most labels are ints"
@@ -264,7 +264,7 @@ def _write_split(
     class_labels = _class_labels(source, name, existing, allowed)
     if class_labels is not None:
         source = source.numbered(class_labels)
-    class_names = class_labels.names if class_labels else tuple(source.info.get("class_names", ()))
+    class_names = (class_labels and class_labels.names) or tuple(source.info.get("class_names", ()))
     count = shards or max(1, -(-size // RECORDS_PER_SHARD))
     bounds = [size * k // count for k in range(count + 1)]
     tasks = [

@@ -178,7 +178,7 @@ def test_tfds_round_trip(tmp_path):
             features = {
                 "image": tfds.features.Image(shape=(6, 5, 3)),
                 "captions": tfds.features.Sequence({"text": tfds.features.Text()}),
-                "label": tfds.features.ClassLabel(num_classes=5),
+                "label": tfds.features.ClassLabel(names=["ant", "bee", "cat", "dog", "eel"]),
             }
             return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
 
@@ -194,6 +194,7 @@ def test_tfds_round_trip(tmp_path):
     write_records.write("tfds:tiny_captions", str(tmp_path / "out"), tfds_data_dir=str(tmp_path / "tfds"))
     metadata, examples = read_back(str(tmp_path / "out"))
     assert metadata.fields == ("image", "captions", "label") and metadata.num_classes == 5  # the ClassLabel's
+    assert metadata.class_names == ("ant", "bee", "cat", "dog", "eel")  # its names, in its order
     by_label = sorted(
         (e["captions"], e["label"], images.to_array(images.decode(e["image"], 3))[0, 0, 0]) for e in examples
     )
@@ -465,6 +466,8 @@ def test_parquet_with_bytes_structs_and_paths_round_trips(tmp_path, image_files)
     (tmp_path / "hf").mkdir()
     structs = [{"bytes": rgb, "path": None}, {"bytes": None, "path": str(tmp_path / "img" / "grey.png")}]
     table = pa.table({"picture": structs, "texts": [["one", "two"], ["three"]], "y": [3, 0]})
+    class_label = {"y": {"names": ["n0", "n1", "n2", "n3"], "_type": "ClassLabel"}}
+    table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": class_label}})})
     pq.write_table(table, tmp_path / "hf" / "train.parquet")
     metadata = write_records.write(
         f"parquet:{tmp_path / 'hf' / '*.parquet'}",
@@ -478,7 +481,7 @@ def test_parquet_with_bytes_structs_and_paths_round_trips(tmp_path, image_files)
         (rgb, ["one", "two"], 3),
         (grey, ["three"], 0),
     ]
-    assert metadata.class_names == () and "--image-column=picture" in metadata.source["command"]
+    assert metadata.class_names == ("n0", "n1", "n2", "n3") and "--image-column=picture" in metadata.source["command"]
     with pytest.raises(
         ConfigError, match=r"has no pixels column \(its columns: picture, texts, y\); name it with --image-column"
     ):
