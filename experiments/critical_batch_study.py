@@ -383,11 +383,23 @@ def _final_table(records: Sequence[Mapping[str, Any]], final: Mapping[str, Mappi
         ]
         rows.append([f"{x[0].upper()} {x[1]:,} - {y[0].upper()} {y[1]:,}", *cells])
     header = ["comparison", "R@1 a_to_b difference [95%]", "R@1 b_to_a difference [95%]"]
-    return text + (
+    if not rows:
+        return text
+    text += (
         f"\nDifferences of the seed-mean R@1 on the same queries, 95% paired bootstrap over the queries "
         f"({intervals.BOOTSTRAP_RESAMPLES:,} resamples):\n\n" + sweep.markdown_table(rows, header)
-        if rows
-        else ""
+    )
+    rows = []
+    for x, y in pairs:
+        cells = []
+        for direction in query_hits.DIRECTIONS:
+            per_seed = [[float(final[name][direction].mean()) for name in runs[key]] for key in (x, y)]
+            interval = intervals.welch_interval(*per_seed)
+            cells.append(f"{intervals.difference_cell(*interval)}, {intervals.verdict(*interval[1:])}")
+        rows.append([f"{x[0].upper()} {x[1]:,} - {y[0].upper()} {y[1]:,}", *cells])
+    return text + (
+        "\nThe same differences over the seeds (each seed's R@1 one value; 95% Welch interval), with the "
+        "verdict each interval allows:\n\n" + sweep.markdown_table(rows, header)
     )
 
 

@@ -327,6 +327,31 @@ def plot(records: Sequence[Mapping], batch_sizes: Sequence[int]) -> dict:
     return figures
 
 
+def _gain_shrink_section(groups: Mapping[tuple[str, int], Sequence]) -> str:
+    """For each method run at two N beside CLIP at both: its gain over CLIP at the smaller
+    N less its gain at the larger, with the 95% Welch interval over the four groups' seeds
+    (`intervals.welch_contrast`) and the verdict it allows."""
+    rows = []
+    for method in dict.fromkeys(label for label, _ in groups):
+        ns = sorted(n for label, n in groups if label == method and ("CLIP", n) in groups)
+        if method == "CLIP" or len(ns) < 2:
+            continue
+        for small, large in zip(ns, ns[1:], strict=False):
+            keys = [(method, small), ("CLIP", small), (method, large), ("CLIP", large)]
+            cells = []
+            for metric in METRICS:
+                contrast = intervals.welch_contrast([[r[metric] for r in groups[k]] for k in keys], [1, -1, -1, 1])
+                cells.append(f"{intervals.difference_cell(*contrast)}, {intervals.verdict(*contrast[1:])}")
+            rows.append([method, f"{small:,} → {large:,}", " / ".join(str(len(groups[k])) for k in keys), *cells])
+    if not rows:
+        return ""
+    header = ["method", "N", "seeds", *(f"{m}: gain shrink [95%]" for m in METRICS)]
+    return (
+        "\n## Does the gain over CLIP shrink with N? (gain over CLIP at the smaller N) − (gain at the larger), "
+        "95% Welch interval over the four groups' seeds\n\n" + sweep.markdown_table(rows, header)
+    )
+
+
 def summary(
     records: Sequence[Mapping], ceilings: Mapping[str, float], hits: Mapping[str, Mapping[str, Any]] | None = None
 ) -> str:
@@ -394,6 +419,7 @@ def summary(
         seeds = f"{len(groups[x])} vs {len(groups[y])}"
         comparison_rows.append([f"{x[0]}, N={x[1]:,}", f"{y[0]}, N={y[1]:,}", seeds, *cells])
     text += sweep.markdown_table(comparison_rows, DIFFERENCE_HEADER)
+    text += _gain_shrink_section(groups)
     text += _bootstrap_section(groups, hits or {})
     text += f"\n## test {METRICS[0]} at each evaluation (mean over seeds): epoch -> R@1 (the first seed's minutes)\n\n"
     eval_rows = []

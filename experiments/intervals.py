@@ -47,18 +47,40 @@ def welch_interval(x: Sequence[float], y: Sequence[float]) -> tuple[float, float
     Returns:
       `(mean(x) - mean(y), low, high)`; the bounds are NaN when either side has one value.
     """
+    return welch_contrast([x, y], [1.0, -1.0])
+
+
+def welch_contrast(groups: Sequence[Sequence[float]], weights: Sequence[float]) -> tuple[float, float, float]:
+    """A weighted sum of independent groups' means and its 95% Welch interval (each
+    group's variance its own, Welch–Satterthwaite degrees of freedom): e.g. weights
+    `[1, -1, -1, 1]` on (A at 256, CLIP at 256, A at 1,024, CLIP at 1,024) is how much A's
+    gain over CLIP shrinks from 256 to 1,024.
+
+    Args:
+      groups: G groups of per-seed values, [n_g] each.
+      weights: [G] the contrast's weights.
+
+    Returns:
+      `(contrast, low, high)`; the bounds are NaN when a group has one value.
+    """
     from scipy import stats
 
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    difference = float(x.mean() - y.mean())
-    if len(x) < 2 or len(y) < 2:
-        return difference, math.nan, math.nan
-    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    if vx + vy == 0:
-        return difference, difference, difference
-    dof = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
-    half_width = float(stats.t.ppf(0.975, dof) * math.sqrt(vx + vy))
-    return difference, difference - half_width, difference + half_width
+    groups = [np.asarray(g, np.float64) for g in groups]
+    contrast = float(sum(w * g.mean() for w, g in zip(weights, groups, strict=True)))
+    if min(len(g) for g in groups) < 2:
+        return contrast, math.nan, math.nan
+    variances = [w**2 * g.var(ddof=1) / len(g) for w, g in zip(weights, groups, strict=True)]
+    if sum(variances) == 0:
+        return contrast, contrast, contrast
+    dof = sum(variances) ** 2 / sum(v**2 / (len(g) - 1) for v, g in zip(variances, groups, strict=True))
+    half_width = float(stats.t.ppf(0.975, dof) * math.sqrt(sum(variances)))
+    return contrast, contrast - half_width, contrast + half_width
+
+
+def verdict(low: float, high: float) -> str:
+    """`"resolved"` when a difference's 95% interval `[low, high]` leaves out 0, else
+    `"not resolved"` (NaN bounds, one seed, included)."""
+    return "resolved" if low > 0 or high < 0 else "not resolved"
 
 
 def paired_bootstrap(

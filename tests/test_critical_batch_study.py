@@ -196,6 +196,12 @@ def test_final_table_reads_the_seeds_the_ceiling_and_the_paired_differences():
         cell = f"{difference:+.4f} [{low:+.4f}, {high:+.4f}]"
         assert f"| {row} | {cell} | {cell} |" in text
     assert "| DCL 256 - CLIP 256 | +0.0150 [" in text  # 20 more queries than seed 0, 10 more than seed 1
+    # over the seeds (Welch): 512 - 256 is +0.02 with two seeds 0.01 apart on each side: resolved
+    # over the queries above, not over the seeds; DCL has one seed
+    welch = intervals.welch_interval([base.mean() + 0.02, base.mean() + 0.03], clip_256)
+    cell = f"{intervals.difference_cell(*welch)}, {intervals.verdict(*welch[1:])}"
+    assert f"| CLIP 512 - CLIP 256 | {cell} | {cell} |" in text and cell.endswith("], not resolved")
+    assert "| DCL 256 - CLIP 256 | +0.0150 [n/a], not resolved |" in text
 
 
 @pytest.mark.e2e

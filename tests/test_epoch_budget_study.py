@@ -133,6 +133,16 @@ def test_summary_gives_intervals_the_ceilings_distance_and_each_pairs_difference
     assert "+0.0073 [+0.0042, +0.0105]" in text
     assert "-0.8910 [n/a]" in text  # one seed: no interval
     assert "paired bootstrap" not in text  # no per-query hits: no such section
+    assert "gain over CLIP shrink" not in text  # no method beside CLIP at two N
+    records += [record("DCL", 1024, s, 0.899 + 0.001 * s, 0.942) for s in range(3)]
+    records += [record("DCL", 256, 2, 0.900, 0.936)]
+    text = study.summary(records, {"a_to_b": 0.932, "b_to_a": 0.982})
+    # DCL's gain at 256 (0.900 - 0.891) less at 1,024 (0.900 - 0.89833): +0.0073, its Welch interval over 4 groups
+    groups = study._groups(records)
+    keys = [("DCL", 256), ("CLIP", 256), ("DCL", 1024), ("CLIP", 1024)]
+    want = intervals.welch_contrast([[r["a_to_b/R@1"] for r in groups[k]] for k in keys], [1, -1, -1, 1])
+    assert want[0] == pytest.approx(0.0073, abs=1e-4) and want[1] > 0
+    assert f"| DCL | 256 → 1,024 | 3 / 3 / 3 / 3 | {intervals.difference_cell(*want)}, resolved |" in text
 
 
 def test_summary_bootstraps_the_queries_over_the_seeds_both_sides_have_hits_for():

@@ -65,3 +65,19 @@ def test_mean_and_interval_formats_the_t_half_width():
     assert intervals.mean_and_interval([1.0, 2.0, 3.0], decimals=2) == "2.00 ± 2.48"  # 4.3027 / sqrt(3)
     assert intervals.mean_and_interval([0.744], decimals=3) == "0.744"
     assert intervals.mean_and_interval([300.0, None]) == "-"
+
+
+def test_welch_contrast_is_the_welch_interval_for_two_groups_and_reads_a_shrinking_gain():
+    x, y = [0.90, 0.91, 0.93], [0.88, 0.885, 0.89]
+    assert intervals.welch_contrast([x, y], [1, -1]) == intervals.welch_interval(x, y)
+    # four groups of 3 with sd 0.01 each: se = 0.01 * sqrt(4 / 3), dof = 8, t(0.975, 8) = 2.3060
+    groups = [[0.90, 0.91, 0.92], [0.88, 0.89, 0.90], [0.91, 0.92, 0.93], [0.90, 0.91, 0.92]]
+    contrast, low, high = intervals.welch_contrast(groups, [1, -1, -1, 1])
+    assert contrast == pytest.approx(0.01)
+    assert (high - low) / 2 == pytest.approx(2.3060 * 0.01 * math.sqrt(4 / 3), rel=1e-4)
+    assert math.isnan(intervals.welch_contrast([[1.0], [2.0, 3.0]], [1, -1])[1])
+
+
+def test_verdict_follows_the_interval():
+    assert intervals.verdict(0.0002, 0.0093) == intervals.verdict(-0.02, -0.01) == "resolved"
+    assert intervals.verdict(-0.0126, 0.0035) == intervals.verdict(math.nan, math.nan) == "not resolved"
