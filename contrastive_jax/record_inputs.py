@@ -443,11 +443,12 @@ class ParquetSource(_FileSource):
             first += rows
             if begin >= end:
                 continue
-            number = 0
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
-                if number + batch.num_rows <= begin:
-                    number += batch.num_rows
-                    continue
+            parquet = pq.ParquetFile(path)
+            group_rows = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
+            group_starts = np.cumsum([0, *group_rows])
+            groups = [g for g in range(parquet.num_row_groups) if group_starts[g] < end and group_starts[g + 1] > begin]
+            number = int(group_starts[groups[0]])  # read only the row groups holding [begin, end)
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns, row_groups=groups):
                 for row in batch.to_pylist():
                     if begin <= number < end:
                         yield self._example(row, path, number)
