@@ -76,7 +76,9 @@ class ClassLabels:
     def id(self, label) -> int | str:
         """The class id of `label`, or why it has none (a sentence for `BadInput`)."""
         if self.names:
-            found = self._ids.get(label if isinstance(label, str) else str(label)) if label is not None else None
+            if label is None:
+                return "the label is missing"
+            found = self._ids.get(label if isinstance(label, str) else str(label))
             return found if found is not None else f"the label {label!r} is not one of the {len(self.names)} classes"
         return int(label) if is_class_id(label) else f"the label {label!r} is not an int >= 0"
 

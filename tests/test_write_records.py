@@ -369,6 +369,14 @@ def test_a_second_split_is_numbered_as_the_first_and_an_unseen_name_stops(tmp_pa
     assert set(records.read_metadata(tmp_path / "out").splits) == {"train", "test"}
 
 
+def test_a_row_without_a_label_among_names_is_a_bad_row(tmp_path, image_files, capsys):
+    table = tmp_path / "pairs.csv"
+    table.write_text("image,caption,label\nimg/rgb.jpg,red,cat\nimg/grey.png,grey,\nimg/cmyk.jpg,cyan,dog\n")
+    metadata = write_records.write(f"csv:{table}", str(tmp_path / "out"), max_bad=0.4)
+    assert metadata.class_names == ("cat", "dog") and metadata.splits["train"].num_records == 2
+    assert "row 2 (img/grey.png): the label is missing" in capsys.readouterr().err
+
+
 def test_digits_are_ids_and_a_few_names_among_them_are_bad_rows(tmp_path, image_files, capsys):
     rows = [("img/rgb.jpg", "2"), ("img/grey.png", "0"), ("img/cmyk.jpg", "cat"), ("img/alpha.png", "7")]
     metadata = write_records.write(f"csv:{named_table(tmp_path, 'csv', rows)}", str(tmp_path / "out"), max_bad=0.25)
