@@ -19,8 +19,8 @@ Stages (resumable; a run's results are written as it finishes):
 
 1. **tuning**, on the first seed, N by N: rate steps ``k0(N) - 1 .. k0(N) + 1``
    (``k0`` from the square-root rule, `first_rate_step`), then the neighbour beyond
-   the best while the best (fewest steps to the highest target; a miss ranks by its
-   best R@1) is at the edge of what ran;
+   the best while the best (fewest steps to the highest target any of that N's runs
+   reaches; a miss ranks by its best R@1) is at the edge of what ran;
 2. **seeds**: every other seed at each N's tuned rate and both its neighbours;
 3. **noise**: the replicate noise scale (`noise_scale.compare`) at `NOISE_POINTS`
    checkpoints along each N's chosen run on the first `NOISE_SEEDS` seeds: `REPLICATES`
@@ -142,36 +142,46 @@ def rank(record: Mapping[str, Any], target: float) -> tuple[float, float]:
     return (math.inf if steps is None else steps, -float(curve[:, 1].max()))
 
 
-def next_rate_step(records: Sequence[Mapping[str, Any]], target: float) -> int | None:
+def best_tuning_run(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> Mapping[str, Any]:
+    """The best of one N's tuning runs `records`: the fewest steps (`rank`) to the highest
+    of `targets` that one of them reaches (a constant rate may plateau under the highest
+    everywhere at an N; none reached: the best R@1)."""
+    curves = [cosine.validation_curve(r) for r in records]
+    reached = [t for t in targets if any(curve[:, 1].max() >= t for curve in curves)]
+    target = max(reached, default=targets[0])
+    return min(records, key=lambda r: rank(r, target))
+
+
+def next_rate_step(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> int | None:
     """The rate step to tune next at one N from its tuning runs `records`: None when the
-    best (`rank`) is inside the steps run, else the neighbour beyond it."""
+    best (`best_tuning_run`) is inside the steps run, else the neighbour beyond it."""
     steps = sorted(r["rate_step"] for r in records)
-    best = min(records, key=lambda r: rank(r, target))["rate_step"]
+    best = best_tuning_run(records, targets)["rate_step"]
     if best == steps[0]:
         return best - 1
     return best + 1 if best == steps[-1] else None
 
 
-def tune(base, n: int, seed: int, target: float, out: Path, run_args, grid_args, most: int) -> list[dict]:
+def tune(base, n: int, seed: int, targets, out: Path, run_args, grid_args, most: int) -> list[dict]:
     """The tuning runs at N = `n` on `seed`: the three steps around `first_rate_step`,
-    then the neighbour beyond the best (at `target`) while it is at an edge, up to
+    then the neighbour beyond the best (`best_tuning_run`) while it is at an edge, up to
     `most` rates (stops early when the budget leaves a run unstarted)."""
     k0 = first_rate_step(n)
     runs = [study_run(n, k, seed, **run_args) for k in (k0 - 1, k0, k0 + 1)]
     while True:
         records = sweep.run_grid(base, runs, out, **grid_args)
-        step = next_rate_step(records, target) if len(records) == len(runs) else None
+        step = next_rate_step(records, targets) if len(records) == len(runs) else None
         if step is None or len(runs) >= most:
             return records
         runs.append(study_run(n, step, seed, **run_args))
 
 
-def tuned_steps(records: Sequence[Mapping[str, Any]], seed: int, target: float) -> dict[int, int]:
-    """`{N: rate step}`: each N's best tuning run on `seed` (`rank`)."""
+def tuned_steps(records: Sequence[Mapping[str, Any]], seed: int, targets: Sequence[float]) -> dict[int, int]:
+    """`{N: rate step}`: each N's best tuning run on `seed` (`best_tuning_run`)."""
     by_n: dict[int, list] = {}
     for record in (r for r in records if r["seed"] == seed):
         by_n.setdefault(record["batch_size"], []).append(record)
-    return {n: min(rs, key=lambda r: rank(r, target))["rate_step"] for n, rs in sorted(by_n.items())}
+    return {n: best_tuning_run(rs, targets)["rate_step"] for n, rs in sorted(by_n.items())}
 
 
 def seed_runs(tuned: Mapping[int, int], seeds: Sequence[int], **run_args) -> list[sweep.Run]:
@@ -345,8 +355,8 @@ def run(args) -> list[dict]:
     }
     records = []
     for n in args.batch_sizes:
-        records += tune(base, n, args.seeds[0], target, args.out, run_args, grid_args, args.max_tuning_rates)
-    tuned = tuned_steps(records, args.seeds[0], target)
+        records += tune(base, n, args.seeds[0], args.targets, args.out, run_args, grid_args, args.max_tuning_rates)
+    tuned = tuned_steps(records, args.seeds[0], args.targets)
     records += sweep.run_grid(base, seed_runs(tuned, args.seeds[1:], **run_args), args.out, **grid_args)
     sweep.write_results(records, args.out)
     noise = {}

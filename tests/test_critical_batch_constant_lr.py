@@ -49,16 +49,18 @@ def test_a_run_stops_at_its_target_or_after_patience_without_a_new_best():
 
 
 def test_tuning_extends_the_grid_past_an_edge_best_and_stops_inside():
-    slow, fast = [0.5, 0.7, 0.8, 0.9], [0.7, 0.9]
-    assert study.next_rate_step([record(256, 1, 0, slow), record(256, 2, 0, slow), record(256, 3, 0, fast)], 0.88) == 4
-    assert study.next_rate_step([record(256, 1, 0, fast), record(256, 2, 0, slow), record(256, 3, 0, slow)], 0.88) == 0
-    assert (
-        study.next_rate_step([record(256, 1, 0, slow), record(256, 2, 0, fast), record(256, 3, 0, slow)], 0.88) is None
-    )
-    # none reach the target: the best R@1 decides
-    misses = [record(256, 1, 0, [0.5, 0.6]), record(256, 2, 0, [0.5, 0.8]), record(256, 3, 0, [0.5, 0.7])]
-    assert study.next_rate_step(misses, 0.88) is None
-    assert study.tuned_steps(misses, 0, 0.88) == {256: 2}
+    slow, fast, targets = [0.5, 0.7, 0.8, 0.9], [0.7, 0.9], [0.8, 0.88]
+    edge_high = [record(256, 1, 0, slow), record(256, 2, 0, slow), record(256, 3, 0, fast)]
+    edge_low = [record(256, 1, 0, fast), record(256, 2, 0, slow), record(256, 3, 0, slow)]
+    inside = [record(256, 1, 0, slow), record(256, 2, 0, fast), record(256, 3, 0, slow)]
+    assert [study.next_rate_step(r, targets) for r in (edge_high, edge_low, inside)] == [4, 0, None]
+    # none reach the highest target (a constant rate's plateau): the fewest steps to the
+    # highest one reached (0.80: k = 3 first, though k = 2 ends higher), then the best R@1
+    plateaus = [record(256, 1, 0, [0.5, 0.6]), record(256, 2, 0, [0.5, 0.8, 0.85]), record(256, 3, 0, [0.8, 0.7])]
+    assert study.next_rate_step(plateaus, targets) == 4
+    assert study.tuned_steps(plateaus, 0, targets) == {256: 3}
+    misses = [record(256, 1, 0, [0.5, 0.6]), record(256, 2, 0, [0.5, 0.7]), record(256, 3, 0, [0.5, 0.65])]
+    assert study.tuned_steps(misses, 0, targets) == {256: 2}
 
 
 def test_other_seeds_run_the_tuned_rate_and_both_neighbours():
@@ -148,7 +150,7 @@ def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict
     tuning = [r for r in records if r["seed"] == 0]
     assert {r["batch_size"] for r in tuning} == {64, 128} and all(3 <= sum(r["batch_size"] == n for r in tuning) <= 4
                                                                   for n in (64, 128))  # fmt: skip
-    tuned = study.tuned_steps(records, 0, 0.01)
+    tuned = study.tuned_steps(records, 0, study.QUICK["targets"])
     assert sorted((r["batch_size"], r["rate_step"]) for r in records if r["seed"] == 1) == sorted(
         (n, k + d) for n, k in tuned.items() for d in (-1, 0, 1)
     )
