@@ -134,11 +134,11 @@ def _images_per_second(batches, num_batches: int) -> float:
     return num_batches * BATCH / (time.perf_counter() - start)
 
 
-def pipeline(records_dir: str, size: int, num_batches: int) -> float:
-    """Images/s of the grain pipeline (2 workers), after 4 batches of warm-up."""
+def pipeline(records_dir: str, size: int, num_batches: int, workers: int = 2) -> float:
+    """Images/s of the grain pipeline (`workers` processes), after 4 batches of warm-up."""
     from contrastive_jax import input_pipeline
 
-    batches = iter(input_pipeline.train_dataset(_settings(records_dir, size)))
+    batches = iter(input_pipeline.train_dataset(_settings(records_dir, size, workers)))
     return _images_per_second(batches, num_batches)
 
 

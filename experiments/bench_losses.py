@@ -60,15 +60,17 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "experiments" / "results" / "bench_losses"
 
 
-def spawn(spec: dict, *, devices: int = 1, timeout_s: float = 1800) -> dict:
-    """Runs one point in a fresh Python process (so its peak RSS is the point's own)."""
+def spawn(spec: dict, *, devices: int = 1, timeout_s: float = 1800, script: str = __file__) -> dict:
+    """Runs one point in a fresh Python process (so its peak RSS is the point's own):
+    `script --worker SPEC` (this file's, or another benchmark's with the same contract),
+    which prints its result as the last line of JSON. A failure is `{"error": ...}`."""
     pythonpath = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="3")
     if devices > 1:  # simulated devices are CPU devices, whatever the default backend
         env = device_count_env(devices, env)
     try:
         proc = subprocess.run(
-            [sys.executable, __file__, "--worker", json.dumps(spec)],
+            [sys.executable, script, "--worker", json.dumps(spec)],
             capture_output=True,
             text=True,
             env=env,

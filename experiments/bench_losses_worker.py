@@ -24,7 +24,7 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def _time_calls(fn, *, max_repeats: int, budget_s: float) -> tuple[float, int, bool]:
+def time_calls(fn, *, max_repeats: int, budget_s: float) -> tuple[float, int, bool]:
     """Median seconds of ``fn()`` after one warm-up call (skipped when a call is slow).
 
     A call longer than ``budget_s`` is its own warm-up (compilation is already done) and
@@ -45,13 +45,14 @@ def _time_calls(fn, *, max_repeats: int, budget_s: float) -> tuple[float, int, b
 
 
 def _worker_peak(spec: dict) -> dict:
+    """An n^3 matmul's rate in ``spec["dtype"]`` (float32 unless it names another)."""
     import jax
     import jax.numpy as jnp
 
     n = spec["n"]
-    x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    x = jax.random.normal(jax.random.key(0), (n, n), jnp.dtype(spec.get("dtype", "float32")))
     matmul = jax.jit(lambda x: x @ x).lower(x).compile()
-    seconds, repeats, _ = _time_calls(lambda: matmul(x).block_until_ready(), max_repeats=5, budget_s=10.0)
+    seconds, repeats, _ = time_calls(lambda: matmul(x).block_until_ready(), max_repeats=5, budget_s=10.0)
     device = jax.devices()[0]
     stats = device.memory_stats() if device.platform != "cpu" else None
     return {
@@ -120,7 +121,7 @@ def _worker_jax(spec: dict) -> dict:
             "skipped": f"needs {total / 2**30:.1f} GiB compiled > limit {spec['max_memory_bytes'] / 2**30:.1f} GiB"
         }
     a, b = (jax.device_put(x) for x in _inputs(n, d))
-    seconds, repeats, warmed = _time_calls(
+    seconds, repeats, warmed = time_calls(
         lambda: jax.block_until_ready(compiled(a, b)),
         max_repeats=spec["max_repeats"],
         budget_s=spec["budget_s"],
@@ -161,7 +162,7 @@ def _worker_torch(spec: dict) -> dict:
             torch.cuda.synchronize()
         return value
 
-    seconds, repeats, warmed = _time_calls(step, max_repeats=spec["max_repeats"], budget_s=spec["budget_s"])
+    seconds, repeats, warmed = time_calls(step, max_repeats=spec["max_repeats"], budget_s=spec["budget_s"])
     return {
         "seconds": seconds,
         "repeats": repeats,

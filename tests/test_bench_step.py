@@ -1,0 +1,85 @@
+"""`experiments/bench_step.py`: the largest batch's extrapolation, the report's ratios,
+and the whole command at toy sizes on the CPU (`--tiny`: the code an accelerator runs)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # experiments/ is imported from the root
+    sys.path.insert(0, str(ROOT))
+
+from experiments import bench_step  # noqa: E402
+from experiments.bench_step_worker import largest_batch  # noqa: E402
+
+
+def test_largest_batch_extrapolates_the_memory_to_the_limit():
+    # 2 GiB of state, 40 MiB per example: 10 GiB hold (10 - 2) GiB / 40 MiB = 204.8 examples.
+    gib, mib = 2**30, 2**20
+    assert largest_batch(2 * gib + 256 * 40 * mib, 2 * gib + 128 * 40 * mib, 256, 10 * gib) == 200
+    assert largest_batch(2 * gib + 256 * 40 * mib, 2 * gib + 128 * 40 * mib, 256, 10 * gib, multiple=1) == 204
+    assert largest_batch(100, 100, 64, 50) == 8  # nothing fits: the smallest multiple, which the run then refuses
+
+
+def _results():
+    point = {"largest": False, "peak_bytes": 2**30, "first_loss": 5.5}
+    return {
+        "environment": {
+            "machine": "x86_64 16 cores", "python": "3.12", "versions": {"jax": "0.11"}, "load_average_start": 1.0
+        },
+        "load_average_end": 2.0,
+        "peak": {"gflops": 800_000.0, "device_kind": "NVIDIA H100", "platform": "gpu", "n": 8192},
+        "step": [
+            {"framework": "jax", "remat": "none", "model_flops_per_example": 1e11, "points": [
+                dict(point, batch=256, images_per_second=3000.0),
+                dict(point, batch=1024, largest=True, images_per_second=3200.0)]},
+            {"framework": "torch", "remat": "none", "points": [dict(point, batch=256, images_per_second=1500.0)]},
+            {"error": "exit 1: out of memory"},
+        ],
+        "loss": {
+            "ours": {
+                "siglip": {"seconds": 0.05, "peak_bytes": 2**30, "value": 1.0}, "clip": {"seconds": 0.1, "value": 2.0}
+            },
+            "theirs": {
+                "siglip_kernel": {"seconds": 0.04, "peak_bytes": 2**29, "value": 1.0}, "inf_cl": {"seconds": 0.2}
+            },
+        },
+        "input": {"images_per_second": 4500.0},
+    }  # fmt: skip
+
+
+def test_report_gives_the_ratios_the_issue_asks_for():
+    text = bench_step.report(_results())
+    assert "ours ÷ open_clip images/s at the common batch **2.00**" in text  # 3,000 / 1,500
+    assert "| contrastive_jax | none | 256 | 3,000 | 38% |" in text  # 1e11 x 3,000 / 8e14
+    assert "| contrastive_jax | none | 1,024 (largest) | 3,200 |" in text
+    assert "| exit 1: out of memory |" in text  # a failed measurement is shown, not dropped
+    assert "| siglip vs siglip_kernel | 0.0500 | 0.0400 | 1.25 | 1.00 GiB | 0.50 GiB |" in text
+    assert "pipeline 4,500 images/s ÷ the step's 3,000 = **1.50**" in text
+
+
+@pytest.mark.slow
+def test_the_command_runs_at_toy_sizes_on_the_cpu(tmp_path):
+    """The whole benchmark, every part, as the accelerator runs it (3 minutes here)."""
+    command = [sys.executable, "-m", "experiments.bench_step", "--tiny", "--out", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # as a user runs it: not the tests' 8 devices
+    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=900)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert not [run for run in results["step"] if "error" in run], results["step"]
+    jax_runs = [run for run in results["step"] if run["framework"] == "jax"]
+    torch_runs = [run for run in results["step"] if run["framework"] == "torch"]
+    for ours, theirs in zip(jax_runs, torch_runs):
+        common, largest = ours["points"]
+        assert largest["largest"] and largest["batch"] > common["batch"]
+        # The same weights (open_clip's, loaded by the released layout), the same first
+        # batch: the same first loss, to bfloat16's rounding.
+        assert common["first_loss"] == pytest.approx(theirs["points"][0]["first_loss"], rel=2e-2)
+    assert jax_runs[0]["parts"]["step_over_towers_and_loss"] > 0
+    assert results["loss"]["ours"]["siglip"]["value"] > 0 and "note" in results["loss"]["theirs"]
+    assert results["input"]["images_per_second"] > 0
+    assert results["overhead_cpu"]["devices"] == 8 and results["overhead_cpu"]["batch"] == 256
+    assert "ours ÷ open_clip images/s" in (tmp_path / "results.md").read_text()
