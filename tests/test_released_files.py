@@ -44,8 +44,13 @@ def _truncated(path: str) -> str:
 
 @pytest.fixture
 def damaged(tmp_path, request):
-    """A checkpoint file of each format, cut in half: its path."""
+    """A checkpoint file of each format cut in half, or ("mixed") whole but holding two
+    models' arrays (another model's `visual.proj`): its path."""
     kind = request.param
+    if kind == "mixed":
+        state = _open_clip_model().state_dict()
+        state["visual.proj"] = _open_clip_model(embed_dim=32).state_dict()["visual.proj"]  # another embedding width
+        return _save_safetensors(state, tmp_path / "mixed.safetensors")
     if kind == "npz":
         np.savez(tmp_path / "siglip.npz", **{"img/embedding/kernel": np.ones((4, 4, 3, 8), np.float32)})
         return _truncated(str(tmp_path / "siglip.npz"))
@@ -68,7 +73,7 @@ def test_a_truncated_checkpoint_is_one_line_naming_it(damaged):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("damaged", ["safetensors", "bin", "npz"], indirect=True)
+@pytest.mark.parametrize("damaged", ["safetensors", "bin", "npz", "mixed"], indirect=True)
 def test_the_fine_tune_command_says_it_in_one_line_with_exit_2(damaged, clip_merges, tmp_path):
     from contrastive_jax import write_records
 
@@ -91,13 +96,15 @@ def test_the_fine_tune_command_says_it_in_one_line_with_exit_2(damaged, clip_mer
     )
     assert result.returncode == 2, result.stderr[-2000:]
     [line] = result.stderr.strip().splitlines()
-    assert line.startswith(f"error: {damaged} cannot be read (") and line.endswith("; download it again.")
+    if damaged.endswith("mixed.safetensors"):
+        assert line.startswith(f"error: {damaged}: the parameter img/head/kernel has shape (128, 32); ")
+    else:
+        assert line.startswith(f"error: {damaged} cannot be read (") and line.endswith("; download it again.")
 
 
-def test_arrays_of_two_models_fail_at_load_naming_the_file_and_the_array(tmp_path):
-    state = _open_clip_model().state_dict()
-    state["visual.proj"] = _open_clip_model(embed_dim=32).state_dict()["visual.proj"]  # another embedding width
-    path = _save_safetensors(state, tmp_path / "mixed.safetensors")
+@pytest.mark.parametrize("damaged", ["mixed"], indirect=True)
+def test_arrays_of_two_models_fail_at_load_naming_the_file_and_the_array(damaged):
+    path = damaged
     released.load.cache_clear()
     with pytest.raises(
         ConfigError, match=rf"^{path}: the parameter img/head/kernel has shape \(128, 32\); .* need \(128, 24\)"
