@@ -331,11 +331,7 @@ def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], star
                 f"({fits[0]['points']} N): {critical_batch_fit.b_crit_words(fits[0])}, "
                 f"S_min = {fits[0]['s_min']:.0f} steps.\n\n"
             )
-            rows = [
-                [f"{e['from']:,}", e["points"], e["seeds"], critical_batch_fit.b_crit_words(e)[len("B_crit = ") :]]
-                for e in fits
-            ]
-            text += sweep.markdown_table(rows, ["fitted from N", "N fitted", "fewest seeds", "B_crit [95%]"])
+            text += critical_batch_fit.range_table(fits)
     return text
 
 

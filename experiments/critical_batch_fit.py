@@ -92,3 +92,24 @@ def b_crit_words(entry: Mapping[str, float]) -> str:
         f"B_crit = {number(entry['b_crit'])} [{number(entry['low'])}, {number(entry['high'])}] "
         f"(95% bootstrap over seeds; {verdict})"
     )
+
+
+def ranges_agree(fits: Sequence[Mapping[str, float]]) -> bool:
+    """Whether the `fit_ranges` intervals share a point: else the estimate hangs on the
+    range fitted (the curve does not describe every N)."""
+    return max(e["low"] for e in fits) <= min(e["high"] for e in fits)
+
+
+def range_table(fits: Sequence[Mapping[str, float]]) -> str:
+    """The markdown table of `fit_ranges`' rows (each start, its N and fewest seeds, and
+    ``B_crit`` with its interval and verdict, `b_crit_words`) and a line saying whether
+    the ranges agree (`ranges_agree`)."""
+    from experiments import sweep
+
+    rows = [[f"{e['from']:,}", e["points"], e["seeds"], b_crit_words(e)[len("B_crit = ") :]] for e in fits]
+    agree = ranges_agree(fits)
+    return sweep.markdown_table(rows, ["fitted from N", "N fitted", "fewest seeds", "B_crit [95%]"]) + (
+        "\nThe ranges' intervals "
+        + ("share a point." if agree else "share no point: the estimate hangs on the range.")
+        + "\n"
+    )

@@ -65,7 +65,7 @@ import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
 from contrastive_jax.datasets import shapes
-from experiments import intervals, query_hits, sweep, zero_shot_shapes
+from experiments import critical_batch_fit, intervals, query_hits, sweep, zero_shot_shapes
 
 FIT_PAIRS = 108_000  # cmudict's `fit` split
 EPOCHS = 6.0
@@ -321,6 +321,12 @@ def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
                 f"{', '.join(map(str, seeds))}); mean {np.mean(by_seed):,.0f} "
                 f"± {intervals.t_interval(by_seed):,.0f} (95%).\n"
             )
+    fits = critical_batch_fit.fit_ranges({n: list(e["by_seed"].values()) for n, e in best.items()}, sorted(best)[:3])
+    if fits:
+        text += (
+            "\nS(N) = S_min (1 + B_crit / N) on relative residuals (`critical_batch_fit`), with a 95% bootstrap "
+            "over the seeds within each N, against the range fitted:\n\n" + critical_batch_fit.range_table(fits)
+        )
     return text
 
 

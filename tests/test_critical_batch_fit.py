@@ -73,3 +73,13 @@ def test_words_follow_the_interval():
     open_ended = {"b_crit": 9000.0, "low": 3000.0, "high": math.inf}
     assert fit.b_crit_words(open_ended).endswith("[3,000, inf] (95% bootstrap over seeds; not resolved)")
     assert not fit.resolved(-50.0, 4000.0)
+
+
+def test_the_range_table_says_whether_the_ranges_agree():
+    agree = [{"from": 256, "points": 7, "seeds": 3, "b_crit": 2000.0, "low": 1800.0, "high": 2300.0},
+             {"from": 1024, "points": 5, "seeds": 3, "b_crit": 2200.0, "low": 1700.0, "high": 2900.0}]  # fmt: skip
+    text = fit.range_table(agree)
+    assert "| 1,024 | 5 | 3 | 2,200 [1,700, 2,900] (95% bootstrap over seeds; resolved) |" in text
+    assert text.endswith("The ranges' intervals share a point.\n")
+    hangs = [agree[0], dict(agree[1], low=2400.0)]
+    assert not fit.ranges_agree(hangs) and "hangs on the range" in fit.range_table(hangs)
