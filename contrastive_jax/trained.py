@@ -36,6 +36,7 @@ from contrastive_jax import (
     input_pipeline,
     models,
     padded_chunks,
+    released,
     run_dir,
     tokenizers,
 )
@@ -162,22 +163,28 @@ def read_inputs(path: str, model: TrainedModel) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: embed a file with one tower of a trained run (`--inputs`), or
-    export the tower (`--export`)."""
+    """The command line: embed a file with one tower of a trained run (`--inputs`),
+    export the tower (`--export`), or write a model started from a released checkpoint
+    back in its layout (`--released`: open_clip's `.safetensors`, big_vision's `.npz`)."""
     parser = argparse.ArgumentParser(
         prog="python -m contrastive_jax.trained", description=console.help_description(__doc__)
     )
     parser.add_argument("--workdir", required=True, help="the run's working directory")
-    parser.add_argument("--side", required=True, choices=SIDES, help="tower a or tower b")
+    parser.add_argument("--side", choices=SIDES, help="tower a or tower b (--inputs, --export)")
     parser.add_argument("--step", type=int, default=None, help="the checkpoint (default: the newest)")
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--inputs", help="embed this .npy array or .txt file of texts (one per line)")
     action.add_argument("--export", action="store_true", help="export the tower with jax.export")
-    parser.add_argument("--out", required=True, help="the .npy embeddings [n, D], or the exported tower")
+    action.add_argument("--released", action="store_true", help="write both towers in the released checkpoint's layout")
+    parser.add_argument("--out", required=True, help="the .npy embeddings [n, D], exported tower, or checkpoint")
     args = parser.parse_args(argv)
+    if args.side is None and not args.released:
+        parser.error("--inputs and --export need --side=a or --side=b")
     try:
         model = load(args.workdir, args.step)
-        if args.export:
+        if args.released:
+            released.save(args.out, model.model, model.variables["params"])
+        elif args.export:
             with open(args.out, "wb") as f:
                 f.write(model.export(args.side).serialize())
         else:
@@ -185,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{args.out}: tower {args.side} of {args.workdir} at step {model.step}")
+    what = "the model" if args.released else f"tower {args.side}"
+    print(f"{args.out}: {what} of {args.workdir} at step {model.step}")
     return 0
 
 

@@ -153,9 +153,8 @@ def test_a_released_clip_fine_tunes_with_its_image_tower_locked(load_config, sha
     # Weights out: the fine-tuned model, written as open_clip's state_dict, is open_clip's again.
     from safetensors.torch import load_file
 
-    from contrastive_jax import released
-
-    released.save(str(tmp_path / "fine_tuned.safetensors"), model.model, model.variables["params"])
+    written = f"--out={tmp_path / 'fine_tuned.safetensors'}"
+    assert trained.main([f"--workdir={workdir}", "--released", written]) == 0
     fine_tuned = open_clip.model.CLIP(embed_dim=32, vision_cfg=vision, text_cfg=text).eval()
     fine_tuned.load_state_dict(load_file(str(tmp_path / "fine_tuned.safetensors")), strict=True)
     with torch.no_grad():

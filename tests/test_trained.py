@@ -62,6 +62,15 @@ def test_a_workdir_without_checkpoints_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"error: --workdir={tmp_path} holds no checkpoints")
 
 
+def test_released_layout_only_for_a_model_started_from_one_and_side_only_for_towers(trained, tmp_path, capsys):
+    out = f"--out={tmp_path / 'model.safetensors'}"
+    assert trained_model_lib.main([f"--workdir={trained}", "--released", out]) == 2
+    assert capsys.readouterr().err.startswith("error: TwoTower is not a released layout's model")
+    with pytest.raises(SystemExit) as exit_:
+        trained_model_lib.main([f"--workdir={trained}", "--export", out])
+    assert exit_.value.code == 2 and "--inputs and --export need --side=a or --side=b" in capsys.readouterr().err
+
+
 def test_an_exported_tower_runs_in_a_fresh_process(trained, model, test_pairs, tmp_path):
     """Serialized with its weights, reloaded without contrastive_jax in another process,
     at another batch size than any before: the same embeddings."""
