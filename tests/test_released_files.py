@@ -200,6 +200,13 @@ def test_a_changed_open_clip_model_written_back_loads_into_open_clip_with_equal_
     np.testing.assert_allclose(out["za"], want_a, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(out["zb"], want_b, rtol=1e-4, atol=1e-5)
     assert 1 / float(out["temperature"]) == pytest.approx(reference.logit_scale.exp().item(), rel=1e-6)
+    assert json.loads((tmp_path / released.OPEN_CLIP_CONFIG).read_text()) == {"model_cfg": {"quick_gelu": False}}
+    (tmp_path / "quick").mkdir()
+    (tmp_path / "quick" / released.OPEN_CLIP_CONFIG).write_text(json.dumps({"preprocess_cfg": {"mean": [0.5]}}))
+    quick = released.load(str(tmp_path / "in.safetensors"), quick_gelu=True)
+    released.save(str(tmp_path / "quick" / "out.safetensors"), quick.model, quick.params)  # the activation kept
+    assert released.load(str(tmp_path / "quick" / "out.safetensors")).settings.activation == "quick_gelu"
+    assert json.loads((tmp_path / "quick" / released.OPEN_CLIP_CONFIG).read_text())["preprocess_cfg"] == {"mean": [0.5]}
     with pytest.raises(ConfigError, match=r"out\.bin: open_clip's layout is written as \.safetensors"):
         released.save(str(tmp_path / "out.bin"), loaded.model, params)
 

@@ -16,6 +16,7 @@ but a few (whose preprocessing names another) was trained.
 """
 
 import dataclasses
+import json
 import os
 
 import flax.linen as nn
@@ -282,12 +283,22 @@ def arrays_from(params: dict, settings: Settings) -> dict[str, np.ndarray]:
 def write(path: str, params: dict, settings: Settings) -> None:
     """Writes the parameters of `Model(settings)` as open_clip's `state_dict` in the
     `.safetensors` file `path`: `open_clip.create_model(...)` with the same architecture
-    loads it (`load_state_dict(safetensors.torch.load_file(path))`)."""
+    loads it (`load_state_dict(safetensors.torch.load_file(path))`). The activation, which
+    the arrays do not say, goes into `open_clip_config.json` beside it (`model_cfg.quick_gelu`,
+    the file's other keys kept), where `released.load` and open_clip read it."""
     from safetensors.numpy import save_file
 
     if not path.endswith(".safetensors"):
         raise ValueError(f"{path}: open_clip's layout is written as .safetensors.")
     save_file(arrays_from(params, settings), path)
+    config_path = os.path.join(os.path.dirname(os.path.abspath(path)), released.OPEN_CLIP_CONFIG)
+    config = {}
+    if os.path.exists(config_path):
+        with open(config_path) as f:
+            config = json.load(f)
+    config.setdefault("model_cfg", {})["quick_gelu"] = settings.activation == "quick_gelu"
+    with open(config_path, "w") as f:
+        json.dump(config, f, indent=2)
 
 
 def is_checkpoint(path: str) -> bool:
