@@ -248,6 +248,22 @@ def _command(spec: str, out: str, split: str, shards: int, workers: int, options
     return shlex.join(["python", "-m", "contrastive_jax.write_records", *words])
 
 
+def _remove_split(name: str, tasks: list[ShardTask], existing: records.Metadata | None) -> None:
+    """Leaves nothing of split `name` in its record set: its shards (whole or not), their
+    progress files, its labels, and its entry in the metadata of an earlier write."""
+    out = os.path.dirname(tasks[0].path)
+    paths = [path for task in tasks for path in (task.path, f"{task.path}.tmp", _progress_file(task))]
+    for path in [*paths, records.labels_file(out, name)]:
+        if os.path.exists(path):
+            os.remove(path)
+    if existing is not None and name in existing.splits:
+        summaries = {k: v for k, v in existing.source.get("splits", {}).items() if k != name}
+        source = existing.source | _with_totals(summaries)
+        records.write_metadata(
+            dataclasses.replace(existing, splits={k: v for k, v in existing.splits.items() if k != name}, source=source)
+        )
+
+
 def _write_split(
     source, name: str, out: str, shards: int, workers: int, key: dict, existing: records.Metadata | None, max_bad: float
 ) -> tuple[records.Split, dict]:
@@ -280,10 +296,7 @@ def _write_split(
     try:
         results = _run(source, tasks, workers, allowed)
     except _TooManyBad:
-        for task in tasks:
-            for path in (task.path, f"{task.path}.tmp", _progress_file(task)):
-                if os.path.exists(path):
-                    os.remove(path)
+        _remove_split(name, tasks, existing)
         raise
     labels = [label for r in results for label in r["labels"]]
     if labels:
@@ -383,7 +396,6 @@ def _merged(existing: records.Metadata | None, out: str, splits, info: dict, sou
     def largest(field: str) -> int:
         return max(info.get(field, 0), getattr(existing, field) if existing else 0)
 
-    skipped_first = [reason for split in source["splits"].values() for reason in split["skipped_first"]]
     return records.Metadata(
         directory=out,
         splits=splits,
@@ -395,12 +407,19 @@ def _merged(existing: records.Metadata | None, out: str, splits, info: dict, sou
         image_channels=max(info.get("image_channels", 3), existing.image_channels if existing else 0),
         sequence_vocab_size=largest("sequence_vocab_size"),
         max_text_length=largest("max_text_length"),
-        source=source
-        | {
-            "skipped": sum(split["skipped"] for split in source["splits"].values()),
-            "skipped_first": skipped_first[:MAX_REASONS_KEPT],
-        },
+        source=source | _with_totals(source["splits"]),
     )
+
+
+def _with_totals(summaries: dict) -> dict:
+    """The metadata's `source` entries of the per-split `summaries`: them, the skipped
+    inputs summed and the first reasons."""
+    first = [reason for split in summaries.values() for reason in split["skipped_first"]]
+    return {
+        "splits": summaries,
+        "skipped": sum(split["skipped"] for split in summaries.values()),
+        "skipped_first": first[:MAX_REASONS_KEPT],
+    }
 
 
 class _ArgumentParser(argparse.ArgumentParser):

@@ -423,6 +423,13 @@ def test_more_bad_inputs_than_max_bad_stop_and_keep_no_split(tmp_path, image_fil
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]  # no shard, no progress file
     assert run_command(f"--source=csv:{table}", f"--out={tmp_path / 'out'}", "--max-bad=0.02").returncode == 0
     assert records.read_metadata(tmp_path / "out").splits["train"].num_records == 150
+    # Written again with a stricter budget (its shards kept from the first write): the split is gone, not half there.
+    write_records.write(f"csv:{table}", str(tmp_path / "out"), split="test", max_bad=0.02)
+    with pytest.raises(ConfigError, match=r"^split 'train': 2 inputs bad so far"):
+        write_records.write(f"csv:{table}", str(tmp_path / "out"))
+    metadata = records.read_metadata(tmp_path / "out")
+    assert set(metadata.splits) == {"test"} and set(metadata.source["splits"]) == {"test"}
+    assert metadata.source["skipped"] == 2 and not [p for p in (tmp_path / "out").rglob("train*")]
 
 
 # --- folders, Parquet, tables as streams -----------------------------------------------
