@@ -63,7 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
     model.remat = "none"  # Transformer blocks rematerialised: "none", "full" or "dots" (keeps the matmuls).
     model.attention = "auto"  # Attention kernel: "auto" (cuDNN's fused on a GPU in bfloat16), "xla", "cudnn".
     model.init_from = ""  # A released checkpoint to start from (open_clip .safetensors/.bin, SigLIP .npz); "": none.
-    model.quick_gelu = False  # init_from is OpenAI's CLIP or an open_clip "-quickgelu" model.
+    model.quick_gelu = False  # Force QuickGELU; else read from the open_clip_config.json beside init_from, or its path.
 
     config.loss = loss = ml_collections.ConfigDict()
     loss.name = "clip"  # A name in losses.registry.LOSSES (which lists what each reads).

@@ -119,6 +119,13 @@ def dot_product_attention(
         )
     mask = None if mask is None else mask.astype(bool)  # Flax's masks may be 0/1 floats
     implementation = _implementation(query, attention)
+    if implementation == "cudnn" and attention == "auto":
+        try:  # "auto": cuDNN where it takes these shapes, else XLA's (the same numbers)
+            return jax.nn.dot_product_attention(
+                query, key, value, bias, mask, is_causal=is_causal, implementation="cudnn"
+            )
+        except (ValueError, NotImplementedError):
+            implementation = "xla"
     return jax.nn.dot_product_attention(
         query, key, value, bias, mask, is_causal=is_causal, implementation=implementation
     )

@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 import os
 import pathlib
-import statistics
 import time
 from collections.abc import Callable
 
@@ -59,15 +58,11 @@ def _limit(full: int, half: int, device_limit: int | None) -> int:
 
 
 def _timed(step: Callable[[], object], repeats: int) -> float:
-    """Median seconds of `step()` (which waits for its result) after two warm-up calls."""
-    step()
-    step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Median seconds of `step()` (which waits for its result) after a warm-up call
+    (`bench_grad_cache.time_in_turns` of one call)."""
+    from experiments.bench_grad_cache import time_in_turns
+
+    return time_in_turns({"step": step}, repeats=repeats)["step"]
 
 
 # ---------------------------------------------------------------- the JAX train step
@@ -87,6 +82,7 @@ def finetune_config(spec: dict, batch: int, **fields):
             "model.embed_dim": spec["embed_dim"],
             "model.compute_dtype": "bfloat16",
             "model.remat": spec.get("remat", "none"),
+            "model.attention": spec.get("attention", "auto"),
             "loss.matmul_dtype": "bfloat16",
             "data.records": spec["records"],
             "data.tokenizer": spec["tokenizer"],
@@ -181,7 +177,14 @@ def _jax_step(spec: dict) -> dict:
     from contrastive_jax import memory_fit
 
     out = {"framework": "jax", "remat": spec["remat"], "points": []}
-    step = JaxStep(spec, spec["batch"])
+    try:
+        step = JaxStep(spec, spec["batch"])
+    except Exception as error:  # noqa: BLE001 (a cuDNN kernel that refuses at compile time)
+        if "cudnn" not in str(error).lower():
+            raise
+        out["attention_fallback"] = f"cuDNN's attention failed, XLA's measured: {str(error)[:300]}"
+        spec = dict(spec, attention="xla")
+        step = JaxStep(spec, spec["batch"])
     out["model_flops_per_example"] = _model_flops_per_example(step)
     out["points"].append(_jax_point(step, spec))
     if spec.get("parts"):  # the step beside its parts, at this batch (donates the state)
@@ -419,7 +422,8 @@ def _input(spec: dict) -> dict:
 
 
 def step_parts(run, state, batch, repeats: int, *, compiled_step=None) -> dict:
-    """A train step's seconds beside its parts', each compiled alone on `run`'s mesh:
+    """A train step's seconds beside its parts', each compiled alone on `run`'s mesh and
+    timed in turns with the step (`bench_grad_cache.time_in_turns`):
     `towers` (the model's forward and backward to `za`, `zb`, in training mode as the step
     runs them: dropout drawn, BatchNorm's statistics updated), `loss` (the global loss's
     value and gradients on the step's own embeddings), `optimizer` (the update and its
@@ -435,9 +439,11 @@ def step_parts(run, state, batch, repeats: int, *, compiled_step=None) -> dict:
     import jax
     import optax
 
-    inputs = {k: v for k, v in batch.items() if k in ("a", "b")}
+    from experiments.bench_grad_cache import time_in_turns
 
-    def embeddings(params):  # as the step runs the towers: training mode, dropout drawn
+    inputs = {k: v for k, v in batch.items() if k in ("a", "b")}  # arguments, not constants: split as the step's
+
+    def embeddings(params, inputs):  # as the step runs the towers: training mode, dropout drawn
         out, _ = state.apply_fn(
             {"params": params, "batch_stats": state.batch_stats},
             inputs["a"],
@@ -448,28 +454,28 @@ def step_parts(run, state, batch, repeats: int, *, compiled_step=None) -> dict:
         )
         return {"za": out["za"], "zb": out["zb"]}, {"temperature": out["temperature"]}
 
-    batched, shared = jax.jit(embeddings)(state.params)
+    batched, shared = jax.jit(embeddings)(state.params, inputs)
 
-    def towers(params):
-        out, pull_back = jax.vjp(lambda p: embeddings(p)[0], params)
+    def towers(params, inputs):
+        out, pull_back = jax.vjp(lambda p: embeddings(p, inputs)[0], params)
         return pull_back(out)  # any cotangent of the embeddings' shape: the same work
 
-    def loss(batched, shared):
-        return run.global_loss(batched, shared, run.loss_data(batch))[0]
+    def loss(batched, shared, data):
+        return run.global_loss(batched, shared, data)[0]
 
     def update(grads, opt_state, params):
         updates, opt_state = run.tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
     parts = {
-        "towers": (jax.jit(towers), (state.params,)),
-        "loss": (jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), (batched, shared)),
+        "towers": (jax.jit(towers), (state.params, inputs)),
+        "loss": (jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), (batched, shared, run.loss_data(batch))),
         "optimizer": (jax.jit(update), (state.params, state.opt_state, state.params)),
     }
-    seconds = {}
+    calls = {}
     for name, (fn, args) in parts.items():
         compiled = fn.lower(*args).compile()
-        seconds[name] = _timed(lambda c=compiled, a=args: jax.block_until_ready(c(*a)), repeats)
+        calls[name] = lambda c=compiled, a=args: jax.block_until_ready(c(*a))
     if compiled_step is None:
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         compiled_step = run.jit_train_step(abstract).lower(state, batch).compile()
@@ -479,7 +485,7 @@ def step_parts(run, state, batch, repeats: int, *, compiled_step=None) -> dict:
         current[0], metrics = compiled_step(current[0], batch)
         jax.block_until_ready(metrics["loss"])
 
-    seconds["step"] = _timed(train_step, repeats)
+    seconds = time_in_turns({**calls, "step": train_step}, repeats=repeats)  # in turns: load hits all alike
     seconds["step_over_towers_and_loss"] = seconds["step"] / (seconds["towers"] + seconds["loss"])
     seconds["rest"] = seconds["step"] - seconds["towers"] - seconds["loss"]
     return seconds
