@@ -347,6 +347,32 @@ QUOTED_FIGURES = [
         RESULTS + "critical_batch_study/summary.md",
     ),
     ("docs/batch_size_study.md", "B_simple is 3,783–6,769", RESULTS + "critical_batch_study/summary.md"),
+    (
+        "docs/batch_size_study.md",
+        "R@1 0.88 is 8,102 [6,788, 9,698] fitted from N = 256, 4,089 [3,559, 4,634] from 512 and 2,547 [2,353, 2,752]",
+        RESULTS + "critical_batch_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "2,048 − 1,024 is −0.0036 [−0.0061, −0.0012], resolved,",
+        RESULTS + "critical_batch_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "−0.0045 [−0.0126, +0.0035], not resolved, back",
+        RESULTS + "critical_batch_study/summary.md",
+    ),
+    ("docs/batch_size_study.md", "+0.0027 [+0.0003, +0.0050], resolved,", RESULTS + "critical_batch_study/summary.md"),
+    (
+        "docs/batch_size_study.md",
+        "+0.0047 [+0.0002, +0.0093] spelling → pronunciation and +0.0070 [+0.0022, +0.0117] back",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "0.854 image → caption and 0.902 back",
+        RESULTS + "critical_batch_study_shapes/ceiling.json",
+    ),
     ("docs/batch_size_study.md", "and 12,904–90,297 at", RESULTS + "critical_batch_study/summary.md"),
     (
         "docs/batch_size_study.md",
