@@ -335,6 +335,15 @@ def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], star
     return text
 
 
+def write_partial(records: Sequence[Mapping[str, Any]], out: Path, targets, starts) -> None:
+    """`results.{json,csv}` and `summary.md` of the runs finished so far, between stages
+    (a kill loses no finished run's record): `records` over the committed records of
+    the same names, the committed ones of runs not visited yet kept."""
+    merged = sweep.committed_records(out) | {r["name"]: r for r in records}
+    sweep.write_results(list(merged.values()), out)
+    (out / "summary.md").write_text(summary(list(merged.values()), targets, starts))
+
+
 def run(args) -> list[dict]:
     """Tunes each N on the first seed, then the other seeds at the tuned rate and its
     neighbours (finished runs skipped), and writes results, the figure and the summary."""
@@ -349,11 +358,15 @@ def run(args) -> list[dict]:
         "deadline": sweep.deadline(args.hours),
         "stop_when": lambda workdir: finished(workdir_curve(workdir), target),
     }
+    starts = args.batch_sizes[: len(FIT_STARTS)]  # the full grid: FIT_STARTS
     records = []
     for n in args.batch_sizes:
         records += tune(base, n, args.seeds[0], args.targets, args.out, run_args, grid_args, args.max_tuning_rates)
+        write_partial(records, args.out, args.targets, starts)
     tuned = tuned_steps(records, args.seeds[0], args.targets)
-    records += sweep.run_grid(base, seed_runs(tuned, args.seeds[1:], **run_args), args.out, **grid_args)
+    for seed in args.seeds[1:]:
+        records += sweep.run_grid(base, seed_runs(tuned, [seed], **run_args), args.out, **grid_args)
+        write_partial(records, args.out, args.targets, starts)
     sweep.write_results(records, args.out)
     noise = {}
     if records:
@@ -363,7 +376,6 @@ def run(args) -> list[dict]:
         sweep.save(cosine.plot(records, args.targets, args.train_size, 0.7, rates), args.out)
         measured = [study_run(n, k, seed, **run_args) for seed in args.seeds[:NOISE_SEEDS] for n, k in chosen.items()]
         noise = noise_scales(base, measured, args.out, args, grid_args["deadline"])
-    starts = args.batch_sizes[: len(FIT_STARTS)]  # the full grid: FIT_STARTS
     (args.out / "summary.md").write_text(summary(records, args.targets, starts) + (noise_table(noise) if noise else ""))
     print(f"wrote {args.out}")
     return records

@@ -143,6 +143,16 @@ def test_replicates_that_do_not_fit_an_epoch_are_one_clear_error(capsys):
     assert "fit in one epoch of 1,024" in capsys.readouterr().err
 
 
+def test_partial_results_keep_the_committed_runs_not_visited_yet(tmp_path):
+    earlier = [record(256, 2, 0, [0.7, 0.9]), record(512, 3, 0, [0.8, 0.9])]
+    sweep.write_results(earlier, tmp_path)
+    study.write_partial([record(256, 2, 0, [0.75, 0.9]), record(256, 3, 0, [0.9])], tmp_path, [0.88], [256])
+    written = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    assert sorted(written) == ["n256_k2_s0", "n256_k3_s0", "n512_k3_s0"]
+    assert written["n256_k2_s0"]["curves"]["eval/a_to_b/R@1"][0][1] == 0.75  # the new record wins
+    assert "| 512 | " in (tmp_path / "summary.md").read_text()
+
+
 @pytest.mark.e2e
 def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict_data_dir, capsys):
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
