@@ -36,10 +36,12 @@ What it reports (`summary.md`, `results.json`, `steps_to_target.png`):
   reach the target, giving ``B_crit = E_min / S_min``; fitted again per seed for B_crit's
   95% interval.
 * **the replicate noise scale** (`noise_scale.compare`) at the final state of each N's best
-  run on the first seed: `REPLICATES` independent global batches at n and n / 4 (each
-  with its own negatives) for n in `NOISE_BATCHES`: ``B_simple``, the variance ratio (4
-  when the noise scales as 1 / n) and the objective's bias ``|E g_{n/4} - E g_n|^2``.
-  Cached in `noise.json`.
+  run on the first seed: `REPLICATES` global batches at n and n / 4 (each with its own
+  negatives) for n in `NOISE_BATCHES`: ``B_simple``, the variance ratio (4 when the noise
+  scales as 1 / n) and the objective's bias ``|E g_{n/4} - E g_n|^2``. Cached in
+  `noise.json`. Both streams start at step 0, so the batches at n / 4 are the first ones
+  at n cut in four, not independent: withdrawn (docs/batch_size_study.md);
+  `critical_batch_constant_lr` measures from disjoint batches.
 
 Run (from the repository root; resumable: rerun the same command after a kill, finished
 runs and noise measurements are skipped, and so are the runs in the committed
