@@ -296,15 +296,23 @@ def noise_table(noise: Mapping[str, Mapping[str, Any]]) -> str:
     )
 
 
-def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], starts: Sequence[int]) -> str:
+def summary(
+    records: Sequence[Mapping[str, Any]],
+    targets: Sequence[float],
+    starts: Sequence[int],
+    noise: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
     """The markdown report: per target, each N's steps at every rate, the best, and B_crit
-    over every N with its bootstrap interval beside the fit-range table."""
+    over every N with its bootstrap interval beside the fit-range table; with `noise`
+    (`noise_scales`), its table and its comparison with the highest target's B_crit
+    (`noise_against_b_crit`)."""
     text = f"# The critical batch on cmudict, constant rate after {WARMUP_STEPS} warmup steps, {len(records)} runs\n"
     text += (
         "\nSteps: mean ± the 95% t-interval's half-width over the seeds run (count in brackets); "
         "`-`: a seed missed the target. Rate step k: peak rate 1e-3 · 2^(k/2).\n"
     )
     ks = sorted({r["rate_step"] for r in records})
+    headline = None  # the highest target's fit over every N
     for target in targets:
         best = best_by_n(records, target)
         reached = cosine.reached_steps(records, target)
@@ -332,7 +340,35 @@ def summary(records: Sequence[Mapping[str, Any]], targets: Sequence[float], star
                 f"S_min = {fits[0]['s_min']:.0f} steps.\n\n"
             )
             text += critical_batch_fit.range_table(fits)
+            headline = (target, fits[0])
+    if noise:
+        text += noise_table(noise) + (noise_against_b_crit(noise, *headline) if headline else "")
     return text
+
+
+def noise_against_b_crit(noise: Mapping[str, Mapping[str, Any]], target: float, fit: Mapping[str, float]) -> str:
+    """Each N's noise scale at its last measured checkpoint (per seed) against B_crit's
+    interval at `target` (`fit`, `critical_batch_fit.bootstrap`'s): for B_simple and
+    B_adam, "overlaps" when the two 95% intervals share a point, else "apart"."""
+    last = {}
+    for entry in noise.values():
+        key = (entry["batch_size"], entry["seed"])
+        if key not in last or entry["step"] > last[key]["step"]:
+            last[key] = entry
+
+    def compared(form):
+        low, high = form["b_simple_interval"]
+        verdict = "overlaps" if low <= fit["high"] and fit["low"] <= high else "apart"
+        return f"{form['b_simple']:,.0f} [{low:,.0f}, {high:,.0f}], {verdict}"
+
+    rows = [
+        [f"{n:,}", seed, e["step"], compared(e["sgd"]), compared(e["adam"])] for (n, seed), e in sorted(last.items())
+    ]
+    return (
+        f"\nAgainst {critical_batch_fit.b_crit_words(fit)} at R@1 {target:g}, each run's last measured noise "
+        'scale ("overlaps": the two 95% intervals share a point):\n\n'
+        + sweep.markdown_table(rows, ["run's N", "seed", "step", "B_simple [95%]", "B_adam [95%]"])
+    )
 
 
 def write_partial(records: Sequence[Mapping[str, Any]], out: Path, targets, starts) -> None:
@@ -341,7 +377,9 @@ def write_partial(records: Sequence[Mapping[str, Any]], out: Path, targets, star
     the same names, the committed ones of runs not visited yet kept."""
     merged = sweep.committed_records(out) | {r["name"]: r for r in records}
     sweep.write_results(list(merged.values()), out)
-    (out / "summary.md").write_text(summary(list(merged.values()), targets, starts))
+    noise_file = out / "noise.json"
+    noise = json.loads(noise_file.read_text()) if noise_file.exists() else None
+    (out / "summary.md").write_text(summary(list(merged.values()), targets, starts, noise))
 
 
 def run(args) -> list[dict]:
@@ -376,7 +414,7 @@ def run(args) -> list[dict]:
         sweep.save(cosine.plot(records, args.targets, args.train_size, 0.7, rates), args.out)
         measured = [study_run(n, k, seed, **run_args) for seed in args.seeds[:NOISE_SEEDS] for n, k in chosen.items()]
         noise = noise_scales(base, measured, args.out, args, grid_args["deadline"])
-    (args.out / "summary.md").write_text(summary(records, args.targets, starts) + (noise_table(noise) if noise else ""))
+    (args.out / "summary.md").write_text(summary(records, args.targets, starts, noise))
     print(f"wrote {args.out}")
     return records
 

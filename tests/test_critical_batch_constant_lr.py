@@ -136,6 +136,22 @@ def test_noise_is_measured_at_evenly_spread_checkpoints_and_tabled_with_interval
     )
 
 
+def test_the_last_noise_scale_of_each_run_is_set_against_b_crit_with_words():
+    def form(value, low, high):
+        return {"b_simple": value, "b_simple_interval": [low, high]}
+
+    run = {"batch_size": 256, "seed": 0}
+    noise = {
+        "n256_k2_s0@512": {**run, "step": 512, "sgd": form(9e4, 8e4, 1e5), "adam": form(50, 40, 60)},
+        "n256_k2_s0@1024": {**run, "step": 1024, "sgd": form(2500, 1900, 3100), "adam": form(300, 250, 400)},
+    }
+    fit = {"b_crit": 2400.0, "low": 2000.0, "high": 2900.0}
+    text = study.noise_against_b_crit(noise, 0.86, fit)
+    assert "Against B_crit = 2,400 [2,000, 2,900] (95% bootstrap over seeds; resolved) at R@1 0.86" in text
+    assert "| 256 | 0 | 1024 | 2,500 [1,900, 3,100], overlaps | 300 [250, 400], apart |" in text
+    assert "| 512 |" not in text  # the last checkpoint only
+
+
 def test_replicates_that_do_not_fit_an_epoch_are_one_clear_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         study.main(["--quick", "--noise-batch", "512"])
