@@ -9,8 +9,11 @@ Each checkpoint `<workdir>/checkpoints/<step>/` holds three items:
   `resume.position`). The input pipeline is a pure function of (config, step), so the step is
   the whole position; the config is kept to check that a resumed run continues the same
   stream (`resume.RESUME_FIELDS`) and to name the fields that changed when the model did.
-* `integrity`: a fingerprint of every state leaf (a position-weighted sum of its bytes),
-  computed before the save and checked after every restore.
+* `integrity`: a fingerprint of every state leaf (a position-weighted sum of its bytes)
+  and the leaves' paths, computed before the save and checked after every restore.
+* `model` (runs saved since the model's settings were kept): the model's settings as
+  JSON (`saved_model`), so that `restore_variables` and `trained.load` rebuild the
+  model and read its parameters without the data the run trained on.
 
 Saves are asynchronous (training continues while the files are written); keep-last-k is
 orbax's `max_to_keep`. Orbax writes into a temporary directory and renames it when
@@ -105,6 +108,7 @@ class Checkpointer:
                 "state": ocp.StandardCheckpointHandler(),
                 "data": ocp.JsonCheckpointHandler(),
                 "integrity": ocp.JsonCheckpointHandler(),
+                "model": ocp.JsonCheckpointHandler(),
             },
         )
 
@@ -116,17 +120,18 @@ class Checkpointer:
         """The step of the newest complete checkpoint, or None."""
         return self._manager.latest_step()
 
-    def save(self, step: int, state: Any, position: dict[str, Any]) -> None:
-        """Starts writing checkpoint `step` (returns before the write finishes)."""
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave(position),
-                integrity=ocp.args.JsonSave({"fingerprint": fingerprint(state)}),
-            ),
-            force=True,
-        )
+    def save(self, step: int, state: Any, position: dict[str, Any], model: dict[str, Any] | None = None) -> None:
+        """Starts writing checkpoint `step` (returns before the write finishes), with the
+        model's settings `model` (`saved_model`) when given."""
+        paths = [_path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+        items = {
+            "state": ocp.args.StandardSave(state),
+            "data": ocp.args.JsonSave(position),
+            "integrity": ocp.args.JsonSave({"fingerprint": fingerprint(state), "paths": paths}),
+        }
+        if model is not None:
+            items["model"] = ocp.args.JsonSave(model)
+        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def _restore_json(self, step: int, item: str) -> dict[str, Any]:
         try:
@@ -150,6 +155,92 @@ class Checkpointer:
         """
         return self._restore_json(step, "data")
 
+    def restore_model(self, step: int) -> dict[str, Any] | None:
+        """The model's settings saved with checkpoint `step`; None for a checkpoint saved
+        without them (before they were kept).
+
+        Raises:
+          CorruptCheckpointError: they are there but cannot be read.
+        """
+        if not os.path.isdir(os.path.join(self.directory, str(step), "model")):
+            return None
+        return self._restore_json(step, "model")
+
+    def restore_variables(self, step: int, abstract_variables: dict[str, Any]) -> dict[str, Any]:
+        """Parts of checkpoint `step`'s state alone, verified (the optimizer's moments
+        and the loss's state are not read): `{"params": ..., "batch_stats": ...}` on the
+        default device.
+
+        Args:
+          abstract_variables: `{name: tree}` of `jax.ShapeDtypeStruct` for some of the
+            state's fields (e.g. `jax.eval_shape` of the model's init).
+
+        Raises:
+          IncompatibleCheckpointError: the saved fields have other leaves, shapes or
+            dtypes.
+          CorruptCheckpointError: they cannot be read or do not match the fingerprint;
+            or the checkpoint was saved without its leaves' paths (before they were kept).
+        """
+        saved = self._state_layout(step)
+        wanted = _layout(abstract_variables)
+        self._check_layout(step, {k: v for k, v in saved.items() if k.split("/")[0] in abstract_variables}, wanted)
+        integrity = self._restore_json(step, "integrity")
+        if "paths" not in integrity:
+            raise CorruptCheckpointError(
+                f"checkpoint {step} in {self.directory} has no leaf paths to verify parts of its state by."
+            )
+        try:
+            path = os.path.join(self.directory, str(step), "state")
+            restored = ocp.PyTreeCheckpointer().restore(
+                path,
+                args=ocp.args.PyTreeRestore(
+                    item=abstract_variables,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_variables),
+                    partial_restore=True,
+                ),
+            )
+        except Exception as e:  # truncated or missing files, undecodable chunks
+            raise CorruptCheckpointError(
+                f"checkpoint {step} in {self.directory}: cannot read its state ({type(e).__name__}: {e})"
+            ) from e
+        self._check_fingerprint(step, restored, dict(zip(integrity["paths"], integrity["fingerprint"])))
+        return restored
+
+    def _state_layout(self, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        try:
+            return _layout(self._manager.item_metadata(step)["state"])
+        except Exception as e:
+            raise CorruptCheckpointError(
+                f"checkpoint {step} in {self.directory}: cannot read its state metadata ({type(e).__name__}: {e})"
+            ) from e
+
+    def _check_layout(self, step: int, saved_layout: dict, wanted: dict) -> None:
+        if saved_layout != wanted:
+            differences = [
+                f"{name}: {saved_layout.get(name, 'absent')} in the checkpoint, {wanted.get(name, 'absent')} now"
+                for name in sorted(set(saved_layout) | set(wanted))
+                if saved_layout.get(name) != wanted.get(name)
+            ]
+            raise IncompatibleCheckpointError(
+                f"checkpoint {step} in {self.directory} holds a state of another structure "
+                f"(shape, dtype): {'; '.join(differences[:5])}"
+                + (f"; and {len(differences) - 5} more" if len(differences) > 5 else "")
+            )
+
+    def _check_fingerprint(self, step: int, state: Any, expected: list[int] | dict[str, int] | None) -> None:
+        """Raises CorruptCheckpointError unless `state`'s leaves match the fingerprints
+        saved: `expected` in leaf order, or by leaf path (for a part of the state)."""
+        names = [_path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+        if isinstance(expected, dict):
+            expected = [expected.get(name) for name in names]
+        actual = fingerprint(state)
+        if actual != expected:
+            bad = [n for n, a, e in zip(names, actual, expected or []) if a != e]
+            raise CorruptCheckpointError(
+                f"checkpoint {step} in {self.directory}: the state read back does not match "
+                f"the fingerprint saved with it (leaves {bad[:5] or 'all'})"
+            )
+
     def restore_state(self, step: int, abstract_state: Any) -> Any:
         """Checkpoint `step`'s state, laid out as `abstract_state` says, verified.
 
@@ -163,24 +254,7 @@ class Checkpointer:
           CorruptCheckpointError: the state cannot be read or does not match the
             fingerprint saved with it.
         """
-        try:
-            saved_layout = _layout(self._manager.item_metadata(step)["state"])
-        except Exception as e:
-            raise CorruptCheckpointError(
-                f"checkpoint {step} in {self.directory}: cannot read its state metadata ({type(e).__name__}: {e})"
-            ) from e
-        wanted = _layout(abstract_state)
-        if saved_layout != wanted:
-            differences = [
-                f"{name}: {saved_layout.get(name, 'absent')} in the checkpoint, {wanted.get(name, 'absent')} now"
-                for name in sorted(set(saved_layout) | set(wanted))
-                if saved_layout.get(name) != wanted.get(name)
-            ]
-            raise IncompatibleCheckpointError(
-                f"checkpoint {step} in {self.directory} holds a state of another structure "
-                f"(shape, dtype): {'; '.join(differences[:5])}"
-                + (f"; and {len(differences) - 5} more" if len(differences) > 5 else "")
-            )
+        self._check_layout(step, self._state_layout(step), _layout(abstract_state))
         expected = self._restore_json(step, "integrity").get("fingerprint")
         try:
             args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
@@ -189,14 +263,7 @@ class Checkpointer:
             raise CorruptCheckpointError(
                 f"checkpoint {step} in {self.directory}: cannot read its state ({type(e).__name__}: {e})"
             ) from e
-        actual = fingerprint(state)
-        if actual != expected:
-            names = [_path_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
-            bad = [n for n, a, e in zip(names, actual, expected or []) if a != e]
-            raise CorruptCheckpointError(
-                f"checkpoint {step} in {self.directory}: the state read back does not match "
-                f"the fingerprint saved with it (leaves {bad[:5] or 'all'})"
-            )
+        self._check_fingerprint(step, state, expected)
         return state
 
     def quarantine(self, step: int, error: Exception) -> str:

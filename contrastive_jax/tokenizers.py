@@ -314,6 +314,22 @@ def _parse(spec: str) -> tuple[type[_ModelFile], str, dict]:
     )
 
 
+def model_file(spec: str) -> str | None:
+    """The path of the model file tokenizer `spec` reads, as the spec gives it; None for
+    "bytes".
+
+    Raises:
+      ConfigError: an unknown spec.
+    """
+    return None if spec == BYTES else _parse(spec)[1]
+
+
+def absolute(spec: str) -> str:
+    """`spec` with its model file's absolute path (it then names the file from any directory)."""
+    path = model_file(spec)
+    return spec if path is None else spec[: len(spec) - len(path)] + os.path.abspath(path)
+
+
 def load(spec: str) -> Tokenizer:
     """The tokenizer `spec` names: "bytes"; a SentencePiece `.model` or a `tokenizers`
     `.json` file (ids + 1); CLIP's BPE merges file, a path ending `.txt.gz`

@@ -47,6 +47,7 @@ from contrastive_jax import (
     noise_scale,
     resume,
     run_dir,
+    saved_model,
     sharding,
 )
 from contrastive_jax.sharding import DATA_AXIS
@@ -146,7 +147,8 @@ def train(trainer: Trainer, workdir: str) -> dict[str, float]:
             logging.info("Resumed from %s at step %d.", ckpt.directory, start_step)
         if start_step != opened_at:  # the newest checkpoint was corrupt: an older one
             ds = _train_batches(trainer.data, guard.first_batch(start_step))
-        run = _Run(trainer, step_fn, ckpt, guard, init, abstract_state, workdir)
+        model = saved_model.with_inputs(trainer.saved_model, ds.element_spec)
+        run = _Run(trainer, step_fn, ckpt, guard, init, abstract_state, workdir, model)
         return run.loop(state, ds, start_step)
     finally:  # also on errors: finish the saves already started
         ckpt.close()
@@ -269,12 +271,15 @@ class _Run:
     """The loop of `train`: steps, metric windows, saves, evaluations and rollbacks.
 
     `step_fn` is the compiled train step; `init()` the initial state (a rollback before
-    the first checkpoint restarts from it).
+    the first checkpoint restarts from it); `model` the model's settings saved with each
+    checkpoint (`saved_model`).
     """
 
-    def __init__(self, trainer: Trainer, step_fn, ckpt, guard: bad_loss.LossGuard, init, abstract_state, workdir):
+    def __init__(
+        self, trainer: Trainer, step_fn, ckpt, guard: bad_loss.LossGuard, init, abstract_state, workdir, model
+    ):
         self.trainer, self.step_fn, self.ckpt, self.guard = trainer, step_fn, ckpt, guard
-        self.init, self.abstract_state, self.workdir = init, abstract_state, workdir
+        self.init, self.abstract_state, self.workdir, self.model = init, abstract_state, workdir, model
         self.lead = jax.process_index() == 0
         self.evaluate = evaluation(trainer)
 
@@ -325,7 +330,8 @@ class _Run:
                         batches = guard.batches(step, self._open_at)
                         continue
                     if save:
-                        ckpt.save(step, state, resume.position(self.trainer.run_config, step) | guard.saved())
+                        position = resume.position(self.trainer.run_config, step) | guard.saved()
+                        ckpt.save(step, state, position, self.model)
                     if preempted:
                         break
                     if run_eval:

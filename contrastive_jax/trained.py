@@ -5,12 +5,13 @@ embedding inputs alone, and a tower exported with `jax.export`::
         --inputs=captions.txt --out=captions.npy
     python -m contrastive_jax.trained --workdir=runs/clip_shapes --side=a --export --out=image_tower.jax
 
-`load(workdir)` rebuilds the run's model from the config saved with its newest
-checkpoint (or `step`) and restores the parameters and BatchNorm statistics; the data
-the run trained on must still be where the config says (it fixes the inputs' shapes and
-the text vocabulary). Inputs: a `.npy` array (images `[n, H, W, C]` uint8 or float in
-[0, 1], or token ids `[n, L]` int32) or a `.txt` file of texts, one per line, tokenized
-as in training (`config.data.tokenizer`, `text_max_length`). An exported tower is a
+`load(workdir)` rebuilds the run's model from the settings saved beside its newest
+checkpoint (or `step`: `saved_model`; the data it trained on are not needed) and reads
+the parameters and BatchNorm statistics alone. A run saved before those settings were
+kept is rebuilt from its config, which needs its data where the config says. Inputs: a
+`.npy` array (images `[n, H, W, C]` uint8 or float in [0, 1], or token ids `[n, L]`
+int32) or a `.txt` file of texts, one per line, tokenized as in training
+(`config.data.tokenizer`, `text_max_length`). An exported tower is a
 serialized `jax.export.Exported` with the weights inside and a symbolic batch size:
 `jax.export.deserialize(data).call(x)` embeds `x` (images as float32 in [0, 1], texts as
 int32 token ids) in any process, without this package.
@@ -21,7 +22,7 @@ import dataclasses
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -34,10 +35,10 @@ from contrastive_jax import (
     console,
     data_sources,
     input_pipeline,
-    models,
     padded_chunks,
     released,
     run_dir,
+    saved_model,
     tokenizers,
 )
 from contrastive_jax.config_lib import ConfigError
@@ -54,17 +55,27 @@ class TrainedModel:
       variables: `{"params", "batch_stats"}` as host (NumPy) arrays.
       inputs: each side's input shape (without the batch) and dtype, `{"a": (shape,
         dtype), "b": ...}` (the input pipeline's).
-      data: the run's data settings (tokenizer and text length for texts).
+      tokenizer: how texts were tokenized: `{"spec", "text_max_length", "files"}`
+        (`saved_model`: the tokenizer's files and their sha256).
       step: the checkpoint's step.
       embed_dim: the embeddings' width D.
+      config: the run's config as JSON (saved with the checkpoint).
     """
 
-    model: models.TwoTower
+    model: Any
     variables: dict[str, Any]
     inputs: dict[str, tuple[tuple[int, ...], np.dtype]]
-    data: data_sources.DataSettings
+    tokenizer: dict[str, Any]
     step: int
     embed_dim: int
+    config: dict[str, Any]
+
+    @property
+    def data(self) -> data_sources.DataSettings:
+        """The run's data settings (`config.data`), to read its data (`benchmark`)."""
+        from contrastive_jax import trainer
+
+        return trainer.data_settings(config_lib.from_json(self.config))
 
     def embed(self, inputs: np.ndarray, side: str, *, batch_size: int = 256) -> np.ndarray:
         """Tower `side`'s L2-normalised embeddings `[n, D]` float32 of `inputs` `[n, ...]`.
@@ -86,8 +97,19 @@ class TrainedModel:
         return {side: jax.jit(lambda v, x, side=side: self.model.apply(v, x, side, method="embed")) for side in SIDES}
 
     def tokenize(self, texts: list[str]) -> np.ndarray:
-        """`texts` as the run's token ids `[n, config.data.text_max_length]` int32."""
-        return tokenizers.load(self.data.tokenizer).encode_batch(texts, self.data.text_max_length)
+        """`texts` as the run's token ids `[n, config.data.text_max_length]` int32.
+
+        Raises:
+          ConfigError: the tokenizer's file is gone, or is not the one the run trained with.
+        """
+        for path, digest in self.tokenizer["files"].items():
+            if not os.path.isfile(path) or saved_model.file_hash(path) != digest:
+                problem = "is missing" if not os.path.isfile(path) else "is not the file the run trained with"
+                raise ConfigError(
+                    f"the run's tokenizer {path} {problem} (sha256 {digest[:12]}...); put that file back, "
+                    "or give token ids as a .npy array."
+                )
+        return tokenizers.load(self.tokenizer["spec"]).encode_batch(texts, self.tokenizer["text_max_length"])
 
     def check_inputs(self, inputs: np.ndarray, side: str) -> np.ndarray:
         """`inputs` as tower `side` takes them; a ConfigError naming the shape it needs."""
@@ -112,21 +134,28 @@ class TrainedModel:
         shape, dtype = self.inputs[side]
         dtype = dtype if np.issubdtype(dtype, np.signedinteger) else np.dtype(np.float32)
         (batch,) = jax_export.symbolic_shape("batch")
-        embed = self._towers[side]
-        return jax_export.export(jax.jit(lambda x: embed(self.variables, x)))(
-            jax.ShapeDtypeStruct((batch, *shape), dtype)
-        )
+        embed, variables = self._towers[side], self.tower_variables(side)
+        return jax_export.export(jax.jit(lambda x: embed(variables, x)))(jax.ShapeDtypeStruct((batch, *shape), dtype))
+
+    def tower_variables(self, side: str) -> dict[str, Any]:
+        """The variables tower `side` embeds with: its own (`model.TOWER_PARAMS[side]`;
+        tower a's where the towers are tied) and the scalars at the top, without the
+        other tower's."""
+        towers = self.model.TOWER_PARAMS
+        own = towers[side] if any(name in self.variables["params"] for name in towers[side]) else towers["a"]
+        return {
+            collection: {k: v for k, v in tree.items() if k in own or not isinstance(v, Mapping)}
+            for collection, tree in self.variables.items()
+        }
 
 
 def load(workdir: str, step: int | None = None) -> TrainedModel:
     """The model of the run in `workdir`, restored from checkpoint `step` (the newest).
 
     Raises:
-      ConfigError: no such checkpoint, or the run's data are no longer where its config
-        says.
+      ConfigError: no such checkpoint; or one saved before the model's settings were kept
+        beside it, whose data are no longer where its config says.
     """
-    from contrastive_jax import trainer  # the door: the saved config is read there
-
     directory = os.path.join(os.path.abspath(workdir), run_dir.CHECKPOINTS)
     if not os.path.isdir(directory):
         raise ConfigError(
@@ -137,19 +166,47 @@ def load(workdir: str, step: int | None = None) -> TrainedModel:
         step = ckpt.latest_step() if step is None else step
         if step not in ckpt.steps():
             raise ConfigError(f"--step={step}: no such checkpoint in {directory}; use one of {ckpt.steps()}.")
-        run = trainer.build(config_lib.from_json(ckpt.restore_position(step)["config"]))
-        element_spec = input_pipeline.train_dataset(run.data).element_spec
-        _, abstract_state = run.init_state(element_spec)
-        state = ckpt.restore_state(step, abstract_state)
+        config = ckpt.restore_position(step)["config"]
+        description = ckpt.restore_model(step)
+        if description is None:
+            model, description, variables = _rebuilt_from_data(ckpt, step, config)
+        else:
+            model = saved_model.rebuild(description)
+            variables = ckpt.restore_variables(step, _abstract_variables(model, saved_model.inputs(description)))
     finally:
         ckpt.close()
-    variables = jax.device_get({"params": state.params, "batch_stats": state.batch_stats})
-    inputs = {
-        side: (tuple(element_spec[side].shape[1:]), np.dtype(element_spec[side].dtype))
-        for side in SIDES
-        if side in element_spec
-    }
-    return TrainedModel(run.model, variables, inputs, run.data, step, run.loss_settings.embed_dim)
+    variables = jax.device_get({"params": variables["params"], "batch_stats": variables.get("batch_stats", {})})
+    inputs = saved_model.inputs(description)
+    return TrainedModel(model, variables, inputs, description["tokenizer"], step, description["embed_dim"], config)
+
+
+def _abstract_variables(model, inputs) -> dict[str, Any]:
+    """`{"params", "batch_stats"}` (the latter when the model has BatchNorm) of `model`
+    for `inputs`, as `jax.ShapeDtypeStruct` leaves on the default device."""
+    dummy = {side: np.zeros((1, *shape), dtype) for side, (shape, dtype) in inputs.items()}
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy["a"], dummy.get("b"), train=False))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shapes = {k: v for k, v in shapes.items() if k in ("params", "batch_stats") and v}
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
+
+
+def _rebuilt_from_data(ckpt: checkpoint.Checkpointer, step: int, config: dict[str, Any]):
+    """`(model, its settings, variables)` of a checkpoint saved without the model's
+    settings: the run built again from its config (`trainer.build`), which reads its data."""
+    from contrastive_jax import trainer  # the door: the saved config is read there
+
+    try:
+        run = trainer.build(config_lib.from_json(config))
+        element_spec = input_pipeline.train_dataset(run.data).element_spec
+    except ConfigError as e:
+        raise ConfigError(
+            f"checkpoint {step} in {ckpt.directory} was saved before the model's settings were kept beside it, "
+            f"so loading it needs the data it trained on, and: {e}"
+        ) from None
+    _, abstract_state = run.init_state(element_spec)
+    state = ckpt.restore_state(step, abstract_state)
+    variables = {"params": state.params, "batch_stats": state.batch_stats}
+    return run.model, saved_model.with_inputs(run.saved_model, element_spec), variables
 
 
 def read_inputs(path: str, model: TrainedModel) -> np.ndarray:

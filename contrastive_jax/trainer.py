@@ -33,6 +33,7 @@ from contrastive_jax import (
     noise_scale,
     optimizer,
     released,
+    saved_model,
     sharding,
 )
 from contrastive_jax.config_lib import group_values, override
@@ -94,6 +95,7 @@ class Trainer:
     fsdp_min_bytes: int = 0  # arrays smaller than this stay replicated on the fsdp axis (sharding.fsdp_spec)
     memory_limit_gib: float | None = None  # one device's memory; None: the device's own (memory_fit)
     initial_params: Any = None  # a released checkpoint's parameters (numpy); None: initialised from `seed`
+    saved_model: dict[str, Any] | None = None  # the model's settings as JSON (saved_model.describe), less the inputs
 
     def init_state(self, element_spec: Mapping[str, Any]) -> tuple[Callable[[], TrainState], TrainState]:
         """`(init, abstract_state)`: `init()` creates the initial state on the mesh;
@@ -428,7 +430,8 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
     data, guard, loss_config = data_settings(config), guard_settings(config), loss_settings(config)
     loss_table_size, metadata = config_checks.check(config, loss, sharding.batch_shards(mesh), data, guard, loss_config)
     text_vocab_size = data_sources.text_vocab_size(data, metadata)
-    model, initial_params = _model(model_settings(config, learned_bias=loss.learned_bias), data, text_vocab_size)
+    settings = model_settings(config, learned_bias=loss.learned_bias)
+    model, initial_params = _model(settings, data, text_vocab_size)
     tx, schedule = optimizer.make_optimizer(optim_settings(config), train.num_train_steps, model.TOWER_PARAMS)
 
     def variant(fields: Mapping[str, Any]) -> Trainer:
@@ -460,6 +463,13 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
         memory_limit_gib=train.memory_limit_gib,
         fsdp_min_bytes=int(config.mesh.fsdp_min_kib * 1024),
         initial_params=initial_params,
+        saved_model=saved_model.describe(
+            settings,
+            model,
+            text_vocab_size=text_vocab_size,
+            tokenizer=data.tokenizer,
+            text_max_length=data.text_max_length,
+        ),
     )
 
 

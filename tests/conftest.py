@@ -34,7 +34,7 @@ listed here):
                              test_released_files (damaged files, shapes, QuickGELU)
     simulated_devices        test_cli, test_notebook
     tokenizers               test_tokenizers
-    trained                  test_trained (and docs/use_a_trained_model.md, run by test_docs)
+    trained, saved_model     test_trained (and docs/use_a_trained_model.md, run by test_docs)
     train, trainer           test_train, test_beyond_batch_training, test_beyond_batch_resume
 """
 

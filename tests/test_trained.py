@@ -4,6 +4,7 @@ run in a fresh process."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from subprocess_runs import saved_state
 
-from contrastive_jax import input_pipeline, run_dir
+from contrastive_jax import checkpoint, input_pipeline, run_dir
 from contrastive_jax import trained as trained_model_lib
 
 
@@ -85,3 +86,74 @@ def test_an_exported_tower_runs_in_a_fresh_process(trained, model, test_pairs, t
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     np.testing.assert_allclose(np.load(tmp_path / "za.npy"), model.embed(test_pairs[0][:7], "a"), atol=1e-6)
     assert json.dumps(model.inputs["a"][0]) == "[4, 8, 1]"
+
+
+def _nbytes(tree) -> int:
+    return sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree))
+
+
+@pytest.fixture(scope="module")
+def run_without_data(load_config, digits_data_dir, tmp_path_factory):
+    """`(workdir, model, b)`: a run trained on its own copy of the digits' records, its
+    model loaded and tower b's test inputs `b` read while the records were there; then
+    the records deleted."""
+    from subprocess_runs import tiny_fields
+
+    from contrastive_jax import train
+    from contrastive_jax.config_lib import override
+
+    root = tmp_path_factory.mktemp("moved")
+    data_dir = shutil.copytree(digits_data_dir, root / "records")
+    fields = tiny_fields(str(data_dir), train__num_train_steps=2, model__mlp_hidden_dims=(256, 256))
+    workdir = str(root / "run")
+    train.train_and_evaluate(override(load_config("default"), fields), workdir)
+    model = trained_model_lib.load(workdir)
+    b = input_pipeline.eval_arrays(model.data, "test")["b"][:20]
+    shutil.rmtree(data_dir)
+    return workdir, model, b
+
+
+def test_embeds_and_exports_with_the_record_set_deleted(run_without_data, tmp_path):
+    """The model is rebuilt from the settings saved beside its checkpoint: the training
+    data are not read."""
+    workdir, model, b = run_without_data
+    np.save(tmp_path / "b.npy", b)
+    out = tmp_path / "zb.npy"
+    assert (
+        trained_model_lib.main([f"--workdir={workdir}", "--side=b", f"--inputs={tmp_path / 'b.npy'}", f"--out={out}"])
+        == 0
+    )
+    np.testing.assert_allclose(np.load(out), model.embed(b, "b"), atol=1e-6)
+    exported = tmp_path / "tower_b.jax"
+    assert trained_model_lib.main([f"--workdir={workdir}", "--side=b", "--export", f"--out={exported}"]) == 0
+
+
+def test_an_export_holds_one_towers_parameters(run_without_data, tmp_path):
+    """The exported tower's file is the size of its own parameters, not of both towers'."""
+    workdir, model, _ = run_without_data
+    path = tmp_path / "tower_a.jax"
+    assert trained_model_lib.main([f"--workdir={workdir}", "--side=a", "--export", f"--out={path}"]) == 0
+    own, both = _nbytes(model.tower_variables("a")), _nbytes(model.variables)
+    print(f"export {path.stat().st_size:,} B; tower a's parameters {own:,} B; both towers' {both:,} B")
+    assert own < both * 0.6
+    assert own <= path.stat().st_size < own * 1.1
+
+
+def test_the_parameters_read_alone_are_verified_against_their_fingerprints(trained, tmp_path):
+    workdir = shutil.copytree(trained, tmp_path / "run")
+    [path] = (workdir / run_dir.CHECKPOINTS).glob("*/integrity/metadata")
+    integrity = json.loads(path.read_text())
+    leaf = integrity["paths"].index("params/tower_b/Dense_0/kernel")
+    integrity["fingerprint"][leaf] += 1
+    path.write_text(json.dumps(integrity))
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=r"leaves \['params/tower_b/Dense_0/kernel'\]"):
+        trained_model_lib.load(str(workdir))
+
+
+def test_a_run_saved_without_the_models_settings_is_rebuilt_from_its_data(trained, model, tmp_path):
+    workdir = shutil.copytree(trained, tmp_path / "run")
+    [saved] = (workdir / run_dir.CHECKPOINTS).glob("*/model")
+    shutil.rmtree(saved)
+    old = trained_model_lib.load(str(workdir))
+    assert old.inputs == model.inputs and old.tokenizer == model.tokenizer
+    jax.tree.map(np.testing.assert_array_equal, old.variables, model.variables)

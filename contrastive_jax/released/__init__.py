@@ -126,15 +126,44 @@ def save(path: str, model, params) -> None:
     Raises:
       ConfigError: `model` is not a released layout's, or `path`'s suffix is not its.
     """
-    from contrastive_jax.released import big_vision_layout, open_clip_layout
-
-    layout = {open_clip_layout.Model: open_clip_layout, big_vision_layout.Model: big_vision_layout}.get(type(model))
+    layout = _layout_of(model)
     if layout is None:
         raise ConfigError(f"{type(model).__name__} is not a released layout's model; nothing to write to {path}.")
     try:
         layout.write(path, params, model.settings)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _layouts() -> dict[str, Any]:
+    """The layout modules by their names."""
+    from contrastive_jax.released import big_vision_layout, open_clip_layout
+
+    return {"open_clip_layout": open_clip_layout, "big_vision_layout": big_vision_layout}
+
+
+def _layout_of(model):
+    """The layout module whose `Model` `model` is, or None."""
+    return next((layout for layout in _layouts().values() if type(model) is layout.Model), None)
+
+
+def describe(model) -> dict[str, Any] | None:
+    """A released layout's model as JSON values, `{"layout": name, "settings": {...}}`
+    (its architecture, `Settings`); None for a model of no released layout."""
+    layout = _layout_of(model)
+    if layout is None:
+        return None
+    return {"layout": layout.__name__.rsplit(".", 1)[-1], "settings": dataclasses.asdict(model.settings)}
+
+
+def rebuild(description: dict[str, Any]):
+    """The released layout's `Model` that `describe` described (default tower options)."""
+    from contrastive_jax.transformer import TowerSettings
+
+    layout = _layouts()[description["layout"]]
+    values = dict(description["settings"])
+    towers = {name: TowerSettings(**values[name]) for name in ("image", "text")}
+    return layout.Model(layout.Settings(**{**values, **towers}))
 
 
 def _read(layout, path: str) -> dict:
