@@ -1,9 +1,9 @@
 """A real-size CLIP train step on one accelerator, side by side with what users would run
 instead: open_clip's own step, siglip-kernel's and Inf-CL's fused losses.
 
-    python -m experiments.bench_step            # on a GPU: about 8 minutes on one H100
-    python -m experiments.bench_step --tiny     # the same code at toy sizes on a CPU (a test)
-    python -m experiments.bench_step --parts step,loss   # some of the parts
+    python -m experiments.bench_step                  # on a GPU: step, loss, input; at most 8.5 min
+    python -m experiments.bench_step --parts overhead  # on a CPU: the default step on 8 simulated devices
+    python -m experiments.bench_step --tiny           # every part at toy sizes on a CPU (a test)
 
 On the accelerator, each beside its anchor in the same run (every measurement in a fresh
 process, ``bench_step_worker``):
@@ -27,7 +27,10 @@ process, ``bench_step_worker``):
   optimizer's update apart: for the ViT step on the accelerator and for the default
   config's step on 8 simulated CPU devices at N = 16,384, D = 64.
 
-Writes ``results.json`` and ``results.md`` (device, versions, load) to ``--out``
+The measurements run the most wanted first (the step without remat, ours then open_clip's;
+the losses; the input; the step with remat) and none starts after ``--minutes`` (8.5):
+the rest say they were skipped. Writes ``results.json`` and ``results.md`` (device,
+versions, load) after each measurement to ``--out``
 (default ``experiments/results/bench_step/``; ``runs/bench_step_tiny/`` with
 ``--tiny``). The packages a GPU machine may lack travel as wheels (docs/performance.md).
 """
@@ -83,7 +86,7 @@ class Sizes:
     matmul: int
 
 
-ACCELERATOR = Sizes("ViT-B-16", 224, 77, 512, 256, 65_536, 768, 1024, 40, 16_384, 512, 10, 8192)
+ACCELERATOR = Sizes("ViT-B-16", 224, 77, 512, 256, 65_536, 768, 512, 40, 16_384, 512, 10, 8192)
 TINY_MODEL = {
     "embed_dim": 32,
     "vision_cfg": {"image_size": 32, "patch_size": 16, "width": 64, "layers": 2, "head_width": 64},
@@ -120,7 +123,7 @@ def prepare(sizes: Sizes, folder: pathlib.Path) -> dict:
     }
 
 
-def spawn(spec: dict, *, devices: int = 1, timeout_s: float = 420) -> dict:
+def spawn(spec: dict, *, devices: int = 1, timeout_s: float) -> dict:
     """`spec`'s worker in a fresh process (`bench_losses.spawn` with this file)."""
     started = time.perf_counter()
     result = bench_losses.spawn(spec, devices=devices, timeout_s=timeout_s, script=__file__)
@@ -128,29 +131,52 @@ def spawn(spec: dict, *, devices: int = 1, timeout_s: float = 420) -> dict:
     return result
 
 
-def measure(sizes: Sizes, parts: tuple[str, ...], folder: pathlib.Path) -> dict:
-    """Every part of `parts` at `sizes`; a part that fails is its error, the rest go on."""
+def plan(sizes: Sizes, parts: tuple[str, ...], shared: dict) -> list[tuple[str, dict, int]]:
+    """The measurements of `parts`, the most wanted first (so that a run cut short by
+    its budget has them): `(where the result goes, the worker's spec, devices)`."""
+    steps = [dict(shared, batch=sizes.batch, remat=remat) for remat in ("none", "full")]
+    loss = {"n": sizes.loss_n, "d": sizes.loss_d, "repeats": sizes.repeats}
+    wanted = []
+    if "step" in parts:
+        wanted += [
+            ("step", dict(steps[0], worker="jax_step", parts=True), 1),
+            ("step", dict(steps[0], worker="torch_step"), 1),
+        ]
+    if "loss" in parts:
+        wanted += [("loss.ours", dict(loss, worker="jax_loss"), 1), ("loss.theirs", dict(loss, worker="torch_loss"), 1)]
+    if "input" in parts:
+        spec = {"worker": "input", "records": shared["records"], "image_size": sizes.image_size}
+        wanted.append(("input", dict(spec, batches=sizes.input_batches), 1))
+    if "step" in parts:
+        wanted += [("step", dict(steps[1], worker="jax_step"), 1), ("step", dict(steps[1], worker="torch_step"), 1)]
+    if "overhead" in parts:
+        spec = {"worker": "overhead", "batch": sizes.cpu_batch, "chunk_size": sizes.cpu_chunk, "repeats": sizes.repeats}
+        wanted.append(("overhead_cpu", spec, 8))
+    return wanted
+
+
+def measure(sizes: Sizes, parts: tuple[str, ...], folder: pathlib.Path, *, budget_s: float, save) -> dict:
+    """Every measurement of `parts` at `sizes` (`plan`), each in its own process; one that
+    fails is its error and the rest go on; once `budget_s` is spent the rest are skipped,
+    each saying so. `save(results)` runs after each, so a run killed midway keeps what
+    it measured."""
+    started = time.perf_counter()
     results: dict = {"peak": bench_losses.spawn({"worker": "peak", "n": sizes.matmul, "dtype": "bfloat16"})}
     results["peak"]["n"] = sizes.matmul
     shared = prepare(sizes, folder) if {"step", "input"} & set(parts) else {}
-    if "step" in parts:
-        results["step"] = []
-        for remat in ("none", "full"):
-            spec = dict(shared, batch=sizes.batch, remat=remat)
-            results["step"].append(spawn(dict(spec, worker="jax_step", parts=remat == "none")))
-            results["step"].append(spawn(dict(spec, worker="torch_step")))
-    if "loss" in parts:
-        spec = {"n": sizes.loss_n, "d": sizes.loss_d, "repeats": sizes.repeats}
-        results["loss"] = {
-            "ours": spawn(dict(spec, worker="jax_loss")),
-            "theirs": spawn(dict(spec, worker="torch_loss")),
-        }
-    if "input" in parts:
-        spec = {"records": shared["records"], "image_size": sizes.image_size, "batches": sizes.input_batches}
-        results["input"] = spawn(dict(spec, worker="input"))
-    if "overhead" in parts:
-        spec = {"worker": "overhead", "batch": sizes.cpu_batch, "chunk_size": sizes.cpu_chunk, "repeats": sizes.repeats}
-        results["overhead_cpu"] = spawn(spec, devices=8, timeout_s=900)
+    for where, spec, devices in plan(sizes, parts, shared):
+        spent = time.perf_counter() - started
+        if spent > budget_s:
+            result = {"error": f"skipped: the run's budget of {budget_s:.0f} s was spent ({spent:.0f} s)"}
+        else:
+            result = spawn(spec, devices=devices, timeout_s=max(60.0, budget_s - spent + 60.0))
+        if where == "step":
+            results.setdefault("step", []).append(result)
+        elif where.startswith("loss."):
+            results.setdefault("loss", {})[where.removeprefix("loss.")] = result
+        else:
+            results[where] = result
+        save(results)
     return results
 
 
@@ -225,7 +251,8 @@ def report(results: dict) -> str:
             ratio = _ratio(pair.get("contrastive_jax"), pair.get("open_clip"))
             lines.append(f"- remat {remat}: ours ÷ open_clip images/s at the common batch **{ratio}**")
     if "loss" in results:
-        ours, theirs = results["loss"]["ours"], results["loss"]["theirs"]
+        ours = results["loss"].get("ours", {"error": "not measured"})
+        theirs = results["loss"].get("theirs", {"error": "not measured"})
         lines += ["", "## The loss alone (forward + backward, bfloat16 inputs)", ""]
         if "error" in ours or "error" in theirs or "note" in theirs:
             lines.append(
@@ -272,27 +299,37 @@ def main(argv=None) -> int:
         description="Measures a real-size CLIP train step beside open_clip's and fused losses."
     )
     parser.add_argument("--tiny", action="store_true", help="toy sizes on a CPU: the same code, as a test runs it")
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
+    parser.add_argument(
+        "--parts",
+        help=f"comma-separated, from {', '.join(PARTS)}; default: step,loss,input "
+        "(--tiny: all; overhead is the default step on 8 simulated CPU devices)",
+    )
+    parser.add_argument("--minutes", type=float, default=8.5, help="no measurement starts after this; default 8.5")
     parser.add_argument("--out", type=pathlib.Path, help="the results' folder")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one measurement, printed as JSON
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(run_worker(json.loads(args.worker))))
         return 0
-    parts = tuple(p for p in args.parts.split(",") if p)
+    default = PARTS if args.tiny else ("step", "loss", "input")
+    parts = tuple(p for p in args.parts.split(",") if p) if args.parts else default
     unknown = set(parts) - set(PARTS)
     if unknown:
         parser.error(f"--parts: {sorted(unknown)} unknown; use some of {', '.join(PARTS)}")
     sizes = TINY if args.tiny else ACCELERATOR
     out = args.out or (ROOT / "runs" / "bench_step_tiny" if args.tiny else RESULTS)
-    results = {"environment": environment(), "sizes": dataclasses.asdict(sizes), "parts": parts}
-    with tempfile.TemporaryDirectory() as scratch:
-        results |= measure(sizes, parts, pathlib.Path(scratch))
-    results["load_average_end"] = os.getloadavg()[0]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "results.md").write_text(report(results))
-    print(report(results))
+    results = {"environment": environment(), "sizes": dataclasses.asdict(sizes), "parts": parts}
+
+    def save(measured: dict) -> None:
+        finished = dict(results, **measured, load_average_end=os.getloadavg()[0])
+        (out / "results.json").write_text(json.dumps(finished, indent=1) + "\n")
+        (out / "results.md").write_text(report(finished))
+
+    with tempfile.TemporaryDirectory() as scratch:
+        measured = measure(sizes, parts, pathlib.Path(scratch), budget_s=60 * args.minutes, save=save)
+    save(measured)
+    print((out / "results.md").read_text())
     return 0
 
 

@@ -479,7 +479,7 @@ def step_parts(run, state, batch, repeats: int, *, compiled_step=None) -> dict:
     if compiled_step is None:
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         compiled_step = run.jit_train_step(abstract).lower(state, batch).compile()
-    current = [state]
+    current = [jax.tree.map(lambda x: x.copy(), state)]  # the step donates its state; the parts read this one
 
     def train_step():
         current[0], metrics = compiled_step(current[0], batch)

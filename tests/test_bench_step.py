@@ -83,3 +83,10 @@ def test_the_command_runs_at_toy_sizes_on_the_cpu(tmp_path):
     assert results["input"]["images_per_second"] > 0
     assert results["overhead_cpu"]["devices"] == 8 and results["overhead_cpu"]["batch"] == 256
     assert "ours ÷ open_clip images/s" in (tmp_path / "results.md").read_text()
+
+
+def test_a_partial_run_reports_what_it_measured():
+    """The report is rewritten after each measurement: the loss's second half not yet run."""
+    results = _results()
+    results["loss"] = {"ours": results["loss"]["ours"]}
+    assert "theirs: not measured" in bench_step.report(results)
