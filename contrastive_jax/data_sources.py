@@ -3,16 +3,15 @@ must follow (no TensorFlow, no JAX).
 
 A run reads a record set (`records`: ArrayRecord shards and their metadata), either the
 user's own (`config.data.records=DIR`, written by `python -m contrastive_jax.write_records`)
-or a built-in dataset (`config.data.name`), which is written to records on first use
-under `config.data.data_dir` by the same writer (one process writes, the others wait).
+or a built-in dataset (`config.data.name`), whose records the same writer writes under
+`config.data.data_dir` before the run's config is checked (`write_records.write_builtin`:
+the training job runs it; nothing here writes).
 `trainer.data_settings` reads `config.data` (and the global batch size) once into
 plain values, the only thing `input_pipeline` is given; `check_data_config` rejects
 settings the pipeline cannot serve, with one line naming the fix.
 """
 
-import contextlib
 import dataclasses
-import fcntl
 import os
 
 from contrastive_jax import records
@@ -74,18 +73,10 @@ class DataSettings:
 
 def builtin_records(name: str, data_dir: str | None) -> str:
     """The directory of the built-in dataset `name`'s records under `data_dir`
-    (`DEFAULT_DATA_DIR` when None), written first if they are not there yet: one process
-    writes, the others wait on a file lock."""
+    (`DEFAULT_DATA_DIR` when None), written there by `write_records.write_builtin` (the
+    training job runs it before `trainer.build`, which writes nothing)."""
     root = os.path.expanduser(data_dir or DEFAULT_DATA_DIR)
-    directory = os.path.abspath(os.path.join(root, f"{name}-v{BUILTIN_VERSION}"))
-    if not os.path.exists(os.path.join(directory, records.METADATA_FILE)):
-        from contrastive_jax import write_records
-
-        os.makedirs(root, exist_ok=True)
-        with _file_lock(f"{directory}.lock"):
-            if not os.path.exists(os.path.join(directory, records.METADATA_FILE)):
-                write_records.write(BUILTIN[name], directory)
-    return directory
+    return os.path.abspath(os.path.join(root, f"{name}-v{BUILTIN_VERSION}"))
 
 
 def open_metadata(data: DataSettings) -> records.Metadata:
@@ -93,21 +84,19 @@ def open_metadata(data: DataSettings) -> records.Metadata:
     dataset's (`builtin_records`).
 
     Raises:
-      DataError: no record set there, or its metadata is not this format's.
+      DataError: no record set there (for a built-in dataset, the message gives the
+        command that writes it), or its metadata is not this format's.
     """
     if data.records is not None:
         return records.read_metadata(os.path.expanduser(data.records))
-    return records.read_metadata(builtin_records(data.name, data.data_dir))
-
-
-@contextlib.contextmanager
-def _file_lock(path: str):
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    directory = builtin_records(data.name, data.data_dir)
+    if not os.path.exists(os.path.join(directory, records.METADATA_FILE)):
+        raise records.DataError(
+            f"config.data.name={data.name!r}: its records are not written yet (in {directory}); write them with "
+            f"`python -m contrastive_jax.write_records --source={BUILTIN[data.name]} --out={directory}`, "
+            "or train with `python -m contrastive_jax.main`, which writes them first."
+        )
+    return records.read_metadata(directory)
 
 
 def text_vocab_size(data: DataSettings, metadata: records.Metadata) -> int:

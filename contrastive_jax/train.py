@@ -49,9 +49,10 @@ from contrastive_jax import (
     run_dir,
     saved_model,
     sharding,
+    write_records,
 )
 from contrastive_jax.sharding import DATA_AXIS
-from contrastive_jax.trainer import Trainer, build
+from contrastive_jax.trainer import Trainer, build, data_settings
 
 
 class Preempted(Exception):
@@ -88,11 +89,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     """Trains (resuming from `workdir` if it holds a checkpoint) and evaluates.
 
     The config is read once, by `trainer.build`; the run then uses the plain values it
-    returns (`train`). Before the first step the train step is compiled (the executable
-    the loop runs) and its memory per device checked against the device's
-    (`memory_fit`). Logs a first line (backend, devices, batch, the step's memory per
-    device), a short line per logging step, a line per rollback (`bad_loss`) and the
-    headline metrics of each evaluation (`console`). A run that already reached
+    returns (`train`). A built-in dataset's records are written first, once, where the
+    config says (`write_records.write_builtin`; one line says so). Before the first step
+    the train step is compiled (the executable the loop runs) and its memory per device
+    checked against the device's (`memory_fit`). Logs a first line (backend, devices,
+    batch, the step's memory per device), a short line per logging step, a line per
+    rollback (`bad_loss`) and the headline metrics of each evaluation (`console`). A run that already reached
     `config.train.num_train_steps` and holds its evaluation returns that evaluation
     without compiling, training or evaluating again.
 
@@ -113,6 +115,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         names the step(s) and the last good checkpoint, which is left untouched.
       Preempted: SIGTERM arrived; the current step finished and was saved.
     """
+    data = data_settings(config)
+    if data.records is None and data.name in data_sources.BUILTIN:
+        written = write_records.write_builtin(data.name, data.data_dir)
+        if written:
+            logging.info(
+                "Wrote the built-in dataset %s's records to %s (once: later runs read them).", data.name, written
+            )
     return train(build(config), workdir)
 
 
@@ -283,6 +292,12 @@ class _Run:
         self.lead = jax.process_index() == 0
         self.evaluate = evaluation(trainer)
 
+    def _save(self, step: int, state) -> None:
+        """Starts saving `state` as checkpoint `step`, with the input position, the guard's
+        record and the model's settings."""
+        position = resume.position(self.trainer.run_config, step) | self.guard.saved()
+        self.ckpt.save(step, state, position, self.model)
+
     def _every(self, k: int, step: int) -> bool:
         return step == self.trainer.loop.num_train_steps or (k > 0 and step % k == 0)
 
@@ -330,8 +345,7 @@ class _Run:
                         batches = guard.batches(step, self._open_at)
                         continue
                     if save:
-                        position = resume.position(self.trainer.run_config, step) | guard.saved()
-                        ckpt.save(step, state, position, self.model)
+                        self._save(step, state)
                     if preempted:
                         break
                     if run_eval:

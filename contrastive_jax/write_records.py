@@ -53,7 +53,10 @@ resumed by running it again. The metadata is written last.
 import argparse
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
+import fcntl
+import io
 import json
 import multiprocessing
 import os
@@ -64,7 +67,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from contrastive_jax import console, records
+from contrastive_jax import console, data_sources, records
 from contrastive_jax.config_lib import ConfigError
 from contrastive_jax.record_inputs import SOURCES, BadInput, ClassLabels, is_class_id, open_source
 
@@ -385,6 +388,29 @@ def write(
     metadata = _merged(existing, out, splits, info, {"command": command, **what, "splits": summaries})
     records.write_metadata(metadata)
     return metadata
+
+
+def write_builtin(name: str, data_dir: str | None) -> str | None:
+    """Writes the built-in dataset `name`'s records (`data_sources.BUILTIN`) under
+    `data_dir` (`data_sources.builtin_records`) unless they are there: the step the
+    training job runs before `trainer.build`, which writes nothing. One process writes,
+    the others wait on a file lock; the per-shard lines are not shown.
+
+    Returns:
+      The directory written, or None when the records were there already.
+    """
+    directory = data_sources.builtin_records(name, data_dir)
+    metadata_file = os.path.join(directory, records.METADATA_FILE)
+    if os.path.exists(metadata_file):
+        return None
+    os.makedirs(os.path.dirname(directory), exist_ok=True)
+    with open(f"{directory}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if os.path.exists(metadata_file):  # another process wrote them meanwhile
+            return None
+        with contextlib.redirect_stderr(io.StringIO()):
+            write(data_sources.BUILTIN[name], directory)
+    return directory
 
 
 def _merged(existing: records.Metadata | None, out: str, splits, info: dict, source: dict) -> records.Metadata:

@@ -103,13 +103,13 @@ def _prepared(name: str, tmp_path_factory) -> str:
     once per test session: under pytest-xdist the first worker to ask writes them in the
     session's shared temp directory (the others wait on the writer's file lock). Tests
     read them and must not write to them."""
-    from contrastive_jax import data_sources
+    from contrastive_jax import write_records
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the session's directory, above each worker's own
     data_dir = str(root / "records")
-    data_sources.builtin_records(name, data_dir)
+    write_records.write_builtin(name, data_dir)
     return data_dir
 
 

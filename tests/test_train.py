@@ -534,3 +534,25 @@ def test_ring_step_gathers_no_global_batch_and_needs_less_memory(config):
     ring_bytes = ring.memory_analysis().temp_size_in_bytes
     gathered_bytes = gathered.memory_analysis().temp_size_in_bytes
     assert ring_bytes < gathered_bytes
+
+
+def test_build_writes_no_record_set_and_names_the_command_that_does(tiny_config, tmp_path):
+    """The config check reads no data and writes none: absent built-in records are one
+    line giving the command that writes them."""
+    config = override(tiny_config, {"data.data_dir": str(tmp_path / "data")})
+    with pytest.raises(
+        ConfigError,
+        match=r"records are not written yet .*contrastive_jax.write_records --source=builtin:sklearn_digits --out=",
+    ):
+        build(config)
+    assert list(tmp_path.rglob("*")) == []
+
+
+def test_the_job_writes_the_builtin_records_first_and_says_so_in_one_line(tiny_config, tmp_path, caplog):
+    fields = {"data.data_dir": str(tmp_path / "data"), "train.num_train_steps": 1, "train.log_every_steps": 1}
+    with caplog.at_level("INFO"):
+        train.train_and_evaluate(override(tiny_config, fields), str(tmp_path / "run"))
+    written = tmp_path / "data" / "sklearn_digits-v2"
+    assert (written / "metadata.json").exists()
+    lines = [r.getMessage() for r in caplog.records if "built-in" in r.getMessage()]
+    assert lines == [f"Wrote the built-in dataset sklearn_digits's records to {written} (once: later runs read them)."]

@@ -4,6 +4,7 @@ run in a fresh process."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -157,3 +158,16 @@ def test_a_run_saved_without_the_models_settings_is_rebuilt_from_its_data(traine
     old = trained_model_lib.load(str(workdir))
     assert old.inputs == model.inputs and old.tokenizer == model.tokenizer
     jax.tree.map(np.testing.assert_array_equal, old.variables, model.variables)
+
+
+def test_a_run_saved_without_the_models_settings_and_its_data_gone_is_one_line(run_without_data, tmp_path, capsys):
+    workdir = shutil.copytree(run_without_data[0], tmp_path / "run")
+    [saved] = (workdir / run_dir.CHECKPOINTS).glob("*/model")
+    shutil.rmtree(saved)
+    assert trained_model_lib.main([f"--workdir={workdir}", "--side=a", "--export", f"--out={tmp_path / 'a.jax'}"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(
+        r"error: checkpoint 2 in .* was saved before the model's settings were kept beside it, so loading it needs "
+        r"the data it trained on, and: config.data.name='sklearn_digits': its records are not written yet .*",
+        line,
+    )
