@@ -1,7 +1,9 @@
 """The house rules, checked on the source: the config read at one door, short functions,
-one wording per rule, and every module's tests findable from conftest's map."""
+one wording per rule, every module's tests findable from conftest's map, and an import
+graph without a circle."""
 
 import ast
+import functools
 import pathlib
 import re
 import sys
@@ -92,3 +94,75 @@ def test_no_script_folder_module_hides_a_standard_library_module():
     folders = [ROOT / "experiments", ROOT / "contrastive_jax", ROOT / "configs"]
     clashes = [p for folder in folders for p in folder.glob("*.py") if p.stem in sys.stdlib_module_names]
     assert not clashes, f"rename these, they hide standard-library modules: {clashes}"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """`{module: the package's modules it imports}` over contrastive_jax, from the source
+    (`ast`): imports inside functions (lazy ones) count; `from package import module` is
+    an edge to the module, `from module import name` to the module; the empty top
+    package is left out."""
+    paths = {_module_name(PACKAGE / path): PACKAGE / path for path in MODULES}
+    graph = {}
+    for name, path in paths.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = name.split(".")[: len(name.split(".")) - node.level + (path.name == "__init__.py")]
+                module = ".".join(base + [node.module or ""]).strip(".") if node.level else node.module
+                imported |= {f"{module}.{a.name}" if f"{module}.{a.name}" in paths else module for a in node.names}
+        graph[name] = {m for m in imported if m in paths and m not in (name, "contrastive_jax")}
+    return graph
+
+
+def circles_and_floors(graph: dict[str, set[str]]) -> tuple[list[list[str]], list[str]]:
+    """`(the circles: each a strongly connected set of modules, sorted; the longest chain
+    of imports, top floor first)`; a circle counts as one floor."""
+    index, low, stack, components = {}, {}, [], []
+
+    def connect(node):  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                connect(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    owner = {node: tuple(c) for c in components for node in c}
+
+    @functools.cache
+    def chain(component):
+        below = {owner[m] for node in component for m in graph[node]} - {component}
+        return (component[0], *max((chain(c) for c in below), key=len, default=()))
+
+    return [c for c in components if len(c) > 1], list(max((chain(c) for c in set(owner.values())), key=len))
+
+
+def test_the_import_graph_has_no_circle():
+    """No module imports, even lazily, one that imports it back: every import goes down a
+    floor. `data_sources` -> `write_records` -> `record_inputs` -> `images` ->
+    `data_sources` was one (writing a built-in dataset from the config check)."""
+    circles, floors = circles_and_floors(import_graph())
+    short = [name.removeprefix("contrastive_jax.") for name in floors]
+    assert circles == [], f"import circles: {circles}; {len(floors)} floors: {' -> '.join(short)}"
+
+
+def test_the_graph_reader_finds_a_circle_and_the_floors():
+    circles, floors = circles_and_floors({"a": {"b"}, "b": {"c"}, "c": {"b", "d"}, "d": set()})
+    assert circles == [["b", "c"]] and floors == ["a", "b", "d"]

@@ -34,7 +34,11 @@ import os
 from typing import Any
 
 from contrastive_jax.config_lib import ConfigError
-from contrastive_jax.released.two_tower import TOWER_PARAMS  # noqa: F401  (re-exported)
+from contrastive_jax.released.two_tower import (  # noqa: F401  (re-exported)
+    OPEN_CLIP_CONFIG,
+    TOWER_PARAMS,
+    param_shapes,
+)
 
 # The Hugging Face repositories of the classic-ViT open_clip weights that need QuickGELU
 # (open_clip 3.3.0's `pretrained` registry, `quick_gelu=True`), as a path names them.
@@ -59,7 +63,6 @@ QUICK_GELU_MODELS = (
     "DFN5B-CLIP-ViT-H-14",
     "DFN5B-CLIP-ViT-H-14-378",
 )
-OPEN_CLIP_CONFIG = "open_clip_config.json"  # beside open_clip's weights on Hugging Face
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -195,20 +198,6 @@ def quick_gelu_from(path: str) -> bool:
             return bool(model_cfg["quick_gelu"])
     named = os.path.abspath(path).lower()
     return "quickgelu" in named or any(model.lower() in named for model in QUICK_GELU_MODELS)
-
-
-def param_shapes(model, settings) -> dict[str, tuple[int, ...]]:
-    """`model`'s parameter shapes by "/"-joined name, for inputs of `settings`' image size
-    and text length (abstract: nothing is computed); what each layout's `params_from`
-    checks the checkpoint's arrays against."""
-    import jax
-    import jax.numpy as jnp
-    from flax import traverse_util
-
-    images = jnp.zeros((1, settings.image_size, settings.image_size, 3), jnp.float32)
-    texts = jnp.zeros((1, settings.context_length), jnp.int32)
-    tree = jax.eval_shape(model.init, jax.random.key(0), images, texts)["params"]
-    return {name: leaf.shape for name, leaf in traverse_util.flatten_dict(tree, sep="/").items()}
 
 
 def check_inputs(

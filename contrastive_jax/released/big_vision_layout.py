@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from contrastive_jax import released, transformer
+from contrastive_jax import transformer
 from contrastive_jax.models import TEMPERATURE_PARAM
-from contrastive_jax.released.two_tower import ReleasedTwoTower, TwoTowerSettings
+from contrastive_jax.released.two_tower import ReleasedTwoTower, TwoTowerSettings, param_shapes
 from contrastive_jax.transformer import TowerSettings
 
 ACTIVATION = "gelu_tanh"  # big_vision's `nn.gelu`, approximate=True
@@ -223,7 +223,7 @@ def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
     """
     arrays = dict(arrays)
     flat = {}
-    for name, shape in sorted(released.param_shapes(Model(settings), settings).items()):
+    for name, shape in sorted(param_shapes(Model(settings), settings).items()):
         source = TOP_LEVEL.get(name, name)
         array = np.asarray(_array(arrays, source), np.float32)
         arrays.pop(source)

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from contrastive_jax import released, transformer
-from contrastive_jax.released.two_tower import ReleasedTwoTower, TwoTowerSettings
+from contrastive_jax import transformer
+from contrastive_jax.released.two_tower import OPEN_CLIP_CONFIG, ReleasedTwoTower, TwoTowerSettings, param_shapes
 from contrastive_jax.transformer import TowerSettings
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -260,7 +260,7 @@ def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
             f"{sorted(arrays)[0]} (and {len(arrays) - 1} more) have no place in a classic open_clip CLIP "
             "(LayerScale, attention pooling and timm or Hugging Face towers are not loaded)."
         )
-    for name, shape in released.param_shapes(Model(settings), settings).items():
+    for name, shape in param_shapes(Model(settings), settings).items():
         given = flat[tuple(name.split("/"))].shape
         if given != shape:
             raise ValueError(
@@ -291,7 +291,7 @@ def write(path: str, params: dict, settings: Settings) -> None:
     if not path.endswith(".safetensors"):
         raise ValueError(f"{path}: open_clip's layout is written as .safetensors.")
     save_file(arrays_from(params, settings), path)
-    config_path = os.path.join(os.path.dirname(os.path.abspath(path)), released.OPEN_CLIP_CONFIG)
+    config_path = os.path.join(os.path.dirname(os.path.abspath(path)), OPEN_CLIP_CONFIG)
     config = {}
     if os.path.exists(config_path):
         with open(config_path) as f:

@@ -15,6 +15,7 @@ from contrastive_jax.transformer import TowerSettings
 
 # The parameters of each tower (`optim.frozen_tower`, layer decay).
 TOWER_PARAMS = {"a": ("img",), "b": ("txt",)}
+OPEN_CLIP_CONFIG = "open_clip_config.json"  # beside open_clip's weights on Hugging Face
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,3 +73,17 @@ class ReleasedTwoTower(nn.Module):
         if side == "b":
             return losses.l2_normalize(self.txt(x))
         raise ValueError(f"side={side!r}: use 'a' (images) or 'b' (texts).")
+
+
+def param_shapes(model, settings) -> dict[str, tuple[int, ...]]:
+    """`model`'s parameter shapes by "/"-joined name, for inputs of `settings`' image size
+    and text length (abstract: nothing is computed); what each layout's `params_from`
+    checks the checkpoint's arrays against."""
+    import jax
+    import jax.numpy as jnp
+    from flax import traverse_util
+
+    images = jnp.zeros((1, settings.image_size, settings.image_size, 3), jnp.float32)
+    texts = jnp.zeros((1, settings.context_length), jnp.int32)
+    tree = jax.eval_shape(model.init, jax.random.key(0), images, texts)["params"]
+    return {name: leaf.shape for name, leaf in traverse_util.flatten_dict(tree, sep="/").items()}
