@@ -1,5 +1,5 @@
-"""Evaluation as the field reports it: zero-shot classification from class names and
-prompt templates, and image-text retrieval over every caption, written as
+"""Evaluates a trained run as the field reports it: zero-shot classification from class
+names and prompt templates, and image-text retrieval over every caption, written as
 CLIP_benchmark's JSON (github.com/LAION-AI/CLIP_benchmark)::
 
     python -m contrastive_jax.benchmark --workdir=runs/clip_shapes --task=zeroshot_retrieval --out=retrieval.json
@@ -21,12 +21,12 @@ Tower a embeds the images and tower b the texts (the image-text configs' order).
   the k captions nearest to it.
 """
 
-import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from absl import flags
 
 from contrastive_jax import console, data_sources, input_pipeline, records
 from contrastive_jax.config_lib import ConfigError
@@ -149,24 +149,30 @@ def run(workdir: str, task: str, split: str, classnames: Sequence[str] = (), tem
     return report(f"{model.data.display_name}:{split}", f"{workdir}@{model.step}", task, metrics)
 
 
+def _flags() -> flags.FlagValues:
+    """The command's flags (absl, on their own `FlagValues`)."""
+    values = flags.FlagValues()
+    flags.DEFINE_string("workdir", None, "the run's working directory (its newest checkpoint)", flag_values=values)
+    flags.DEFINE_enum("task", None, TASKS, "what is measured", flag_values=values)
+    flags.DEFINE_string("split", "test", "the split evaluated", flag_values=values)
+    flags.DEFINE_string(
+        "classnames", "", "class names, comma-separated, in label order (default: the record set's)", flag_values=values
+    )
+    flags.DEFINE_string("templates", "{}", "prompt templates, ';'-separated, '{}' for the name", flag_values=values)
+    flags.DEFINE_string("templates-file", None, "prompt templates, one a line (or --templates)", flag_values=values)
+    flags.DEFINE_string("out", None, "the JSON report", flag_values=values)
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line: one task on one split, its report written as JSON."""
-    parser = argparse.ArgumentParser(
-        prog="python -m contrastive_jax.benchmark", description=console.help_description(__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    args = console.parse_flags(
+        argv, _flags(), prog="python -m contrastive_jax.benchmark", doc=__doc__, required=("workdir", "task", "out")
     )
-    parser.add_argument("--workdir", required=True, help="the run's working directory (its newest checkpoint)")
-    parser.add_argument("--task", required=True, choices=TASKS)
-    parser.add_argument("--split", default="test", help="the split evaluated (default: test)")
-    parser.add_argument(
-        "--classnames", default="", help="class names, comma-separated, in label order (default: the record set's)"
-    )
-    parser.add_argument("--templates", default="{}", help="prompt templates, ';'-separated, '{}' for the name")
-    parser.add_argument("--templates-file", default=None, help="prompt templates, one a line (instead of --templates)")
-    parser.add_argument("--out", required=True, help="the JSON report")
-    args = parser.parse_args(argv)
     classnames = [name.strip() for name in args.classnames.split(",") if name.strip()]
     try:
-        templates = read_templates(args.templates, args.templates_file)
+        templates = read_templates(args.templates, args["templates-file"].value)
         result = run(args.workdir, args.task, args.split, classnames, templates)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

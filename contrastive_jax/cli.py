@@ -8,6 +8,7 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Sequence
 
 from absl import flags, logging
 
@@ -79,10 +80,14 @@ def make_config_siblings_importable(config_path: str | None) -> None:
         sys.path.insert(0, os.path.dirname(folder))
 
 
-def parse_flags(argv: list[str], config_flag) -> list[str]:
+def parse_flags(argv: list[str], config_flag, *, doc: str, held: Sequence) -> list[str]:
     """absl's parsing (which loads the config and applies `--config.x` overrides), with
-    a person's mistake as one line and exit status 2. `config_flag`: the `--config`
-    flag's holder."""
+    a person's mistake as one line and exit status 2, and `--help` as every command
+    gives it (`console.help_text`: `doc`, then the flags of the holders `held`), exit
+    status 0. `config_flag`: the `--config` flag's holder."""
+    if any(arg in console.HELP_FLAGS for arg in argv[1:]):
+        print(console.help_text("python -m contrastive_jax.main", doc, [flags.FLAGS[h.name] for h in held]))
+        sys.exit(0)
     make_config_siblings_importable(config_path(argv))
     try:
         remaining = flags.FLAGS(argv)

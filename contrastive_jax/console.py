@@ -25,11 +25,12 @@ import shlex
 import signal
 import sys
 import tempfile
+import textwrap
 import traceback
 from collections.abc import Mapping, Sequence
 
 import tqdm
-from absl import logging
+from absl import flags, logging
 
 from contrastive_jax import run_dir
 
@@ -133,6 +134,45 @@ def help_description(doc: str) -> str:
     becomes a full stop."""
     paragraph = " ".join(doc.split("\n\n")[0].split())
     return paragraph[:-2] + "." if paragraph.endswith("::") else paragraph
+
+
+HELP_FLAGS = ("--help", "-help", "-h", "--helpshort", "--helpfull")
+
+
+def help_text(prog: str, doc: str, flag_list: Sequence[flags.Flag]) -> str:
+    """A command's `--help`, alike for every command: the usage line, the description
+    (`help_description`: one sentence), the rest of the docstring, then each flag with
+    its help and default."""
+    rest = doc.split("\n\n", 1)[1].rstrip() if "\n\n" in doc else ""
+    lines = [f"usage: {prog} --flag=value ...", "", help_description(doc)]
+    lines += ["", textwrap.dedent(rest)] if rest else []
+    lines += ["", "flags:"]
+    for flag in flag_list:
+        default = "" if flag.default is None else f" (default: {flag.default_as_str.strip(chr(39))})"
+        lines.append(f"  --{flag.name}: {flag.help}{default}")
+    return "\n".join(lines)
+
+
+def parse_flags(
+    argv: Sequence[str], flag_values: flags.FlagValues, *, prog: str, doc: str, required: Sequence[str] = ()
+) -> flags.FlagValues:
+    """`argv` (without the program) parsed by absl into `flag_values`, as every command
+    but `main` parses (`main` adds its config: `cli.parse_flags`): `--help` prints
+    `help_text` and exits 0; an unknown flag, a bad value, a missing `required` flag or
+    a stray argument is one line on stderr and exit status 2."""
+    if any(arg in HELP_FLAGS for arg in argv):
+        print(help_text(prog, doc, [flag_values[name] for name in flag_values]))
+        sys.exit(0)
+    try:
+        remaining = flag_values([prog, *argv])
+    except flags.Error as error:
+        exit_with_error(f"{error} (see --help)", verbose=False)
+    missing = [f"--{name}" for name in required if flag_values[name].value is None]
+    if missing:
+        exit_with_error(f"{', '.join(missing)} must be given (see --help).", verbose=False)
+    if len(remaining) > 1:
+        exit_with_error(f"unexpected arguments {remaining[1:]}: flags are written --name=value.", verbose=False)
+    return flag_values
 
 
 def display_path(path: str) -> str:

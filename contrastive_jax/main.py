@@ -1,4 +1,5 @@
-"""Command line: `python -m contrastive_jax.main --config=configs/default.py --workdir=DIR`.
+"""Trains and evaluates a config in a working directory, resuming from its newest
+checkpoint: `python -m contrastive_jax.main --config=configs/default.py --workdir=DIR`.
 
 Intentionally short (the only file that defines flags), so the logic can be imported
 elsewhere: `train.train_and_evaluate(config, workdir)`. Any config field can be
@@ -39,23 +40,23 @@ from ml_collections import config_flags
 
 from contrastive_jax import cli, console
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file, e.g. configs/default.py.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, evaluations.")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "a config file, e.g. configs/default.py; --config.<group>.<field>=value overrides a field"
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "the directory of checkpoints, metrics and evaluations (created)")
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "Multi-process: HOST:PORT of process 0 (the same in all)."
+    "coordinator_address", None, "multi-process: HOST:PORT of process 0 (the same in all)"
 )
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process: how many.", lower_bound=1)
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process: this one's id, 0-based.", lower_bound=0)
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "Multi-process with settings JAX detects (TPU pods, SLURM, MPI)."
-)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "multi-process: how many", lower_bound=1)
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "multi-process: this one's id, 0-based", lower_bound=0)
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "multi-process with settings JAX detects (TPU pods, SLURM, MPI)")
 _HEARTBEAT_TIMEOUT = flags.DEFINE_float(
-    "heartbeat_timeout_seconds", 30, "Multi-process: stop all when one is silent this long."
+    "heartbeat_timeout_seconds", 30, "multi-process: stop all when one is silent this long"
 )
 _VERBOSE = flags.DEFINE_bool(
     "verbose",
     False,
-    f"All logs (orbax, TFDS, JAX INFO) and the traceback of a bad config or flag; or set {console.VERBOSE_ENV}=1.",
+    f"all logs (orbax, TFDS, JAX INFO) and the traceback of a bad config or flag; or set {console.VERBOSE_ENV}=1",
 )
 flags.register_validator(
     "config",
@@ -89,9 +90,12 @@ def main(argv):
     )
 
 
+_HELD = (_CONFIG, _WORKDIR, _COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _DISTRIBUTED, _HEARTBEAT_TIMEOUT, _VERBOSE)
+
+
 def run() -> None:
     """The command's entry point."""
-    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, _CONFIG))
+    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, _CONFIG, doc=__doc__, held=_HELD))
 
 
 if __name__ == "__main__":

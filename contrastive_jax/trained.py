@@ -1,5 +1,5 @@
-"""Use a trained model: its parameters restored from a run's checkpoint, either tower
-embedding inputs alone, and a tower exported with `jax.export`::
+"""Uses a trained run's model: restores its parameters from the checkpoint, embeds
+inputs with either tower alone, and exports a tower with `jax.export`::
 
     python -m contrastive_jax.trained --workdir=runs/clip_shapes --side=b \\
         --inputs=captions.txt --out=captions.npy
@@ -17,7 +17,6 @@ serialized `jax.export.Exported` with the weights inside and a symbolic batch si
 int32 token ids) in any process, without this package.
 """
 
-import argparse
 import dataclasses
 import functools
 import os
@@ -27,6 +26,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from absl import flags
 from jax import export as jax_export  # a submodule to import on jax 0.7.2
 
 from contrastive_jax import (
@@ -219,24 +219,31 @@ def read_inputs(path: str, model: TrainedModel) -> np.ndarray:
     raise ConfigError(f"--inputs={path}: use a .npy array or a .txt file of texts, one per line.")
 
 
+def _flags() -> flags.FlagValues:
+    """The command's flags (absl, on their own `FlagValues`)."""
+    values = flags.FlagValues()
+    flags.DEFINE_string("workdir", None, "the run's working directory", flag_values=values)
+    flags.DEFINE_enum("side", None, SIDES, "tower a or tower b (--inputs, --export)", flag_values=values)
+    flags.DEFINE_integer("step", None, "the checkpoint (default: the newest)", flag_values=values)
+    flags.DEFINE_string("inputs", None, "embed this .npy array or .txt file (one text a line)", flag_values=values)
+    flags.DEFINE_bool("export", False, "export the tower with jax.export", flag_values=values)
+    flags.DEFINE_bool("released", False, "write both towers in the released checkpoint's layout", flag_values=values)
+    flags.DEFINE_string("out", None, "the .npy embeddings [n, D], exported tower, or checkpoint", flag_values=values)
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line: embed a file with one tower of a trained run (`--inputs`),
     export the tower (`--export`), or write a model started from a released checkpoint
     back in its layout (`--released`: open_clip's `.safetensors`, big_vision's `.npz`)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m contrastive_jax.trained", description=console.help_description(__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    args = console.parse_flags(
+        argv, _flags(), prog="python -m contrastive_jax.trained", doc=__doc__, required=("workdir", "out")
     )
-    parser.add_argument("--workdir", required=True, help="the run's working directory")
-    parser.add_argument("--side", choices=SIDES, help="tower a or tower b (--inputs, --export)")
-    parser.add_argument("--step", type=int, default=None, help="the checkpoint (default: the newest)")
-    action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--inputs", help="embed this .npy array or .txt file of texts (one per line)")
-    action.add_argument("--export", action="store_true", help="export the tower with jax.export")
-    action.add_argument("--released", action="store_true", help="write both towers in the released checkpoint's layout")
-    parser.add_argument("--out", required=True, help="the .npy embeddings [n, D], exported tower, or checkpoint")
-    args = parser.parse_args(argv)
+    if [args.inputs is not None, args.export, args.released].count(True) != 1:
+        console.exit_with_error("pass one of --inputs, --export or --released (see --help).", verbose=False)
     if args.side is None and not args.released:
-        parser.error("--inputs and --export need --side=a or --side=b")
+        console.exit_with_error("--inputs and --export need --side=a or --side=b.", verbose=False)
     try:
         model = load(args.workdir, args.step)
         if args.released:

@@ -50,7 +50,6 @@ rerun of the same command keeps the shards already written, so an interrupted co
 resumed by running it again. The metadata is written last.
 """
 
-import argparse
 import collections
 import concurrent.futures
 import contextlib
@@ -66,6 +65,7 @@ import sys
 from collections.abc import Sequence
 
 import numpy as np
+from absl import flags
 
 from contrastive_jax import console, data_sources, records
 from contrastive_jax.config_lib import ConfigError
@@ -448,36 +448,38 @@ def _with_totals(summaries: dict) -> dict:
     }
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):
-        """A bad flag: one line, exit status 2 (argparse would print its usage first)."""
-        self.exit(2, f"error: {message} (see --help)\n")
+def _flags() -> flags.FlagValues:
+    """The command's flags (absl, on their own `FlagValues`)."""
+    values = flags.FlagValues()
+    define = {str: flags.DEFINE_string, int: flags.DEFINE_integer, float: flags.DEFINE_float}
+    for name, default, kind, help_ in (
+        ("source", None, str, SOURCES),
+        ("out", None, str, "the record set's directory (created; splits are added)"),
+        ("split", "train", str, "the split written (files, TFDS)"),
+        ("shards", 0, int, f"shards per split; 0: one per {RECORDS_PER_SHARD:,}"),
+        ("workers", 1, int, "processes writing shards in parallel"),
+        ("tfds-data-dir", None, str, "TFDS data_dir (tfds: sources)"),
+        ("num-examples", 10_000, int, "builtin:shapes: pictures in all"),
+        ("seed", 0, int, "builtin:shapes: the seed"),
+        ("image-size", 64, int, "builtin:shapes: pixels a side"),
+        ("max-bad", MAX_BAD, float, "the share of a split's inputs that may be bad (left out)"),
+        ("image-column", None, str, "parquet: the image column (bytes, path or struct)"),
+        ("caption-column", None, str, "parquet: the caption column"),
+        ("label-column", None, str, "parquet: the label column (ids or names)"),
+    ):
+        define[kind](name, default, help_, flag_values=values)
+    flags.DEFINE_enum("encode", "png", ("png", "jpeg"), "decoded images (TFDS, shapes)", flag_values=values)
+    return values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _ArgumentParser(
-        prog="python -m contrastive_jax.write_records",
-        description=console.help_description(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__[__doc__.index("SOURCE is one of") :],
+    """The command line (the module docstring): one source written, or one line and exit
+    status 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    values = console.parse_flags(
+        argv, _flags(), prog="python -m contrastive_jax.write_records", doc=__doc__, required=("source", "out")
     )
-    parser.add_argument("--source", required=True, help=SOURCES)
-    parser.add_argument("--out", required=True, help="the record set's directory (created; splits are added)")
-    parser.add_argument("--split", default="train", help="the split written (files, TFDS)")
-    parser.add_argument("--shards", type=int, default=0, help=f"shards per split; 0: one per {RECORDS_PER_SHARD:,}")
-    parser.add_argument("--workers", type=int, default=1, help="processes writing shards in parallel")
-    parser.add_argument("--encode", choices=("png", "jpeg"), default="png", help="decoded images (TFDS, shapes)")
-    parser.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir (tfds: sources)")
-    parser.add_argument("--num-examples", type=int, default=10_000, help="builtin:shapes: pictures in all")
-    parser.add_argument("--seed", type=int, default=0, help="builtin:shapes: the seed")
-    parser.add_argument("--image-size", type=int, default=64, help="builtin:shapes: pixels a side")
-    parser.add_argument(
-        "--max-bad", type=float, default=MAX_BAD, help="the share of a split's inputs that may be bad (left out)"
-    )
-    parser.add_argument("--image-column", default=None, help="parquet: the image column (bytes, path or struct)")
-    parser.add_argument("--caption-column", default=None, help="parquet: the caption column")
-    parser.add_argument("--label-column", default=None, help="parquet: the label column (ids or names)")
-    args = vars(parser.parse_args(argv))
+    args = {name.replace("-", "_"): values[name].value for name in values}
     try:
         metadata = write(args.pop("source"), args.pop("out"), **args)
     except (ConfigError, OSError) as e:

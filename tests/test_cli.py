@@ -641,20 +641,43 @@ def help_of(*entry: str) -> tuple[int, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
-@pytest.mark.parametrize("module", ["main", "write_records", "benchmark", "trained", "demo"])
-def test_every_command_help_describes_it_in_whole_sentences(module):
-    """`--help` gives the command's first paragraph whole, not its first line cut
-    mid-sentence (`console.help_description`)."""
+COMMANDS = ["main", "write_records", "benchmark", "trained", "demo"]
+
+
+def test_every_command_is_listed_and_on_absl_flags():
+    """The `python -m` commands (modules that run `main` as a script) are those below, and
+    none parses its flags with argparse: one flag library, one `--help`."""
+    package = os.path.join(ROOT, "contrastive_jax")
+    commands = set()
+    for name in os.listdir(package):
+        text = open(os.path.join(package, name)).read() if name.endswith(".py") else ""
+        assert "import argparse" not in text, name
+        if 'if __name__ == "__main__":' in text:
+            commands.add(name[:-3])
+    assert commands == set(COMMANDS)
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_every_command_help_parses_and_reads_as_one_sentence_first(module):
+    """`--help` exits 0 with the usage line, then the command's description: the first
+    paragraph of its docstring whole (`console.help_description`), one sentence with a
+    verb first ("Trains ...", "Writes ..."), then its flags, each with its help."""
     import ast
 
     from contrastive_jax import console
 
     status, usage, errors = help_of("-m", f"contrastive_jax.{module}")
-    assert status == (1 if module == "main" else 0), errors  # absl's --help exits with 1
+    assert (status, errors) == (0, "")
     with open(os.path.join(ROOT, "contrastive_jax", f"{module}.py")) as f:
         doc = ast.get_docstring(ast.parse(f.read()), clean=False)
     description = console.help_description(doc)
-    assert description.endswith(".") and description in " ".join(usage.split())
+    first_line, blank, shown = usage.splitlines()[:3]
+    assert first_line == f"usage: python -m contrastive_jax.{module} --flag=value ..." and blank == ""
+    assert shown == description
+    prose = re.sub(r"`[^`]*`|\([^)]*\)", "", description)  # code and asides may hold full stops
+    assert re.fullmatch(r"[A-Z][a-z]+s [^.!?]*\.", prose), description
+    listed = usage.split("\nflags:\n")[1].splitlines()
+    assert listed and all(re.fullmatch(r"  --[\w-]+: \S.*", line) for line in listed), listed
 
 
 @pytest.mark.slow

@@ -284,7 +284,7 @@ def test_digits_workers_write_the_same_shards(tmp_path):
         (["--source=builtin:shapes", "--max-bad=2"], "0 <= --max-bad <= 1"),
         (["--source=builtin:shapes", "--num-examples=2"], "--num-examples >= 3"),
         (["--source=builtin:shapes", "--workers=0"], "--workers >= 1"),
-        ([], "the following arguments are required: --source"),
+        ([], "--source must be given (see --help)."),
     ],
 )
 def test_a_bad_argument_is_one_line_and_exit_2(tmp_path, arguments, message):
