@@ -41,20 +41,25 @@ FSDP_SIZES = (1, 2, 4, 8)
 
 def bench_config(quick: bool):
     """The benchmarked config: clip_shapes with a ViT-S tower (or the default's tiny
-    MLPs with `quick`), every array of at least 64 KiB split."""
+    MLPs with `quick`), every array of at least 64 KiB split; its built-in records
+    written if absent (`trainer.build` writes nothing)."""
+    from contrastive_jax import write_records
     from contrastive_jax.config_lib import load_config, override
 
     if quick:
-        return override(load_config("default"), {"train.global_batch_size": 64, "mesh.fsdp_min_kib": 0.0})
-    return override(
-        load_config("clip_shapes"),
-        {
-            "model.encoder_a": "vit_small",
-            "model.encoder_dim": 384,
-            "train.global_batch_size": 64,
-            "data.data_dir": str(ROOT / "runs" / "data"),
-        },
-    )
+        config = override(load_config("default"), {"train.global_batch_size": 64, "mesh.fsdp_min_kib": 0.0})
+    else:
+        config = override(
+            load_config("clip_shapes"),
+            {
+                "model.encoder_a": "vit_small",
+                "model.encoder_dim": 384,
+                "train.global_batch_size": 64,
+                "data.data_dir": str(ROOT / "runs" / "data"),
+            },
+        )
+    write_records.write_builtin(config.data.name, config.data.data_dir)
+    return config
 
 
 def random_batches(element_spec, global_batch: int, count: int, seed: int = 0) -> list[dict]:

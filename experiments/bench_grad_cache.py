@@ -74,11 +74,12 @@ def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
     import numpy as np
 
     from configs import default
-    from contrastive_jax import input_pipeline, sharding, trainer
+    from contrastive_jax import input_pipeline, sharding, trainer, write_records
     from contrastive_jax.config_lib import override
     from contrastive_jax.trainer import data_settings
 
     config = default.get_config()
+    write_records.write_builtin(config.data.name, config.data.data_dir)  # the digits, once: build writes nothing
     shapes_only = override(config, {"train.global_batch_size": NUM_DEVICES})
     spec = input_pipeline.train_dataset(data_settings(shapes_only)).element_spec  # the input shapes
     config = override(
