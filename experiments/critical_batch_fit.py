@@ -85,9 +85,12 @@ def resolved(low: float, high: float) -> bool:
 def b_crit_words(entry: Mapping[str, float]) -> str:
     """`"B_crit = 2,340 [1,980, 2,760] (95% bootstrap over seeds; resolved)"` for a
     `bootstrap` result; "not resolved" when `resolved` does not hold (an infinite bound
-    written "inf")."""
+    written "inf") or an N has one seed (`entry["seeds"]`: no spread, no interval)."""
     number = lambda v: f"{v:,.0f}" if math.isfinite(v) else "inf"  # noqa: E731
-    verdict = "resolved" if resolved(entry["low"], entry["high"]) else "not resolved"
+    if entry.get("seeds", 2) < 2:
+        verdict = "not resolved: an N with one seed"
+    else:
+        verdict = "resolved" if resolved(entry["low"], entry["high"]) else "not resolved"
     return (
         f"B_crit = {number(entry['b_crit'])} [{number(entry['low'])}, {number(entry['high'])}] "
         f"(95% bootstrap over seeds; {verdict})"

@@ -73,6 +73,8 @@ def test_words_follow_the_interval():
     open_ended = {"b_crit": 9000.0, "low": 3000.0, "high": math.inf}
     assert fit.b_crit_words(open_ended).endswith("[3,000, inf] (95% bootstrap over seeds; not resolved)")
     assert not fit.resolved(-50.0, 4000.0)
+    one_seed = {"b_crit": 1900.0, "low": 1900.0, "high": 1900.0, "seeds": 1}  # no spread: no interval
+    assert fit.b_crit_words(one_seed).endswith("(95% bootstrap over seeds; not resolved: an N with one seed)")
 
 
 def test_the_range_table_says_whether_the_ranges_agree():
