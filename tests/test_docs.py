@@ -267,6 +267,13 @@ QUOTED_FIGURES = [
         RESULTS + "bench_grad_cache/results.md",
     ),
     ("docs/performance.md", "streamed in tiles of 8,192 (624 MiB", RESULTS + "bench_losses/accelerator/results.md"),
+    ("docs/performance.md", "1.53 s, its towers' forward and backward", RESULTS + "bench_step/cpu/results.md"),
+    (
+        "docs/performance.md",
+        "0.378 s, its loss's 1.072 s, the optimizer's update 0.0097 s",
+        RESULTS + "bench_step/cpu/results.md",
+    ),
+    ("docs/performance.md", "**step ÷ (towers + loss) = 1.06**", RESULTS + "bench_step/cpu/results.md"),
     ("docs/performance.md", "5.8× and 4.1× ours streamed", RESULTS + "bench_losses/accelerator/results.md"),
     ("docs/performance.md", "in 817 and 689 MiB", RESULTS + "bench_losses/accelerator/results.md"),
     ("docs/training.md", "| 4 | 2 × 4 | 82.9 MiB | 0.252 |", RESULTS + "bench_fsdp/results.md"),
