@@ -183,15 +183,13 @@ class TextTransformer(nn.Module):
 def _encoder(tower: ViT | TextTransformer, depth: int, mlp_dim: int, num_heads: int) -> transformer.Encoder:
     """The pre-LayerNorm blocks and final LayerNorm of one of the project's Transformer
     towers (tanh GELU, Flax's LayerNorm epsilon), with the tower's options."""
-    return transformer.Encoder(
-        depth,
-        mlp_dim,
-        num_heads,
-        dtype=tower.dtype,
-        dropout_rate=tower.dropout_rate,
-        remat=tower.remat,
-        attention=tower.attention,
+    return transformer.encoder(
+        transformer.TowerSettings(tower.width, depth, num_heads, mlp_dim),
+        "gelu_tanh",
+        1e-6,
         name="Transformer",
+        options=transformer.TowerOptions(tower.dtype, tower.remat, tower.attention),
+        dropout_rate=tower.dropout_rate,
     )
 
 

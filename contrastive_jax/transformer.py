@@ -277,8 +277,10 @@ def encoder(
     name: str,
     options: TowerOptions = TowerOptions(),
     causal: bool = False,
+    dropout_rate: float = 0.0,
 ) -> Encoder:
-    """The `Encoder` of `tower`'s size, computing as `options` say."""
+    """The `Encoder` of `tower`'s size, computing as `options` say (dropout on the
+    attention weights and the residual branches when training with `dropout_rate` > 0)."""
     return Encoder(
         tower.depth,
         tower.mlp_dim,
@@ -287,6 +289,7 @@ def encoder(
         layer_norm_epsilon,
         causal,
         options.dtype,
+        dropout_rate,
         remat=options.remat,
         attention=options.attention,
         name=name,

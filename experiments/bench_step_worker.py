@@ -192,14 +192,28 @@ def _jax_step(spec: dict) -> dict:
     full, half = memory_fit.needed_bytes(step.compiled), _needed_bytes(spec, spec["batch"] // 2)
     del step
     largest = largest_batch(full, half, spec["batch"], _limit(full, half, _device_memory()[0]))
-    for _ in range(3):  # the estimate, then 10% less at a time if the allocator disagrees
+
+    def jax_out_of_memory(error: Exception) -> bool:  # XLA's out-of-memory error has no public type
+        return "RESOURCE_EXHAUSTED" in str(error) or "out of memory" in str(error).lower()
+
+    return _with_largest(out, lambda b: _jax_point(JaxStep(spec, b), spec, largest=True), largest, jax_out_of_memory)
+
+
+def _with_largest(out: dict, point: Callable[[int], dict], largest: int, out_of_memory, on_refusal=None) -> dict:
+    """`out` with `point(batch)` at the estimated `largest` batch appended to its points,
+    or at 10% less at a time (at most three tries) while the allocator refuses it
+    (`out_of_memory(error)`; `on_refusal()` frees what the refused try held); the
+    refused batches under `out["refused"]`."""
+    for _ in range(3):
         try:
-            out["points"].append(_jax_point(JaxStep(spec, largest), spec, largest=True))
+            out["points"].append(point(largest))
             break
-        except Exception as error:  # noqa: BLE001 (XLA's out-of-memory error has no public type)
-            if "RESOURCE_EXHAUSTED" not in str(error) and "out of memory" not in str(error).lower():
+        except Exception as error:
+            if not out_of_memory(error):
                 raise
             out.setdefault("refused", []).append(largest)
+            if on_refusal:
+                on_refusal()
             largest = int(largest * 0.9) // 8 * 8
     return out
 
@@ -294,16 +308,18 @@ def _torch_step(spec: dict) -> dict:
     largest = largest_batch(
         full, half, spec["batch"], _limit(full, half, torch.cuda.get_device_properties(0).total_memory)
     )
-    for _ in range(3):
-        try:
-            out["points"].append(point(largest, largest=True))
-            break
-        except torch.OutOfMemoryError:
-            out.setdefault("refused", []).append(largest)
-            optimizer.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
-            largest = int(largest * 0.9) // 8 * 8
-    return out
+
+    def free_memory():
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+
+    return _with_largest(
+        out,
+        lambda b: point(b, largest=True),
+        largest,
+        lambda error: isinstance(error, torch.OutOfMemoryError),
+        free_memory,
+    )
 
 
 def _torch_inputs(spec: dict, batch: int):
