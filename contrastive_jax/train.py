@@ -116,12 +116,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       Preempted: SIGTERM arrived; the current step finished and was saved.
     """
     data = data_settings(config)
-    if data.records is None and data.name in data_sources.BUILTIN:
-        written = write_records.write_builtin(data.name, data.data_dir)
-        if written:
-            logging.info(
-                "Wrote the built-in dataset %s's records to %s (once: later runs read them).", data.name, written
-            )
+    written = write_records.write_builtin_of(data)
+    if written:
+        logging.info("Wrote the built-in dataset %s's records to %s (once: later runs read them).", data.name, written)
     return train(build(config), workdir)
 
 

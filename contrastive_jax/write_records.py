@@ -413,6 +413,18 @@ def write_builtin(name: str, data_dir: str | None) -> str | None:
     return directory
 
 
+def write_builtin_of(data: data_sources.DataSettings) -> str | None:
+    """`write_builtin` of the built-in dataset `data` names, when it reads one (not
+    `config.data.records`): the step a job or a benchmark runs before `trainer.build`.
+
+    Returns:
+      The directory written, or None (own records, or the built-in ones there already).
+    """
+    if data.records is None and data.name in data_sources.BUILTIN:
+        return write_builtin(data.name, data.data_dir)
+    return None
+
+
 def _merged(existing: records.Metadata | None, out: str, splits, info: dict, source: dict) -> records.Metadata:
     """The metadata of the splits already in `out` (`existing`) and those written now
     (`info`: what their source says of them): the largest of their class counts, image

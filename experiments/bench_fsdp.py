@@ -45,6 +45,7 @@ def bench_config(quick: bool):
     written if absent (`trainer.build` writes nothing)."""
     from contrastive_jax import write_records
     from contrastive_jax.config_lib import load_config, override
+    from contrastive_jax.trainer import data_settings
 
     if quick:
         config = override(load_config("default"), {"train.global_batch_size": 64, "mesh.fsdp_min_kib": 0.0})
@@ -58,7 +59,7 @@ def bench_config(quick: bool):
                 "data.data_dir": str(ROOT / "runs" / "data"),
             },
         )
-    write_records.write_builtin(config.data.name, config.data.data_dir)
+    write_records.write_builtin_of(data_settings(config))
     return config
 
 

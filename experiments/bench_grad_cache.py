@@ -79,7 +79,7 @@ def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
     from contrastive_jax.trainer import data_settings
 
     config = default.get_config()
-    write_records.write_builtin(config.data.name, config.data.data_dir)  # the digits, once: build writes nothing
+    write_records.write_builtin_of(data_settings(config))  # the digits, once: build writes nothing
     shapes_only = override(config, {"train.global_batch_size": NUM_DEVICES})
     spec = input_pipeline.train_dataset(data_settings(shapes_only)).element_spec  # the input shapes
     config = override(

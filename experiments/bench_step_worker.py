@@ -519,7 +519,7 @@ def _overhead(spec: dict) -> dict:
     from contrastive_jax.trainer import data_settings
 
     shapes = override(load_config("default"), {"train.global_batch_size": jax.device_count()})
-    write_records.write_builtin(shapes.data.name, shapes.data.data_dir)  # the digits, once: build writes nothing
+    write_records.write_builtin_of(data_settings(shapes))  # the digits, once: build writes nothing
     element_spec = input_pipeline.train_dataset(data_settings(shapes)).element_spec
     fields = {"train.global_batch_size": spec["batch"], "loss.chunk_size": spec["chunk_size"]}
     run = trainer.build(override(load_config("default"), fields), sharding.make_mesh())
