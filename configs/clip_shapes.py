@@ -16,7 +16,7 @@ from configs import default
 def get_config():
     """Image-text contrastive training on generated pictures."""
     config = default.get_config()
-    config.data.name = "shapes"  # The generated image-text set (data_sources.BUILTIN).
+    config.data.name = "shapes"  # The generated image-text set (data/settings.py: BUILTIN).
     config.data.task = "pairs"  # (image, one of its captions) pairs.
     config.data.image_size = 64  # The pictures' size.
     config.data.text_max_length = 96  # Bytes per caption.

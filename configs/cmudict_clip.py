@@ -21,7 +21,7 @@ TRAIN_PAIRS = 121_490
 def get_config():
     """Spelling-pronunciation contrastive training, 20 epochs at N = 4,096."""
     config = default.get_config()
-    config.data.name = "cmudict"  # Local TFDS dataset (data_sources.SOURCES).
+    config.data.name = "cmudict"  # Local TFDS dataset (data/settings.py: BUILTIN).
     config.data.task = "pairs"  # (spelling, pronunciation) pairs.
     config.data.text_max_length = 28  # Tokens per sequence: the longest word / pronunciation.
     config.data.augment.noise_std = 0.0  # No augmentation (not images).

@@ -26,7 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
     # The data: a built-in dataset ("sklearn_digits", "cmudict", "shapes": written to
     # records on first use under data_dir), or your own record set (data.records, written by
     # `python -m contrastive_jax.write_records`; docs/own_data.md).
-    data.name = "sklearn_digits"  # A built-in dataset (data_sources.BUILTIN); ignored with data.records.
+    data.name = "sklearn_digits"  # A built-in dataset (data/settings.py: BUILTIN); ignored with data.records.
     data.records = ml_collections.config_dict.placeholder(str)  # A record set's directory; None: data.name.
     data.data_dir = ml_collections.config_dict.placeholder(str)  # Built-in sets' records' dir; None: ~/.cache/
     data.task = "pairs"  # "pairs" (two halves / image-text), "views" (SimCLR), "labeled".
@@ -139,7 +139,7 @@ def get_config() -> ml_collections.ConfigDict:
     # A bad loss: non-finite, or a spike (> loss_spike_factor x the running median).
     # "stop": exit 1 naming the last good checkpoint; "rollback": restore the newest
     # checkpoint, skip the batches of the next rollback_skip_batches steps (at least
-    # through the bad one; recorded in <workdir>/rollbacks.json) and go on (bad_loss.py).
+    # through the bad one; recorded in <workdir>/rollbacks.json) and go on (training/loss_guard.py).
     train.on_bad_loss = "stop"  # "stop" or "rollback".
     train.loss_spike_factor = 0.0  # k > 1: a loss above k x the running median is bad; 0: off.
     train.loss_spike_window_steps = 100  # The running median's window, in steps.

@@ -1,5 +1,6 @@
-"""What the trainer needs of configs besides `configs/*.py`: the error for a user's
-mistake, dotted overrides, and loading `configs/<name>.py` by name.
+"""What the trainer needs of configs besides `configs/*.py`: dotted overrides, loading
+`configs/<name>.py` by name, and a config back from its JSON form (a user's mistake is
+`errors.ConfigError`).
 
 Configs come locked from `get_config()` (`configs/default.py` ends with
 `config.lock()`), so ml_collections itself rejects a misspelled field, with a "did you
@@ -17,10 +18,7 @@ from typing import Any
 
 import ml_collections
 
-
-class ConfigError(ValueError):
-    """A config, flag or workdir that cannot train; the one-line message names the field
-    and a fix."""
+from contrastive_jax.errors import ConfigError
 
 
 def group_values(settings_type: type, group: ml_collections.ConfigDict, *, besides: Set[str] = frozenset()) -> dict:
@@ -62,30 +60,6 @@ def load_config(name: str) -> ml_collections.ConfigDict:
     if str(CONFIGS_DIR.parent) not in sys.path:
         sys.path.insert(0, str(CONFIGS_DIR.parent))
     return importlib.import_module(f"configs.{name}").get_config()
-
-
-def check_multiple(value: int, factor: int, name: str, factor_is: str) -> None:
-    """The one rule "a positive multiple of": raises a ConfigError unless `value` (the
-    setting `name`) is a positive multiple of `factor` (which `factor_is` names),
-    naming the nearest multiples."""
-    if value > 0 and value % factor == 0:
-        return
-    lower = value - value % factor
-    nearest = " or ".join(str(m) for m in (lower, lower + factor) if m > 0)
-    raise ConfigError(f"{name}={value} must be a multiple of {factor_is} ({factor}); use {nearest}.")
-
-
-def check_divides(value: int, whole: int, name: str, whole_is: str) -> None:
-    """The one rule "a divisor of": raises a ConfigError unless `value` (the setting
-    `name`) is a positive divisor of `whole` (which `whole_is` names), naming the
-    nearest divisors."""
-    if value > 0 and whole % value == 0:
-        return
-    divisors = [d for d in range(1, whole + 1) if whole % d == 0]
-    below = [d for d in divisors if d < value][-1:]
-    above = [d for d in divisors if d > value][:1]
-    nearest = " or ".join(str(d) for d in below + above)
-    raise ConfigError(f"{name}={value} must divide {whole_is} ({whole}); use {nearest}.")
 
 
 def from_json(values: Mapping[str, Any]) -> ml_collections.ConfigDict:

@@ -157,7 +157,7 @@ def parse_flags(
     argv: Sequence[str], flag_values: flags.FlagValues, *, prog: str, doc: str, required: Sequence[str] = ()
 ) -> flags.FlagValues:
     """`argv` (without the program) parsed by absl into `flag_values`, as every command
-    but `main` parses (`main` adds its config: `cli.parse_flags`): `--help` prints
+    but `main` parses (`main` adds its config: `main.parse_flags`): `--help` prints
     `help_text` and exits 0; an unknown flag, a bad value, a missing `required` flag or
     a stray argument is one line on stderr and exit status 2."""
     if any(arg in HELP_FLAGS for arg in argv):

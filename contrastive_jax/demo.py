@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     import jax
 
     from contrastive_jax import losses, sharding
-    from contrastive_jax.config_lib import ConfigError
+    from contrastive_jax.errors import ConfigError
 
     try:
         mesh = sharding.make_mesh(devices)

@@ -1,9 +1,11 @@
 """Trains and evaluates a config in a working directory, resuming from its newest
 checkpoint: `python -m contrastive_jax.main --config=configs/default.py --workdir=DIR`.
 
-Intentionally short (the only file that defines flags), so the logic can be imported
-elsewhere: `train.train_and_evaluate(config, workdir)`. Any config field can be
-overridden, e.g. `--config.loss.temperature=0.05 --config.train.num_train_steps=100`.
+The command alone: its flags, their parsing (a person's mistake as one line), and what it
+does around the run (start-up, errors, Ctrl-C and preemption, the summary). The run
+itself is `training.loop.train_and_evaluate(config, workdir)`, which a notebook or a
+script calls directly. Any config field can be overridden, e.g.
+`--config.loss.temperature=0.05 --config.train.num_train_steps=100`.
 
 What it prints: a first line (backend, devices, processes, batch, the step's memory per
 device), one line per logging step (a progress bar on a terminal), and at the end a
@@ -11,7 +13,7 @@ summary table on stdout; INFO logs of other libraries are hidden unless `--verbo
 CONTRASTIVE_JAX_VERBOSE=1). A bad config, flag, workdir or resume, or a step that does
 not fit in the device's memory, is one line on stderr (`error: ...`, naming the fix)
 and exit status 2, with the traceback only when verbose; a crash keeps its traceback. A
-loss that went bad (and was not rolled back, see `bad_loss`) is one line and exit
+loss that went bad (and was not rolled back, see `loss_guard`) is one line and exit
 status 1. A run already trained to its last step says so and exits 0. The first Ctrl-C finishes the
 step, saves and prints the command that resumes (exit status 130); the second aborts.
 
@@ -33,12 +35,17 @@ the same command resumes. Recipes for SLURM, JobSet and Cloud TPU pods are in la
 explained in docs/training.md ("Launch recipes").
 """
 
+import contextlib
+import os
 import sys
+import time
+from collections.abc import Sequence
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
-from contrastive_jax import cli, console
+from contrastive_jax import console, run_dir
+from contrastive_jax.simulated_devices import simulate_cpu_devices
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "a config file, e.g. configs/default.py; --config.<group>.<field>=value overrides a field"
@@ -76,9 +83,178 @@ flags.register_multi_flags_validator(
 )
 
 
+def config_path(argv: list[str]) -> str | None:
+    """The file `--config=FILE[:ARGS]` names in `argv` (the last one), or None."""
+    path = None
+    for arg, following in zip(argv, argv[1:] + [None]):
+        if arg.startswith(("--config=", "-config=")):
+            path = arg.split("=", 1)[1]
+        elif arg in ("--config", "-config"):
+            path = following
+    return path.split(":", 1)[0] if path else path
+
+
+def flag_error(error: Exception, argv: list[str]) -> str | None:
+    """A person's message for an exception parsing the flags (None: not a flag mistake)."""
+    path = config_path(argv)
+    if isinstance(error, flags.Error):
+        message = str(error)
+        if "Error whilst parsing config file" in message:  # the config's code raised
+            return None
+        # absl puts "flag --workdir=None: " before our validators' text.
+        return message[message.index("Missing --") :] if "Missing --" in message else message
+    if isinstance(error, OSError) and path is not None:
+        configs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
+        listed = sorted(f for f in os.listdir(configs) if f.endswith(".py")) if os.path.isdir(configs) else []
+        if os.path.isdir(path) or not os.path.exists(path):
+            problem = "is a directory" if os.path.isdir(path) else "no such file"
+        else:
+            problem = f"cannot be loaded ({str(error).splitlines()[-1].strip()})"
+        return (
+            f"--config={path}: {problem} (in {os.getcwd()}); pass a config file such "
+            f"as configs/default.py" + (f" (configs/ holds {', '.join(listed)})" if listed else "") + "."
+        )
+    if isinstance(error, SyntaxError) or getattr(error, "name", None) == "get_config":
+        problem = (
+            f"not a Python file ({error.msg}, line {error.lineno})"
+            if isinstance(error, SyntaxError)
+            else "has no get_config()"
+        )
+        return (
+            f"--config={path}: {problem}; a config file defines get_config() returning "
+            "a ConfigDict, as configs/default.py does."
+        )
+    if isinstance(error, (KeyError, AttributeError)):
+        # ml_collections: KeyError("'field'\nDid you mean ...") wrapped in AttributeError.
+        while error.args and isinstance(error.args[0], BaseException):
+            error = error.args[0]
+        field, _, hint = str(error.args[0] if error.args else "").partition("\n")
+        field = field.strip("'\"")
+        for arg in argv:
+            name = arg.split("=", 1)[0].lstrip("-")
+            if name.startswith("config.") and field in name.split(".")[1:]:
+                return f"--{name}: {path} has no field {field!r}. {hint}"
+    return None
+
+
+def make_config_siblings_importable(config_path: str | None) -> None:
+    """A config in a `configs/` folder builds on its siblings (`from configs import
+    default`): puts that folder's parent on `sys.path`, wherever the command runs from."""
+    if config_path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(config_path))
+    if os.path.basename(folder) == "configs" and os.path.dirname(folder) not in sys.path:
+        sys.path.insert(0, os.path.dirname(folder))
+
+
+def parse_flags(argv: list[str], config_flag, *, doc: str, held: Sequence) -> list[str]:
+    """absl's parsing (which loads the config and applies `--config.x` overrides), with
+    a person's mistake as one line and exit status 2, and `--help` as every command
+    gives it (`console.help_text`: `doc`, then the flags of the holders `held`), exit
+    status 0. `config_flag`: the `--config` flag's holder."""
+    if any(arg in console.HELP_FLAGS for arg in argv[1:]):
+        print(console.help_text("python -m contrastive_jax.main", doc, [flags.FLAGS[h.name] for h in held]))
+        sys.exit(0)
+    make_config_siblings_importable(config_path(argv))
+    try:
+        remaining = flags.FLAGS(argv)
+        config_flag.value.get("seed")  # a config file that failed to load raises here
+    except Exception as error:  # noqa: BLE001  (a crash is re-raised below)
+        message = flag_error(error, argv)
+        if message is None:
+            raise
+        console.exit_with_error(message, verbose=console.verbose_requested(argv))
+    if len(remaining) > 1:
+        console.exit_with_error(
+            f"Unexpected arguments {remaining[1:]}: flags are written --name=value.",
+            verbose=False,
+        )
+    return remaining
+
+
+def _stopped_message(stop, process_count: int, ctrl_c: bool) -> str:
+    """What a run stopped by SIGTERM or Ctrl-C (`loop.Preempted` `stop`) prints: the
+    step saved, where, and the command that resumes it."""
+    where = console.display_path(stop.directory)
+    if process_count == 1:
+        return (
+            f"{'Ctrl-C' if ctrl_c else 'SIGTERM'}: stopped after step {stop.step} and saved it in "
+            f"{where}. To resume, run:\n  {console.rerun_command(sys.argv)}"
+        )
+    # One signalled process stops all; JAX does not say which one it was.
+    return (
+        f"Stopped after step {stop.step} with the other processes (a SIGTERM or Ctrl-C reached "
+        f"one of them) and saved it in {where}. To resume, run all processes, with I = 0 ... "
+        f"{process_count - 1}:\n  {console.rerun_command(sys.argv, every_process=True)}"
+    )
+
+
+def run_training(
+    config,
+    workdir: str,
+    *,
+    verbose: bool,
+    coordinator_address: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    auto_detect: bool,
+    heartbeat_timeout_seconds: float,
+) -> None:
+    """Trains and evaluates `config` in `workdir` as the command line does: quiet logs
+    unless `verbose`, multi-process start-up, one-line errors (exit status 2, or 1 for a
+    bad loss), Ctrl-C and SIGTERM that save and print the command that resumes (exit
+    status 130 and `distributed.PREEMPTED_EXIT_STATUS`), and the summary table on stdout."""
+    if not verbose:
+        console.quiet_logs()
+    simulate_cpu_devices(config.num_simulated_devices)
+    ctrl_c = console.CtrlC()
+    ctrl_c.install()
+    # JAX starts here, after XLA_FLAGS is final.
+    with contextlib.nullcontext() if verbose else console.filtered_native_stderr():
+        import jax
+
+        from contrastive_jax.errors import ConfigError
+        from contrastive_jax.training import distributed, loop
+
+    try:
+        distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+            auto_detect=auto_detect,
+            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+        )
+    except ConfigError as e:
+        console.exit_with_error(str(e), verbose=verbose)
+    if jax.process_index() != 0:
+        logging.set_verbosity(logging.WARNING)
+    started = time.perf_counter()
+    with distributed.ProcessWatchdog(  # another process lost: one line, exit status 75
+        timeout_seconds=heartbeat_timeout_seconds, command=console.rerun_command(sys.argv, every_process=True)
+    ):
+        try:
+            results = loop.train_and_evaluate(config, workdir)
+        except ConfigError as e:
+            console.exit_with_error(str(e), verbose=verbose)
+        except FloatingPointError as e:  # a bad loss: the message names the checkpoint
+            console.exit_with_error(str(e), verbose=verbose, status=1)
+        except loop.Preempted as e:
+            print(_stopped_message(e, jax.process_count(), ctrl_c.pressed), file=sys.stderr, flush=True)
+            sys.exit(console.INTERRUPTED if ctrl_c.pressed else distributed.PREEMPTED_EXIT_STATUS)
+        except KeyboardInterrupt:
+            console.exit_with_error(
+                f"Interrupted (Ctrl-C). To resume, run: {console.rerun_command(sys.argv)}",
+                verbose=verbose,
+                status=console.INTERRUPTED,
+            )
+    if jax.process_index() == 0:
+        step = run_dir.read_eval_results(workdir)["step"]
+        print(console.summary(workdir, step, results, seconds=time.perf_counter() - started))
+
+
 def main(argv):
     del argv
-    cli.run_training(
+    run_training(
         _CONFIG.value,
         _WORKDIR.value,
         verbose=_VERBOSE.value or console.verbose_requested(sys.argv),
@@ -95,7 +271,7 @@ _HELD = (_CONFIG, _WORKDIR, _COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _DISTRIBU
 
 def run() -> None:
     """The command's entry point."""
-    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, _CONFIG, doc=__doc__, held=_HELD))
+    app.run(main, flags_parser=lambda argv: parse_flags(argv, _CONFIG, doc=__doc__, held=_HELD))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
     <workdir>/metrics.jsonl         one JSON line per logging step (metric_writer)
     <workdir>/tensorboard/          the same scalars as TensorBoard events
     <workdir>/eval_results.json     the last evaluation: {"step": s, metric: value, ...}
-    <workdir>/rollbacks.json        the rollbacks so far and the batches they skipped (bad_loss)
+    <workdir>/rollbacks.json        the rollbacks so far and the batches they skipped (loss_guard)
 
 Files are written by process 0; every other module names them through this one.
 """
@@ -14,7 +14,7 @@ import os
 import tempfile
 from typing import Any
 
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"

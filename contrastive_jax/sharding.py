@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from contrastive_jax.config_lib import ConfigError, check_divides, check_multiple
+from contrastive_jax.errors import ConfigError, check_divides, check_multiple
 
 DATA_AXIS = "data"  # splits the batch only
 FSDP_AXIS = "fsdp"  # splits the batch and the parameters (fully sharded data parallel)

@@ -29,19 +29,12 @@ import numpy as np
 from absl import flags
 from jax import export as jax_export  # a submodule to import on jax 0.7.2
 
-from contrastive_jax import (
-    checkpoint,
-    config_lib,
-    console,
-    data_sources,
-    input_pipeline,
-    padded_chunks,
-    released,
-    run_dir,
-    saved_model,
-    tokenizers,
-)
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax import config_lib, console, run_dir
+from contrastive_jax.data import input_pipeline, settings, tokenizers
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.evaluation import padded_chunks
+from contrastive_jax.models import released, saved_model
+from contrastive_jax.training import checkpoint
 
 SIDES = ("a", "b")
 
@@ -51,7 +44,7 @@ class TrainedModel:
     """A run's model and its restored variables.
 
     Attributes:
-      model: the `models.TwoTower` (or a released model: `contrastive_jax.released`).
+      model: the `models.TwoTower` (or a released model: `contrastive_jax.models.released`).
       variables: `{"params", "batch_stats"}` as host (NumPy) arrays.
       inputs: each side's input shape (without the batch) and dtype, `{"a": (shape,
         dtype), "b": ...}` (the input pipeline's).
@@ -71,9 +64,9 @@ class TrainedModel:
     config: dict[str, Any]
 
     @property
-    def data(self) -> data_sources.DataSettings:
+    def data(self) -> settings.DataSettings:
         """The run's data settings (`config.data`), to read its data (`benchmark`)."""
-        from contrastive_jax import trainer
+        from contrastive_jax.training import trainer
 
         return trainer.data_settings(config_lib.from_json(self.config))
 
@@ -193,7 +186,7 @@ def _abstract_variables(model, inputs) -> dict[str, Any]:
 def _rebuilt_from_data(ckpt: checkpoint.Checkpointer, step: int, config: dict[str, Any]):
     """`(model, its settings, variables)` of a checkpoint saved without the model's
     settings: the run built again from its config (`trainer.build`), which reads its data."""
-    from contrastive_jax import trainer  # the door: the saved config is read there
+    from contrastive_jax.training import trainer  # the door: the saved config is read there
 
     try:
         run = trainer.build(config_lib.from_json(config))

@@ -8,7 +8,7 @@ Run (from the repository root):
   1-3-grams of the spelling and of phoneme 1-3-grams of the pronunciation, each reduced
   to `TFIDF_SVD_DIM` dimensions by truncated SVD, then a linear CCA fit on the 121,490
   training pairs; the 13,676 test pairs are retrieved both ways with
-  `evaluate.cross_view_recall`, a retrieval being right when it is the query's own
+  `metrics.cross_view_recall`, a retrieval being right when it is the query's own
   pronunciation (or spelling) string, as in training.
 * `sklearn_digits` (top half <-> bottom half, `configs/default.py`): a linear CCA on the
   raw pixels of the 1,437 training images, retrieval among the 360 test images.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from contrastive_jax import evaluate
+from contrastive_jax.evaluation import metrics
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "experiments" / "results" / "baselines"
@@ -87,7 +87,7 @@ def cca_retrieval(train_a, train_b, test_a, test_b, *, dim, groups=(None, None))
     za, zb = _unit(project_a(test_a)), _unit(project_b(test_b))
     out = {"cca_dim": dim, "top_correlation": float(correlations[0])}
     for name, query, gallery, group in (("a_to_b", za, zb, groups[0]), ("b_to_a", zb, za, groups[1])):
-        recall = evaluate.cross_view_recall(query, gallery, KS, groups=group)
+        recall = metrics.cross_view_recall(query, gallery, KS, groups=group)
         out |= {f"{name}/{k}": v for k, v in recall.items()}
     return out
 
@@ -97,7 +97,7 @@ def cmudict_baseline(train_size: int | None = None) -> dict:
     from sklearn.decomposition import TruncatedSVD
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    from contrastive_jax.datasets import cmudict
+    from contrastive_jax.data.builtin import cmudict
 
     entries = cmudict.entries()
     train = [e for e in entries if cmudict.split_of(e.word) == "train"][:train_size]
@@ -135,7 +135,7 @@ def digits_baseline(train_size: int | None = None) -> dict:
     """Linear CCA on the raw pixels of the digits' top and bottom halves (default task)."""
     from sklearn import datasets
 
-    from contrastive_jax.datasets import sklearn_digits
+    from contrastive_jax.data.builtin import sklearn_digits
 
     # The pipeline's pixels: round(v * 255 / 16) / 255, rows 0-3 (a) and 4-7 (b).
     pixels = np.round(datasets.load_digits().images * (255 / 16)) / 255

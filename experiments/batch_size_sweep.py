@@ -138,8 +138,8 @@ def run(
     base = override(load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     train_size = None
     if epochs is not None:
-        from contrastive_jax import input_pipeline
-        from contrastive_jax.trainer import data_settings
+        from contrastive_jax.data import input_pipeline
+        from contrastive_jax.training.trainer import data_settings
 
         data = data_settings(base)
         train_size = input_pipeline.train_split_size(data)
@@ -165,13 +165,13 @@ def run_study(
     Every record also gets its N's `false_negative_fraction` (`false_negative_fraction`
     over the training split's `word_id` and `pronunciation_id`).
     """
-    from contrastive_jax import data_sources, input_pipeline
-    from contrastive_jax.trainer import data_settings
+    from contrastive_jax.data import input_pipeline, settings
+    from contrastive_jax.training.trainer import data_settings
 
     base = override(load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     data = data_settings(base)
     train = input_pipeline.eval_arrays(data, data.train_split)
-    groups = {key: train[key] for key in data_sources.open_metadata(data).id_keys}
+    groups = {key: train[key] for key in settings.open_metadata(data).id_keys}
     runs = study_runs(
         base,
         batch_sizes,

@@ -45,7 +45,7 @@ def bench_config(quick: bool):
     written if absent (`trainer.build` writes nothing)."""
     from contrastive_jax import write_records
     from contrastive_jax.config_lib import load_config, override
-    from contrastive_jax.trainer import data_settings
+    from contrastive_jax.training.trainer import data_settings
 
     if quick:
         config = override(load_config("default"), {"train.global_batch_size": 64, "mesh.fsdp_min_kib": 0.0})
@@ -96,8 +96,9 @@ def run_point(config, fsdp: int, batches: list[dict]) -> tuple[dict, list[float]
     """Memory, step time and the losses of `batches` on a mesh with `fsdp` devices per group."""
     import jax
 
-    from contrastive_jax import input_pipeline, sharding
-    from contrastive_jax.trainer import build, data_settings
+    from contrastive_jax import sharding
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training.trainer import build, data_settings
 
     trainer = build(config, sharding.make_mesh(NUM_DEVICES, fsdp=fsdp))
     element_spec = input_pipeline.train_dataset(data_settings(config)).element_spec
@@ -168,8 +169,8 @@ def main(argv=None) -> int:
     simulate_cpu_devices(NUM_DEVICES)
     import os
 
-    from contrastive_jax import input_pipeline
-    from contrastive_jax.trainer import data_settings
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training.trainer import data_settings
 
     config = bench_config(args.quick)
     load = os.getloadavg()[0]

@@ -74,9 +74,11 @@ def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
     import numpy as np
 
     from configs import default
-    from contrastive_jax import input_pipeline, sharding, trainer, write_records
+    from contrastive_jax import sharding, write_records
     from contrastive_jax.config_lib import override
-    from contrastive_jax.trainer import data_settings
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training import trainer
+    from contrastive_jax.training.trainer import data_settings
 
     config = default.get_config()
     write_records.write_builtin_of(data_settings(config))  # the digits, once: build writes nothing

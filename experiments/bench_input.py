@@ -57,7 +57,7 @@ def source_jpegs(count: int, seed: int = 0) -> list[bytes]:
     """`count` JPEGs of 256-500 px a side: generated shapes on a textured background."""
     from PIL import Image, ImageFilter
 
-    from contrastive_jax.datasets import shapes
+    from contrastive_jax.data.builtin import shapes
 
     rng = np.random.default_rng(seed)
     out = []
@@ -76,8 +76,8 @@ def source_jpegs(count: int, seed: int = 0) -> list[bytes]:
 def _augment_all(args) -> int:
     """One process of the limit: decode + augment each JPEG; returns the count."""
     jpegs, size, draft = args
-    from contrastive_jax import images
-    from contrastive_jax.data_sources import Augment
+    from contrastive_jax.data import images
+    from contrastive_jax.data.settings import Augment
 
     aug = Augment(crop_min_area=MIN_AREA, flip=True, color_jitter=0.0, noise_std=0.0)
     rng = np.random.default_rng(0)
@@ -114,7 +114,7 @@ def write_record_set(jpegs: list[bytes], folder: pathlib.Path) -> tuple[str, flo
 
 
 def _settings(records_dir: str, size: int, workers: int = 2):
-    from contrastive_jax.data_sources import Augment, DataSettings
+    from contrastive_jax.data.settings import Augment, DataSettings
 
     return DataSettings(
         name=None, records=records_dir, task="pairs", global_batch_size=BATCH, data_dir=None,
@@ -136,7 +136,7 @@ def _images_per_second(batches, num_batches: int) -> float:
 
 def pipeline(records_dir: str, size: int, num_batches: int, workers: int = 2) -> float:
     """Images/s of the grain pipeline (`workers` processes), after 4 batches of warm-up."""
-    from contrastive_jax import input_pipeline
+    from contrastive_jax.data import input_pipeline
 
     batches = iter(input_pipeline.train_dataset(_settings(records_dir, size, workers)))
     return _images_per_second(batches, num_batches)
@@ -169,7 +169,7 @@ def tf_data(jpegs: list[bytes], size: int, num_batches: int) -> float | None:
 
 def repeated_record_set(jpegs: list[bytes], folder: pathlib.Path, gigabytes: float) -> str:
     """A record set of `gigabytes` of the JPEGs repeated (with captions), written directly."""
-    from contrastive_jax import records
+    from contrastive_jax.data import records
 
     per = sum(map(len, jpegs)) / len(jpegs)
     count = int(gigabytes * 2**30 / per)
@@ -188,7 +188,7 @@ def repeated_record_set(jpegs: list[bytes], folder: pathlib.Path, gigabytes: flo
 def scale_probe(records_dir: str, num_batches: int) -> None:
     """(In a fresh process.) Prints JSON: seconds to the first batch, peak RSS (MiB)."""
     started = time.perf_counter()
-    from contrastive_jax import input_pipeline
+    from contrastive_jax.data import input_pipeline
 
     batches = iter(input_pipeline.train_dataset(_settings(records_dir, 224)))
     next(batches)

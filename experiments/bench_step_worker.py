@@ -113,8 +113,10 @@ class JaxStep:
         import jax
         import numpy as np
 
-        from contrastive_jax import input_pipeline, sharding, trainer
-        from contrastive_jax.trainer import data_settings
+        from contrastive_jax import sharding
+        from contrastive_jax.data import input_pipeline
+        from contrastive_jax.training import trainer
+        from contrastive_jax.training.trainer import data_settings
 
         config = finetune_config(spec, batch)
         self.run = trainer.build(config, sharding.make_mesh())
@@ -140,8 +142,10 @@ class JaxStep:
 
 def _needed_bytes(spec: dict, batch: int) -> int:
     """The compiled step's memory per device at `batch` (compiled, not run)."""
-    from contrastive_jax import input_pipeline, memory_fit, sharding, trainer
-    from contrastive_jax.trainer import data_settings
+    from contrastive_jax import sharding
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training import memory_fit, trainer
+    from contrastive_jax.training.trainer import data_settings
 
     config = finetune_config(spec, batch)
     run = trainer.build(config, sharding.make_mesh())
@@ -154,7 +158,7 @@ def _model_flops_per_example(step: JaxStep) -> float:
     count of the forward, float32, no rematerialisation) plus the loss's 6 N D per example."""
     import jax
 
-    from contrastive_jax import transformer
+    from contrastive_jax.models import transformer
 
     a, b = step.batch["a"], step.batch["b"]
     model = step.run.model.clone(options=transformer.TowerOptions())
@@ -174,7 +178,7 @@ def _device_memory() -> tuple[int | None, int | None]:
 
 
 def _jax_step(spec: dict) -> dict:
-    from contrastive_jax import memory_fit
+    from contrastive_jax.training import memory_fit
 
     out = {"framework": "jax", "remat": spec["remat"], "points": []}
     try:
@@ -219,7 +223,7 @@ def _with_largest(out: dict, point: Callable[[int], dict], largest: int, out_of_
 
 
 def _jax_point(step: JaxStep, spec: dict, *, largest: bool = False) -> dict:
-    from contrastive_jax import memory_fit
+    from contrastive_jax.training import memory_fit
 
     first_loss = float(step())
     seconds = _timed(step, spec["repeats"])
@@ -329,7 +333,7 @@ def _torch_inputs(spec: dict, batch: int):
     import numpy as np
     import torch
 
-    from contrastive_jax.released import open_clip_layout
+    from contrastive_jax.models.released import open_clip_layout
 
     shared = batch_file(spec, batch)
     if shared.exists():
@@ -514,9 +518,11 @@ def _overhead(spec: dict) -> dict:
     import jax
     import numpy as np
 
-    from contrastive_jax import input_pipeline, sharding, trainer, write_records
+    from contrastive_jax import sharding, write_records
     from contrastive_jax.config_lib import load_config, override
-    from contrastive_jax.trainer import data_settings
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training import trainer
+    from contrastive_jax.training.trainer import data_settings
 
     shapes = override(load_config("default"), {"train.global_batch_size": jax.device_count()})
     write_records.write_builtin_of(data_settings(shapes))  # the digits, once: build writes nothing

@@ -225,7 +225,7 @@ def noise_at(config, workdir: Path, step: int, n: int, count: int, resamples: in
     """`{"sgd": ..., "adam": ...}`: `noise_scale.compare` (with `resamples` bootstrap
     draws) at the checkpoint of `step` in `workdir`, of the plain gradients and of the
     same divided by AdamW's denominator there (`noise_scale.adam_preconditioned`)."""
-    from contrastive_jax import noise_scale
+    from contrastive_jax.training import noise_scale
 
     big_start, small_start = replicate_starts(count)
     at_n, state = cosine.gradient_replicates(config, str(workdir), n, count, step=step, start_step=big_start)
@@ -241,7 +241,7 @@ def noise_scales(base, runs: Sequence[sweep.Run], out: Path, args, deadline: flo
     """`noise_at` at `args.noise_points` checkpoints of each of `runs` (cached in
     `out/noise.json` entry by entry: a rerun measures only what is new; a run without its
     workdir, read from the committed results, is skipped with a line)."""
-    from contrastive_jax import checkpoint
+    from contrastive_jax.training import checkpoint
 
     cache_file = out / "noise.json"
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}

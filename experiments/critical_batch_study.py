@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
-from contrastive_jax.datasets import shapes
+from contrastive_jax.data.builtin import shapes
 from experiments import critical_batch_fit, intervals, query_hits, sweep, zero_shot_shapes
 
 FIT_PAIRS = 108_000  # cmudict's `fit` split
@@ -235,7 +235,9 @@ def gradient_replicates(
     disjoint examples within an epoch, each batch its own negatives), and that state."""
     import jax
 
-    from contrastive_jax import checkpoint, input_pipeline, run_dir, sharding, trainer
+    from contrastive_jax import run_dir, sharding
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training import checkpoint, trainer
 
     run = trainer.build(override(config, {"train.global_batch_size": n, "train.micro_batch_size": 0}))
     stream = input_pipeline.train_dataset(run.data, start_step=start_step)
@@ -265,7 +267,7 @@ def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], o
     """`noise_scale.compare` at the final state of each N's best run on the tuning seed
     (`runs`), for each n in `noise_batches` (cached in `out/noise.json`: a rerun measures
     only what is new; a run read from the committed results has no checkpoint to measure)."""
-    from contrastive_jax import noise_scale
+    from contrastive_jax.training import noise_scale
 
     cache_file = out / "noise.json"
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
@@ -538,10 +540,12 @@ def run(args) -> list[dict]:
 
 
 def write_input_ceilings(base, split: str, out) -> dict[str, Any]:
-    """`evaluate.input_ceilings` of `split` as `base`'s data reads it (the set names no
+    """`metrics.input_ceilings` of `split` as `base`'s data reads it (the set names no
     match keys: only the pair is right, identical inputs tie), cached in
     `out/ceiling.json` with the split and the method."""
-    from contrastive_jax import evaluate, input_pipeline, trainer
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.evaluation import metrics
+    from contrastive_jax.training import trainer
 
     path = out / "ceiling.json"
     if path.exists():
@@ -549,8 +553,8 @@ def write_input_ceilings(base, split: str, out) -> dict[str, Any]:
     arrays = input_pipeline.eval_arrays(trainer.data_settings(base), split)
     entry = {
         "split": split,
-        **evaluate.input_ceilings(arrays["a"], arrays["b"]),
-        "method": "evaluate.input_ceilings: identical inputs embed alike; ties count against the query",
+        **metrics.input_ceilings(arrays["a"], arrays["b"]),
+        "method": "metrics.input_ceilings: identical inputs embed alike; ties count against the query",
     }
     path.write_text(json.dumps(entry, indent=1))
     return entry
@@ -563,10 +567,11 @@ def generated_records(args) -> dict[str, str]:
     do); `{}` for a task on a built-in set."""
     if not getattr(args, "pictures", 0):
         return {}
-    from contrastive_jax import data_sources, records, write_records
+    from contrastive_jax import write_records
+    from contrastive_jax.data import records, settings
 
-    root = os.path.expanduser(args.data_dir or data_sources.DEFAULT_DATA_DIR)
-    folder = os.path.join(root, f"shapes-v{data_sources.BUILTIN_VERSION}-{SHAPES_IMAGE_SIZE}px-{args.pictures}")
+    root = os.path.expanduser(args.data_dir or settings.DEFAULT_DATA_DIR)
+    folder = os.path.join(root, f"shapes-v{settings.BUILTIN_VERSION}-{SHAPES_IMAGE_SIZE}px-{args.pictures}")
     if not os.path.exists(os.path.join(folder, records.METADATA_FILE)):
         write_records.write("builtin:shapes", folder, num_examples=args.pictures, image_size=SHAPES_IMAGE_SIZE)
     return {"data.records": folder}

@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from contrastive_jax import noise_scale
 from contrastive_jax.config_lib import load_config, override
+from contrastive_jax.training import noise_scale
 from experiments import intervals, query_hits, sweep
 
 TRAIN_PAIRS = 121_490  # cmudict's training split
@@ -356,7 +356,7 @@ def summary(
     records: Sequence[Mapping], ceilings: Mapping[str, float], hits: Mapping[str, Mapping[str, Any]] | None = None
 ) -> str:
     """`summary.md`: the final table (R@1 both ways: mean ± 95% t-interval over the seeds,
-    and its distance to the `ceilings`, `evaluate.paired_ceilings` of the test split), the
+    and its distance to the `ceilings`, `metrics.paired_ceilings` of the test split), the
     differences the findings read (`comparisons`) with a Welch interval over the seeds and,
     where both sides have per-query `hits` (`query_hits.cached_hits`) of the same seeds, a
     paired bootstrap over the test queries; R@1 at each evaluation, and the noise scale."""
@@ -471,12 +471,14 @@ def _bootstrap_section(groups: Mapping[tuple[str, int], Sequence[Mapping]], hits
 
 
 def test_ceilings(config) -> dict[str, float]:
-    """`evaluate.paired_ceilings` of `config`'s evaluation split (the test split)."""
-    from contrastive_jax import data_sources, evaluate, input_pipeline, trainer
+    """`metrics.paired_ceilings` of `config`'s evaluation split (the test split)."""
+    from contrastive_jax.data import input_pipeline, settings
+    from contrastive_jax.evaluation import metrics
+    from contrastive_jax.training import trainer
 
     data = trainer.data_settings(config)
     ids = input_pipeline.eval_arrays(data, config.eval.split)
-    return evaluate.paired_ceilings(ids, data_sources.open_metadata(data).match_keys)
+    return metrics.paired_ceilings(ids, settings.open_metadata(data).match_keys)
 
 
 def run(args) -> list[dict]:

@@ -20,8 +20,8 @@ import numpy as np
 from jax import export as jax_export
 
 from contrastive_jax import trained
-from contrastive_jax.released import open_clip_layout
-from contrastive_jax.transformer import TowerSettings
+from contrastive_jax.models.released import open_clip_layout
+from contrastive_jax.models.transformer import TowerSettings
 
 OUT = os.path.join(os.path.dirname(__file__), "results", "export_size")
 MIB = 2**20

@@ -1,6 +1,6 @@
 """The gradient noise scale along a training run: ``B_simple`` vs step.
 
-The estimator and the per-device measurement are `contrastive_jax.noise_scale` (McCandlish
+The estimator and the per-device measurement are `contrastive_jax.training.noise_scale` (McCandlish
 et al. 2018, Appendix A; each device's share of the global loss's gradient, so the small
 batches still see the global negatives). This tool trains a config with
 ``config.train.log_noise_scale`` on (the library's own train step, no extra pass) and
@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from contrastive_jax import noise_scale, run_dir
+from contrastive_jax import run_dir
 from contrastive_jax.config_lib import load_config
 from contrastive_jax.simulated_devices import simulate_cpu_devices
+from contrastive_jax.training import noise_scale
 from experiments import sweep
 
 QUICK = dict(config="default", steps=6, every=2, batch_size=64)
@@ -65,12 +66,12 @@ def measure(config, workdir: Path, *, every: int) -> dict:
     simulate_cpu_devices(config.num_simulated_devices)
     import jax
 
-    from contrastive_jax import train
+    from contrastive_jax.training import loop
 
     config.train.log_noise_scale = True
     config.train.log_every_steps = every
     started = time.perf_counter()
-    train.train_and_evaluate(config, str(workdir))
+    loop.train_and_evaluate(config, str(workdir))
     devices, n = jax.device_count(), config.train.global_batch_size
     records = noise_records(workdir)
     for record, value in zip(records, running_estimates(records, n // devices, n)):

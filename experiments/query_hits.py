@@ -27,15 +27,15 @@ def test_hits(model, arrays: Mapping[str, np.ndarray], match_keys: tuple[str, st
     """Per query of `arrays` (`input_pipeline.eval_arrays` of the test split), whether the
     trained `model` (`trained.TrainedModel`) ranks a right answer first (R@1), both
     directions (`{"a_to_b": [n] bool, "b_to_a": [n] bool}`), and each direction's ceiling
-    (`"a_to_b/ceiling"`: `evaluate.paired_ceilings`); `match_keys`: the data's."""
-    from contrastive_jax import evaluate
+    (`"a_to_b/ceiling"`: `metrics.paired_ceilings`); `match_keys`: the data's."""
+    from contrastive_jax.evaluation import metrics
 
     z = {side: model.embed(arrays[side], side, batch_size=1024) for side in ("a", "b")}
     match_a, match_b = match_keys or (None, None)
-    hits = {f"{direction}/ceiling": c for direction, c in evaluate.paired_ceilings(arrays, match_keys).items()}
+    hits = {f"{direction}/ceiling": c for direction, c in metrics.paired_ceilings(arrays, match_keys).items()}
     for direction, query, gallery, match in (("a_to_b", "a", "b", match_a), ("b_to_a", "b", "a", match_b)):
         groups = arrays[match] if match else None
-        hits[direction] = evaluate.cross_view_ranks(z[query], z[gallery], groups=groups) == 0
+        hits[direction] = metrics.cross_view_ranks(z[query], z[gallery], groups=groups) == 0
     return hits
 
 
@@ -45,7 +45,8 @@ def cached_hits(names: Iterable[str], out: Path, split: str) -> dict[str, dict[s
     cached); returns every cached run's hits: `{name: {"a_to_b": [n] bool, "b_to_a": [n]
     bool, "a_to_b/ceiling", "b_to_a/ceiling", "queries": n}}`. The runs with neither are
     left out, named in one line."""
-    from contrastive_jax import data_sources, input_pipeline, trained
+    from contrastive_jax import trained
+    from contrastive_jax.data import input_pipeline, settings
 
     cache_file = out / "final.json"
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
@@ -62,7 +63,7 @@ def cached_hits(names: Iterable[str], out: Path, split: str) -> dict[str, dict[s
         model = trained.load(str(workdir))
         if arrays is None:  # every run of a study reads the same data: the split once
             arrays = input_pipeline.eval_arrays(model.data, split)
-            match_keys = data_sources.open_metadata(model.data).match_keys
+            match_keys = settings.open_metadata(model.data).match_keys
         hits = test_hits(model, arrays, match_keys)
         packed = {d: base64.b64encode(np.packbits(hits[d])).decode() for d in DIRECTIONS}
         cache[name] = {"queries": len(hits["a_to_b"]), **hits, **packed}

@@ -3,39 +3,57 @@
 Where each module of the package is tested (tests/test_docs.py checks every module is
 listed here):
 
-    bad_loss                 test_bad_loss
+    Top: the commands and what every wing uses
     benchmark                test_benchmark
-    checkpoint, resume       test_train (resume, meshes), test_preemption, test_validation
-    cli, console, main       test_cli
     compat                   test_losses_sharded (-m compat: the oldest versions)
-    config_checks, config_lib  test_validation (every rule), test_cli (through the command line)
-    data_sources             test_input_pipeline, test_cmudict, test_configs
-    datasets/*               test_datasets, test_cmudict
+    config_lib, errors       test_validation (every rule), test_cli (through the command line)
+    console, main            test_cli
     demo                     test_cli (the README's commands)
-    distributed              test_multihost, test_launch, test_preemption
-    encoders, models         test_models
-    evaluate                 test_evaluate
-    example_reader, images, input_pipeline, stateless_random  test_input_pipeline
-    grad_cache               test_grad_cache
+    run_dir                  test_metric_writer, test_train, test_sweeps
+    sharding                 test_losses_sharded, test_train (fsdp)
+    simulated_devices        test_cli, test_notebook
+    trained                  test_trained (and docs/use_a_trained_model.md, run by test_docs)
+    write_records            test_write_records
+    train, released          test_layout (the old paths, aliases for a release)
+
+    data/
+    settings                 test_input_pipeline, test_cmudict, test_configs
+    builtin/*                test_datasets, test_cmudict
+    reader, images, input_pipeline, stateless_random  test_input_pipeline
+    records, sources, writer test_write_records
+    tokenizers               test_tokenizers
+
+    models/
+    encoders, two_tower      test_models
+    transformer              test_transformer, test_released_open_clip
+    released/*               test_released_open_clip (open_clip_layout), test_released_siglip
+                             (big_vision_layout), test_finetune, test_released_files
+                             (damaged files, shapes, QuickGELU)
+    saved_model              test_trained
+
     losses/*                 test_losses (values, references), test_losses_sharded (every
                              calling convention), test_streaming (logit_stats, streaming,
                              tile_math, tile_sweeps), test_beyond_batch (beyond_batch,
                              queues), test_false_negatives (pairs), test_train (registry);
                              each loss's docstring example (pytest --doctest-modules)
+
+    training/
+    checkpoint, resume       test_train (resume, meshes), test_preemption, test_validation
+    config_checks            test_validation (every rule)
+    distributed              test_multihost, test_launch, test_preemption
+    grad_cache               test_grad_cache
+    loop, trainer            test_train, test_beyond_batch_training, test_beyond_batch_resume
+    loss_guard               test_loss_guard
     memory_fit               test_memory_fit
-    metric_writer, run_dir   test_metric_writer, test_train, test_sweeps
+    metric_writer            test_metric_writer
     noise_scale              test_gradient_noise_scale
     optimizer                test_train
-    padded_chunks            test_evaluate, test_trained
-    record_inputs, records, write_records  test_write_records
-    sharding                 test_losses_sharded, test_train (fsdp)
-    released/*               test_released_open_clip (open_clip_layout, transformer),
-                             test_released_siglip (big_vision_layout), test_finetune,
-                             test_released_files (damaged files, shapes, QuickGELU)
-    simulated_devices        test_cli, test_notebook
-    tokenizers               test_tokenizers
-    trained, saved_model     test_trained (and docs/use_a_trained_model.md, run by test_docs)
-    train, trainer           test_train, test_beyond_batch_training, test_beyond_batch_resume
+
+    evaluation/
+    metrics                  test_metrics
+    evaluator                test_train (in the loop), test_metrics
+    clip_benchmark           test_benchmark
+    padded_chunks            test_metrics, test_trained
 """
 
 import importlib.util
@@ -157,12 +175,12 @@ def trained(load_config, digits_data_dir, tmp_path_factory):
     tests resume from it but must not change it (copy it first)."""
     from subprocess_runs import tiny_fields
 
-    from contrastive_jax import train
     from contrastive_jax.config_lib import override
+    from contrastive_jax.training import loop
 
     workdir = str(tmp_path_factory.mktemp("trained"))
     fields = tiny_fields(digits_data_dir, train__num_train_steps=2)
-    train.train_and_evaluate(override(load_config("default"), fields), workdir)
+    loop.train_and_evaluate(override(load_config("default"), fields), workdir)
     return workdir
 
 

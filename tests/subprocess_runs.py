@@ -29,7 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DRIVER = textwrap.dedent(
     """
     import os, signal
-    from contrastive_jax import checkpoint, main, train
+    from contrastive_jax.training import checkpoint, loop
+    from contrastive_jax import main
 
     what, n, sig = os.environ["FAULT"].split(":")
     calls = {"n": 0}
@@ -54,7 +55,7 @@ _DRIVER = textwrap.dedent(
         setattr(owner, name, wrapped)
 
     if what == "batch":
-        arm(train, "_global_batch", before=True)
+        arm(loop, "_global_batch", before=True)
     else:
         arm(checkpoint.Checkpointer, "save", before=False)
     main.run()

@@ -6,7 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from contrastive_jax import benchmark, input_pipeline
+from contrastive_jax import benchmark
+from contrastive_jax.data import input_pipeline
+from contrastive_jax.evaluation import clip_benchmark
 
 
 def unit(*angles_degrees):
@@ -20,7 +22,7 @@ def test_zero_shot_classification_by_hand():
     classes = unit(0, 90, 180)
     images = unit(10, 80, 100, 170)
     labels = np.array([0, 1, 2, 2])
-    metrics = benchmark.zero_shot_classification(images, classes, labels, ks=(1, 2))
+    metrics = clip_benchmark.zero_shot_classification(images, classes, labels, ks=(1, 2))
     assert metrics["acc1"] == 0.75  # the image at 100 degrees goes to class 1
     assert metrics["acc2"] == 1.0  # its second guess is class 2
     assert metrics["mean_per_class_recall"] == pytest.approx((1 + 1 + 0.5) / 3)
@@ -29,7 +31,7 @@ def test_zero_shot_classification_by_hand():
 def test_class_embeddings_average_the_prompts():
     prompts = {"a cat": unit(0)[0], "the cat": unit(90)[0], "a dog": unit(180)[0], "the dog": unit(180)[0]}
     embed = lambda texts: np.stack([prompts[t] for t in texts])  # noqa: E731
-    got = benchmark.class_embeddings(embed, ["cat", "dog"], ["a {}", "the {}"])
+    got = clip_benchmark.class_embeddings(embed, ["cat", "dog"], ["a {}", "the {}"])
     np.testing.assert_allclose(got, unit(45, 180), atol=1e-12)
 
 
@@ -40,7 +42,7 @@ def test_retrieval_with_several_captions_per_image_by_hand():
     images = unit(0, 120, 240)
     captions = unit(10, 290, 115, 235, 60)
     owner = np.array([0, 0, 1, 2, 2])
-    metrics = benchmark.retrieval(images, captions, owner, ks=(1, 2))
+    metrics = clip_benchmark.retrieval(images, captions, owner, ks=(1, 2))
     # Text -> image: captions 10, 115, 235 find their image first; 290 ranks image 0
     # second (after 240); 60 ranks image 2 third (after 0 and 120).
     assert metrics["image_retrieval_recall@1"] == pytest.approx(3 / 5)
@@ -53,25 +55,26 @@ def test_retrieval_with_one_caption_each_is_plain_recall():
     rng = np.random.default_rng(0)
     images = rng.normal(size=(50, 8))
     texts = images + rng.normal(size=(50, 8))
-    metrics = benchmark.retrieval(images, texts, np.arange(50), ks=(1,))
+    metrics = clip_benchmark.retrieval(images, texts, np.arange(50), ks=(1,))
     scores = texts @ images.T
     assert metrics["image_retrieval_recall@1"] == np.mean(np.argmax(scores, axis=1) == np.arange(50))
     assert metrics["text_retrieval_recall@1"] == np.mean(np.argmax(scores, axis=0) == np.arange(50))
 
 
 def test_class_names_come_from_the_record_set_unless_given(tmp_path, image_files_for_names):
-    from contrastive_jax import records, write_records
-    from contrastive_jax.config_lib import ConfigError
+    from contrastive_jax import write_records
+    from contrastive_jax.data import records
+    from contrastive_jax.errors import ConfigError
 
     metadata = write_records.write(f"csv:{image_files_for_names}", str(tmp_path / "named"))
     labels = records.RecordSet(metadata, "train").labels()
-    assert benchmark.classnames_for([], metadata, labels) == ["ant", "zebra"]  # sorted, label order
-    assert benchmark.classnames_for(["fourmi", "zèbre"], metadata, labels) == ["fourmi", "zèbre"]
+    assert clip_benchmark.classnames_for([], metadata, labels) == ["ant", "zebra"]  # sorted, label order
+    assert clip_benchmark.classnames_for(["fourmi", "zèbre"], metadata, labels) == ["fourmi", "zèbre"]
     with pytest.raises(ConfigError, match=r"2 class names for labels up to 2"):
-        benchmark.classnames_for(["a", "b"], metadata, np.array([0, 2]))
+        clip_benchmark.classnames_for(["a", "b"], metadata, np.array([0, 2]))
     unnamed = records.Metadata(directory=str(tmp_path / "ids"), splits={}, fields=("image", "label"), num_classes=2)
     with pytest.raises(ConfigError, match=r"has none \(its labels were written as ids\); give --classnames"):
-        benchmark.classnames_for([], unnamed, labels)
+        clip_benchmark.classnames_for([], unnamed, labels)
 
 
 @pytest.fixture
@@ -86,22 +89,22 @@ def image_files_for_names(tmp_path):
 
 
 def test_templates_inline_or_from_a_file(tmp_path):
-    from contrastive_jax.config_lib import ConfigError
+    from contrastive_jax.errors import ConfigError
 
-    assert benchmark.read_templates("a {}.;a photo of a {}.", None) == ["a {}.", "a photo of a {}."]
+    assert clip_benchmark.read_templates("a {}.;a photo of a {}.", None) == ["a {}.", "a photo of a {}."]
     (tmp_path / "templates.txt").write_text("a photo of a {}.\n\n  itap of a {}.  \na {}; with a semicolon\n")
-    got = benchmark.read_templates("ignored", str(tmp_path / "templates.txt"))
+    got = clip_benchmark.read_templates("ignored", str(tmp_path / "templates.txt"))
     assert got == ["a photo of a {}.", "itap of a {}.", "a {}; with a semicolon"]
     with pytest.raises(ConfigError, match=r"the template 'a photo' has no \{\}"):
-        benchmark.read_templates("a photo", None)
+        clip_benchmark.read_templates("a photo", None)
     with pytest.raises(ConfigError, match=r"--templates-file=.*missing\.txt: No such file"):
-        benchmark.read_templates("{}", str(tmp_path / "missing.txt"))
+        clip_benchmark.read_templates("{}", str(tmp_path / "missing.txt"))
 
 
 @pytest.mark.e2e
 def test_both_tasks_on_a_run_of_the_generated_image_text_set(load_config, shapes_data_dir, tmp_path):
-    from contrastive_jax import train
     from contrastive_jax.config_lib import override
+    from contrastive_jax.training import loop
 
     fields = {  # CPU-sized towers: the small CNN for the pictures, one text layer
         "data.data_dir": shapes_data_dir,
@@ -115,7 +118,7 @@ def test_both_tasks_on_a_run_of_the_generated_image_text_set(load_config, shapes
         "checkpoint.every_steps": 4,
     }
     workdir = str(tmp_path / "run")
-    during_training = train.train_and_evaluate(override(load_config("clip_shapes"), fields), workdir)
+    during_training = loop.train_and_evaluate(override(load_config("clip_shapes"), fields), workdir)
     out = tmp_path / "retrieval.json"
     assert benchmark.main([f"--workdir={workdir}", "--task=zeroshot_retrieval", f"--out={out}"]) == 0
     result = json.loads(out.read_text())

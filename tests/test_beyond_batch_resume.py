@@ -14,8 +14,8 @@ from subprocess_runs import (
     write_config,
 )
 
-from contrastive_jax import train
 from contrastive_jax.config_lib import override
+from contrastive_jax.training import loop
 
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 STATE_FIELDS = {
@@ -43,7 +43,7 @@ def test_sigkill_and_resume_is_bitwise_with_the_loss_state(
 ):
     fields = tiny_fields(digits_data_dir, **STATE_FIELDS[name])
     reference = str(tmp_path / "reference")
-    train.train_and_evaluate(override(load_config("default"), fields), reference)
+    loop.train_and_evaluate(override(load_config("default"), fields), reference)
     workdir = str(tmp_path / "run")
     config = write_config(tmp_path / "tiny.py", fields)
     for fault in ("save:2:SIGKILL", "batch:3:SIGKILL"):  # writing checkpoint 4; step 5

@@ -10,9 +10,10 @@ import jax
 import numpy as np
 import pytest
 
-from contrastive_jax import input_pipeline, sharding
+from contrastive_jax import sharding
 from contrastive_jax.config_lib import override
-from contrastive_jax.trainer import build, data_settings
+from contrastive_jax.data import input_pipeline
+from contrastive_jax.training.trainer import build, data_settings
 
 N = 64
 STATE_FIELDS = {

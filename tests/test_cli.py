@@ -162,7 +162,8 @@ def test_a_crash_in_a_config_file_keeps_its_traceback(tmp_path, error):
 _FORK_SERVER = textwrap.dedent(
     """
     import json, os, sys, traceback
-    from contrastive_jax import main, train, trainer  # the slow imports; JAX does not start
+    from contrastive_jax import main
+    from contrastive_jax.training import loop, trainer  # the slow imports; JAX does not start
 
     for line in sys.stdin:
         request = json.loads(line)
@@ -360,7 +361,7 @@ def test_verbose_flag_and_variable_show_the_traceback(forked_cli, tiny_config_fi
         status, _, stderr = forked_cli(*args, *extra, env=env)
         assert status == 2
         assert "Traceback (most recent call last):" in stderr
-        assert "contrastive_jax.config_lib.ConfigError: config.loss.temperature=0.0" in stderr
+        assert "contrastive_jax.errors.ConfigError: config.loss.temperature=0.0" in stderr
         assert stderr.splitlines()[-1] == "error: config.loss.temperature=0.0 must be > 0 (e.g. 0.07)."
 
 

@@ -7,16 +7,16 @@ import itertools
 import numpy as np
 import pytest
 
-from contrastive_jax import data_sources, input_pipeline, records
-from contrastive_jax.datasets import cmudict
-from contrastive_jax.trainer import data_settings
+from contrastive_jax.data import input_pipeline, records, settings
+from contrastive_jax.data.builtin import cmudict
+from contrastive_jax.training.trainer import data_settings
 
 SIZES = {"train": 121_490, "test": 13_676, "fit": 108_000, "validation": 13_490}
 
 
 @pytest.fixture(scope="module")
 def metadata(cmudict_data_dir):
-    return records.read_metadata(data_sources.builtin_records("cmudict", cmudict_data_dir))
+    return records.read_metadata(settings.builtin_records("cmudict", cmudict_data_dir))
 
 
 @pytest.fixture(scope="module")
@@ -178,4 +178,4 @@ def test_bad_config_raises_a_clear_error(config, field, value, message):
         node = node[part]
     node[name] = value
     with pytest.raises(ValueError, match=message):
-        data_sources.check_data_config(data_settings(config))
+        settings.check_data_config(data_settings(config))

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 from subprocess_runs import ROOT, optimized_env
 
-from contrastive_jax import data_sources, input_pipeline, losses, run_dir, sharding, train, trainer
+from contrastive_jax import losses, run_dir, sharding
 from contrastive_jax.config_lib import override
-from contrastive_jax.trainer import data_settings
+from contrastive_jax.data import input_pipeline, settings
+from contrastive_jax.training import loop, trainer
+from contrastive_jax.training.trainer import data_settings
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits", "dml_digits_xbm")
@@ -54,7 +56,7 @@ def load_on_local_data(load_config, request, name):
     for a real-data config the generated `shapes` set's (images with captions and labels)."""
     config = load_config(name)
     if name in REAL_DATA_CONFIGS:
-        config.data.records = data_sources.builtin_records("shapes", request.getfixturevalue("shapes_data_dir"))
+        config.data.records = settings.builtin_records("shapes", request.getfixturevalue("shapes_data_dir"))
         config.data.train_split = "train+validation"  # the shapes' splits (joined, as COCO's are)
         config.eval.split = "test"
         config.eval.class_range = None  # the shapes' 5 labels are all "seen" classes
@@ -128,7 +130,7 @@ def test_digits_config_trains_and_evaluates(load_config, digits_data_dir, tmp_pa
     config.train.num_train_steps = 2
     config.train.log_every_steps = 1
     config.eval.linear_probe = False
-    results = train.train_and_evaluate(config, str(tmp_path))
+    results = loop.train_and_evaluate(config, str(tmp_path))
     expected = {"a_to_b/R@1", "b_to_a/R@1"} if name == "default" else {"retrieval/MAP@R"}
     assert expected <= set(results)
     assert all(np.isfinite(v) for v in results.values())
@@ -146,7 +148,7 @@ def test_cmudict_config_trains_and_evaluates(load_config, cmudict_data_dir, tmp_
     config.train.global_batch_size = 256
     config.train.num_train_steps = 2
     config.train.log_every_steps = 1
-    results = train.train_and_evaluate(config, str(tmp_path))
+    results = loop.train_and_evaluate(config, str(tmp_path))
     # Retrieval both ways, homophones / alternates as answers.
     assert {"a_to_b/R@1", "a_to_b/R@10", "b_to_a/R@1"} <= set(results)
     assert all(np.isfinite(v) for v in results.values())

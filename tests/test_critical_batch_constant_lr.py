@@ -107,9 +107,9 @@ def test_replicates_at_n_and_a_quarter_of_it_read_disjoint_examples(tiny_config)
     """The streams `replicate_starts` names: 4 batches of 64 and 4 of 16 share no example
     (`index`: the position in the split); started both at 0, as the cosine study did,
     the quarter batches are the first big one cut in four."""
-    from contrastive_jax import input_pipeline
     from contrastive_jax.config_lib import override
-    from contrastive_jax.trainer import data_settings
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training.trainer import data_settings
 
     def indices(n, start, count=4):
         data = data_settings(override(tiny_config, {"train.global_batch_size": n}))

@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 from sklearn import datasets
 
-from contrastive_jax import data_sources, images, records
-from contrastive_jax.datasets import sklearn_digits
+from contrastive_jax.data import images, records, settings
+from contrastive_jax.data.builtin import sklearn_digits
 
 SIZES = {"train": 1437, "test": 360, "disjoint_train": 1083, "disjoint_test": 714}
 
 
 @pytest.fixture(scope="module")
 def metadata(digits_data_dir):
-    return records.read_metadata(data_sources.builtin_records("sklearn_digits", digits_data_dir))
+    return records.read_metadata(settings.builtin_records("sklearn_digits", digits_data_dir))
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
     sys.path.insert(0, str(ROOT))
 
-from contrastive_jax import noise_scale  # noqa: E402
+from contrastive_jax.training import noise_scale  # noqa: E402
 from experiments import epoch_budget_study as study  # noqa: E402
 from experiments import intervals  # noqa: E402
 

@@ -7,10 +7,10 @@ import numpy as np
 import optax
 import pytest
 
-from contrastive_jax import optimizer
-from contrastive_jax.config_lib import ConfigError
-from contrastive_jax.released import TOWER_PARAMS, open_clip_layout
-from contrastive_jax.transformer import TowerSettings
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.models.released import TOWER_PARAMS, open_clip_layout
+from contrastive_jax.models.transformer import TowerSettings
+from contrastive_jax.training import optimizer
 
 SGD = optimizer.OptimSettings("sgd", 0.1, 0, 1.0, 0.0, 0.0, 0.0)
 TOWER = TowerSettings(width=64, depth=3, num_heads=1, mlp_dim=128)
@@ -110,8 +110,9 @@ def test_a_released_clip_fine_tunes_with_its_image_tower_locked(load_config, sha
     open_clip = pytest.importorskip("open_clip")
     from safetensors.torch import save_file
 
-    from contrastive_jax import train, trained
+    from contrastive_jax import trained
     from contrastive_jax.config_lib import override
+    from contrastive_jax.training import loop
 
     torch.manual_seed(0)
     vision = {"layers": 2, "width": 64, "patch_size": 16, "image_size": 64}
@@ -137,7 +138,7 @@ def test_a_released_clip_fine_tunes_with_its_image_tower_locked(load_config, sha
         "checkpoint.every_steps": 3,
     }
     workdir = str(tmp_path / "run")
-    results = train.train_and_evaluate(override(load_config("finetune_clip"), fields), workdir)
+    results = loop.train_and_evaluate(override(load_config("finetune_clip"), fields), workdir)
     assert np.isfinite(results["all_captions/image_retrieval_recall@1"])
     model = trained.load(workdir)
     images = np.random.default_rng(0).random((4, 64, 64, 3), dtype=np.float32)
@@ -195,8 +196,8 @@ def tiny_open_clip(tmp_path_factory):
 def test_a_config_that_does_not_fit_the_checkpoint_is_named_at_build(
     load_config, shapes_data_dir, clip_merges, tiny_open_clip, fields, message
 ):
-    from contrastive_jax import trainer
     from contrastive_jax.config_lib import override
+    from contrastive_jax.training import trainer
 
     base = {
         "model.init_from": tiny_open_clip,
@@ -221,9 +222,11 @@ def test_a_released_siglip_fine_tunes_from_its_temperature_and_bias(load_config,
     from flax import traverse_util
     from test_tokenizers import train_sentencepiece
 
-    from contrastive_jax import tokenizers, train, trained
+    from contrastive_jax import trained
     from contrastive_jax.config_lib import override
-    from contrastive_jax.released import big_vision_layout
+    from contrastive_jax.data import tokenizers
+    from contrastive_jax.models.released import big_vision_layout
+    from contrastive_jax.training import loop
 
     sentencepiece = train_sentencepiece(tmp_path, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
     vocab_size = tokenizers.load(f"siglip:{sentencepiece}").vocab_size
@@ -255,7 +258,7 @@ def test_a_released_siglip_fine_tunes_from_its_temperature_and_bias(load_config,
         "checkpoint.every_steps": 2,
     }
     workdir = str(tmp_path / "run")
-    train.train_and_evaluate(override(load_config("finetune_siglip"), fields), workdir)
+    loop.train_and_evaluate(override(load_config("finetune_siglip"), fields), workdir)
     params = trained.load(workdir).variables["params"]
     assert float(params["logit_bias"]) == pytest.approx(-7.0, abs=0.01)  # the checkpoint's, moved a little
     assert float(params["log_inv_temperature"]) == pytest.approx(np.log(5.0), abs=0.01)

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contrastive_jax import grad_cache, losses, sharding
-from contrastive_jax.trainer import data_settings
+from contrastive_jax import losses, sharding
+from contrastive_jax.training import grad_cache
+from contrastive_jax.training.trainer import data_settings
 
 NUM_DEVICES = 8
 GLOBAL_BATCH = 64
@@ -124,8 +125,9 @@ def test_micro_batch_sizes_that_do_not_fit_are_rejected(micro_batch_size, match)
 
 
 def _train_step_result(config, micro_batch_size, method="grad_cache"):
-    from contrastive_jax import input_pipeline, trainer
     from contrastive_jax.config_lib import override
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training import trainer
 
     config = override(
         config,

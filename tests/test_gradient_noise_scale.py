@@ -1,4 +1,4 @@
-"""contrastive_jax.noise_scale: McCandlish et al.'s estimator against a closed form, each
+"""contrastive_jax.training.noise_scale: McCandlish et al.'s estimator against a closed form, each
 device's share of the gradient with global negatives, the train step's option, and a
 quick run of experiments/gradient_noise_scale.py."""
 
@@ -14,9 +14,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from loss_cases import enable_x64
 
-from contrastive_jax import losses, noise_scale, sharding
+from contrastive_jax import losses, sharding
 from contrastive_jax.sharding import DATA_AXIS
-from contrastive_jax.trainer import data_settings
+from contrastive_jax.training import noise_scale
+from contrastive_jax.training.trainer import data_settings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
@@ -122,9 +123,9 @@ def test_device_shares_use_the_global_negatives():
 def test_the_noise_scale_step_is_the_plain_step(tiny_config):
     """With the option on the step's update is the plain step's (one forward and backward
     per device, summed), and its metrics add the two norms, small > big."""
-    from contrastive_jax import input_pipeline
     from contrastive_jax.config_lib import override
-    from contrastive_jax.trainer import build
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training.trainer import build
 
     plain_sgd = {
         "model.dropout_rate": 0.0,
@@ -177,8 +178,9 @@ def test_quick_run_writes_the_noise_scale(digits_data_dir, tmp_path):
     ],
 )
 def test_the_option_refuses_what_it_cannot_measure(load_config, fields, devices, message):
-    from contrastive_jax.config_lib import ConfigError, override
-    from contrastive_jax.trainer import build
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.errors import ConfigError
+    from contrastive_jax.training.trainer import build
 
     config = override(load_config("default"), {"train.log_noise_scale": True, **fields})
     with pytest.raises(ConfigError, match=message):

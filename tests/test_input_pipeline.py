@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from contrastive_jax import data_sources, input_pipeline, records
-from contrastive_jax.trainer import data_settings
+from contrastive_jax.data import input_pipeline, records, settings
+from contrastive_jax.training.trainer import data_settings
 
 
 @pytest.fixture
@@ -267,7 +267,7 @@ def test_labeled_batch_must_be_a_multiple_of_m(config):
 def checked_stream(config):
     """The stream of `config`'s data after the checks `trainer.build` runs on them."""
     data = data_settings(config)
-    data_sources.check_data_config(data)
+    settings.check_data_config(data)
     return input_pipeline.train_dataset(data)
 
 

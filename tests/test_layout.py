@@ -18,13 +18,14 @@ MAX_FUNCTION_LINES = 60  # the body, its docstring left out
 
 def test_no_module_below_the_door_imports_ml_collections():
     """Only the door (`trainer.build`, its checks and `config_lib`) and what stands above
-    it (the loop's entry, the command line) know the config's type."""
+    it (the loop's entry, the training command) know the config's type."""
     importers = {
         str(path)
         for path in MODULES
         if re.search(r"^\s*(import ml_collections|from ml_collections)", (PACKAGE / path).read_text(), re.MULTILINE)
     }
-    assert importers <= {"config_lib.py", "config_checks.py", "trainer.py", "train.py", "main.py", "cli.py"}, importers
+    door = {"config_lib.py", "training/config_checks.py", "training/trainer.py", "training/loop.py", "main.py"}
+    assert importers <= door, importers
 
 
 def _long_functions(path: pathlib.Path):
@@ -43,7 +44,7 @@ def test_no_function_is_over_60_lines():
     assert [f for path in MODULES for f in _long_functions(PACKAGE / path)] == []
 
 
-# Wordings the divisibility rules used before `config_lib.check_multiple` / `check_divides`.
+# Wordings the divisibility rules used before `errors.check_multiple` / `check_divides`.
 OLD_WORDINGS = [
     "does not divide over",
     "is not a multiple of",
@@ -58,7 +59,7 @@ OLD_WORDINGS = [
 def test_one_wording_per_rule(wording):
     """A multiple or a divisor is checked by one helper each, with one message."""
     found = [str(path) for path in MODULES if wording in (PACKAGE / path).read_text()]
-    assert found == [], f"{wording!r} in {found}: use config_lib.check_multiple / check_divides"
+    assert found == [], f"{wording!r} in {found}: use errors.check_multiple / check_divides"
 
 
 def test_every_module_is_in_the_test_map():
@@ -70,7 +71,7 @@ def test_every_module_is_in_the_test_map():
         name = path.with_suffix("").as_posix()
         if name.endswith("__init__"):
             continue
-        directory = name.split("/")[0] + "/*"
+        directory = name.split("/")[-2] + "/*" if "/" in name else "-"
         if not re.search(rf"(?<![\w/]){re.escape(name.split('/')[-1])}(?![\w])", listed) and directory not in listed:
             missing.append(name)
     assert missing == []
@@ -161,6 +162,89 @@ def test_the_import_graph_has_no_circle():
     circles, floors = circles_and_floors(import_graph())
     short = [name.removeprefix("contrastive_jax.") for name in floors]
     assert circles == [], f"import circles: {circles}; {len(floors)} floors: {' -> '.join(short)}"
+
+
+WINGS = ("data", "models", "losses", "training", "evaluation")  # the packages by job
+MAX_FLOORS = 9
+ALIASES = {"contrastive_jax.train", "contrastive_jax.released"}  # old public paths, kept for a release
+
+
+def room(module: str) -> str:
+    """The room a module is in: its wing (`contrastive_jax.data.records` -> `data`), or
+    itself for a module at the top (`contrastive_jax.console` -> `console`)."""
+    return module.removeprefix("contrastive_jax.").split(".")[0]
+
+
+def rooms_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`import_graph` with each wing as one room: `{room: the other rooms it imports}`."""
+    rooms = {}
+    for module, imported in graph.items():
+        rooms.setdefault(room(module), set()).update(room(other) for other in imported if room(other) != room(module))
+    return rooms
+
+
+def test_the_wings_import_down_and_the_house_has_at_most_9_floors():
+    """Counted with each wing one room (its modules' own floors are its business, as
+    `losses`' are): no wing imports one that imports it back (the in-loop evaluator once
+    sat above the trainer: evaluate -> benchmark -> trained -> trainer), and the longest
+    chain of rooms, from a command down to `errors`, is at most 9 long."""
+    graph = import_graph()
+    assert {room(m) for m in graph if m.count(".") > 1} == set(WINGS)
+    circles, floors = circles_and_floors(rooms_graph(graph))
+    assert circles == [], f"wings importing each other: {circles}"
+    assert len(floors) <= MAX_FLOORS, f"{len(floors)} floors: {' -> '.join(floors)}"
+
+
+def test_the_manual_draws_the_floors_as_they_are():
+    """docs/training.md's map of the house (`floor N  room room/ ...`) puts each room on
+    its floor: one above the highest room it imports."""
+    graph = rooms_graph(import_graph())
+
+    @functools.cache
+    def floor(name):
+        return 1 + max((floor(other) for other in graph[name]), default=0)
+
+    drawn = {}
+    for line in (ROOT / "docs" / "training.md").read_text().splitlines():
+        if match := re.match(r"floor (\d)  (.*)", line):
+            drawn |= {word.rstrip("/"): int(match[1]) for word in re.sub(r"\([^)]*\)", "", match[2]).split()}
+    assert drawn == {name: floor(name) for name in graph if name != "contrastive_jax"}
+
+
+def test_the_evaluation_wing_is_below_the_trainer_and_data_below_models():
+    rooms = rooms_graph(import_graph())
+    below = lambda name: rooms[name] | {m for r in rooms[name] for m in below(r)}  # noqa: E731
+    assert "training" not in below("evaluation") and "trained" not in below("evaluation")
+    assert not below("data") & {"models", "losses", "training", "evaluation"}
+
+
+def test_nothing_imports_an_old_path():
+    """The aliases of moved public modules are for users' code: the package, its tests and
+    experiments import the new paths."""
+    users = [ROOT / "contrastive_jax", ROOT / "tests", ROOT / "experiments", ROOT / "configs"]
+    names = r"(train|released)\b"
+    imports = rf"from contrastive_jax import [^\n]*\b{names}|(from|import) contrastive_jax\.{names}"
+    pattern = re.compile(rf"^\s*({imports})", re.M)
+    found = [
+        str(path.relative_to(ROOT))
+        for folder in users
+        for path in folder.rglob("*.py")
+        if path.name not in ("train.py", "released.py", "test_layout.py") and pattern.search(path.read_text())
+    ]
+    assert found == []
+
+
+def test_an_old_path_is_the_moved_module_itself():
+    import contrastive_jax.models.released as released
+    import contrastive_jax.training.loop as loop
+
+    with pytest.warns(DeprecationWarning, match="contrastive_jax.training.loop"):
+        sys.modules.pop("contrastive_jax.train", None)
+        from contrastive_jax import train
+    with pytest.warns(DeprecationWarning, match="contrastive_jax.models.released"):
+        sys.modules.pop("contrastive_jax.released", None)
+        import contrastive_jax.released as old_released
+    assert train is loop and old_released is released
 
 
 def test_the_graph_reader_finds_a_circle_and_the_floors():

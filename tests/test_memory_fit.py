@@ -8,9 +8,12 @@ import re
 import pytest
 from subprocess_runs import tiny_fields
 
-from contrastive_jax import input_pipeline, memory_fit, sharding, train, trainer
-from contrastive_jax.config_lib import ConfigError, override
-from contrastive_jax.trainer import data_settings
+from contrastive_jax import sharding
+from contrastive_jax.config_lib import override
+from contrastive_jax.data import input_pipeline
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.training import loop, memory_fit, trainer
+from contrastive_jax.training.trainer import data_settings
 
 # N = 1,024 with dense logits: 1.4 MiB per device (a [128, 1024] block of logits and its
 # gradient dominate); 0.95 MiB leaves room for the ring's or micro-batches' step only.
@@ -33,7 +36,7 @@ def test_a_step_that_does_not_fit_names_settings_that_fit_as_compiled(load_confi
     config = override(load_config("default"), tiny_fields(digits_data_dir) | TOO_BIG)
     workdir = str(tmp_path / "run")
     with pytest.raises(ConfigError) as refused:
-        train.train_and_evaluate(config, workdir)
+        loop.train_and_evaluate(config, workdir)
     message = str(refused.value)
     assert re.fullmatch(
         r"The train step needs 1\.\d MiB per device, the device has 972\.8 KiB "
@@ -87,7 +90,7 @@ def test_the_loop_runs_the_step_the_check_compiled_and_logs_its_memory(
     monkeypatch.setattr(trainer.Trainer, "jit_train_step", only_lowered)
     fields = tiny_fields(digits_data_dir, train__num_train_steps=2, train__memory_limit_gib=1)
     with caplog.at_level(logging.INFO):
-        train.train_and_evaluate(override(load_config("default"), fields), str(tmp_path))
+        loop.train_and_evaluate(override(load_config("default"), fields), str(tmp_path))
     assert len(jitted) == 1
     [first] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cpu: ")]
     assert re.search(r"; 2 steps; step needs \d+\.\d KiB per device of 1\.0 GiB; workdir ", first)

@@ -6,7 +6,7 @@ import sys
 
 from tensorboard.backend.event_processing import event_accumulator
 
-from contrastive_jax import metric_writer
+from contrastive_jax.training import metric_writer
 
 
 def test_scalars_reach_tensorboard_and_the_jsonl_file(tmp_path):
@@ -43,7 +43,7 @@ def test_a_disabled_writer_writes_nothing(tmp_path):
 def test_writing_imports_no_tensorflow(tmp_path):
     """Not on import, nor when writing (tensorboard's own EventFileWriter would import it)."""
     code = (
-        "import sys; from contrastive_jax import metric_writer, train; "
+        "import sys; from contrastive_jax.training import loop, metric_writer; "
         f"w = metric_writer.MetricWriter({str(tmp_path)!r}, enabled=True); w.write(1, {{'x': 1.0}}); w.close(); "
         "assert 'tensorflow' not in sys.modules"
     )

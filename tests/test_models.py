@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contrastive_jax import encoders, losses, models
-from contrastive_jax.trainer import model_settings
+from contrastive_jax import losses
+from contrastive_jax.models import encoders, two_tower
+from contrastive_jax.training.trainer import model_settings
 
 
 def num_params(module, *inputs):
@@ -39,7 +40,7 @@ def config(load_config):
 
 
 def test_two_tower_outputs(config):
-    model = models.create_model(model_settings(config), text_vocab_size=257)
+    model = two_tower.create_model(model_settings(config), text_vocab_size=257)
     a, b = jax.random.uniform(jax.random.key(1), (2, 5, 4, 8, 1))
     variables = jax.jit(model.init)(jax.random.key(0), a, b)
     out = jax.jit(model.apply)(variables, a, b)
@@ -48,53 +49,53 @@ def test_two_tower_outputs(config):
     np.testing.assert_allclose(jnp.linalg.norm(out["za"], axis=1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(jnp.linalg.norm(out["zb"], axis=1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(out["temperature"], 0.07, rtol=1e-6)
-    assert variables["params"][models.TEMPERATURE_PARAM] == pytest.approx(math.log(1 / 0.07))
+    assert variables["params"][two_tower.TEMPERATURE_PARAM] == pytest.approx(math.log(1 / 0.07))
     assert "bias" not in out
 
 
 def test_siglip_temperature_and_bias(config):
     config.loss.name, config.loss.temperature = "siglip", 0.1
-    model = models.create_model(
+    model = two_tower.create_model(
         model_settings(config, learned_bias=losses.LOSSES["siglip"].learned_bias), text_vocab_size=257
     )
     x = jnp.zeros((2, 4, 8, 1))
     variables = jax.jit(model.init)(jax.random.key(0), x, x)
-    assert variables["params"][models.TEMPERATURE_PARAM] == pytest.approx(math.log(10))
+    assert variables["params"][two_tower.TEMPERATURE_PARAM] == pytest.approx(math.log(10))
     assert jax.jit(model.apply)(variables, x, x)["bias"] == -10.0
 
 
 def test_fixed_temperature_is_not_a_parameter(config):
     config.loss.learn_temperature = False
-    model = models.create_model(model_settings(config), text_vocab_size=257)
+    model = two_tower.create_model(model_settings(config), text_vocab_size=257)
     x = jnp.zeros((2, 4, 8, 1))
     variables = jax.jit(model.init)(jax.random.key(0), x, x)
-    assert models.TEMPERATURE_PARAM not in variables["params"]
+    assert two_tower.TEMPERATURE_PARAM not in variables["params"]
     np.testing.assert_allclose(jax.jit(model.apply)(variables, x, x)["temperature"], 0.07, rtol=1e-6)
 
 
 def test_clamp_caps_inverse_temperature_at_100():
     params = {"log_inv_temperature": jnp.float32(7.0), "dense": {"kernel": jnp.full((2,), 9.0)}}
-    clamped = models.clamp_temperature(params)
+    clamped = two_tower.clamp_temperature(params)
     assert float(clamped["log_inv_temperature"]) == pytest.approx(math.log(100))
     np.testing.assert_array_equal(clamped["dense"]["kernel"], 9.0)  # other params untouched
-    assert float(models.clamp_temperature({"log_inv_temperature": jnp.float32(2.0)})["log_inv_temperature"]) == 2.0
+    assert float(two_tower.clamp_temperature({"log_inv_temperature": jnp.float32(2.0)})["log_inv_temperature"]) == 2.0
 
 
 def test_tied_towers_share_one_encoder(config):
     x = jax.random.uniform(jax.random.key(1), (3, 8, 8, 1))
     config.model.tie_towers = True
-    tied = models.create_model(model_settings(config), text_vocab_size=257)
+    tied = two_tower.create_model(model_settings(config), text_vocab_size=257)
     variables = jax.jit(tied.init)(jax.random.key(0), x, x)
     out = jax.jit(tied.apply)(variables, x, x)
     np.testing.assert_array_equal(out["za"], out["zb"])
     config.model.tie_towers = False
-    untied = models.create_model(model_settings(config), text_vocab_size=257)
+    untied = two_tower.create_model(model_settings(config), text_vocab_size=257)
     assert num_params(untied, x, x) == 2 * num_params(tied, x, x) - 1  # one temperature
 
 
 def test_bfloat16_compute_keeps_float32_params_and_embeddings(config):
     config.model.compute_dtype = "bfloat16"
-    model = models.create_model(model_settings(config), text_vocab_size=257)
+    model = two_tower.create_model(model_settings(config), text_vocab_size=257)
     x = jnp.ones((2, 4, 8, 1))
     variables = jax.jit(model.init)(jax.random.key(0), x, x)
     assert {p.dtype for p in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
@@ -107,7 +108,7 @@ def test_classifier_head_and_text_tower(config):
     config.model.encoder_b = "text_transformer"
     config.model.encoder_dim = 64
     config.model.text_num_layers = 1
-    model = models.create_model(model_settings(config), text_vocab_size=257)
+    model = two_tower.create_model(model_settings(config), text_vocab_size=257)
     image = jnp.ones((2, 4, 8, 1))
     tokens = jnp.array([[5, 6, 0, 0], [7, 0, 0, 0]])
     variables = jax.jit(model.init)(jax.random.key(0), image, tokens)
@@ -125,7 +126,7 @@ def test_every_encoder_builds(config, name):
     config.model.encoder_a = name
     config.model.patch_size = 4
     config.model.encoder_dim = 64
-    model = models.create_model(model_settings(config), text_vocab_size=257)
+    model = two_tower.create_model(model_settings(config), text_vocab_size=257)
     a = jnp.ones((2, 8), jnp.int32) if name.startswith("text_") else jnp.ones((2, 16, 16, 3))
     out = jax.eval_shape(lambda: model.apply(model.init(jax.random.key(0), a, None), a, None))
     assert out["za"].shape == (2, 64)
@@ -133,7 +134,7 @@ def test_every_encoder_builds(config, name):
 
 def test_a_patch_size_that_does_not_divide_the_image_is_named(config):
     config.model.encoder_a, config.model.patch_size = "vit_tiny", 5
-    model = models.create_model(model_settings(config), text_vocab_size=257)
+    model = two_tower.create_model(model_settings(config), text_vocab_size=257)
     images = jnp.ones((2, 16, 16, 3))
     message = r"config.model.patch_size=5 must divide the image size \(config.data.image_size\) \(16\); use 4 or 8\."
     with pytest.raises(ValueError, match=message):
@@ -143,7 +144,7 @@ def test_a_patch_size_that_does_not_divide_the_image_is_named(config):
 def test_unknown_encoder_names_the_field(config):
     config.model.encoder_b = "resnet19"
     with pytest.raises(ValueError, match=r"config.model.encoder_b='resnet19'.*resnet18"):
-        models.create_model(model_settings(config), text_vocab_size=257)
+        two_tower.create_model(model_settings(config), text_vocab_size=257)
 
 
 def test_text_cnn_ignores_padding_and_depends_on_every_real_token():

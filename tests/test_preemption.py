@@ -30,8 +30,9 @@ from subprocess_runs import (
     write_config,
 )
 
-from contrastive_jax import checkpoint, distributed, run_dir, train
+from contrastive_jax import run_dir
 from contrastive_jax.config_lib import override
+from contrastive_jax.training import checkpoint, distributed, loop
 
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 
@@ -40,7 +41,7 @@ STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 def reference(load_config, digits_data_dir, tmp_path_factory):
     """An uninterrupted run's workdir (kept; copy it before changing it)."""
     workdir = str(tmp_path_factory.mktemp("reference"))
-    train.train_and_evaluate(override(load_config("default"), tiny_fields(digits_data_dir)), workdir)
+    loop.train_and_evaluate(override(load_config("default"), tiny_fields(digits_data_dir)), workdir)
     return workdir
 
 
@@ -164,7 +165,7 @@ def test_sigkill_at_random_times_resumes_bitwise(
     else:
         assert resumes[-1:] == ([newest] if newest is not None else [])
     straight = str(tmp_path / "straight")
-    train.train_and_evaluate(override(load_config("default"), fields), straight)
+    loop.train_and_evaluate(override(load_config("default"), fields), straight)
     assert_bitwise_equal(saved_params(workdir, 16), saved_params(straight, 16))
     assert losses_once(workdir) == losses_once(straight)
 
@@ -234,7 +235,7 @@ def test_corrupt_latest_checkpoint_is_reported_and_skipped(
     corrupt(os.path.join(workdir, "checkpoints", str(STEPS)))
     config = override(load_config("default"), tiny_fields(digits_data_dir))
     with caplog.at_level(logging.ERROR):
-        train.train_and_evaluate(config, workdir)
+        loop.train_and_evaluate(config, workdir)
     assert f"Skipping corrupt checkpoint {STEPS} in" in caplog.text
     moved = glob.glob(os.path.join(workdir, "checkpoints.corrupt", f"{STEPS}-*"))
     assert len(moved) == 1
@@ -250,7 +251,7 @@ def test_corrupt_latest_checkpoint_is_reported_and_skipped(
 _FINGERPRINT_SPLIT_LEAVES = """
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from contrastive_jax import checkpoint
+from contrastive_jax.training import checkpoint
 mesh = jax.make_mesh((4, 2), ("data", "fsdp"))
 leaves = [
     jax.device_put(jnp.arange(64 * (i % 5 + 1), dtype=jnp.float32).reshape(-1, 8),

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from contrastive_jax import released
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.models import released
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VISION = {"layers": 1, "width": 128, "patch_size": 8, "image_size": 16}  # 64-wide heads, as released
@@ -115,7 +115,7 @@ def test_arrays_of_two_models_fail_at_load_naming_the_file_and_the_array(damaged
 def test_the_open_clip_layout_checks_shapes_against_the_settings():
     """A ViT-B/16's arrays in ViT-B/32 settings (here patches of 8 and 16 pixels) fail in
     `params_from`, naming the parameter, not at the first `apply`."""
-    from contrastive_jax.released import open_clip_layout
+    from contrastive_jax.models.released import open_clip_layout
 
     def arrays(patch_size):
         return {name: t.numpy() for name, t in _open_clip_model(patch_size=patch_size).state_dict().items()}
@@ -138,7 +138,7 @@ def _open_clip_embeddings(reference, images, tokens):
     """open_clip's normalised embeddings of `_embeddings`' images and tokens."""
     import torch
 
-    from contrastive_jax.released import open_clip_layout
+    from contrastive_jax.models.released import open_clip_layout
 
     mean, std = np.array(open_clip_layout.OPENAI_MEAN), np.array(open_clip_layout.OPENAI_STD)
     with torch.no_grad():
@@ -215,8 +215,8 @@ def test_a_big_vision_model_written_back_reads_as_it_was(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from contrastive_jax.released import big_vision_layout
-    from contrastive_jax.transformer import TowerSettings
+    from contrastive_jax.models.released import big_vision_layout
+    from contrastive_jax.models.transformer import TowerSettings
 
     tower = TowerSettings(width=32, depth=2, num_heads=2, mlp_dim=64)
     settings = big_vision_layout.Settings(

@@ -5,8 +5,8 @@ texts as open_clip does."""
 import numpy as np
 import pytest
 
-from contrastive_jax.released import open_clip_layout
-from contrastive_jax.transformer import TowerSettings
+from contrastive_jax.models.released import open_clip_layout
+from contrastive_jax.models.transformer import TowerSettings
 
 torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")

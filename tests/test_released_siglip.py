@@ -7,9 +7,9 @@ import re
 import numpy as np
 import pytest
 
-from contrastive_jax import released
-from contrastive_jax.released import big_vision_layout as layout
-from contrastive_jax.transformer import TowerSettings
+from contrastive_jax.models import released
+from contrastive_jax.models.released import big_vision_layout as layout
+from contrastive_jax.models.transformer import TowerSettings
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

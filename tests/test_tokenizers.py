@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from contrastive_jax import tokenizers
-from contrastive_jax.config_lib import ConfigError
+from contrastive_jax.data import tokenizers
+from contrastive_jax.errors import ConfigError
 
 TEXTS = ["a large red circle at the top left", "two shapes: a blue square", "héllo wörld", ""]
 CORPUS = [
@@ -134,7 +134,7 @@ def test_a_missing_package_names_the_extra(tmp_path, monkeypatch, suffix, packag
 
 def test_bytes_import_no_tokenizer_package_and_clip_no_open_clip(clip_merges):
     code = (
-        "import sys; from contrastive_jax import tokenizers; tokenizers.load('bytes').encode('a', 4); "
+        "import sys; from contrastive_jax.data import tokenizers; tokenizers.load('bytes').encode('a', 4); "
         "assert not {'sentencepiece', 'tokenizers', 'regex', 'ftfy'} & set(sys.modules), sorted(sys.modules); "
         f"tokenizers.load({clip_merges!r}).encode('a cat', 8); "
         "assert not {'open_clip', 'torch'} & set(sys.modules), sorted(sys.modules)"

@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 from subprocess_runs import checkpoint_steps, saved_state
 
-from contrastive_jax import checkpoint, input_pipeline, losses, optimizer, resume, run_dir, sharding, train
-from contrastive_jax.config_lib import ConfigError, override
+from contrastive_jax import losses, run_dir, sharding
+from contrastive_jax.config_lib import override
+from contrastive_jax.data import input_pipeline
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.sharding import BATCH_AXES
-from contrastive_jax.trainer import build, data_settings, optim_settings
+from contrastive_jax.training import checkpoint, loop, optimizer, resume
+from contrastive_jax.training.trainer import build, data_settings, optim_settings
 
 
 @pytest.fixture
@@ -121,8 +124,8 @@ def test_only_build_reads_the_config(config, tmp_path, monkeypatch, fields):
 
     monkeypatch.setattr(ml_collections.ConfigDict, "__getattr__", unreadable)
     monkeypatch.setattr(ml_collections.ConfigDict, "__getitem__", unreadable)
-    train.train(trainer, str(tmp_path))
-    results = train.train(
+    loop.train(trainer, str(tmp_path))
+    results = loop.train(
         dataclasses.replace(trainer, loop=dataclasses.replace(trainer.loop, num_train_steps=6)), str(tmp_path)
     )
     assert results and run_dir.read_metrics(str(tmp_path))[-1]["step"] == 6
@@ -284,13 +287,13 @@ QUEUE = {"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum
 def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypatch, fields):
     config = override(config, fields)
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    results = train.train_and_evaluate(config, straight)
+    results = loop.train_and_evaluate(config, straight)
     logged = [m["train/loss"] for m in run_dir.read_metrics(straight) if "train/loss" in m]
     assert len(logged) == 6
     assert fields or logged[-1] < logged[0] - 2  # learning (the queue's loss rises as it fills)
     assert {"a_to_b/R@1", "b_to_a/R@10", "knn_top1", "collapse/effective_rank"} <= set(results)
 
-    real_global_batch = train._global_batch
+    real_global_batch = loop._global_batch
     calls = {"n": 0}
 
     def counted(batch, data_sharding, crash_at=None):
@@ -299,13 +302,13 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
             raise RuntimeError("simulated crash")
         return real_global_batch(batch, data_sharding)
 
-    monkeypatch.setattr(train, "_global_batch", lambda *args: counted(*args, crash_at=10))
+    monkeypatch.setattr(loop, "_global_batch", lambda *args: counted(*args, crash_at=10))
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train.train_and_evaluate(config, resumed)
+        loop.train_and_evaluate(config, resumed)
     assert checkpoint_steps(resumed)[0][-1] == 8
     calls["n"] = 0
-    monkeypatch.setattr(train, "_global_batch", counted)
-    assert train.train_and_evaluate(config, resumed) == results
+    monkeypatch.setattr(loop, "_global_batch", counted)
+    assert loop.train_and_evaluate(config, resumed) == results
     assert calls["n"] == 4  # steps 9-12: resumed from checkpoint 8, not retrained
 
     chex.assert_trees_all_equal(saved_state(straight, 12), saved_state(resumed, 12))
@@ -322,8 +325,8 @@ def test_resume_onto_a_different_mesh(config, tmp_path, monkeypatch):
     """A run that crashed with its parameters split 4 ways (a 2 x 4 mesh) resumes data
     parallel from its checkpoint and ends where a straight data-parallel run does."""
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    train.train_and_evaluate(config, straight)
-    real_global_batch, calls = train._global_batch, {"n": 0}
+    loop.train_and_evaluate(config, straight)
+    real_global_batch, calls = loop._global_batch, {"n": 0}
 
     def crash_at_10(batch, data_sharding):
         calls["n"] += 1
@@ -331,11 +334,11 @@ def test_resume_onto_a_different_mesh(config, tmp_path, monkeypatch):
             raise RuntimeError("simulated crash")
         return real_global_batch(batch, data_sharding)
 
-    monkeypatch.setattr(train, "_global_batch", crash_at_10)
+    monkeypatch.setattr(loop, "_global_batch", crash_at_10)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train.train_and_evaluate(override(config, FSDP_FIELDS | {"mesh.fsdp": 4}), resumed)
-    monkeypatch.setattr(train, "_global_batch", real_global_batch)
-    train.train_and_evaluate(config, resumed)
+        loop.train_and_evaluate(override(config, FSDP_FIELDS | {"mesh.fsdp": 4}), resumed)
+    monkeypatch.setattr(loop, "_global_batch", real_global_batch)
+    loop.train_and_evaluate(config, resumed)
     want, got = saved_state(straight, 12), saved_state(resumed, 12)
     chex.assert_trees_all_close(got["params"], want["params"], rtol=1e-4, atol=1e-6)
     resumed_losses = {m["step"]: m["train/loss"] for m in run_dir.read_metrics(resumed) if "train/loss" in m}
@@ -419,7 +422,7 @@ def test_fsdp_steps_equal_data_parallel_steps(config, loss):
 
 def test_non_finite_loss_stops_and_names_the_last_checkpoint(config, tmp_path, monkeypatch):
     workdir = str(tmp_path)
-    train.train_and_evaluate(override(config, {"train.num_train_steps": 4}), workdir)
+    loop.train_and_evaluate(override(config, {"train.num_train_steps": 4}), workdir)
 
     def nan_loss(inputs, loss_config):
         return jax.lax.pmean(jnp.nan * inputs["za"].sum(), BATCH_AXES), {}
@@ -427,7 +430,7 @@ def test_non_finite_loss_stops_and_names_the_last_checkpoint(config, tmp_path, m
     clip = losses.LOSSES["clip"]
     monkeypatch.setitem(losses.LOSSES, "clip", dataclasses.replace(clip, fn=nan_loss))
     with pytest.raises(FloatingPointError, match=r"at step 5.*Last good checkpoint: step 4"):
-        train.train_and_evaluate(override(config, {"train.num_train_steps": 8}), workdir)
+        loop.train_and_evaluate(override(config, {"train.num_train_steps": 8}), workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4"]
 
 
@@ -551,7 +554,7 @@ def test_build_writes_no_record_set_and_names_the_command_that_does(tiny_config,
 def test_the_job_writes_the_builtin_records_first_and_says_so_in_one_line(tiny_config, tmp_path, caplog):
     fields = {"data.data_dir": str(tmp_path / "data"), "train.num_train_steps": 1, "train.log_every_steps": 1}
     with caplog.at_level("INFO"):
-        train.train_and_evaluate(override(tiny_config, fields), str(tmp_path / "run"))
+        loop.train_and_evaluate(override(tiny_config, fields), str(tmp_path / "run"))
     written = tmp_path / "data" / "sklearn_digits-v2"
     assert (written / "metadata.json").exists()
     lines = [r.getMessage() for r in caplog.records if "built-in" in r.getMessage()]

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from subprocess_runs import saved_state
 
-from contrastive_jax import checkpoint, input_pipeline, run_dir
+from contrastive_jax import run_dir
 from contrastive_jax import trained as trained_model_lib
+from contrastive_jax.data import input_pipeline
+from contrastive_jax.training import checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +102,14 @@ def run_without_data(load_config, digits_data_dir, tmp_path_factory):
     the records deleted."""
     from subprocess_runs import tiny_fields
 
-    from contrastive_jax import train
     from contrastive_jax.config_lib import override
+    from contrastive_jax.training import loop
 
     root = tmp_path_factory.mktemp("moved")
     data_dir = shutil.copytree(digits_data_dir, root / "records")
     fields = tiny_fields(str(data_dir), train__num_train_steps=2, model__mlp_hidden_dims=(256, 256))
     workdir = str(root / "run")
-    train.train_and_evaluate(override(load_config("default"), fields), workdir)
+    loop.train_and_evaluate(override(load_config("default"), fields), workdir)
     model = trained_model_lib.load(workdir)
     b = input_pipeline.eval_arrays(model.data, "test")["b"][:20]
     shutil.rmtree(data_dir)

@@ -1,4 +1,4 @@
-"""The one Transformer (`contrastive_jax.transformer`): attention through
+"""The one Transformer (`contrastive_jax.models.transformer`): attention through
 `jax.nn.dot_product_attention` equals Flax's own, masks included; rematerialised blocks
 give the same numbers and gradients in less compiled memory; bfloat16 activations and
 logits' matmul stay within a stated tolerance of float32 in a whole CLIP step."""
@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contrastive_jax import encoders, losses, models, transformer
-from contrastive_jax.config_lib import ConfigError
-from contrastive_jax.trainer import model_settings
+from contrastive_jax import losses
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.models import encoders, transformer, two_tower
+from contrastive_jax.training.trainer import model_settings
 
 
 def _qkv(batch=3, length=7, heads=2, head_dim=8, dtype=jnp.float32):
@@ -140,7 +141,7 @@ LOSS_RTOL, GRADS_RTOL, PARAM_RTOL = 1e-2, 3e-2, 1e-1
 
 
 def _clip_step(config, params, images, tokens):
-    model = models.create_model(model_settings(config), text_vocab_size=64)
+    model = two_tower.create_model(model_settings(config), text_vocab_size=64)
     dtype = config.loss.matmul_dtype
 
     def loss(params):
@@ -160,7 +161,7 @@ def test_bfloat16_clip_step_within_tolerance_of_float32(load_config):
     config.model.update(text_num_layers=2, dropout_rate=0.0, embed_dim=32)
     images = jax.random.uniform(jax.random.key(0), (32, 16, 16, 3))
     tokens = jax.random.randint(jax.random.key(1), (32, 6), 1, 64)
-    model = models.create_model(model_settings(config), text_vocab_size=64)
+    model = two_tower.create_model(model_settings(config), text_vocab_size=64)
     params = model.init(jax.random.key(2), images, tokens)
     value32, grads32 = _clip_step(config, params, images, tokens)
     config.model.compute_dtype, config.loss.matmul_dtype = "bfloat16", "bfloat16"
@@ -181,7 +182,7 @@ def test_transformer_encoders_are_listed(load_config):
     config.model.update(patch_size=4, encoder_dim=64, text_num_layers=1)
     for name in encoders.ENCODERS:
         config.model.encoder_a = name
-        model = models.create_model(model_settings(config), text_vocab_size=16)
+        model = two_tower.create_model(model_settings(config), text_vocab_size=16)
         a = jnp.ones((1, 8), jnp.int32) if name.startswith("text_") else jnp.ones((1, 8, 8, 3))
         params = jax.eval_shape(model.init, jax.random.key(0), a, None)["params"]["tower_a"]
         assert ("Transformer" in params) == (name in encoders.TRANSFORMER_ENCODERS), name

@@ -9,8 +9,10 @@ from absl import flags
 from ml_collections import config_flags
 from subprocess_runs import ROOT
 
-from contrastive_jax import checkpoint, run_dir, sharding, train, trainer
-from contrastive_jax.config_lib import ConfigError, override
+from contrastive_jax import run_dir, sharding
+from contrastive_jax.config_lib import override
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.training import checkpoint, loop, trainer
 
 
 @pytest.fixture
@@ -219,7 +221,7 @@ def test_bad_workdir_fails_before_any_work(config, tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setattr(trainer.Trainer, "init_state", None)  # would fail if reached
     with pytest.raises(ConfigError, match="cannot be created"):
-        train.train_and_evaluate(config, str(blocker / "run"))
+        loop.train_and_evaluate(config, str(blocker / "run"))
 
 
 # --- resuming onto a checkpoint that does not fit -----------------------------------
@@ -237,7 +239,7 @@ ANOTHER_MODEL = [
 def test_resume_onto_another_model_is_refused(trained, config, field, value, message):
     config = override(config, {field: value, "train.num_train_steps": 4})
     with pytest.raises(checkpoint.IncompatibleCheckpointError) as error:
-        train.train_and_evaluate(config, trained)
+        loop.train_and_evaluate(config, trained)
     text = str(error.value)
     assert "Cannot resume onto another model. checkpoint 2 in" in text
     assert "holds a state of another structure" in text
@@ -257,7 +259,7 @@ def test_resume_with_another_data_order_is_refused(trained, config, field, value
         ConfigError,
         match=rf"Cannot resume from checkpoint 2: it was written with config.{field}=.*so the data order and RNG would not continue it. Set --config.{field}=.*, or use a new --workdir",
     ):
-        train.train_and_evaluate(config, trained)
+        loop.train_and_evaluate(config, trained)
 
 
 def test_resume_with_more_steps_is_allowed(trained, config, tmp_path):
@@ -265,5 +267,5 @@ def test_resume_with_more_steps_is_allowed(trained, config, tmp_path):
     workdir = str(tmp_path / "run")
     shutil.copytree(trained, workdir)
     config.train.num_train_steps = 3
-    train.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(config, workdir)
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))

@@ -15,9 +15,10 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from contrastive_jax import images, records, write_records
-from contrastive_jax.config_lib import ConfigError
-from contrastive_jax.datasets import shapes, sklearn_digits
+from contrastive_jax import write_records
+from contrastive_jax.data import images, records
+from contrastive_jax.data.builtin import shapes, sklearn_digits
+from contrastive_jax.errors import ConfigError
 
 
 def encoded(mode: str, colour, image_format: str, size=(20, 16)) -> bytes:
@@ -504,19 +505,19 @@ def test_parquet_with_bytes_structs_and_paths_round_trips(tmp_path, image_files)
 
 
 def test_tables_are_read_as_streams_from_their_index(tmp_path, image_files, monkeypatch):
-    from contrastive_jax import record_inputs
+    from contrastive_jax.data import sources
 
-    monkeypatch.setattr(record_inputs, "INDEX_EVERY", 4)
+    monkeypatch.setattr(sources, "INDEX_EVERY", 4)
     rows = [(f"img/{['rgb.jpg', 'grey.png'][k % 2]}", f'caption {k}, "quoted"\nover two lines') for k in range(23)]
     rows[10] = ("img/none.jpg", "a missing image")
     with open(tmp_path / "pairs.csv", "w", newline="") as f:
         csv.writer(f).writerows([("image", "caption"), *rows[:10], (), *rows[10:]])  # a blank row
     (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps({"image": i, "caption": c}) for i, c in rows) + "\n\n")
     for kind, where in (("csv", "row 12 (img/none.jpg)"), ("jsonl", "line 11 (img/none.jpg)")):
-        source = record_inputs.TableSource(str(tmp_path / f"pairs.{kind}"), "train", kind)
+        source = sources.TableSource(str(tmp_path / f"pairs.{kind}"), "train", kind)
         assert source.num_examples("train") == 23 and len(source.offsets) == 6
         for start, stop in ((0, 23), (5, 9), (8, 8), (10, 11), (13, 23), (22, 30)):
             got = list(source.examples("train", start, stop))
-            assert [e.where if isinstance(e, record_inputs.BadInput) else e["captions"][0] for e in got] == [
+            assert [e.where if isinstance(e, sources.BadInput) else e["captions"][0] for e in got] == [
                 f"{source.path} {where}" if k == 10 else c for k, (_, c) in enumerate(rows) if start <= k < stop
             ], (kind, start, stop)

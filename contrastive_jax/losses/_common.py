@@ -31,7 +31,7 @@ def check_temperature(temperature, name: str = "temperature") -> None:
         raise ValueError(
             f"{name} is required: cosine similarities lie in [-1, 1], so without a "
             f"temperature the softmax cannot become peaked and training stalls. Pass "
-            f"e.g. {name}=0.07, or a learnable one (see contrastive_jax.models)."
+            f"e.g. {name}=0.07, or a learnable one (see contrastive_jax.models.two_tower)."
         )
     check_positive(
         temperature,

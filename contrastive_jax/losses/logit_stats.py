@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax import compat
-from contrastive_jax.config_lib import check_divides
+from contrastive_jax.errors import check_divides
 from contrastive_jax.losses import _common
 from contrastive_jax.losses.streaming import (
     Streaming,

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.config_lib import check_multiple
+from contrastive_jax.errors import check_multiple
 from contrastive_jax.losses import _common, logit_stats
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 from contrastive_jax.losses.pairs import check_paired, local_ids, paired_logits

@@ -10,14 +10,14 @@ labels, a grouping loss a dataset with id keys, a classifier loss
 adding a loss touches this file only.
 
 The inputs are those of `loss_types` (model outputs and data fields); `groups` are the
-dataset's id keys (`data_sources.Source.id_keys`: cmudict's word and pronunciation ids),
+dataset's id keys (`records.Metadata.id_keys`: cmudict's word and pronunciation ids),
 which mark in-batch false negatives for "clip_masking_false_negatives".
 
 The pair losses "clip", "infonce" and "siglip" also return the in-batch retrieval
 metrics (`losses.contrastive_metrics`) from their own statistics, so a train step does
 no N^2 work beyond the loss's forward and backward; "ntxent" and "npairs" log no pair
 metrics (their statistics are not the a -> b ones, and computing them would cost another
-N^2 pass each step). Evaluation (`evaluate.py`) measures retrieval for every loss.
+N^2 pass each step). Evaluation (`evaluation/`) measures retrieval for every loss.
 
 Losses with state (`Loss.state`: "sogclr", "moco_queue", "xbm") keep arrays across
 steps in `TrainState.loss_state` (checkpointed with the parameters): their `fn` also
@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.config_lib import ConfigError, check_multiple
+from contrastive_jax.errors import ConfigError, check_multiple
 from contrastive_jax.losses._common import l2_normalize
 from contrastive_jax.losses.beyond_batch import dcl_loss, sogclr_init_state, sogclr_loss
 from contrastive_jax.losses.classification import (

@@ -2,7 +2,7 @@
 
 The options every streamed loss takes (``chunk_size``, ``collective``, ``matmul_dtype``:
 :class:`Streaming`), and how ``chunk_size`` resolves to a tile edge
-(:func:`auto_chunk_size`; checked by `config_lib.check_divides`). The result never depends on them (to
+(:func:`auto_chunk_size`; checked by `errors.check_divides`). The result never depends on them (to
 round-off); :mod:`contrastive_jax.losses.logit_stats` carries them out.
 """
 

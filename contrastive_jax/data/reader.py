@@ -1,0 +1,251 @@
+"""Records to model inputs: which examples a step's batch holds, and each one's inputs.
+
+`Examples` reads one split's records (optionally only the labels in a class range) and
+turns a record into the model's inputs; `BatchReader` maps a step number to this
+process's rows of that step's global batch. Both are plain picklable objects (grain's
+worker processes receive them) and import neither JAX nor TensorFlow.
+
+Every random choice is a counter-based draw (`stateless_random`) keyed by
+`config.data.seed` and the row's position `step * N + k` in the stream, so a batch is a
+pure function of `(seed, step)` whatever the number of processes or workers.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from contrastive_jax.data import images, records, stateless_random, tokenizers
+from contrastive_jax.data.records import DataError
+from contrastive_jax.data.settings import DataSettings, augments
+
+# Independent random streams of `config.data.seed` (the epochs' orders use _ORDER + epoch).
+_CLASSES, _AUGMENT, _CAPTION, _NOISE, _ORDER = 1, 2, 3, 4, 1 << 32
+_VIEWS = 2
+# A record that cannot be read is replaced by the next readable one (on_bad_record="skip").
+_MAX_REPLACEMENTS = 100
+_FIX = "rewrite it with `write_records`, which reports and leaves out bad inputs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Visit:
+    """The random draws of one row of the stream (None for evaluation: no augmentation,
+    the first caption)."""
+
+    draws: np.ndarray  # float64 [_VIEWS, images.NUM_DRAWS]: crops, flips, jitter
+    caption: float  # uniform in [0, 1): which caption
+
+
+class Examples:
+    """One split's records as model inputs (`len(examples)` of them, in record order)."""
+
+    def __init__(self, data: DataSettings, metadata: records.Metadata, split: str, class_range=None):
+        self.data = data
+        self.metadata = metadata
+        name, rows = records.parse_split(split)
+        self.records = records.RecordSet(metadata, name)
+        self.tokenizer = tokenizers.load(data.tokenizer)
+        self.kept = None  # the record numbers in the slice and the class range; None: all
+        if rows != slice(None):
+            self.kept = np.arange(len(self.records))[rows]
+        if class_range is not None:
+            if not metadata.has("label"):
+                raise DataError(f"a class range was given but {data.display_name} has no labels.")
+            labels = self.records.labels()
+            in_range = np.flatnonzero((labels >= class_range[0]) & (labels < class_range[1]))
+            self.kept = in_range if self.kept is None else np.intersect1d(self.kept, in_range)
+        if len(self) == 0:
+            raise DataError(f"split {split!r} of {data.display_name} (classes {class_range}) is empty.")
+
+    def __len__(self) -> int:
+        return len(self.records) if self.kept is None else len(self.kept)
+
+    def labels(self) -> np.ndarray:
+        """int32 [len(self)]: each example's label."""
+        labels = self.records.labels()
+        return labels if self.kept is None else labels[self.kept]
+
+    def _record_number(self, i: int) -> int:
+        return int(i if self.kept is None else self.kept[i])
+
+    def read(self, indices) -> list[bytes]:
+        """The record bytes of examples `indices` (int [k])."""
+        return self.records.read_many([self._record_number(i) for i in indices])
+
+    def inputs(self, i: int, visit: Visit | None = None, record: bytes | None = None) -> dict[str, np.ndarray]:
+        """Example `i`'s model inputs: `a`, `b` (pairs, views), `label`, the id keys.
+
+        Args:
+          visit: the row's random draws; None: evaluation.
+          record: example `i`'s record bytes if already read.
+
+        Raises:
+          DataError: the record cannot be read; the message names its shard and number.
+        """
+        number = self._record_number(i)
+        try:
+            example = records.decode(self.records.read(number) if record is None else record)
+            return self._inputs(example, visit)
+        except DataError:
+            raise
+        except Exception as e:  # a corrupt record: msgpack, PIL or a missing field
+            shard, position = self.records.where(number)
+            raise DataError(f"{shard}, record {position}: {e}; {_FIX}") from None
+
+    def captions(self, i: int) -> list[str]:
+        """Example `i`'s captions, all of them, in the record's order."""
+        if not self.metadata.has("captions"):
+            raise DataError(f"{self.data.display_name} has no captions.")
+        return list(records.decode(self.records.read(self._record_number(i)))["captions"])
+
+    def _inputs(self, example: dict, visit: Visit | None) -> dict[str, np.ndarray]:
+        data, meta = self.data, self.metadata
+        out = {"label": np.int32(example["label"])} if meta.has("label") else {}
+        out |= {key: np.int32(example[key]) for key in meta.id_keys}
+        if meta.has("sequence"):  # sequence pairs: two token sequences, nothing to augment
+            ids = np.asarray(example["sequence"][: data.text_max_length], np.int32) + 1
+            sequence = np.pad(ids, (0, data.text_max_length - len(ids)))
+            return out | {"a": self.tokenizer.encode(example["text"], data.text_max_length), "b": sequence}
+        image = images.decode(example["image"], meta.image_channels, data.image_size)
+        views = [self._view(image, visit, v) for v in range(_VIEWS if data.task == "views" and visit else 1)]
+        if data.task == "views":
+            return out | dict(zip(("a", "b"), views))
+        if data.task == "pairs" and meta.has("captions"):
+            captions = example["captions"]
+            if not captions or not all(c.strip() for c in captions):
+                raise ValueError("an empty caption")
+            chosen = 0 if visit is None else int(visit.caption * len(captions))
+            return out | {"a": views[0], "b": self.tokenizer.encode(captions[chosen], data.text_max_length)}
+        if data.task == "pairs":  # an image alone: its top and bottom halves
+            half = views[0].shape[0] // 2
+            return out | {"a": views[0][:half], "b": views[0][half:]}
+        return out | {"a": views[0]}
+
+    def _view(self, image, visit: Visit | None, view: int) -> np.ndarray:
+        """uint8 [H, W, C]: the image as it is (evaluation), or cropped and flipped
+        (`BatchReader` adds the colour jitter and noise to the whole batch)."""
+        data = self.data
+        if visit is None or not augments(data):
+            return images.to_array(images.resized(image, data.image_size))
+        return images.augmented(image, data.image_size, data.augment, visit.draws[view])
+
+    def inputs_or_replacement(self, i: int, visit: Visit, record: bytes) -> tuple[dict[str, np.ndarray], int]:
+        """`(inputs, skipped)`: example `i`'s inputs, or with `on_bad_record="skip"` those
+        of the next readable example (`skipped` records passed over); the choice depends
+        on the records alone, so every run skips the same ones."""
+        for skipped in range(_MAX_REPLACEMENTS):
+            try:
+                return self.inputs((i + skipped) % len(self), visit, record if skipped == 0 else None), skipped
+            except DataError as e:
+                if self.data.on_bad_record == "stop":
+                    raise DataError(f"{e} (or set config.data.on_bad_record='skip')") from None
+        raise DataError(f"{_MAX_REPLACEMENTS} records in a row from example {i} cannot be read; rewrite the set.")
+
+
+def stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Rows of `Examples.inputs` as arrays [B, ...]; DataError when image sizes differ."""
+    try:
+        return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+    except ValueError:
+        shapes = sorted({str(row["a"].shape) for row in rows})
+        raise DataError(
+            f"the images have different sizes ({', '.join(shapes[:3])}); set config.data.image_size."
+        ) from None
+
+
+class BatchReader:
+    """`reader(step)`: this process's rows `rows` of global batch `step`, as NumPy arrays
+    [B, ...] with `index` (each example's number in the split) and, under
+    `on_bad_record="skip"`, `skipped_records` (the count passed over; the loop pops it)."""
+
+    def __init__(self, examples: Examples, rows: slice):
+        self.examples = examples
+        self.rows = rows
+        data = examples.data
+        self.size, self.seed = data.global_batch_size, data.seed
+        self.members = None
+        if data.task == "labeled":
+            self.members = _class_members(examples.labels(), self.size, data.examples_per_class)
+
+    def positions(self, step: int) -> np.ndarray:
+        """int64 [rows]: the stream positions of this process's rows of batch `step`."""
+        return step * self.size + np.arange(self.size)[self.rows]
+
+    def indices(self, step: int) -> np.ndarray:
+        """int64 [rows]: the examples of this process's rows of batch `step`."""
+        if self.members is not None:  # N / m classes, m distinct examples of each
+            m = self.examples.data.examples_per_class
+            draw = np.random.default_rng(np.random.SeedSequence([self.seed, _CLASSES, step]))
+            chosen = draw.permutation(len(self.members))[: self.size // m]
+            picked = np.concatenate([draw.choice(self.members[c], m, replace=False) for c in chosen])
+            return picked[self.rows]
+        # Element i is at position i mod n of epoch i // n's permutation.
+        positions, n = self.positions(step), len(self.examples)
+        out = np.empty(len(positions), np.int64)
+        for epoch in np.unique(positions // n):
+            where = positions // n == epoch
+            out[where] = stateless_random.permute(positions[where] % n, n, self.seed, _ORDER + int(epoch))
+        return out
+
+    def visits(self, step: int) -> list[Visit]:
+        """The random draws of this process's rows of batch `step`: each row's
+        augmentation draws [_VIEWS, images.NUM_DRAWS] and caption draw."""
+        positions = self.positions(step)
+        counters = positions[:, None] * (_VIEWS * images.NUM_DRAWS) + np.arange(_VIEWS * images.NUM_DRAWS)
+        draws = stateless_random.uniform(self.seed, _AUGMENT, counters).reshape(len(positions), _VIEWS, -1)
+        captions = stateless_random.uniform(self.seed, _CAPTION, positions)
+        return [Visit(d, float(c)) for d, c in zip(draws, captions)]
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        indices, visits = self.indices(step), self.visits(step)
+        rows, skipped = [], 0
+        for i, visit, record in zip(indices, visits, self.examples.read(indices)):
+            inputs, passed = self.examples.inputs_or_replacement(int(i), visit, record)
+            rows.append(inputs | {"index": np.int32((i + passed) % len(self.examples))})
+            skipped += passed
+        batch = self._photometric(stack(rows), step, visits)
+        if self.examples.data.on_bad_record == "skip":
+            batch["skipped_records"] = np.int32(skipped)
+        return batch
+
+    @property
+    def changes_colours(self) -> bool:
+        """Whether training images become float32 (colour jitter or noise); else uint8."""
+        data = self.examples.data
+        return augments(data) and images.changes_colours(data.augment) and not self.examples.metadata.has("sequence")
+
+    def _photometric(self, batch: dict[str, np.ndarray], step: int, visits: list[Visit]) -> dict[str, np.ndarray]:
+        """The batch with its images' colour jitter and pixel noise (`images.photometric`,
+        float32), when the augmentation has any; else the images stay uint8. Image `key`
+        of the row at position p gets noise draws (p, pixel) of its own stream."""
+        data = self.examples.data
+        if not self.changes_colours:
+            return batch
+        positions, draws = self.positions(step).astype(np.uint64), np.stack([visit.draws for visit in visits])
+        for stream, key in enumerate(k for k in ("a", "b") if k in batch and batch[k].dtype == np.uint8):
+            size = int(np.prod(batch[key].shape[1:]))
+            noise = None
+            if data.augment.noise_std > 0:
+                counters = positions[:, None] * np.uint64(size) + np.arange(size, dtype=np.uint64)
+                noise = stateless_random.normal(self.seed, _NOISE + stream, counters).reshape(batch[key].shape)
+            view = stream if data.task == "views" else 0  # the halves of one image: its draws
+            batch[key] = images.photometric(batch[key], data.augment, draws[:, view], noise)
+        return batch
+
+
+def _class_members(labels: np.ndarray, batch_size: int, m: int) -> list[np.ndarray]:
+    """The examples of each class; DataError when a batch cannot hold m of N / m classes."""
+    classes = np.unique(labels)
+    members = [np.flatnonzero(labels == c) for c in classes]
+    needed = batch_size // m
+    if needed > len(classes):
+        raise DataError(
+            f"a batch of {batch_size} with config.data.examples_per_class={m} needs {needed} classes but the "
+            f"split has {len(classes)}; raise examples_per_class or lower the global batch size."
+        )
+    smallest = min(range(len(classes)), key=lambda c: len(members[c]))
+    if len(members[smallest]) < m:
+        raise DataError(
+            f"class {classes[smallest]} has {len(members[smallest])} examples, fewer than "
+            f"config.data.examples_per_class={m}; lower examples_per_class."
+        )
+    return members

@@ -1,0 +1,178 @@
+"""The data a run reads, the settings it reads them with, and the rules those settings
+must follow (no TensorFlow, no JAX).
+
+A run reads a record set (`records`: ArrayRecord shards and their metadata), either the
+user's own (`config.data.records=DIR`, written by `python -m contrastive_jax.write_records`)
+or a built-in dataset (`config.data.name`), whose records the same writer writes under
+`config.data.data_dir` before the run's config is checked (`writer.write_builtin`:
+the training job runs it; nothing here writes).
+`trainer.data_settings` reads `config.data` (and the global batch size) once into
+plain values, the only thing `input_pipeline` is given; `check_data_config` rejects
+settings the pipeline cannot serve, with one line naming the fix.
+"""
+
+import dataclasses
+import os
+
+from contrastive_jax.data import records
+from contrastive_jax.errors import ConfigError, check_multiple
+
+TASKS = ("pairs", "views", "labeled")
+BAD_RECORD_POLICIES = ("stop", "skip")
+# The built-in datasets: `config.data.name` -> the writer's source. Their records are
+# written once per version of the writer's generator (the directory names the version).
+BUILTIN = {
+    "sklearn_digits": "builtin:sklearn_digits",
+    "cmudict": "builtin:cmudict",
+    "shapes": "builtin:shapes",
+}
+BUILTIN_VERSION = 2  # 2: cmudict has the fit and validation splits
+DEFAULT_DATA_DIR = os.path.join("~", ".cache", "contrastive_jax")
+
+
+@dataclasses.dataclass(frozen=True)
+class Augment:
+    """Random augmentation of training images (`config.data.augment`, whose comments
+    say what each field does and which value turns it off)."""
+
+    crop_min_area: float
+    flip: bool
+    color_jitter: float
+    noise_std: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """What the input pipeline reads and how, as plain values: `trainer.build` reads them
+    from the config once (`trainer.data_settings`). Each field is `config.data.<name>` (its comment
+    in configs/default.py says what it does), but for `global_batch_size`
+    (`config.train.global_batch_size`: the rows of a step's batch)."""
+
+    name: str | None
+    records: str | None
+    task: str
+    global_batch_size: int
+    data_dir: str | None
+    train_split: str
+    train_class_range: tuple[int, int] | None
+    seed: int
+    image_size: int | None
+    text_max_length: int
+    tokenizer: str
+    examples_per_class: int
+    num_workers: int
+    prefetch_batches: int
+    on_bad_record: str
+    augment: Augment
+
+    @property
+    def display_name(self) -> str:
+        """Names the dataset in messages (its built-in name or its records directory)."""
+        return self.name if self.records is None else self.records
+
+
+def builtin_records(name: str, data_dir: str | None) -> str:
+    """The directory of the built-in dataset `name`'s records under `data_dir`
+    (`DEFAULT_DATA_DIR` when None), written there by `writer.write_builtin` (the
+    training job runs it before `trainer.build`, which writes nothing)."""
+    root = os.path.expanduser(data_dir or DEFAULT_DATA_DIR)
+    return os.path.abspath(os.path.join(root, f"{name}-v{BUILTIN_VERSION}"))
+
+
+def open_metadata(data: DataSettings) -> records.Metadata:
+    """The metadata of the run's record set: `config.data.records`, or the built-in
+    dataset's (`builtin_records`).
+
+    Raises:
+      DataError: no record set there (for a built-in dataset, the message gives the
+        command that writes it), or its metadata is not this format's.
+    """
+    if data.records is not None:
+        return records.read_metadata(os.path.expanduser(data.records))
+    directory = builtin_records(data.name, data.data_dir)
+    if not os.path.exists(os.path.join(directory, records.METADATA_FILE)):
+        raise records.DataError(
+            f"config.data.name={data.name!r}: its records are not written yet (in {directory}); write them with "
+            f"`python -m contrastive_jax.write_records --source={BUILTIN[data.name]} --out={directory}`, "
+            "or train with `python -m contrastive_jax.main`, which writes them first."
+        )
+    return records.read_metadata(directory)
+
+
+def text_vocab_size(data: DataSettings, metadata: records.Metadata) -> int:
+    """The text towers' vocabulary: the tokenizer's, or the sequence ids + 1 if larger."""
+    from contrastive_jax.data import tokenizers
+
+    return max(tokenizers.load(data.tokenizer).vocab_size, metadata.sequence_vocab_size + 1)
+
+
+def per_process_batch_size(global_batch_size: int, process_count: int) -> int:
+    """The number of examples each process reads per step."""
+    check_multiple(global_batch_size, process_count, "config.train.global_batch_size", "the processes")
+    return global_batch_size // process_count
+
+
+def augments(data: DataSettings) -> bool:
+    """Whether training inputs are randomly augmented (always for "views")."""
+    aug = data.augment
+    active = aug.crop_min_area < 1.0 or aug.flip or aug.color_jitter > 0 or aug.noise_std > 0
+    return active or data.task == "views"
+
+
+def check_data_config(data: DataSettings) -> records.Metadata:
+    """Raises ConfigError for settings the pipeline cannot serve: an unknown task, name
+    or bad-record policy, no record set, a "labeled" batch that is not whole classes of
+    `examples_per_class`, a split the set lacks, and settings a sequence-pair dataset
+    cannot use (another task, image augmentations, a `text_max_length` that would
+    truncate). Returns the record set's metadata."""
+    if data.task not in TASKS:
+        raise ConfigError(f"config.data.task={data.task!r} is not a task; use one of {TASKS}.")
+    if data.on_bad_record not in BAD_RECORD_POLICIES:
+        raise ConfigError(
+            f"config.data.on_bad_record={data.on_bad_record!r} is not a policy; use one of {BAD_RECORD_POLICIES}."
+        )
+    if data.records is None and data.name not in BUILTIN:
+        raise ConfigError(
+            f"config.data.name={data.name!r} is not a built-in dataset; use one of {sorted(BUILTIN)}, or "
+            "write your data with `python -m contrastive_jax.write_records --out=DIR ...` and set "
+            "config.data.records=DIR."
+        )
+    if data.task == "labeled":
+        check_multiple(
+            data.global_batch_size,
+            data.examples_per_class,
+            "config.train.global_batch_size",
+            "config.data.examples_per_class",
+        )
+    metadata = open_metadata(data)
+    metadata.split(records.parse_split(data.train_split)[0])
+    if metadata.has("sequence"):
+        _check_sequence_pairs(data, metadata)
+    if data.task in ("views", "labeled") or metadata.has("captions"):
+        if not metadata.has("image"):
+            raise ConfigError(
+                f"config.data.task={data.task!r} needs images and {data.display_name} has none; use task 'pairs'."
+            )
+    if data.task == "labeled" and not metadata.has("label"):
+        raise ConfigError(
+            f"config.data.task='labeled' needs labels but {data.display_name} has none; use task 'pairs' or 'views'."
+        )
+    return metadata
+
+
+def _check_sequence_pairs(data: DataSettings, metadata: records.Metadata) -> None:
+    name = data.display_name
+    if data.task != "pairs":
+        raise ConfigError(f"{name} holds sequence pairs; set config.data.task='pairs' (not {data.task!r}).")
+    if augments(data):
+        raise ConfigError(
+            f"config.data.augment applies to images and {name} has none; set "
+            "config.data.augment.noise_std=0.0 (and crop_min_area=1.0, flip=False, "
+            "color_jitter=0.0)."
+        )
+    if data.text_max_length < metadata.max_text_length:
+        raise ConfigError(
+            f"config.data.text_max_length={data.text_max_length} would truncate {name}, "
+            f"whose longest text is {metadata.max_text_length} tokens; set it to at least "
+            f"{metadata.max_text_length}."
+        )

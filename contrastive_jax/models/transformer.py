@@ -1,0 +1,296 @@
+"""The one Transformer of every tower here: the released CLIP and SigLIP towers and the
+project's own `ViT` and `TextTransformer` (`encoders`). big_vision's module names
+(`Transformer/encoderblock_<i>/LayerNorm_0`, `MultiHeadDotProductAttention_0`,
+`LayerNorm_1`, `MlpBlock_0/Dense_0|Dense_1`, `encoder_norm`; `MAPHead_0`), so that a
+big_vision checkpoint is its own parameter tree and open_clip's names map onto it.
+
+Where the released models differ, an option says so: the MLP's activation (big_vision's
+tanh-approximated GELU, open_clip's exact GELU, OpenAI CLIP's `x * sigmoid(1.702 x)`), the
+LayerNorm epsilon (Flax's 1e-6, PyTorch's 1e-5) and a causal attention mask (CLIP's text
+tower). What changes memory and time but not the numbers is an option too: each block
+rematerialised (`remat`, a `REMAT_POLICIES` name) and the attention kernel (`attention`:
+`jax.nn.dot_product_attention`, cuDNN's fused attention on a GPU with 16-bit
+activations, XLA's elsewhere). Shapes: `B` batch, `L` sequence length, `W` width.
+"""
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class TowerSettings:
+    """One Transformer tower: `width` W, `depth` blocks, `num_heads`, the MLP's `mlp_dim`."""
+
+    width: int
+    depth: int
+    num_heads: int
+    mlp_dim: int
+
+
+ACTIVATIONS = {
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+}
+
+# `config.model.remat`: what a rematerialised block keeps from its forward pass for the
+# backward one (`jax.checkpoint_policies`); the rest is recomputed.
+REMAT_POLICIES = {
+    "none": None,  # no rematerialisation: every activation kept
+    "full": jax.checkpoint_policies.nothing_saveable,  # only each block's input kept
+    # the matmuls without batch dimensions (the Dense layers' outputs) kept, attention's
+    # scores and the element-wise ops recomputed
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+# `config.model.attention`: which kernel computes attention (`jax.nn.dot_product_attention`).
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+
+
+def check_options(*, remat: str, attention: str) -> None:
+    """That `remat` names a `REMAT_POLICIES` entry and `attention` an implementation.
+
+    Raises:
+      ConfigError: naming the config field and the values it takes.
+    """
+    if remat not in REMAT_POLICIES:
+        raise ConfigError(f"config.model.remat={remat!r}; use one of {sorted(REMAT_POLICIES)}.")
+    if attention not in ATTENTION_IMPLEMENTATIONS:
+        raise ConfigError(f"config.model.attention={attention!r}; use one of {list(ATTENTION_IMPLEMENTATIONS)}.")
+
+
+def _implementation(query, attention: str) -> str:
+    """The kernel `attention` names for `query` [B, L, heads, head_dim]; "auto": cuDNN's
+    fused attention on a GPU where it applies (16-bit inputs, a head width that is a
+    multiple of 8 and at most 128), XLA's elsewhere."""
+    if attention != "auto":
+        return attention
+    head_dim = query.shape[-1]
+    fused = query.dtype in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
+    return "cudnn" if fused and jax.default_backend() == "gpu" else "xla"
+
+
+def dot_product_attention(
+    query,
+    key,
+    value,
+    bias=None,
+    mask=None,
+    *,
+    attention: str = "auto",
+    is_causal: bool = False,
+    dropout_rng=None,
+    dropout_rate: float = 0.0,
+    deterministic: bool = True,
+    dtype=None,
+    precision=None,
+):
+    """Flax's `attention_fn` contract through `jax.nn.dot_product_attention`, the fused
+    kernel `attention` names (`_implementation`). `query` [B, Lq, heads, head_dim],
+    `key`, `value` [B, Lk, heads, head_dim], `mask` [B or 1, heads or 1, Lq, Lk] bool or
+    0/1 (True: attend), `is_causal`: position i attends to positions <= i as well.
+    Returns [B, Lq, heads, head_dim].
+
+    With dropout on the attention weights (training with `dropout_rate` > 0), Flax's own
+    attention computes them, as no fused kernel drops weights.
+    """
+    if dropout_rate > 0.0 and not deterministic:
+        if is_causal:
+            causal = nn.make_causal_mask(jnp.ones(query.shape[:2], bool))
+            mask = causal if mask is None else nn.combine_masks(mask, causal)
+        return nn.dot_product_attention(
+            query,
+            key,
+            value,
+            bias,
+            mask,
+            dropout_rng=dropout_rng,
+            dropout_rate=dropout_rate,
+            deterministic=False,
+            dtype=dtype,
+            precision=precision,
+        )
+    mask = None if mask is None else mask.astype(bool)  # Flax's masks may be 0/1 floats
+    implementation = _implementation(query, attention)
+    if implementation == "cudnn" and attention == "auto":
+        try:  # "auto": cuDNN where it takes these shapes, else XLA's (the same numbers)
+            return jax.nn.dot_product_attention(
+                query, key, value, bias, mask, is_causal=is_causal, implementation="cudnn"
+            )
+        except (ValueError, NotImplementedError):
+            implementation = "xla"
+    return jax.nn.dot_product_attention(
+        query, key, value, bias, mask, is_causal=is_causal, implementation=implementation
+    )
+
+
+def attention_layer(
+    num_heads: int,
+    *,
+    attention: str,
+    dtype,
+    causal: bool = False,
+    dropout_rate: float = 0.0,
+    deterministic: bool = True,
+    name: str | None = None,
+):
+    """Flax's `MultiHeadDotProductAttention` (its parameter names and shapes:
+    `query`/`key`/`value` `[W, heads, head_dim]`, `out` `[heads, head_dim, W]`) with
+    `dot_product_attention` as its kernel."""
+    attention_fn = functools.partial(dot_product_attention, attention=attention, is_causal=causal)
+    return nn.MultiHeadDotProductAttention(
+        num_heads=num_heads,
+        dtype=dtype,
+        dropout_rate=dropout_rate,
+        deterministic=deterministic,
+        attention_fn=attention_fn,
+        name=name,
+    )
+
+
+class MlpBlock(nn.Module):
+    """Dense(mlp_dim) -> activation -> Dense(W). `[B, L, W]` -> `[B, L, W]`."""
+
+    mlp_dim: int
+    activation: str = "gelu_tanh"
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        y = ACTIVATIONS[self.activation](nn.Dense(self.mlp_dim, dtype=self.dtype)(x))
+        return nn.Dense(x.shape[-1], dtype=self.dtype)(y)
+
+
+class Encoder1DBlock(nn.Module):
+    """Pre-LayerNorm self-attention and MLP, each added to the residual (after dropout
+    when training with `dropout_rate` > 0). `[B, L, W]` -> `[B, L, W]`; `mask`
+    [B or 1, 1, L, L] bool (True: attend); `causal`: position i attends to positions <= i."""
+
+    mlp_dim: int
+    num_heads: int
+    activation: str = "gelu_tanh"
+    layer_norm_epsilon: float = 1e-6
+    dtype: Any = jnp.float32
+    dropout_rate: float = 0.0
+    causal: bool = False
+    attention: str = "auto"
+
+    @nn.compact
+    def __call__(self, x, mask=None, train: bool = False):
+        dropout = nn.Dropout(self.dropout_rate, deterministic=not train)
+        y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x)
+        attend = attention_layer(
+            self.num_heads,
+            attention=self.attention,
+            dtype=self.dtype,
+            causal=self.causal,
+            dropout_rate=self.dropout_rate,
+            deterministic=not train,
+        )
+        x = x + dropout(attend(y, y, mask=mask))
+        y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x)
+        return x + dropout(MlpBlock(self.mlp_dim, self.activation, self.dtype)(y))
+
+
+class Encoder(nn.Module):
+    """`depth` blocks (`encoderblock_<i>`), then a LayerNorm (`encoder_norm`).
+    `[B, L, W]` -> `[B, L, W]`; `mask` [B or 1, 1, L, L] bool (True: attend); `causal=True`
+    lets position i attend to positions <= i. `remat` names the blocks'
+    rematerialisation (`REMAT_POLICIES`), `attention` their kernel; neither changes the
+    parameters or the numbers, only the memory and the time."""
+
+    depth: int
+    mlp_dim: int
+    num_heads: int
+    activation: str = "gelu_tanh"
+    layer_norm_epsilon: float = 1e-6
+    causal: bool = False
+    dtype: Any = jnp.float32
+    dropout_rate: float = 0.0
+    remat: str = "none"
+    attention: str = "auto"
+
+    @nn.compact
+    def __call__(self, x, mask=None, train: bool = False):
+        block_type = Encoder1DBlock
+        if REMAT_POLICIES[self.remat] is not None:
+            block_type = nn.remat(Encoder1DBlock, policy=REMAT_POLICIES[self.remat], static_argnums=(3,))
+        for index in range(self.depth):
+            block = block_type(
+                self.mlp_dim,
+                self.num_heads,
+                self.activation,
+                self.layer_norm_epsilon,
+                self.dtype,
+                self.dropout_rate,
+                self.causal,
+                self.attention,
+                name=f"encoderblock_{index}",
+            )
+            x = block(x, mask, train)
+        return nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype, name="encoder_norm")(x)
+
+
+class MAPHead(nn.Module):
+    """Multihead attention pooling (SigLIP's image tower): a learned `probe` attends to
+    the sequence, then a residual MLP. `[B, L, W]` -> `[B, W]`."""
+
+    mlp_dim: int
+    num_heads: int
+    activation: str = "gelu_tanh"
+    layer_norm_epsilon: float = 1e-6
+    dtype: Any = jnp.float32
+    attention: str = "auto"
+
+    @nn.compact
+    def __call__(self, x):
+        probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, x.shape[-1]))
+        probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))
+        x = attention_layer(self.num_heads, attention=self.attention, dtype=self.dtype)(probe, x)
+        y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x)
+        return (x + MlpBlock(self.mlp_dim, self.activation, self.dtype)(y))[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class TowerOptions:
+    """How a tower computes, not what: the activations' `dtype` (parameters stay
+    float32), each block's rematerialisation `remat` (a `REMAT_POLICIES` name) and the
+    `attention` kernel (`ATTENTION_IMPLEMENTATIONS`). None of them changes the parameters."""
+
+    dtype: Any = jnp.float32
+    remat: str = "none"
+    attention: str = "auto"
+
+
+def encoder(
+    tower: TowerSettings,
+    activation: str,
+    layer_norm_epsilon: float,
+    *,
+    name: str,
+    options: TowerOptions = TowerOptions(),
+    causal: bool = False,
+    dropout_rate: float = 0.0,
+) -> Encoder:
+    """The `Encoder` of `tower`'s size, computing as `options` say (dropout on the
+    attention weights and the residual branches when training with `dropout_rate` > 0)."""
+    return Encoder(
+        tower.depth,
+        tower.mlp_dim,
+        tower.num_heads,
+        activation,
+        layer_norm_epsilon,
+        causal,
+        options.dtype,
+        dropout_rate,
+        remat=options.remat,
+        attention=options.attention,
+        name=name,
+    )

@@ -1,0 +1,216 @@
+"""The two-tower model (flax.linen): projection heads on two encoders (`encoders.py`).
+
+`TwoTower` puts a projection head on each encoder, L2-normalises
+the embeddings in float32, and owns the learnable temperature (stored as
+`log_inv_temperature = log(1 / temperature)`, CLIP's "logit scale") and SigLIP's bias.
+`clamp_temperature` keeps `1 / temperature <= MAX_INV_TEMPERATURE` after each update
+(open_clip's clamp of the logit scale).
+
+`create_model(ModelSettings)` builds the model the settings name (`encoders.ENCODERS`
+lists the encoders).
+"""
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax import losses
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.models import encoders, transformer
+
+MAX_INV_TEMPERATURE = 100.0
+TEMPERATURE_PARAM = "log_inv_temperature"
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class ProjectionHead(nn.Module):
+    """Dense-ReLU hidden layers then a linear map to the embedding. `[B, F]` -> `[B, D]`."""
+
+    hidden_dims: Sequence[int]
+    embed_dim: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        for width in self.hidden_dims:
+            x = nn.relu(nn.Dense(width, dtype=self.dtype)(x))
+        return nn.Dense(self.embed_dim, dtype=self.dtype)(x)
+
+
+class ClassifierHead(nn.Module):
+    """Linear classifier whose weight rows double as class proxies.
+
+    `[B, D]` -> logits `[B, C]` and proxies `[C, D]`.
+    """
+
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        proxies = self.param("proxies", nn.initializers.lecun_normal(), (self.num_classes, x.shape[-1]))
+        bias = self.param("bias", nn.initializers.zeros, (self.num_classes,))
+        return x.astype(jnp.float32) @ proxies.T + bias[None, :], proxies
+
+
+class TwoTower(nn.Module):
+    """Two encoders with projection heads, normalised embeddings and a temperature.
+
+    `tower_b=None` ties the towers: one encoder and head embed both inputs (SimCLR).
+    The temperature is learned as `log_inv_temperature` (init `log(1 /
+    temperature_init)`) unless `learn_temperature` is False; `bias_init` adds SigLIP's
+    learnable logit bias; `num_classes > 0` adds a classifier on tower a's embedding.
+
+    Inputs `a`, `b`: images [B, H, W, C], uint8 (scaled to [0, 1] here) or float32 in
+    [0, 1], or int32 tokens [B, L].
+
+    Returns a dict: `za` [B, D] (and `zb` [B, D] when `b` is given), L2-normalised
+    float32; `temperature` and (SigLIP) `bias` float32 scalars; `logits` [B, C] and
+    `proxies` [C, D] with a classifier. `embed` runs one tower alone:
+    `model.apply(variables, texts, "b", method=TwoTower.embed)`.
+    """
+
+    # The parameters of each tower (`optim.frozen_tower`, layer decay).
+    TOWER_PARAMS: ClassVar[dict[str, tuple[str, ...]]] = {"a": ("tower_a", "head_a"), "b": ("tower_b", "head_b")}
+
+    tower_a: nn.Module
+    head_a: nn.Module
+    tower_b: nn.Module | None = None
+    head_b: nn.Module | None = None
+    temperature_init: float = 0.07
+    learn_temperature: bool = True
+    bias_init: float | None = None
+    num_classes: int = 0
+
+    @nn.compact
+    def __call__(self, a, b=None, *, train: bool = False):
+        a, b = _scaled_pixels(a), _scaled_pixels(b)
+        ya = self.head_a(self.tower_a(a, train=train))
+        out = {"za": losses.l2_normalize(ya)}
+        if b is not None:
+            tower_b = self.tower_b or self.tower_a
+            head_b = self.head_b or self.head_a
+            out["zb"] = losses.l2_normalize(head_b(tower_b(b, train=train)))
+        log_inv = math.log(1.0 / self.temperature_init)
+        if self.learn_temperature:
+            log_inv = self.param(TEMPERATURE_PARAM, nn.initializers.constant(log_inv), ())
+        out["temperature"] = jnp.exp(-jnp.asarray(log_inv, jnp.float32))
+        if self.bias_init is not None:
+            out["bias"] = self.param("logit_bias", nn.initializers.constant(self.bias_init), ())
+        if self.num_classes:
+            out["logits"], out["proxies"] = ClassifierHead(self.num_classes)(ya)
+        return out
+
+    def embed(self, x, side: str, *, train: bool = False):
+        """One tower alone: `x` [B, ...] (tower `side`'s inputs, "a" or "b") -> its
+        L2-normalised float32 embedding [B, D], the `za` or `zb` of `__call__`."""
+        if side not in ("a", "b"):
+            raise ValueError(f"side={side!r}: use 'a' (tower a) or 'b' (tower b).")
+        tower, head = (
+            (self.tower_a, self.head_a) if side == "a" else (self.tower_b or self.tower_a, self.head_b or self.head_a)
+        )
+        return losses.l2_normalize(head(tower(_scaled_pixels(x), train=train)))
+
+
+def _scaled_pixels(x):
+    """uint8 images (the input pipeline's, unless colour augmentation made them float)
+    as float32 in [0, 1]; anything else (float images, int32 tokens, None) as it is."""
+    return x.astype(jnp.float32) / 255.0 if x is not None and x.dtype == jnp.uint8 else x
+
+
+def clamp_temperature(params):
+    """Clips every `log_inv_temperature` in a param tree to `log(MAX_INV_TEMPERATURE)`."""
+    cap = math.log(MAX_INV_TEMPERATURE)
+
+    def clamp(path, x):
+        name = getattr(path[-1], "key", None)
+        return jnp.minimum(x, cap) if name == TEMPERATURE_PARAM else x
+
+    return jax.tree_util.tree_map_with_path(clamp, params)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The model's settings as plain values, read from the config by `trainer.build`.
+    Each field is `config.model.<name>` (its comment in configs/default.py says what it
+    does), but for the logit scale's: `temperature_init`, `learn_temperature`
+    (`config.loss.temperature`, `learn_temperature`) and `bias_init` (SigLIP's learned
+    logit bias, `config.loss.siglip_bias`; None: no bias)."""
+
+    encoder_a: str
+    encoder_b: str
+    tie_towers: bool
+    mlp_hidden_dims: tuple[int, ...]
+    cnn_features: tuple[int, ...]
+    encoder_dim: int
+    text_num_layers: int
+    patch_size: int
+    dropout_rate: float
+    projection_hidden_dims: tuple[int, ...]
+    embed_dim: int
+    num_classes: int
+    compute_dtype: str
+    remat: str
+    attention: str
+    temperature_init: float
+    learn_temperature: bool
+    bias_init: float | None
+    init_from: str = ""  # a released checkpoint (`contrastive_jax.models.released`); "": the towers above
+    quick_gelu: bool = False  # the released checkpoint uses OpenAI CLIP's activation
+
+
+def tower_options(settings: ModelSettings) -> transformer.TowerOptions:
+    """How the towers compute (`config.model.compute_dtype`, `remat`, `attention`).
+
+    Raises:
+      ConfigError: a name none of them takes.
+    """
+    if settings.compute_dtype not in COMPUTE_DTYPES:
+        raise ConfigError(
+            f"config.model.compute_dtype={settings.compute_dtype!r}; use one of {sorted(COMPUTE_DTYPES)}."
+        )
+    transformer.check_options(remat=settings.remat, attention=settings.attention)
+    return transformer.TowerOptions(COMPUTE_DTYPES[settings.compute_dtype], settings.remat, settings.attention)
+
+
+def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
+    """The `TwoTower` that `settings` describe.
+
+    Args:
+      settings: the model's settings (`trainer.model_settings` reads them from a config).
+      text_vocab_size: token ids the text encoder embeds (the input pipeline's).
+
+    Raises:
+      ConfigError: an unknown encoder, compute dtype, remat policy or attention kernel,
+        or a temperature that is not > 0.
+    """
+    m = settings
+    dtype = tower_options(m).dtype
+
+    def encoder(field):
+        name = getattr(m, field)
+        if name not in encoders.ENCODERS:
+            raise ConfigError(
+                f"config.model.{field}={name!r} is not an encoder; use one of {sorted(encoders.ENCODERS)}."
+            )
+        return encoders.ENCODERS[name](m, dtype, text_vocab_size)
+
+    def head():
+        return ProjectionHead(m.projection_hidden_dims, m.embed_dim, dtype)
+
+    if not m.temperature_init > 0:
+        raise ConfigError(f"config.loss.temperature={m.temperature_init} must be > 0 (e.g. 0.07).")
+    return TwoTower(
+        tower_a=encoder("encoder_a"),
+        head_a=head(),
+        tower_b=None if m.tie_towers else encoder("encoder_b"),
+        head_b=None if m.tie_towers else head(),
+        temperature_init=m.temperature_init,
+        learn_temperature=m.learn_temperature,
+        bias_init=m.bias_init,
+        num_classes=m.num_classes,
+    )

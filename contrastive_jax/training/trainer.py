@@ -1,0 +1,482 @@
+"""What a training run is made of: `build(config, mesh)` checks the config while it
+assembles the `Trainer` (model, optimizer, loss from `losses.registry`), which creates
+the state and owns the train step and its jit.
+
+Everything here is cheap until a step is traced: `build` reads no data and compiles
+nothing, so a config that cannot train fails first, with a `ConfigError` naming the
+field and a fix. `train.train_and_evaluate` runs the loop; tests and benchmarks call
+`build` and the raw `Trainer.train_step` directly.
+"""
+
+import dataclasses
+import functools
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax.training import train_state
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax import losses, sharding
+from contrastive_jax.config_lib import group_values, override
+from contrastive_jax.data import settings
+from contrastive_jax.models import released, saved_model, two_tower
+from contrastive_jax.sharding import BATCH_AXES
+from contrastive_jax.training import config_checks, grad_cache, loss_guard, noise_scale, optimizer
+
+# Model outputs with a batch dimension (split over the mesh); the rest are replicated.
+BATCHED_OUTPUTS = ("za", "zb", "logits")
+
+
+class TrainState(train_state.TrainState):
+    """Flax's TrainState plus BatchNorm statistics (`{}` for models without BatchNorm)
+    and the loss's state (`losses.LossState`; None for losses without one)."""
+
+    batch_stats: Any = None
+    loss_state: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """The loop's cadences and evaluation, as plain values (`config.train`,
+    `config.checkpoint`, `config.eval`; their comments in configs/default.py)."""
+
+    num_train_steps: int
+    log_every_steps: int
+    checkpoint_every_steps: int  # 0: only at the end
+    checkpoint_max_to_keep: int
+    eval_every_steps: int  # 0: only at the end
+    eval_split: str
+    eval_class_range: tuple[int, int] | None
+    eval_batch_size: int
+    recall_ks: tuple[int, ...]
+    knn_k: int
+    linear_probe: bool
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trainer:
+    """The parts of a run that `build` checked against each other and the mesh."""
+
+    mesh: jax.sharding.Mesh
+    data: settings.DataSettings  # what the input pipeline reads
+    guard: loss_guard.GuardSettings  # what judges a step's loss
+    model: two_tower.TwoTower
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    loss: losses.Loss
+    loss_settings: losses.LossSettings
+    loop: LoopSettings
+    run_config: dict[str, Any]  # the config as JSON, saved with each checkpoint (resume)
+    variant: Callable[[Mapping[str, Any]], "Trainer"]  # this trainer with config fields overridden
+    seed: int  # parameter init and dropout
+    micro_batch_size: int  # examples per micro-batch over all devices; 0: none
+    micro_batch_method: str  # a name in grad_cache.MICRO_BATCH_METHODS
+    compute_dtype: str  # the model's activations, a name in two_tower.COMPUTE_DTYPES
+    id_keys: tuple[str, ...]  # the dataset's id keys, stacked into `groups`
+    match_keys: tuple[str, str] | None  # paired retrieval's id keys (records.Metadata)
+    loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
+    log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
+    fsdp_min_bytes: int = 0  # arrays smaller than this stay replicated on the fsdp axis (sharding.fsdp_spec)
+    memory_limit_gib: float | None = None  # one device's memory; None: the device's own (memory_fit)
+    initial_params: Any = None  # a released checkpoint's parameters (numpy); None: initialised from `seed`
+    saved_model: dict[str, Any] | None = None  # the model's settings as JSON (saved_model.describe), less the inputs
+
+    def init_state(self, element_spec: Mapping[str, Any]) -> tuple[Callable[[], TrainState], TrainState]:
+        """`(init, abstract_state)`: `init()` creates the initial state on the mesh;
+        `abstract_state` holds its `jax.ShapeDtypeStruct` leaves with shardings (the
+        target for restoring a checkpoint onto this mesh, whatever mesh wrote it).
+
+        Parameters, optimizer moments and a momentum encoder's copy are split over the
+        mesh's `fsdp` axis (`sharding.fsdp_shardings`; replicated when it has size 1);
+        the loss state's `LossState.sharded` rows over the batch axes.
+
+        Args:
+          element_spec: shapes and dtypes of the inputs `a` [B, ...] and optional `b`
+            (the input pipeline's `element_spec`, or `jax.ShapeDtypeStruct` values).
+        """
+        dummy = {
+            k: np.zeros((1, *spec.shape[1:]), np.dtype(spec.dtype))
+            for k, spec in element_spec.items()
+            if k in ("a", "b")
+        }
+
+        def init(rng, initial_params):
+            variables = self.model.init({"params": rng}, dummy["a"], dummy.get("b"), train=False)
+            params = variables["params"] if initial_params is None else initial_params
+            loss_state = self.loss.state and self.loss.state.init(self.loss_settings, params, self.loss_table_size)
+            return TrainState.create(
+                apply_fn=self.model.apply,
+                params=params,
+                tx=self.tx,
+                batch_stats=variables.get("batch_stats", {}),
+                loss_state=loss_state,
+            )
+
+        rng = jax.random.key(self.seed)
+        shapes = jax.eval_shape(init, rng, self.initial_params)
+        shardings = sharding.fsdp_shardings(shapes, self.mesh, self.fsdp_min_bytes)
+        if self.loss.state is not None:  # as `global_loss` takes it; a momentum encoder like the parameters
+            inside, outside = self._split_params_like(shardings.loss_state)
+            specs = self._loss_state_specs(inside)
+            placed = lambda spec: NamedSharding(self.mesh, spec)  # noqa: E731
+            inside = jax.tree.map(placed, specs, is_leaf=lambda x: isinstance(x, P))
+            shardings = shardings.replace(loss_state={**inside, **outside})
+        abstract_state = jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+        )
+        return functools.partial(jax.jit(init, out_shardings=shardings), rng, self.initial_params), abstract_state
+
+    def jit_train_step(self, abstract_state: TrainState) -> Callable:
+        """`train_step` jitted for this mesh: the state placed as `abstract_state` says
+        (and donated), the batch split over the batch axes."""
+        state_sharding = jax.tree.map(lambda s: s.sharding, abstract_state)
+        return jax.jit(
+            self.train_step,
+            in_shardings=(state_sharding, sharding.data_sharding(self.mesh)),
+            out_shardings=(state_sharding, sharding.replicated(self.mesh)),
+            donate_argnums=0,
+        )
+
+    def compile_step(self, abstract_state: TrainState, element_spec: Mapping[str, Any]) -> jax.stages.Compiled:
+        """`jit_train_step` compiled for a global batch of the input pipeline's
+        `element_spec` (the executable the loop runs; `memory_fit` reads its memory)."""
+        batch = {
+            k: jax.ShapeDtypeStruct(
+                (self.data.global_batch_size, *v.shape[1:]), v.dtype, sharding=sharding.data_sharding(self.mesh)
+            )
+            for k, v in element_spec.items()
+        }
+        return self.jit_train_step(abstract_state).lower(abstract_state, batch).compile()
+
+    def train_step(self, state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One optimizer step on a global batch (`a` [N, ...], optional `b`, `label` [N]).
+
+        With `config.train.micro_batch_size` m > 0 the batch is embedded in N / m
+        micro-batches: method "grad_cache" gives the exact full-batch gradient holding
+        one micro-batch's activations at a time; "accumulate" averages the
+        micro-batches' own losses (fewer negatives: a different objective).
+
+        Pure: dropout randomness is `fold_in(fold_in(key(seed), state.step), micro_index)`,
+        so a resumed run repeats an uninterrupted one. A loss with state
+        (`losses.LossState`) updates `state.loss_state` once, from the whole batch. Returns the new state and scalar
+        metrics (`loss`, `grad_norm`, `learning_rate`, `temperature`, the loss's own).
+        """
+        rng = jax.random.fold_in(jax.random.key(self.seed), state.step)
+        batch = self._with_momentum_keys(state, batch)
+
+        def forward(params, inputs, micro_index):
+            outputs, updates = state.apply_fn(
+                {"params": params, "batch_stats": state.batch_stats},
+                inputs["a"],
+                inputs.get("b"),
+                train=True,
+                rngs={"dropout": jax.random.fold_in(rng, micro_index)},
+                mutable=["batch_stats"],
+            )
+            batched = {k: v for k, v in outputs.items() if k in BATCHED_OUTPUTS}
+            shared = {k: v for k, v in outputs.items() if k not in BATCHED_OUTPUTS}
+            return batched, shared, updates
+
+        def loss_of_outputs(batched, shared, inputs):
+            loss, metrics, loss_state = self.global_loss(
+                batched, shared, self.loss_data(inputs), state.loss_state, state.step
+            )
+            return loss, (metrics, loss_state)
+
+        if self.micro_batch_size:
+            (loss, (metrics, loss_state), updates), grads = grad_cache.MICRO_BATCH_METHODS[self.micro_batch_method](
+                forward,
+                loss_of_outputs,
+                state.params,
+                batch,
+                num_micro_batches=batch["a"].shape[0] // self.micro_batch_size,
+                num_shards=sharding.batch_shards(self.mesh),
+            )
+        elif self.log_noise_scale:
+            loss, metrics, updates, grads = self._noise_scale_value_and_grad(forward, state.params, batch)
+            loss_state = state.loss_state
+        else:
+
+            def full_batch_loss(params):
+                batched, shared, updates = forward(params, batch, 0)
+                loss, aux = loss_of_outputs(batched, shared, batch)
+                return loss, (aux, updates)
+
+            (loss, ((metrics, loss_state), updates)), grads = jax.value_and_grad(full_batch_loss, has_aux=True)(
+                state.params
+            )
+        learning_rate = self.schedule(state.step)
+        state = state.apply_gradients(grads=grads, batch_stats=updates.get("batch_stats", {}))
+        state = state.replace(params=two_tower.clamp_temperature(state.params))
+        if self.loss.state is not None and self.loss.state.after_step is not None:
+            loss_state = self.loss.state.after_step(loss_state, state.params, self.loss_settings)
+        state = state.replace(loss_state=loss_state)
+        metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads), learning_rate=learning_rate)
+        return state, metrics
+
+    def _noise_scale_value_and_grad(self, forward, params, batch):
+        """`(loss, metrics, updates, grads)` of the global loss with each device's forward
+        and backward pass in `shard_map`, so that its share of the gradient is seen before
+        the sum: `metrics` add the noise scale's squared norms
+        (`noise_scale.per_device_value_and_grad`). Dropout masks are drawn per device;
+        BatchNorm statistics are the devices' mean."""
+
+        def per_device(params, local_batch):
+            def local_loss(p):
+                batched, shared, updates = forward(p, local_batch, jax.lax.axis_index(BATCH_AXES))
+                inputs = {**batched, **shared, **self.loss_data(local_batch)}
+                loss, metrics = self.loss.fn(inputs, self.loss_settings)
+                return loss, (dict(metrics, temperature=shared["temperature"]), updates)
+
+            (loss, (metrics, updates)), grads, small, big = noise_scale.per_device_value_and_grad(
+                local_loss, params, BATCH_AXES
+            )
+            metrics, updates = jax.lax.pmean((metrics, updates), BATCH_AXES)
+            return loss, dict(metrics, **{noise_scale.SMALL_KEY: small, noise_scale.BIG_KEY: big}), updates, grads
+
+        return jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(BATCH_AXES)), out_specs=P())(params, batch)
+
+    def loss_data(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """The data fields the loss reads (see `losses.registry`) from a batch: `label`
+        [N]; `groups` [N, K], the source's id keys stacked; `index` [N]; the momentum
+        encoder's `key_za`, `key_zb` [N, D] when the batch holds them."""
+        data = {k: batch[k] for k in ("key_za", "key_zb") if k in batch}
+        if self.loss.labels:
+            data["label"] = batch["label"]
+        if self.loss.indices:
+            data["index"] = batch["index"]
+        if self.loss.groups:
+            data["groups"] = jnp.stack([batch[key] for key in self.id_keys], axis=-1)
+        return data
+
+    def global_loss(
+        self,
+        batched: dict[str, jax.Array],
+        shared: dict[str, jax.Array],
+        data: dict[str, jax.Array],
+        loss_state: dict[str, Any] | None = None,
+        step: jax.Array | int = 0,
+    ) -> tuple[jax.Array, dict[str, jax.Array], dict[str, Any] | None]:
+        """The configured loss over the global batch: the one place the trainer wraps
+        its loss in `jax.shard_map` (over `BATCH_AXES`: every loss spans all devices).
+
+        Args:
+          batched: model outputs split over the batch axes (`za`, `zb` [N, D], `logits`
+            [N, C]).
+          shared: replicated model outputs (`temperature`, `bias`, `proxies` [C, D]).
+          data: the data fields the loss reads (`loss_data`), each [N, ...].
+          loss_state: the loss's state (`TrainState.loss_state`; None without one).
+            Its `LossState.sharded` rows enter split over the batch axes, the rest
+            replicated; its `LossState.params_like` entries (a momentum encoder), which
+            the loss does not read, stay outside where they are.
+          step: the state's step count, before this update.
+
+        Returns:
+          `(loss, metrics, new loss state)`: the metrics are the loss's own plus
+          `temperature`; the state is None without one.
+        """
+        inside, outside = self._split_params_like(loss_state)
+        specs = self._loss_state_specs(inside)
+
+        def per_device(batched, shared, data, loss_state, step):
+            inputs = {**batched, **shared, **data}
+            if self.loss.state is None:
+                loss, metrics = self.loss.fn(inputs, self.loss_settings)
+            else:
+                inputs = {**inputs, "state": loss_state, "step": step}
+                loss, metrics, loss_state = self.loss.fn(inputs, self.loss_settings)
+            return loss, dict(metrics, temperature=shared["temperature"]), loss_state
+
+        rows = P(BATCH_AXES)
+        loss, metrics, inside = jax.shard_map(
+            per_device,
+            mesh=self.mesh,
+            in_specs=(rows, P(), rows, specs, P()),
+            out_specs=(P(), P(), specs),
+        )(batched, shared, data, inside, step)
+        return loss, metrics, None if loss_state is None else {**inside, **outside}
+
+    def _split_params_like(self, loss_state: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """`(the entries the loss reads, its `LossState.params_like` entries)` of `loss_state`
+        (`(None, {})` without a state)."""
+        if loss_state is None:
+            return None, {}
+        params_like = self.loss.state.params_like if self.loss.state else frozenset()
+        inside = {k: v for k, v in loss_state.items() if k not in params_like}
+        return inside, {k: v for k, v in loss_state.items() if k in params_like}
+
+    def _loss_state_specs(self, loss_state: dict[str, Any] | None) -> dict[str, Any] | None:
+        """PartitionSpecs of the loss state's leaves inside `global_loss`: rows over the
+        batch axes for the `LossState.sharded` names, replicated for the rest."""
+        if loss_state is None:
+            return None
+        return {
+            name: jax.tree.map(lambda _, rows=name in self.loss.state.sharded: P(BATCH_AXES) if rows else P(), value)
+            for name, value in loss_state.items()
+        }
+
+    def _with_momentum_keys(self, state: TrainState, batch: dict[str, jax.Array]):
+        """The batch with `key_za`, `key_zb`: the momentum encoder's embeddings (no
+        gradient, dropout off), when the loss state holds its parameters."""
+        if not state.loss_state or "ema_params" not in state.loss_state:
+            return batch
+        keys = state.apply_fn(
+            {"params": state.loss_state["ema_params"], "batch_stats": state.batch_stats},
+            batch["a"],
+            batch.get("b"),
+            train=False,
+        )
+        return dict(batch, key_za=jax.lax.stop_gradient(keys["za"]), key_zb=jax.lax.stop_gradient(keys["zb"]))
+
+
+# --------------------------------------------------------------- the door: the config read
+
+
+def data_settings(config: ml_collections.ConfigDict) -> settings.DataSettings:
+    """`config.data` (and the global batch size) as the input pipeline's plain values."""
+    data = config.data
+    besides = {"global_batch_size", "augment", "train_class_range"}
+    return settings.DataSettings(
+        **group_values(settings.DataSettings, data, besides=besides),
+        global_batch_size=config.train.global_batch_size,
+        train_class_range=_optional_tuple(data.train_class_range),
+        augment=settings.Augment(**data.augment.to_dict()),
+    )
+
+
+def guard_settings(config: ml_collections.ConfigDict) -> loss_guard.GuardSettings:
+    """`config.train`'s bad-loss fields as `loss_guard.LossGuard`'s plain values."""
+    own = group_values(loss_guard.GuardSettings, config.train, besides={"inject_nan_at_batches"})
+    return loss_guard.GuardSettings(**own, inject_nan_at_batches=tuple(config.train.inject_nan_at_batches))
+
+
+def loss_settings(config: ml_collections.ConfigDict) -> losses.LossSettings:
+    """`config.loss` (and the seed and embedding width) as the loss's plain values."""
+    own = group_values(losses.LossSettings, config.loss, besides={"seed", "embed_dim"})
+    return losses.LossSettings(**own, seed=config.seed, embed_dim=config.model.embed_dim)
+
+
+def model_settings(config: ml_collections.ConfigDict, *, learned_bias: bool = False) -> two_tower.ModelSettings:
+    """`config.model` and the loss's temperature (and SigLIP's bias when `learned_bias`)."""
+    logit_scale = {"temperature_init", "learn_temperature", "bias_init"}
+    m = group_values(two_tower.ModelSettings, config.model, besides=logit_scale)
+    return two_tower.ModelSettings(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in m.items()},
+        temperature_init=config.loss.temperature,
+        learn_temperature=config.loss.learn_temperature,
+        bias_init=config.loss.siglip_bias if learned_bias else None,
+    )
+
+
+def optim_settings(config: ml_collections.ConfigDict) -> optimizer.OptimSettings:
+    """`config.optim` as the optimizer's plain values."""
+    return optimizer.OptimSettings(**group_values(optimizer.OptimSettings, config.optim))
+
+
+def loop_settings(config: ml_collections.ConfigDict) -> LoopSettings:
+    """The loop's cadences and evaluation settings from `config`."""
+    ev = config.eval
+    return LoopSettings(
+        num_train_steps=config.train.num_train_steps,
+        log_every_steps=config.train.log_every_steps,
+        checkpoint_every_steps=config.checkpoint.every_steps,
+        checkpoint_max_to_keep=config.checkpoint.max_to_keep,
+        eval_every_steps=ev.every_steps,
+        eval_split=ev.split,
+        eval_class_range=_optional_tuple(ev.class_range),
+        eval_batch_size=ev.batch_size,
+        recall_ks=tuple(ev.recall_ks),
+        knn_k=ev.knn_k,
+        linear_probe=ev.linear_probe,
+    )
+
+
+def _optional_tuple(value):
+    return None if value is None else tuple(value)
+
+
+def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None) -> Trainer:
+    """The `Trainer` for `config` on `mesh` (by default all devices, `config.mesh.fsdp`
+    of them splitting the parameters), checking each part as it is built.
+
+    The one place the config is read: everything below it takes the plain values read
+    here (`data_settings`, `loss_settings`, `model_settings`, ...). Cheap: reads no data
+    and compiles nothing, so a config that cannot train fails here, first.
+    (`Trainer.init_state` needs the input shapes; the data are opened after the
+    checkpoint to resume from is known.)
+
+    Raises:
+      ConfigError: a field with a bad or inconsistent value; the message names it and a fix.
+    """
+    mesh = sharding.make_mesh(fsdp=config.mesh.fsdp) if mesh is None else mesh
+    train = config.train
+    loss = losses.registry.get(config.loss.name)
+    data, guard, loss_config = data_settings(config), guard_settings(config), loss_settings(config)
+    loss_table_size, metadata = config_checks.check(config, loss, sharding.batch_shards(mesh), data, guard, loss_config)
+    text_vocab_size = settings.text_vocab_size(data, metadata)
+    towers = model_settings(config, learned_bias=loss.learned_bias)
+    model, initial_params = _model(towers, data, text_vocab_size)
+    tx, schedule = optimizer.make_optimizer(optim_settings(config), train.num_train_steps, model.TOWER_PARAMS)
+
+    def variant(fields: Mapping[str, Any]) -> Trainer:
+        """This trainer with `fields` overridden (the memory check's candidates), on a
+        mesh with the `mesh.fsdp` they name."""
+        fsdp = fields.get("mesh.fsdp")
+        return build(override(config, fields), mesh if fsdp is None else sharding.make_mesh(mesh.size, fsdp=fsdp))
+
+    return Trainer(
+        mesh,
+        data,
+        guard,
+        model,
+        tx,
+        schedule,
+        loss,
+        loss_settings=loss_config,
+        loop=loop_settings(config),
+        run_config=json.loads(config.to_json_best_effort()),
+        variant=variant,
+        seed=config.seed,
+        micro_batch_size=train.micro_batch_size,
+        micro_batch_method=train.micro_batch_method,
+        compute_dtype=config.model.compute_dtype,
+        id_keys=metadata.id_keys,
+        match_keys=metadata.match_keys,
+        loss_table_size=loss_table_size,
+        log_noise_scale=train.log_noise_scale,
+        memory_limit_gib=train.memory_limit_gib,
+        fsdp_min_bytes=int(config.mesh.fsdp_min_kib * 1024),
+        initial_params=initial_params,
+        saved_model=saved_model.describe(
+            towers,
+            model,
+            text_vocab_size=text_vocab_size,
+            tokenizer=data.tokenizer,
+            text_max_length=data.text_max_length,
+        ),
+    )
+
+
+def _model(towers: two_tower.ModelSettings, data: settings.DataSettings, text_vocab_size: int):
+    """`(model, initial_params)`: the towers `towers` describe, initialised from the
+    seed (`initial_params` None), or a released checkpoint checked against the inputs."""
+    if not towers.init_from:
+        return two_tower.create_model(towers, text_vocab_size=text_vocab_size), None
+    options = two_tower.tower_options(towers)
+    loaded = released.load(towers.init_from, quick_gelu=towers.quick_gelu)
+    released.check_inputs(
+        loaded.settings,
+        image_size=data.image_size,
+        text_length=data.text_max_length,
+        vocab_size=text_vocab_size,
+        embed_dim=towers.embed_dim,
+        learned_bias=towers.bias_init is not None,
+    )
+    return loaded.model.clone(options=options), loaded.params
