@@ -155,6 +155,22 @@ def test_the_noise_scale_step_is_the_plain_step(tiny_config):
     assert noise_scale.SMALL_KEY not in plain
 
 
+def test_the_loop_logs_b_simple_of_its_window_at_one_device_s_share(tiny_config, tmp_path):
+    """The logged `train/noise_scale` is B_simple of the window's mean norms with the small
+    batch one device's share of the global batch (64 / 8 devices), not another split."""
+    from contrastive_jax import run_dir
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.training import loop
+
+    fields = {"train.log_noise_scale": True, "train.num_train_steps": 4, "train.log_every_steps": 2}
+    loop.train_and_evaluate(override(tiny_config, fields), str(tmp_path))
+    logged = [row for row in run_dir.read_metrics(tmp_path) if "train/noise_scale" in row]
+    assert [row["step"] for row in logged] == [2, 4]
+    for row in logged:
+        small, big = row[f"train/{noise_scale.SMALL_KEY}"], row[f"train/{noise_scale.BIG_KEY}"]
+        assert row["train/noise_scale"] == pytest.approx(noise_scale.estimate(small, big, 8, 64).b_simple, rel=1e-6)
+
+
 @pytest.mark.slow  # 20 s: a training run; the estimator's properties are tested above
 def test_quick_run_writes_the_noise_scale(digits_data_dir, tmp_path):
     from experiments import gradient_noise_scale as gns

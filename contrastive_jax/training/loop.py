@@ -40,7 +40,7 @@ from contrastive_jax.evaluation import evaluator
 from contrastive_jax.models import saved_model
 from contrastive_jax.sharding import DATA_AXIS
 from contrastive_jax.training import checkpoint, distributed, loss_guard, memory_fit, metric_writer, noise_scale, resume
-from contrastive_jax.training.trainer import Trainer, build, data_settings
+from contrastive_jax.training.trainer import LoopSettings, Trainer, build, data_settings
 
 
 class Preempted(Exception):
@@ -161,18 +161,23 @@ def _finished_results(workdir: str, start_step: int, num_steps: int) -> tuple[di
     )
 
 
-def evaluation(trainer: Trainer) -> Callable[[Any], dict[str, float]]:
-    """`state -> metrics`: the run's evaluation (`trainer.loop`'s split and probes).
+def evaluation(
+    run_mesh: jax.sharding.Mesh,
+    data: settings.DataSettings,
+    loop: LoopSettings,
+    match_keys: tuple[str | None, str | None] | None,
+) -> Callable[[Any], dict[str, float]]:
+    """`state -> metrics`: the run's evaluation (`loop`'s split and probes, on `data`;
+    `match_keys` the record set's, `trainer.match_keys`), for a state on `run_mesh`.
 
     It runs whole in every process, on its own devices, from the state gathered whole
     (the loss's state, which may be split over the devices, is not evaluated).
     """
-    loop, data = trainer.loop, trainer.data
     if jax.process_count() == 1:
-        mesh, local_state = trainer.mesh, lambda state: state.replace(loss_state=None)
+        mesh, local_state = run_mesh, lambda state: state.replace(loss_state=None)
     else:
         mesh = jax.sharding.Mesh(np.array(jax.local_devices()), (DATA_AXIS,))
-        gather = jax.jit(lambda state: state.replace(loss_state=None), out_shardings=sharding.replicated(trainer.mesh))
+        gather = jax.jit(lambda state: state.replace(loss_state=None), out_shardings=sharding.replicated(run_mesh))
         local_state = lambda state: jax.tree.map(  # noqa: E731
             lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(mesh)), gather(state)
         )
@@ -188,7 +193,7 @@ def evaluation(trainer: Trainer) -> Callable[[Any], dict[str, float]]:
         eval_arrays,
         batch_size=loop.eval_batch_size,
         recall_ks=loop.recall_ks,
-        match_keys=trainer.match_keys or (None, None),
+        match_keys=match_keys or (None, None),
         probe_arrays=probe_arrays,
         knn_k=loop.knn_k,
         linear_probe=loop.linear_probe,
@@ -205,8 +210,18 @@ class MetricWindow:
     second, the share of the time spent waiting for input and the records skipped.
     """
 
-    def __init__(self, trainer: Trainer, guard: loss_guard.LossGuard, writer, progress, start_step: int):
-        self._trainer, self._guard, self.writer, self._progress = trainer, guard, writer, progress
+    def __init__(
+        self,
+        loop: LoopSettings,
+        global_batch: int,
+        batch_shards: int,
+        guard: loss_guard.LossGuard,
+        writer,
+        progress,
+        start_step: int,
+    ):
+        self._loop, self._global_batch, self._batch_shards = loop, global_batch, batch_shards
+        self._guard, self.writer, self._progress = guard, writer, progress
         self._start_step = start_step
         self._window: list[dict[str, float]] = []
         self.skipped_records = 0
@@ -237,19 +252,17 @@ class MetricWindow:
             self.restart_timer()
         else:
             self._timed_steps += 1
-        loop = self._trainer.loop
+        loop = self._loop
         if step % loop.log_every_steps == 0 or step == loop.num_train_steps:
             self._log(step)
 
     def _log(self, step: int) -> None:
-        window, trainer = self._window, self._trainer
-        global_batch = trainer.data.global_batch_size
+        window, global_batch = self._window, self._global_batch
         scalars = {f"train/{k}": float(np.mean([w[k] for w in window])) for k in window[0]}
         elapsed = time.perf_counter() - self._timer_start
         seconds_per_step = elapsed / max(self._timed_steps, 1)
         if noise_scale.SMALL_KEY in window[0]:
-            shards = sharding.batch_shards(trainer.mesh)
-            scalars["train/noise_scale"] = noise_scale.window_b_simple(window, global_batch, shards)
+            scalars["train/noise_scale"] = noise_scale.window_b_simple(window, global_batch, self._batch_shards)
         if self._timed_steps:
             scalars["train/examples_per_second"] = global_batch / seconds_per_step
             scalars["train/input_wait_share"] = self._input_wait / elapsed
@@ -275,7 +288,8 @@ class _Run:
         self.trainer, self.step_fn, self.ckpt, self.guard = trainer, step_fn, ckpt, guard
         self.init, self.abstract_state, self.workdir, self.model = init, abstract_state, workdir, model
         self.lead = jax.process_index() == 0
-        self.evaluate = evaluation(trainer)
+        self.evaluate = evaluation(trainer.mesh, trainer.data, trainer.loop, trainer.match_keys)
+        self._batch = (trainer.data.global_batch_size, sharding.batch_shards(trainer.mesh))  # global, its shards
 
     def _save(self, step: int, state) -> None:
         """Starts saving `state` as checkpoint `step`, with the input position, the guard's
@@ -299,7 +313,7 @@ class _Run:
         if start_step > 0:  # a machine-readable record of every resume, kept across resumes
             writer.write(start_step, {"resumed_from_step": start_step})
         progress = console.Progress(total_steps=num_steps, start_step=start_step, enabled=self.lead)
-        window = MetricWindow(self.trainer, guard, writer, progress, start_step)
+        window = MetricWindow(loop, *self._batch, guard, writer, progress, start_step)
         batches = guard.batches(start_step, self._open_at, opened=iter(ds))
         results, pending, preempted = {}, None, False  # pending: (step, metrics) dispatched, not read
         step, dispatched = start_step, 0  # dispatched: steps run, rolled back or not
