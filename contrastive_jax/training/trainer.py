@@ -4,7 +4,7 @@ the state and owns the train step and its jit.
 
 Everything here is cheap until a step is traced: `build` reads no data and compiles
 nothing, so a config that cannot train fails first, with a `ConfigError` naming the
-field and a fix. `train.train_and_evaluate` runs the loop; tests and benchmarks call
+field and a fix. `loop.train_and_evaluate` runs the loop; tests and benchmarks call
 `build` and the raw `Trainer.train_step` directly.
 """
 
