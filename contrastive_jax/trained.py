@@ -44,7 +44,7 @@ class TrainedModel:
     """A run's model and its restored variables.
 
     Attributes:
-      model: the `models.TwoTower` (or a released model: `contrastive_jax.models.released`).
+      model: the `two_tower.TwoTower` (or a released model: `contrastive_jax.models.released`).
       variables: `{"params", "batch_stats"}` as host (NumPy) arrays.
       inputs: each side's input shape (without the batch) and dtype, `{"a": (shape,
         dtype), "b": ...}` (the input pipeline's).

@@ -29,7 +29,7 @@ from contrastive_jax.simulated_devices import simulate_cpu_devices
 from experiments import sweep
 
 STEPS = 1500
-KINDS = ("circle", "square", "triangle", "cross", "diamond")  # datasets.shapes.KINDS, in label order
+KINDS = ("circle", "square", "triangle", "cross", "diamond")  # data.builtin.shapes.KINDS, in label order
 TEMPLATES = ("a {}.", "a picture with a {}.", "a small {}.", "a large {}.", "a {} on a plain background.")
 TOWERS = {
     "model.encoder_a": "cnn",

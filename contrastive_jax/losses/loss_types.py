@@ -2,7 +2,7 @@
 (what it keeps across steps) and `LossSettings` (its hyperparameters as plain values).
 The table of losses is `losses.registry`.
 
-Model outputs (see `models.TwoTower`): `za`, `zb` [B, D] L2-normalised; `logits` [B, C]
+Model outputs (see `two_tower.TwoTower`): `za`, `zb` [B, D] L2-normalised; `logits` [B, C]
 (classifier head); `temperature`, `bias` scalars and `proxies` [C, D] (replicated). From
 the data: `label` [B] int; `groups` [B, K] int (the dataset's id keys); `index` [B].
 """

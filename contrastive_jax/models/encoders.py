@@ -262,7 +262,7 @@ def _vit(width, depth, num_heads, mlp_dim):
     )
 
 
-# name -> (models.ModelSettings, compute dtype, text vocabulary size) -> encoder.
+# name -> (two_tower.ModelSettings, compute dtype, text vocabulary size) -> encoder.
 ENCODERS: Mapping[str, Callable[[Any, Any, int], nn.Module]] = {
     "mlp": lambda m, dtype, vocab: MLP(m.mlp_hidden_dims, m.encoder_dim, m.dropout_rate, dtype),
     "cnn": lambda m, dtype, vocab: SmallCNN(m.cnn_features, m.encoder_dim, dtype),

@@ -129,7 +129,7 @@ def make_optimizer(
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """`(tx, schedule)`: the optimizer `config.optim` names, with clipping, layer-wise
     decay and a frozen tower; `towers` maps "a" and "b" to the top-level parameter names
-    of each tower (`models.TwoTower.TOWER_PARAMS`, `released.TOWER_PARAMS`).
+    of each tower (`two_tower.TwoTower.TOWER_PARAMS`, `released.TOWER_PARAMS`).
 
     Raises:
       ConfigError: an unknown `config.optim.name`, `schedule` or `frozen_tower`, or a `layer_decay`

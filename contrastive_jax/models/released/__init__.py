@@ -6,7 +6,7 @@ Each layout module (`open_clip_layout`, `big_vision_layout`) gives:
 
 * `read(path) -> dict[str, np.ndarray]`: the checkpoint's arrays by their own names;
 * `settings_from(arrays) -> Settings`: the architecture, inferred from the arrays' shapes;
-* `Model(settings)`: a Flax module with `models.TwoTower`'s contract -- `__call__(a, b=None,
+* `Model(settings)`: a Flax module with `two_tower.TwoTower`'s contract -- `__call__(a, b=None,
   *, train=False)` -> `{"za": [B, D], "zb": [B, D], "temperature": (), "bias": ()}` (bias
   with SigLIP only), `embed(x, side)` -> `[B, D]`; `a` images [B, H, W, 3] uint8 or float in
   [0, 1] (normalized inside as the released model was trained), `b` int32 token ids [B, L];

@@ -195,7 +195,7 @@ class TextTower(nn.Module):
 
 
 class Model(ReleasedTwoTower):
-    """A SigLIP with `models.TwoTower`'s contract (`released`'s docstring): `a` images
+    """A SigLIP with `two_tower.TwoTower`'s contract (`released`'s docstring): `a` images
     `[B, image_size, image_size, 3]` (uint8, or float in [0, 1]), `b` ids
     `[B, context_length]` -> `za`, `zb` `[B, embed_dim]` L2-normalised float32,
     `temperature` (`exp(-log_inv_temperature)`, big_vision's `1 / exp(t)`) and `bias`

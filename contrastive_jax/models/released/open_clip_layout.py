@@ -133,7 +133,7 @@ class TextTower(nn.Module):
 
 
 class Model(ReleasedTwoTower):
-    """A CLIP with `models.TwoTower`'s contract (`released`'s docstring): `a` images
+    """A CLIP with `two_tower.TwoTower`'s contract (`released`'s docstring): `a` images
     `[B, image_size, image_size, 3]` (uint8, or float in [0, 1]), `b` ids
     `[B, context_length]` -> `za`, `zb` `[B, embed_dim]` normalised, `temperature`
     (`exp(-log_inv_temperature)`, open_clip's `1 / logit_scale.exp()`) and `bias`.

@@ -1,4 +1,4 @@
-"""What every released model shares: `models.TwoTower`'s contract over an image tower
+"""What every released model shares: `two_tower.TwoTower`'s contract over an image tower
 (`img`) and a text tower (`txt`), the learned temperature and bias (`released`'s
 docstring). A layout's `Model` gives its towers and its pixel normalisation."""
 
