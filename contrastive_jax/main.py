@@ -45,6 +45,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from contrastive_jax import console, run_dir
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.simulated_devices import simulate_cpu_devices
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -213,7 +214,6 @@ def run_training(
     with contextlib.nullcontext() if verbose else console.filtered_native_stderr():
         import jax
 
-        from contrastive_jax.errors import ConfigError
         from contrastive_jax.training import distributed, loop
 
     try:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,14 +152,19 @@ def best_tuning_run(records: Sequence[Mapping[str, Any]], targets: Sequence[floa
     return min(records, key=lambda r: rank(r, target))
 
 
-def next_rate_step(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> int | None:
-    """The rate step to tune next at one N from its tuning runs `records`: None when the
-    best (`best_tuning_run`) is inside the steps run, else the neighbour beyond it."""
-    steps = sorted(r["rate_step"] for r in records)
-    best = best_tuning_run(records, targets)["rate_step"]
+def step_beyond_edge(steps: Iterable[int], best: int) -> int | None:
+    """How a tuning grid grows: the neighbour beyond `best` when it is the smallest or the
+    largest of the grid steps run (`steps`), else None (the best is inside)."""
+    steps = sorted(steps)
     if best == steps[0]:
         return best - 1
     return best + 1 if best == steps[-1] else None
+
+
+def next_rate_step(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> int | None:
+    """The rate step to tune next at one N from its tuning runs `records`: None when the
+    best (`best_tuning_run`) is inside the steps run, else the neighbour beyond it."""
+    return step_beyond_edge((r["rate_step"] for r in records), best_tuning_run(records, targets)["rate_step"])
 
 
 def tune(base, n: int, seed: int, targets, out: Path, run_args, grid_args, most: int) -> list[dict]:

@@ -159,10 +159,9 @@ def next_on_axis(scores: Mapping[int, float], start: int, most: int) -> int | No
     for step in (start - 1, start, start + 1):
         if step not in scores:
             return step
-    if len(scores) >= most or not at_edge(scores):
+    if len(scores) >= most:
         return None
-    best = best_step(scores)
-    return best - 1 if best == min(scores) else best + 1
+    return constant_lr.step_beyond_edge(scores, best_step(scores))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -289,7 +289,6 @@ class _Run:
         self.init, self.abstract_state, self.workdir, self.model = init, abstract_state, workdir, model
         self.lead = jax.process_index() == 0
         self.evaluate = evaluation(trainer.mesh, trainer.data, trainer.loop, trainer.match_keys)
-        self._batch = (trainer.data.global_batch_size, sharding.batch_shards(trainer.mesh))  # global, its shards
 
     def _save(self, step: int, state) -> None:
         """Starts saving `state` as checkpoint `step`, with the input position, the guard's
@@ -299,6 +298,12 @@ class _Run:
 
     def _every(self, k: int, step: int) -> bool:
         return step == self.trainer.loop.num_train_steps or (k > 0 and step % k == 0)
+
+    def _metric_window(self, writer, progress, start_step: int) -> MetricWindow:
+        """The metric window of a loop from `start_step`: the run's global batch and the
+        shards it is split over (the noise scale's two batch sizes)."""
+        loop, data, shards = self.trainer.loop, self.trainer.data, sharding.batch_shards(self.trainer.mesh)
+        return MetricWindow(loop, data.global_batch_size, shards, self.guard, writer, progress, start_step)
 
     def _open_at(self, batch_number: int):
         return iter(_train_batches(self.trainer.data, batch_number))
@@ -313,7 +318,7 @@ class _Run:
         if start_step > 0:  # a machine-readable record of every resume, kept across resumes
             writer.write(start_step, {"resumed_from_step": start_step})
         progress = console.Progress(total_steps=num_steps, start_step=start_step, enabled=self.lead)
-        window = MetricWindow(loop, *self._batch, guard, writer, progress, start_step)
+        window = self._metric_window(writer, progress, start_step)
         batches = guard.batches(start_step, self._open_at, opened=iter(ds))
         results, pending, preempted = {}, None, False  # pending: (step, metrics) dispatched, not read
         step, dispatched = start_step, 0  # dispatched: steps run, rolled back or not
