@@ -106,13 +106,15 @@ def ranges_agree(fits: Sequence[Mapping[str, float]]) -> bool:
 def range_table(fits: Sequence[Mapping[str, float]]) -> str:
     """The markdown table of `fit_ranges`' rows (each start, its N and fewest seeds, and
     ``B_crit`` with its interval and verdict, `b_crit_words`) and a line saying whether
-    the ranges agree (`ranges_agree`)."""
+    the ranges agree (`ranges_agree`), or that they cannot be compared while an N has one
+    seed (its zero-width "interval" is no interval)."""
     from experiments import sweep
 
     rows = [[f"{e['from']:,}", e["points"], e["seeds"], b_crit_words(e)[len("B_crit = ") :]] for e in fits]
-    agree = ranges_agree(fits)
-    return sweep.markdown_table(rows, ["fitted from N", "N fitted", "fewest seeds", "B_crit [95%]"]) + (
-        "\nThe ranges' intervals "
-        + ("share a point." if agree else "share no point: the estimate hangs on the range.")
-        + "\n"
-    )
+    if min(e["seeds"] for e in fits) < 2:
+        verdict = "The ranges are not compared: an N with one seed gives no interval."
+    elif ranges_agree(fits):
+        verdict = "The ranges' intervals share a point."
+    else:
+        verdict = "The ranges' intervals share no point: the estimate hangs on the range."
+    return sweep.markdown_table(rows, ["fitted from N", "N fitted", "fewest seeds", "B_crit [95%]"]) + f"\n{verdict}\n"

@@ -85,3 +85,5 @@ def test_the_range_table_says_whether_the_ranges_agree():
     assert text.endswith("The ranges' intervals share a point.\n")
     hangs = [agree[0], dict(agree[1], low=2400.0)]
     assert not fit.ranges_agree(hangs) and "hangs on the range" in fit.range_table(hangs)
+    one_seed = [dict(agree[0], seeds=1, low=1900.0, high=1900.0), dict(agree[1], seeds=1, low=2500.0, high=2500.0)]
+    assert fit.range_table(one_seed).endswith("The ranges are not compared: an N with one seed gives no interval.\n")
