@@ -55,8 +55,7 @@ import numpy as np
 
 from contrastive_jax import run_dir
 from contrastive_jax.config_lib import load_config, override
-from experiments import critical_batch_fit, intervals, sweep
-from experiments import critical_batch_study as cosine
+from experiments import critical_batch_fit, intervals, replicates, sweep, target_steps
 
 BATCH_SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
 SEEDS = (0, 1, 2)
@@ -124,21 +123,21 @@ def finished(curve: np.ndarray, target: float, patience: int = PATIENCE_EVALS) -
 
 
 def workdir_curve(workdir: Path) -> np.ndarray:
-    """The validation curve (`cosine.validation_curve`'s) logged so far in `workdir`."""
+    """The validation curve (`target_steps.validation_curve`'s) logged so far in `workdir`."""
     history = run_dir.metrics_by_step(workdir)
     curves = {
         f"eval/{m}": [[step, values[f"eval/{m}"]] for step, values in history.items() if f"eval/{m}" in values]
-        for m in cosine.METRICS
+        for m in target_steps.METRICS
     }
-    if not curves[f"eval/{cosine.METRICS[0]}"]:
+    if not curves[f"eval/{target_steps.METRICS[0]}"]:
         return np.zeros((0, 2))
-    return cosine.validation_curve({"curves": curves})
+    return target_steps.validation_curve({"curves": curves})
 
 
 def rank(record: Mapping[str, Any], target: float) -> tuple[float, float]:
     """A tuning run's sort key: steps to `target` (inf on a miss), then minus its best R@1."""
-    curve = cosine.validation_curve(record)
-    steps = cosine.steps_to_target(curve, target)
+    curve = target_steps.validation_curve(record)
+    steps = target_steps.steps_to_target(curve, target)
     return (math.inf if steps is None else steps, -float(curve[:, 1].max()))
 
 
@@ -146,7 +145,7 @@ def best_tuning_run(records: Sequence[Mapping[str, Any]], targets: Sequence[floa
     """The best of one N's tuning runs `records`: the fewest steps (`rank`) to the highest
     of `targets` that one of them reaches (a constant rate may plateau under the highest
     everywhere at an N; none reached: the best R@1)."""
-    curves = [cosine.validation_curve(r) for r in records]
+    curves = [target_steps.validation_curve(r) for r in records]
     reached = [t for t in targets if any(curve[:, 1].max() >= t for curve in curves)]
     target = max(reached, default=targets[0])
     return min(records, key=lambda r: rank(r, target))
@@ -195,10 +194,10 @@ def seed_runs(tuned: Mapping[int, int], seeds: Sequence[int], **run_args) -> lis
 
 
 def best_by_n(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, dict[str, Any]]:
-    """`cosine.best_runs` (the fewest mean steps among the rates run with every seed an
+    """`target_steps.best_runs` (the fewest mean steps among the rates run with every seed an
     N has) with `edge` redone per N: the best is the smallest or largest of those rates."""
-    best = cosine.best_runs(records, target)
-    reached = cosine.reached_steps(records, target)
+    best = target_steps.best_runs(records, target)
+    reached = target_steps.reached_steps(records, target)
     for n, entry in best.items():
         seeds = entry["seeds"]
         full = sorted(f for (m, f), by_seed in reached.items() if m == n and len(by_seed) == seeds)
@@ -233,8 +232,8 @@ def noise_at(config, workdir: Path, step: int, n: int, count: int, resamples: in
     from contrastive_jax.training import noise_scale
 
     big_start, small_start = replicate_starts(count)
-    at_n, state = cosine.gradient_replicates(config, str(workdir), n, count, step=step, start_step=big_start)
-    at_quarter, _ = cosine.gradient_replicates(config, str(workdir), n // 4, count, step=step, start_step=small_start)
+    at_n, state = replicates.gradients(config, str(workdir), n, count, step=step, start_step=big_start)
+    at_quarter, _ = replicates.gradients(config, str(workdir), n // 4, count, step=step, start_step=small_start)
     adam = [[noise_scale.adam_preconditioned(g, state.opt_state) for g in side] for side in (at_n, at_quarter)]
     return {
         "sgd": noise_scale.compare(at_n, at_quarter, n, resamples=resamples),
@@ -320,7 +319,7 @@ def summary(
     headline = None  # the highest target's fit over every N
     for target in targets:
         best = best_by_n(records, target)
-        reached = cosine.reached_steps(records, target)
+        reached = target_steps.reached_steps(records, target)
         rows = []
         for n in sorted({r["batch_size"] for r in records}):
             cells = []
@@ -392,12 +391,12 @@ def run(args) -> list[dict]:
     neighbours (finished runs skipped), and writes results, the figure and the summary."""
     base = override(
         load_config("cmudict_clip"),
-        {**cosine.SPLITS, **(cosine.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
+        {**target_steps.SPLITS, **(target_steps.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
     )
     target = args.targets[-1]
     run_args = {"train_size": args.train_size, "max_epochs": args.max_epochs, "eval_examples": args.eval_examples}
     grid_args = {
-        "curve_keys": cosine.CURVES,
+        "curve_keys": target_steps.CURVES,
         "deadline": sweep.deadline(args.hours),
         "stop_when": lambda workdir: finished(workdir_curve(workdir), target),
     }
@@ -416,7 +415,7 @@ def run(args) -> list[dict]:
         best = best_by_n(records, target)
         chosen = {n: round(2 * math.log2(best[n]["lr_factor"])) if n in best else k for n, k in tuned.items()}
         rates = {n: 2 ** (k / 2) for n, k in chosen.items()}
-        sweep.save(cosine.plot(records, args.targets, args.train_size, 0.7, rates), args.out)
+        sweep.save(target_steps.plot(records, args.targets, args.train_size, 0.7, rates), args.out)
         measured = [study_run(n, k, seed, **run_args) for seed in args.seeds[:NOISE_SEEDS] for n, k in chosen.items()]
         noise = noise_scales(base, measured, args.out, args, grid_args["deadline"])
     (args.out / "summary.md").write_text(summary(records, args.targets, starts, noise))
@@ -428,7 +427,7 @@ FULL = dict(
     batch_sizes=list(BATCH_SIZES),
     seeds=list(SEEDS),
     targets=list(TARGETS),
-    train_size=cosine.FIT_PAIRS,
+    train_size=target_steps.FIT_PAIRS,
     max_epochs=MAX_EPOCHS,
     eval_examples=EVAL_EXAMPLES,
     max_tuning_rates=MAX_TUNING_RATES,

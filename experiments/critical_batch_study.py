@@ -67,9 +67,8 @@ import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
 from contrastive_jax.data.builtin import shapes
-from experiments import critical_batch_fit, intervals, query_hits, sweep, zero_shot_shapes
+from experiments import critical_batch_fit, intervals, query_hits, replicates, sweep, target_steps, zero_shot_shapes
 
-FIT_PAIRS = 108_000  # cmudict's `fit` split
 EPOCHS = 6.0
 EVALS_PER_EPOCH = 2
 BATCH_SIZES = (256, 512, 1024, 2048, 4096)
@@ -81,8 +80,6 @@ WARMUP_EPOCHS = 0.5
 TARGETS = (0.80, 0.84, 0.86, 0.88, 0.90)  # validation R@1, mean of both directions
 NOISE_BATCHES = (1024, 4096)
 REPLICATES = 16
-METRICS = tuple(f"{d}/R@1" for d in query_hits.DIRECTIONS)
-CURVES = ("train/loss", "train/temperature", "train/examples_per_second", *(f"eval/{m}" for m in METRICS))
 
 
 def learning_rate(n: int, factor: float) -> float:
@@ -123,7 +120,7 @@ def replicated_factors(records: Sequence[Mapping[str, Any]], targets: Sequence[f
     the ones the other seeds repeat."""
     factors: dict[int, set[float]] = {}
     for target in targets:
-        for n, entry in best_runs(records, target).items():
+        for n, entry in target_steps.best_runs(records, target).items():
             factors.setdefault(n, set()).add(entry["lr_factor"])
     return {n: sorted(f) for n, f in sorted(factors.items())}
 
@@ -138,38 +135,14 @@ def control_factors(records: Sequence[Mapping[str, Any]], targets: Sequence[floa
     the middle target, or, where N misses it, at the highest lower target it reaches
     (none reached: the factor whose run ends at the highest validation R@1, the smaller
     on a tie)."""
-    clip = sorted((r for r in records if is_clip(r)), key=lambda r: r["lr_factor"])
+    clip = sorted((r for r in records if target_steps.is_clip(r)), key=lambda r: r["lr_factor"])
     chosen = {}
     for n in {r["batch_size"] for r in clip}:  # max keeps the first, the smaller factor, on a tie
         ends = [r for r in clip if r["batch_size"] == n]
-        chosen[n] = max(ends, key=lambda r: validation_curve(r)[-1, 1])["lr_factor"]
+        chosen[n] = max(ends, key=lambda r: target_steps.validation_curve(r)[-1, 1])["lr_factor"]
     for target in targets[: len(targets) // 2 + 1]:
-        chosen.update({n: entry["lr_factor"] for n, entry in best_runs(records, target).items()})
+        chosen.update({n: entry["lr_factor"] for n, entry in target_steps.best_runs(records, target).items()})
     return chosen
-
-
-def is_clip(record: Mapping[str, Any]) -> bool:
-    """Whether the run trained CLIP (the grid) rather than the DCL control."""
-    return record.get("loss", "clip") == "clip"
-
-
-def validation_curve(record: Mapping[str, Any]) -> np.ndarray:
-    """`[[step, R@1], ...]`: the run's validation R@1, the mean of both directions."""
-    a, b = (np.asarray(record["curves"][f"eval/{m}"], np.float64) for m in METRICS)
-    return np.column_stack([a[:, 0], (a[:, 1] + b[:, 1]) / 2])
-
-
-def steps_to_target(curve: np.ndarray, target: float) -> float | None:
-    """The first step at which `curve` ([[step, value], ...], from step 0 at value 0)
-    reaches `target`, linearly interpolated between its points; None if it never does."""
-    steps = np.concatenate([[0.0], curve[:, 0]])
-    values = np.concatenate([[0.0], curve[:, 1]])
-    above = np.flatnonzero(values >= target)
-    if not len(above):
-        return None
-    i = above[0]
-    fraction = (target - values[i - 1]) / (values[i] - values[i - 1])
-    return float(steps[i - 1] + fraction * (steps[i] - steps[i - 1]))
 
 
 def fit_mccandlish(batch_sizes: Sequence[int], steps: Sequence[float]) -> dict[str, float]:
@@ -181,86 +154,6 @@ def fit_mccandlish(batch_sizes: Sequence[int], steps: Sequence[float]) -> dict[s
     (s_min, e_min), *_ = np.linalg.lstsq(design, s, rcond=None)
     residual = float(np.max(np.abs(design @ [s_min, e_min] - s) / s))
     return {"s_min": float(s_min), "e_min": float(e_min), "b_crit": float(e_min / s_min), "max_residual": residual}
-
-
-def reached_steps(
-    records: Sequence[Mapping[str, Any]], target: float, *, clip: bool = True
-) -> dict[tuple[int, float], dict[int, float | None]]:
-    """`{(N, factor): {seed: steps to target or None}}` over the CLIP runs (`clip=False`:
-    the DCL control's)."""
-    reached: dict[tuple[int, float], dict[int, float | None]] = {}
-    for record in (r for r in records if is_clip(r) == clip):
-        key = (record["batch_size"], record["lr_factor"])
-        reached.setdefault(key, {})[record["seed"]] = steps_to_target(validation_curve(record), target)
-    return reached
-
-
-def best_runs(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, dict[str, Any]]:
-    """Per N, the learning rate whose CLIP runs reach `target` in the fewest steps, mean
-    over seeds, among the rates run with every seed that N has (means over the same
-    seeds); a rate that misses in a seed is out: `{N: {"lr_factor", "steps", "seeds",
-    "std", "interval", "by_seed", "edge"}}` (`interval`: the 95% t-interval's half-width;
-    `edge`: the factor is the grid's smallest or largest)."""
-    reached = reached_steps(records, target)
-    factors = sorted({factor for _, factor in reached})
-    seeds_at = {}
-    for (n, _), by_seed in reached.items():
-        seeds_at[n] = max(seeds_at.get(n, 0), len(by_seed))
-    best = {}
-    for (n, factor), by_seed in sorted(reached.items()):
-        if None in by_seed.values() or len(by_seed) < seeds_at[n]:
-            continue
-        steps = list(by_seed.values())
-        mean = float(np.mean(steps))
-        if n not in best or mean < best[n]["steps"]:
-            best[n] = {
-                "lr_factor": factor,
-                "steps": mean,
-                "seeds": len(steps),
-                "std": float(np.std(steps)),
-                "interval": intervals.t_interval(steps),
-                "by_seed": by_seed,
-            }
-    for entry in best.values():
-        entry["edge"] = entry["lr_factor"] in (factors[0], factors[-1]) and len(factors) > 1
-    return best
-
-
-def gradient_replicates(
-    config, workdir: str, n: int, count: int, *, step: int | None = None, start_step: int = 0
-) -> tuple[list[Any], Any]:
-    """`(grads, state)`: `count` gradients of the global-batch loss at the checkpoint of
-    `step` in `workdir` (None: the newest), each of an independent global batch of `n`
-    examples (steps `start_step`, `start_step + 1`, ... of a stream of that batch size:
-    disjoint examples within an epoch, each batch its own negatives), and that state."""
-    import jax
-
-    from contrastive_jax import run_dir, sharding
-    from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training import checkpoint, trainer
-
-    run = trainer.build(override(config, {"train.global_batch_size": n, "train.micro_batch_size": 0}))
-    stream = input_pipeline.train_dataset(run.data, start_step=start_step)
-    _, abstract = run.init_state(stream.element_spec)
-    ckpt = checkpoint.Checkpointer(os.path.join(workdir, run_dir.CHECKPOINTS), max_to_keep=1_000)
-    try:
-        state = ckpt.restore_state(ckpt.latest_step() if step is None else step, abstract)
-    finally:
-        ckpt.close()
-
-    def loss(params, batch):
-        variables = {"params": params, "batch_stats": state.batch_stats}
-        outputs = state.apply_fn(variables, batch["a"], batch.get("b"), train=False)
-        batched = {k: v for k, v in outputs.items() if k in trainer.BATCHED_OUTPUTS}
-        shared = {k: v for k, v in outputs.items() if k not in trainer.BATCHED_OUTPUTS}
-        return run.global_loss(batched, shared, run.loss_data(batch), state.loss_state, state.step)[0]
-
-    grad = jax.jit(jax.grad(loss))
-    grads = []
-    for batch, _ in zip(stream, range(count), strict=False):
-        batch = jax.device_put(dict(batch), sharding.data_sharding(run.mesh))
-        grads.append(jax.device_get(grad(state.params, batch)))
-    return grads, state
 
 
 def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], out, noise_batches, count) -> dict:
@@ -283,8 +176,8 @@ def noise_scales(base, runs: Sequence[sweep.Run], best: Mapping[int, Mapping], o
                 print(f"[noise] {key}: no checkpoint in {workdir} (delete the run's record to retrain it)", flush=True)
             elif key not in cache:
                 print(f"[noise] {key}: {count} replicates at {size} and at {size // 4}", flush=True)
-                at_n, _ = gradient_replicates(config, workdir, size, count)
-                at_quarter, _ = gradient_replicates(config, workdir, size // 4, count)
+                at_n, _ = replicates.gradients(config, workdir, size, count)
+                at_quarter, _ = replicates.gradients(config, workdir, size // 4, count)
                 cache[key] = {"run": name, "batch_size": n, "n": size, **noise_scale.compare(at_n, at_quarter, size)}
                 cache_file.write_text(json.dumps(cache, indent=1))
     return cache
@@ -336,7 +229,7 @@ def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
 
 def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> str:
     """DCL against CLIP at the same N, rate and seeds: steps to each target (mean ± 95%)."""
-    controls = [r for r in records if not is_clip(r)]
+    controls = [r for r in records if not target_steps.is_clip(r)]
     if not controls:
         return ""
     rows = []
@@ -345,7 +238,7 @@ def _control_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float
         cells = []
         for target in targets:
             for clip in (True, False):
-                by_seed = reached_steps(records, target, clip=clip).get((n, factor), {})
+                by_seed = target_steps.reached_steps(records, target, clip=clip).get((n, factor), {})
                 cells.append(intervals.mean_and_interval([by_seed.get(seed) for seed in seeds]))
         rows.append([f"{n:,}", f"{factor:g}", len(seeds), *cells])
     header = ["N", "f", "seeds", *(f"{loss} to {t:.2f}" for t in targets for loss in ("CLIP", "DCL"))]
@@ -425,15 +318,15 @@ def summary(
     """The markdown report on the task `title`: per target, each N's steps at every
     learning rate (mean ± 95% over the seeds run), the best, and the fitted curve; the DCL
     control; the noise scales; the test split's table (`final`: `final_hits`, at `rates`)."""
-    clip_records = [r for r in records if is_clip(r)]
+    clip_records = [r for r in records if target_steps.is_clip(r)]
     text = f"# The critical batch on {title}, {len(records)} runs\n"
     factors = sorted({r["lr_factor"] for r in clip_records})
     for target in targets:
         text += f"\n## Steps to validation R@1 {target:.2f} (mean of both directions)\n\n"
         text += "Steps: mean ± the 95% t-interval's half-width over the seeds run (count in brackets).\n\n"
         rows = []
-        best = best_runs(clip_records, target)
-        reached = reached_steps(clip_records, target)
+        best = target_steps.best_runs(clip_records, target)
+        reached = target_steps.reached_steps(clip_records, target)
         for n in sorted({r["batch_size"] for r in clip_records}):
             cells = []
             for factor in factors:
@@ -468,43 +361,6 @@ def summary(
     return text + (_final_table(records, final, rates) if final else "")
 
 
-def plot(
-    records: Sequence[Mapping[str, Any]],
-    targets: Sequence[float],
-    train_size: int,
-    floor: float,
-    rates: Mapping[int, float],
-) -> dict:
-    """`steps_to_target`: the best steps to each target against N (log-log, 95% intervals
-    over seeds), with the perfect-scaling line from the smallest N; and the validation
-    curves of every seed at each N's chosen factor (`rates`: `{N: f}`) against epochs of
-    `train_size` pairs, from R@1 `floor` up."""
-    records = [r for r in records if is_clip(r)]
-    fig, axes = sweep.new_figure("steps to a validation R@1 target, learning rate tuned per N", ncols=2)
-    batch_sizes = sorted({r["batch_size"] for r in records})
-    for target, color in zip(targets, sweep.colors(len(targets), "viridis"), strict=True):
-        best = best_runs(records, target)
-        if not best:
-            continue
-        ns = sorted(best)
-        steps = [best[n]["steps"] for n in ns]
-        errors = [0.0 if math.isnan(best[n]["interval"]) else best[n]["interval"] for n in ns]
-        axes[0].errorbar(ns, steps, yerr=errors, marker="o", capsize=3, color=color, label=f"R@1 {target:.2f}")
-        axes[0].plot(ns, [steps[0] * ns[0] / n for n in ns], ls=":", color=color)
-    axes[0].set(xlabel="global batch N", ylabel="steps (dotted: perfect scaling)", yscale="log")
-    sweep.log_spaced_ticks(axes[0], batch_sizes)
-    axes[0].legend(fontsize=7)
-    for n, color in zip(batch_sizes, sweep.colors(len(batch_sizes), "plasma"), strict=True):
-        runs = [r for r in records if (r["batch_size"], r["lr_factor"]) == (n, rates[n])]
-        for i, record in enumerate(sorted(runs, key=lambda r: r["seed"])):
-            curve = validation_curve(record)
-            label = f"N={n:,}, f={rates[n]:g} ({len(runs)} seeds)" if i == 0 else None
-            axes[1].plot(curve[:, 0] * n / train_size, curve[:, 1], color=color, lw=1, label=label)
-    axes[1].set(xlabel="epochs", ylabel="validation R@1 (mean of both directions)", ylim=(floor, None))
-    axes[1].legend(fontsize=7)
-    return {"steps_to_target": fig}
-
-
 def run(args) -> list[dict]:
     """Trains the tuning seed's grid, then seed by seed the other seeds at each N's best
     rates and the DCL control (skipping finished runs), measures the noise scales and the
@@ -513,7 +369,7 @@ def run(args) -> list[dict]:
     base = override(load_config(task.config), {**task.overrides, **(task.quick_overrides if args.quick else {})})
     base = override(base, {"data.data_dir": args.data_dir, **generated_records(args)})
     run_args = {"epochs": args.epochs, "train_size": args.train_size}
-    grid_args = {"curve_keys": CURVES, "deadline": sweep.deadline(args.hours)}
+    grid_args = {"curve_keys": target_steps.CURVES, "deadline": sweep.deadline(args.hours)}
     tuning_seed = args.seeds[0]
     tuning = tuning_runs(args.batch_sizes, args.lr_factors, tuning_seed, **run_args)
     records = sweep.run_grid(base, tuning, args.out, **grid_args)
@@ -527,10 +383,10 @@ def run(args) -> list[dict]:
         seeds += [study_run(n, rates[n], seed, loss="dcl", **run_args) for n in args.control_batch_sizes]
     records += sweep.run_grid(base, seeds, args.out, **grid_args)
     noise = noise_scales(
-        base, tuning, best_runs(records, args.targets[0]), args.out, args.noise_batches, args.replicates
+        base, tuning, target_steps.best_runs(records, args.targets[0]), args.out, args.noise_batches, args.replicates
     )
     sweep.write_results(records, args.out)
-    sweep.save(plot(records, args.targets, args.train_size, task.curve_floor, rates), args.out)
+    sweep.save(target_steps.plot(records, args.targets, args.train_size, task.curve_floor, rates), args.out)
     final = final_hits(records, rates, args.out, args.final_split)
     if getattr(args, "pictures", 0):  # the generated set names no match keys: its ceiling from its inputs
         write_input_ceilings(base, args.final_split, args.out)
@@ -600,14 +456,13 @@ class Task:
     curve_floor: float
 
 
-SPLITS = {"data.train_split": "fit", "eval.split": "validation"}
 FULL = dict(
     batch_sizes=list(BATCH_SIZES),
     lr_factors=list(LR_FACTORS),
     seeds=list(SEEDS),
     control_batch_sizes=list(CONTROL_BATCH_SIZES),
     epochs=EPOCHS,
-    train_size=FIT_PAIRS,
+    train_size=target_steps.FIT_PAIRS,
     targets=list(TARGETS),
     noise_batches=list(NOISE_BATCHES),
     replicates=REPLICATES,
@@ -626,7 +481,6 @@ QUICK = dict(
     replicates=4,
     final_split="test[:256]",
 )
-QUICK_OVERRIDES = {"data.train_split": "fit[:1024]", "eval.split": "validation[:256]"}
 
 # The generated image-text set, a task with headroom: 60,000 pictures at 32 px (54,000 train);
 # validation and the final table on 1,000 pictures each, one caption per picture. CPU-sized
@@ -654,7 +508,15 @@ SHAPES_FULL = dict(
 )
 SHAPES_QUICK = dict(QUICK, noise_batches=[], final_split="test[:64]", pictures=1_500)
 TASKS = {
-    "cmudict": Task("cmudict (fit -> validation)", "cmudict_clip", SPLITS, FULL, QUICK, QUICK_OVERRIDES, 0.7),
+    "cmudict": Task(
+        "cmudict (fit -> validation)",
+        "cmudict_clip",
+        target_steps.SPLITS,
+        FULL,
+        QUICK,
+        target_steps.QUICK_OVERRIDES,
+        0.7,
+    ),
     "shapes": Task(
         "the generated image-text set (train -> validation[:1000])",
         "clip_shapes",

@@ -60,8 +60,7 @@ import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
 from experiments import critical_batch_constant_lr as constant_lr
-from experiments import critical_batch_study as cosine
-from experiments import intervals, sweep
+from experiments import intervals, sweep, target_steps
 
 BATCH_SIZES = (64, 128, 256, 512, 1024)
 SEEDS = (0, 1, 2, 3, 4, 5)  # the first tunes; the others compare
@@ -138,7 +137,7 @@ def limited_run(loss: str, n: int, setting: Mapping[str, int], seed: int, limits
 
 def final_r1(record: Mapping[str, Any]) -> float:
     """The run's final validation R@1, the mean of both directions."""
-    return float(np.mean([record[m] for m in cosine.METRICS]))
+    return float(np.mean([record[m] for m in target_steps.METRICS]))
 
 
 def best_step(scores: Mapping[int, float]) -> int:
@@ -304,7 +303,7 @@ def summary(records: Sequence[Mapping[str, Any]], limits: Mapping[str, Any]) -> 
         rows.append([f"{n:,}", *cells])
         if min(len(v) for v in values.values()) >= 2:
             findings.append(finding(n, values["clip"], values["siglip"], found["edges"]))
-        for metric in cosine.METRICS:
+        for metric in target_steps.METRICS:
             diff = difference(*([r[metric] for r in by_seed[loss].values()] for loss in LOSSES))
             per_direction.append([f"{n:,}", metric, intervals.difference_cell(*diff), intervals.verdict(*diff[1:])])
     text += "\n## Findings\n\n" + ("".join(f"- {f}\n" for f in findings) or "None yet: no N has two seeds of both.\n")
@@ -379,7 +378,7 @@ def run_counts(batch_sizes: Sequence[int], seeds: Sequence[int], max_rates: int,
 
 def run_minutes(epochs: float, train_size: int) -> float:
     """A run's minutes on the 2-core machine (`SECONDS_PER_EPOCH`, scaled to `train_size`)."""
-    return (SECONDS_PER_RUN_OVERHEAD + SECONDS_PER_EPOCH * epochs * train_size / cosine.FIT_PAIRS) / 60
+    return (SECONDS_PER_RUN_OVERHEAD + SECONDS_PER_EPOCH * epochs * train_size / target_steps.FIT_PAIRS) / 60
 
 
 def run(args) -> list[dict]:
@@ -388,7 +387,7 @@ def run(args) -> list[dict]:
     report written as it finishes."""
     base = override(
         load_config("cmudict_clip"),
-        {**cosine.SPLITS, **(cosine.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
+        {**target_steps.SPLITS, **(target_steps.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
     )
     limits = {k: getattr(args, k) for k in ("seeds", "epochs", "train_size", "max_rates", "max_init_values")}
     fewest, most = run_counts(args.batch_sizes, args.seeds, args.max_rates, args.max_init_values)
@@ -402,7 +401,7 @@ def run(args) -> list[dict]:
     records: dict[str, dict] = {}
 
     def train(run_: sweep.Run) -> dict | None:
-        got = sweep.run_grid(base, [run_], args.out, curve_keys=cosine.CURVES, deadline=deadline)
+        got = sweep.run_grid(base, [run_], args.out, curve_keys=target_steps.CURVES, deadline=deadline)
         if got:
             records[run_.name] = got[0]
             write_partial(records, args.out, limits)
@@ -427,11 +426,11 @@ FULL = dict(
     batch_sizes=list(BATCH_SIZES),
     seeds=list(SEEDS),
     epochs=EPOCHS,
-    train_size=cosine.FIT_PAIRS,
+    train_size=target_steps.FIT_PAIRS,
     max_rates=MAX_RATES,
     max_init_values=MAX_INIT_VALUES,
 )
-# --quick: 1,024 training pairs, 256 validation pairs (cosine.QUICK_OVERRIDES), N = 64,
+# --quick: 1,024 training pairs, 256 validation pairs (target_steps.QUICK_OVERRIDES), N = 64,
 # one epoch, three steps per axis (no extension: its logic is tested on records), two
 # comparison seeds.
 QUICK = dict(batch_sizes=[64], seeds=[0, 1, 2], epochs=1.0, train_size=1024, max_rates=3, max_init_values=3)

@@ -83,22 +83,31 @@ def is_complete(workdir: Path, config: ml_collections.ConfigDict) -> bool:
     return results is not None and results["step"] == config.train.num_train_steps
 
 
-def _check_run(workdir: Path, run: Run, config: ml_collections.ConfigDict) -> None:
-    """Records the run in its workdir; raises if the workdir holds a different run.
+def _run_spec(run: Run) -> str:
+    """`run.json`'s text: the run's tags and overrides."""
+    return json.dumps({"tags": dict(run.tags), "overrides": dict(run.overrides)}, indent=1, sort_keys=True)
+
+
+def _check_run(workdir: Path, run: Run) -> None:
+    """Raises if `workdir` holds a different run than `run` (writes nothing).
 
     `run.json` (its tags and overrides) is compared, not the whole config, so a field
-    added to the configs later does not invalidate finished runs; `config.json` keeps
-    the full config the run started with.
+    added to the configs later does not invalidate finished runs.
     """
     path = workdir / "run.json"
-    spec = json.dumps({"tags": dict(run.tags), "overrides": dict(run.overrides)}, indent=1, sort_keys=True)
-    if path.exists() and path.read_text() != spec:
+    if path.exists() and path.read_text() != _run_spec(run):
         raise ValueError(
             f"{workdir} holds a different run (see {path}); pass another --out, or delete the workdir to retrain it."
         )
+
+
+def _write_run(workdir: Path, run: Run, config: ml_collections.ConfigDict) -> None:
+    """Records the run in its workdir as it starts: `run.json` (`_check_run` compares it)
+    and `config.json`, the full config the run started with."""
+    path = workdir / "run.json"
     if not path.exists():
         workdir.mkdir(parents=True, exist_ok=True)
-        path.write_text(spec)
+        path.write_text(_run_spec(run))
         (workdir / "config.json").write_text(config.to_json_best_effort(sort_keys=True, indent=1))
 
 
@@ -114,10 +123,12 @@ def run_grid(
 ) -> list[dict[str, Any]]:
     """Trains every run not finished yet, then collects all of them.
 
-    A run is finished when its workdir holds its final evaluation, or when it has no
-    workdir and `out/results.json` (the committed results of an earlier invocation) holds
-    a record of the same name and tags: a fresh clone resumes a sweep from its committed
-    results (an interrupted run's workdir resumes from its checkpoint).
+    A run is finished when its workdir holds its final evaluation, or when it trained
+    nothing in its workdir (none there, or only its spec) and `out/results.json` (the
+    committed results of an earlier invocation) holds a record of the same name and tags:
+    a fresh clone resumes a sweep from its committed results (an interrupted run's
+    workdir resumes from its checkpoint). A run the deadline leaves unstarted leaves no
+    workdir.
 
     Args:
       base: the config the runs override.
@@ -147,13 +158,14 @@ def run_grid(
             log(f"{label}: finished earlier, read from {out / 'results.json'}")
             records.append(earlier)
             continue
-        _check_run(workdir, run, config)
+        _check_run(workdir, run)
         if is_complete(workdir, config) or (stop_when and run_dir.read_eval_results(workdir) and stop_when(workdir)):
             log(f"{label}: finished earlier, skipped")
         elif deadline is not None and time.monotonic() > deadline:
             log(f"{label}: not started (the time budget is spent; run the command again to go on)")
             continue
         else:
+            _write_run(workdir, run, config)
             resuming = " (resuming from its checkpoint)" if (workdir / "checkpoints").exists() else ""
             log(f"{label}: training {config.train.num_train_steps} steps{resuming}")
             start = time.perf_counter()
@@ -240,11 +252,20 @@ def committed_records(out: Path) -> dict[str, dict[str, Any]]:
 
 def _committed_record(run: Run, workdir: Path, committed: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The committed record that stands in for `run`: one of its name and tags, when the
-    run has no workdir (an interrupted workdir resumes instead); else None."""
+    run trained nothing in `workdir` (`_trained`: an interrupted workdir resumes
+    instead); else None."""
     earlier = committed.get(run.name)
-    if workdir.exists() or earlier is None or any(earlier.get(k) != v for k, v in run.tags.items()):
+    if _trained(workdir) or earlier is None or any(earlier.get(k) != v for k, v in run.tags.items()):
         return None
     return earlier
+
+
+def _trained(workdir: Path) -> bool:
+    """Whether a run trained in `workdir`: it holds a checkpoint, a logged step or an
+    evaluation (a workdir with only the run's spec trained nothing: a run killed before
+    its first step, or one an earlier version of `run_grid` recorded and then left
+    unstarted at its deadline)."""
+    return any((workdir / name).exists() for name in (run_dir.CHECKPOINTS, run_dir.METRICS, run_dir.EVAL_RESULTS))
 
 
 def write_results(records: Sequence[Mapping[str, Any]], out: Path) -> None:

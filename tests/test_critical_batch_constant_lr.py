@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the
     sys.path.insert(0, str(ROOT))
 
 from experiments import critical_batch_constant_lr as study  # noqa: E402
-from experiments import sweep  # noqa: E402
+from experiments import sweep, target_steps  # noqa: E402
 
 RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
 
@@ -181,7 +181,7 @@ def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict
         (n, k + d) for n, k in tuned.items() for d in (-1, 0, 1)
     )
     for r in records:
-        curve = study.cosine.validation_curve(r)
+        curve = target_steps.validation_curve(r)
         every = {64: 4, 128: 2}[r["batch_size"]]  # 256 examples
         assert list(curve[:, 0]) == [every * (i + 1) for i in range(len(curve))]
         reached = np.flatnonzero(curve[:, 1] >= 0.01)
@@ -189,7 +189,7 @@ def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict
             assert len(curve) == 4 * (reached[0] // 4 + 1)
         else:
             assert curve[-1, 0] == r["max_steps"]
-    assert any(curve[-1, 0] < r["max_steps"] for r in records if len(curve := study.cosine.validation_curve(r)))
+    assert any(curve[-1, 0] < r["max_steps"] for r in records if len(curve := target_steps.validation_curve(r)))
     summary = (tmp_path / "summary.md").read_text()
     assert "## Steps to validation R@1 0.005" in summary and "B_crit = " in summary
     noise = json.loads((tmp_path / "noise.json").read_text())  # 2 checkpoints of each N's run on 2 seeds

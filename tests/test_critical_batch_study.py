@@ -1,5 +1,5 @@
-"""experiments/critical_batch_study.py: the grid, steps to a target, McCandlish's fit, the
-choice of the tuned rate, and --quick end to end (resumable: a rerun trains and measures
+"""experiments/critical_batch_study.py: the grid, McCandlish's fit, the choice of the
+tuned rate, and --quick end to end (resumable: a rerun trains and measures
 nothing again)."""
 
 import json
@@ -15,12 +15,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
     sys.path.insert(0, str(ROOT))
 
+from test_target_steps import rising_record  # noqa: E402
+
 from experiments import critical_batch_study as study  # noqa: E402
-from experiments import intervals  # noqa: E402
+from experiments import intervals, target_steps  # noqa: E402
 
 
 def test_grid_tunes_the_rate_per_batch_at_the_same_epochs():
-    run_args = {"epochs": study.EPOCHS, "train_size": study.FIT_PAIRS}
+    run_args = {"epochs": study.EPOCHS, "train_size": target_steps.FIT_PAIRS}
     runs = study.tuning_runs(study.BATCH_SIZES, study.LR_FACTORS, 0, **run_args)
     assert len(runs) == 5 * 4 and len({r.name for r in runs}) == len(runs)
     for run in runs:
@@ -31,10 +33,10 @@ def test_grid_tunes_the_rate_per_batch_at_the_same_epochs():
         assert "loss.name" not in run.overrides and run.tags["seed"] == 0
     linear = [r for r in runs if r.tags["batch_size"] == 4096 and r.tags["lr_factor"] == 4.0][0]
     assert linear.overrides["optim.learning_rate"] == pytest.approx(1e-3 * 4096 / 256)  # linear scaling
-    assert study.SPLITS == {"data.train_split": "fit", "eval.split": "validation"}  # never the test split
+    assert target_steps.SPLITS == {"data.train_split": "fit", "eval.split": "validation"}  # never the test split
     control = study.study_run(1024, 2.0, 1, loss="dcl", **run_args)
     assert control.overrides["loss.name"] == "dcl" and control.tags["loss"] == "dcl"
-    assert control.name == "dcl_n1024_lr2_s1" and not study.is_clip(control.tags)
+    assert control.name == "dcl_n1024_lr2_s1" and not target_steps.is_clip(control.tags)
 
 
 def test_shapes_task_tunes_its_own_rates_on_validation_pictures():
@@ -55,10 +57,10 @@ def test_shapes_task_tunes_its_own_rates_on_validation_pictures():
 def test_other_seeds_repeat_the_rates_best_at_some_target():
     # N = 256: f = 2 best at both targets; N = 1,024: f = 4 at the low one, f = 2 at the high one
     records = [
-        _record(256, 1.0, 0, 400),
-        _record(256, 2.0, 0, 300),
-        _record(1024, 2.0, 0, 100, top=0.95),
-        _record(1024, 4.0, 0, 90),
+        rising_record(256, 1.0, 0, 400),
+        rising_record(256, 2.0, 0, 300),
+        rising_record(1024, 2.0, 0, 100, top=0.95),
+        rising_record(1024, 4.0, 0, 90),
     ]
     factors = study.replicated_factors(records, [0.5, 0.92])
     assert factors == {256: [2.0], 1024: [2.0, 4.0]}
@@ -69,19 +71,11 @@ def test_other_seeds_repeat_the_rates_best_at_some_target():
     assert study.control_factors(records, [0.5, 0.92]) == {256: 2.0, 1024: 2.0}  # the middle target's best
     # an N that reaches no target: the factor ending at the highest validation R@1, the smaller on a tie
     missing = [
-        _record(4096, 8.0, 0, 100, top=0.3),
-        _record(4096, 4.0, 0, 100, top=0.2),
-        _record(4096, 1.0, 0, 100, top=0.3),
+        rising_record(4096, 8.0, 0, 100, top=0.3),
+        rising_record(4096, 4.0, 0, 100, top=0.2),
+        rising_record(4096, 1.0, 0, 100, top=0.3),
     ]
     assert study.control_factors(records + missing, [0.5, 0.92]) == {256: 2.0, 1024: 2.0, 4096: 1.0}
-
-
-def test_steps_to_target_interpolates_between_evaluations():
-    curve = np.array([[10.0, 0.5], [20.0, 0.9], [30.0, 0.95]])
-    assert study.steps_to_target(curve, 0.7) == pytest.approx(15.0)
-    assert study.steps_to_target(curve, 0.25) == pytest.approx(5.0)  # from step 0 at R@1 0
-    assert study.steps_to_target(curve, 0.9) == pytest.approx(20.0)
-    assert study.steps_to_target(curve, 0.99) is None
 
 
 def test_mccandlish_fit_recovers_a_closed_form_curve():
@@ -94,54 +88,6 @@ def test_mccandlish_fit_recovers_a_closed_form_curve():
     for n in ns:
         steps = s_min + e_min / n
         assert (steps / s_min - 1) * (n * steps / e_min - 1) == pytest.approx(1.0)
-
-
-def _record(n, factor, seed, reached_at, top=0.9):
-    """A run whose validation R@1 (both directions) rises linearly to `top` at `reached_at`."""
-    curve = [[step, top * step / reached_at] for step in (reached_at / 2, reached_at)]
-    curves = {f"eval/{m}": curve for m in study.METRICS}
-    return {"batch_size": n, "lr_factor": factor, "seed": seed, "curves": curves}
-
-
-def test_curves_panel_draws_every_seed_at_each_n_chosen_rate_even_one_that_misses():
-    # N = 1,024 reaches no target on the mean of its seeds: its seeds' curves are drawn all the same
-    records = [_record(256, 2.0, seed, 300) for seed in (0, 1, 2)] + [
-        _record(256, 4.0, 0, 200),
-        _record(1024, 4.0, 0, 100, top=0.95),
-        _record(1024, 4.0, 1, 100, top=0.1),
-        {**_record(1024, 4.0, 0, 50), "loss": "dcl"},  # the control is not drawn
-    ]
-    axes = study.plot(records, [0.9], train_size=25_600, floor=0.0, rates={256: 2.0, 1024: 4.0})["steps_to_target"].axes
-    lines = axes[1].get_lines()
-    assert [line.get_xdata()[-1] for line in lines] == pytest.approx([3, 3, 3, 4, 4])  # steps * N / train size
-    labels = [line.get_label() for line in lines if not line.get_label().startswith("_")]
-    assert labels == ["N=256, f=2 (3 seeds)", "N=1,024, f=4 (2 seeds)"]
-
-
-def test_best_runs_take_the_fewest_mean_steps_over_every_seed_and_mark_the_grid_edge():
-    records = [
-        _record(256, 1.0, 0, 200),  # fastest, but run with one seed of the three
-        _record(256, 2.0, 0, 300),
-        _record(256, 2.0, 1, 340),
-        _record(256, 2.0, 2, 320),
-        _record(256, 4.0, 0, 380),
-        _record(256, 4.0, 1, 380),
-        _record(256, 4.0, 2, 380),
-        _record(1024, 1.0, 0, 200),
-        _record(1024, 4.0, 0, 90),
-        {**_record(1024, 4.0, 1, 90), "curves": {f"eval/{m}": [[45, 0.1], [90, 0.2]] for m in study.METRICS}},
-        {**_record(256, 2.0, 0, 10), "loss": "dcl"},  # the control is not a candidate
-    ]
-    best = study.best_runs(records, 0.9)
-    assert best[256]["lr_factor"] == 2.0 and best[256]["steps"] == pytest.approx(320.0) and not best[256]["edge"]
-    assert best[256]["seeds"] == 3 and best[256]["by_seed"] == {0: 300, 1: 340, 2: 320}
-    # 95% t-interval over 3 seeds: t(0.975, 2) = 4.303 times the standard error (sd 20)
-    assert best[256]["interval"] == pytest.approx(4.3027 * 20 / math.sqrt(3), rel=1e-4)
-    # f = 4 at 1,024 misses the target in seed 1 and f = 1 has one seed of two: no rate
-    assert 1024 not in best
-    assert study.best_runs(records[:-3], 0.9)[1024] | {"interval": 0} == {
-        "lr_factor": 1.0, "steps": 200, "seeds": 1, "std": 0, "interval": 0, "by_seed": {0: 200}, "edge": True
-    }  # fmt: skip
 
 
 def test_bcrit_interval_fits_each_seed():
@@ -208,15 +154,15 @@ def test_final_table_reads_the_seeds_the_ceiling_and_the_paired_differences():
 def test_quick_measures_steps_and_noise_and_resumes(tmp_path, cmudict_data_dir, capsys):
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
     records = study.main(args)
-    tuning = sorted((r["batch_size"], r["lr_factor"]) for r in records if r["seed"] == 0 and study.is_clip(r))
+    tuning = sorted((r["batch_size"], r["lr_factor"]) for r in records if r["seed"] == 0 and target_steps.is_clip(r))
     assert tuning == [(64, 1.0), (64, 4.0), (128, 1.0), (128, 4.0)]
     replicated = study.replicated_factors([r for r in records if r["seed"] == 0], study.QUICK["targets"])
-    assert sorted((r["batch_size"], r["lr_factor"]) for r in records if r["seed"] == 1 and study.is_clip(r)) == [
+    assert sorted((r["batch_size"], r["lr_factor"]) for r in records if r["seed"] == 1 and target_steps.is_clip(r)) == [
         (n, f) for n, fs in replicated.items() for f in fs
     ]
-    assert sorted((r["seed"], r["batch_size"]) for r in records if not study.is_clip(r)) == [(0, 128), (1, 128)]
+    assert sorted((r["seed"], r["batch_size"]) for r in records if not target_steps.is_clip(r)) == [(0, 128), (1, 128)]
     for record in records:
-        curve = study.validation_curve(record)
+        curve = target_steps.validation_curve(record)
         assert len(curve) == 2 * 2 and np.all((0 <= curve[:, 1]) & (curve[:, 1] <= 1))  # 2 epochs, 2 evals each
     noise = json.loads((tmp_path / "noise.json").read_text())
     assert noise and all(entry["n"] == 128 for entry in noise.values())
@@ -256,7 +202,7 @@ def test_quick_shapes_writes_its_pictures_and_measures_steps(tmp_path):
     )
     assert [(r["batch_size"], r["lr_factor"], r["learning_rate"]) for r in records] == [(64, 1.0, 1e-3 / 2)]
     assert (data_dir / "shapes-v2-32px-1500" / "metadata.json").exists()  # 1,500 pictures at 32 px, generator v2
-    curve = study.validation_curve(records[0])
+    curve = target_steps.validation_curve(records[0])
     assert len(curve) == 2 * 2 and np.all((0 <= curve[:, 1]) & (curve[:, 1] <= 1))  # 2 epochs of 1,024, 2 evals each
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert summary.startswith("# The critical batch on the generated image-text set") and "replicate" not in summary

@@ -62,6 +62,21 @@ def test_batch_size_sweep_quick_then_skips_resumes_and_refuses(tmp_path, digits_
         run_quick(batch_size_sweep, tmp_path, digits_data_dir, "--steps", "3")
 
 
+def test_the_deadline_leaves_no_workdir_and_an_untrained_one_hides_no_committed_record(tmp_path, load_config):
+    runs = [sweep.Run(f"s{seed}", {"seed": seed}, {"seed": seed}) for seed in (0, 1)]
+    committed = {"name": "s0", "seed": 0, "a_to_b/R@1": 0.5, "curves": {}}
+    (tmp_path / "results.json").write_text(json.dumps([committed]))
+    spec_only = tmp_path / "runs" / "s0"  # the run's spec, nothing trained
+    spec_only.mkdir(parents=True)
+    (spec_only / "config.json").write_text("{}")
+    lines = []
+    records = sweep.run_grid(load_config("default"), runs, tmp_path, log=lines.append, deadline=0.0)
+    assert records == [committed] and "read from" in lines[0] and "not started" in lines[1]
+    assert not (tmp_path / "runs" / "s1").exists()
+    (spec_only / run_dir.METRICS).write_text("")  # a step logged: the workdir resumes instead
+    assert sweep.run_grid(load_config("default"), runs, tmp_path, log=lines.append, deadline=0.0) == []
+
+
 @pytest.mark.slow
 def test_temperature_sweep_quick(tmp_path, digits_data_dir):
     records = run_quick(temperature_sweep, tmp_path, digits_data_dir)

@@ -1,0 +1,48 @@
+"""Gradient replicates at a checkpoint, for the replicate noise scale
+(`contrastive_jax.training.noise_scale.compare`): `count` gradients of the global-batch
+loss, each of its own global batch (its own negatives), at one saved state of a run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from contrastive_jax.config_lib import override
+
+
+def gradients(
+    config, workdir: str, n: int, count: int, *, step: int | None = None, start_step: int = 0
+) -> tuple[list[Any], Any]:
+    """`(grads, state)`: `count` gradients of the global-batch loss at the checkpoint of
+    `step` in `workdir` (None: the newest), each of an independent global batch of `n`
+    examples (steps `start_step`, `start_step + 1`, ... of a stream of that batch size:
+    disjoint examples within an epoch, each batch its own negatives), and that state."""
+    import jax
+
+    from contrastive_jax import run_dir, sharding
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training import checkpoint, trainer
+
+    run = trainer.build(override(config, {"train.global_batch_size": n, "train.micro_batch_size": 0}))
+    stream = input_pipeline.train_dataset(run.data, start_step=start_step)
+    _, abstract = run.init_state(stream.element_spec)
+    ckpt = checkpoint.Checkpointer(os.path.join(workdir, run_dir.CHECKPOINTS), max_to_keep=1_000)
+    try:
+        state = ckpt.restore_state(ckpt.latest_step() if step is None else step, abstract)
+    finally:
+        ckpt.close()
+
+    def loss(params, batch):
+        variables = {"params": params, "batch_stats": state.batch_stats}
+        outputs = state.apply_fn(variables, batch["a"], batch.get("b"), train=False)
+        batched = {k: v for k, v in outputs.items() if k in trainer.BATCHED_OUTPUTS}
+        shared = {k: v for k, v in outputs.items() if k not in trainer.BATCHED_OUTPUTS}
+        return run.global_loss(batched, shared, run.loss_data(batch), state.loss_state, state.step)[0]
+
+    grad = jax.jit(jax.grad(loss))
+    grads = []
+    for batch, _ in zip(stream, range(count), strict=False):
+        batch = jax.device_put(dict(batch), sharding.data_sharding(run.mesh))
+        grads.append(jax.device_get(grad(state.params, batch)))
+    return grads, state
