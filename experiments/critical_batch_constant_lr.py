@@ -30,7 +30,7 @@ Stages (resumable; a run's results are written as it finishes):
    SGD's) and for the gradient divided by AdamW's ``sqrt(v_hat) + eps`` at that
    checkpoint (``B_adam``). Cached in `noise.json`.
 
-The report (`summary.md`, `results.json`, `steps_to_target.png`): per target, each N's
+The report (`summary.md`, `results.json`, `steps_to_target.png`, `b_crit_fit.png`): per target, each N's
 steps at every rate (mean ± 95% t over seeds); each N's best rate among those run with
 every seed, marked where it is at the edge of those; ``B_crit`` fitted over every N with
 its 95% bootstrap over seeds (`critical_batch_fit`), and the table of the estimate
@@ -209,6 +209,37 @@ def b_crit_entries(best: Mapping[int, Mapping[str, Any]], starts: Sequence[int])
     """`critical_batch_fit.fit_ranges` of the best runs' steps per seed (`best_by_n`)."""
     steps_by_n = {n: list(entry["by_seed"].values()) for n, entry in best.items()}
     return critical_batch_fit.fit_ranges(steps_by_n, starts)
+
+
+def fit_figure(records: Sequence[Mapping[str, Any]], targets: Sequence[float], starts: Sequence[int]) -> dict:
+    """`b_crit_fit`: per target, each N's best steps (`best_by_n`: the mean and its 95%
+    t-interval over the seeds) against N, log-log, with ``S(N) = S_min (1 + B_crit / N)``
+    fitted over every N (`b_crit_entries`' first range) and its knee, N = B_crit where
+    S = 2 S_min, with B_crit's 95% bootstrap interval as a horizontal bar (no curve where
+    B_crit is not finite; no bar where a bound is not)."""
+    fig, axis = sweep.new_figure("S(N) = S_min (1 + B_crit / N) fitted over every N", width=6.0)
+    for target, color in zip(targets, sweep.colors(len(targets), "viridis"), strict=True):
+        best = best_by_n(records, target)
+        fits = b_crit_entries(best, starts)
+        if not fits:
+            continue
+        ns = sorted(best)
+        errors = [0.0 if math.isnan(best[n]["interval"]) else best[n]["interval"] for n in ns]
+        axis.errorbar(ns, [best[n]["steps"] for n in ns], yerr=errors, fmt="o", capsize=3, color=color,
+                      label=f"R@1 {target:g}")  # fmt: skip
+        fit = fits[0]
+        if not math.isfinite(fit["b_crit"]):
+            continue
+        grid = np.geomspace(ns[0], ns[-1], 64)
+        axis.plot(grid, fit["s_min"] * (1 + fit["b_crit"] / grid), color=color, lw=1)
+        bar = [[fit["b_crit"] - fit["low"]], [fit["high"] - fit["b_crit"]]]
+        bounded = math.isfinite(fit["high"]) and fit["low"] > 0
+        axis.errorbar([fit["b_crit"]], [2 * fit["s_min"]], xerr=bar if bounded else None, fmt="D", capsize=3,
+                      color=color, mfc="white")  # fmt: skip
+    axis.set(xlabel="global batch N", ylabel="steps (diamond: N = B_crit, S = 2 S_min)", yscale="log")
+    sweep.log_spaced_ticks(axis, sorted({r["batch_size"] for r in records}))
+    axis.legend(fontsize=7)
+    return {"b_crit_fit": fig}
 
 
 def replicate_starts(count: int) -> tuple[int, int]:
@@ -415,7 +446,8 @@ def run(args) -> list[dict]:
         best = best_by_n(records, target)
         chosen = {n: round(2 * math.log2(best[n]["lr_factor"])) if n in best else k for n, k in tuned.items()}
         rates = {n: 2 ** (k / 2) for n, k in chosen.items()}
-        sweep.save(target_steps.plot(records, args.targets, args.train_size, 0.7, rates), args.out)
+        figures = target_steps.plot(records, args.targets, args.train_size, 0.7, rates)
+        sweep.save(figures | fit_figure(records, args.targets, starts), args.out)
         measured = [study_run(n, k, seed, **run_args) for seed in args.seeds[:NOISE_SEEDS] for n, k in chosen.items()]
         noise = noise_scales(base, measured, args.out, args, grid_args["deadline"])
     (args.out / "summary.md").write_text(summary(records, args.targets, starts, noise))

@@ -98,6 +98,25 @@ def test_summary_quotes_each_targets_b_crit_interval_and_the_fit_range_table():
     assert "| 512 | 3 | 3 | " in text and "| 1,024 | 2 | 3 | " in text
 
 
+def test_the_fit_figure_draws_the_fitted_curve_and_its_knee_with_the_interval():
+    rng = np.random.default_rng(0)
+    records = [
+        record(n, 2, seed, [0.0, 0.88], every=round(40 * (1 + 2000 / n) * np.exp(0.03 * rng.standard_normal()) / 2))
+        for n in (256, 512, 1024, 2048)
+        for seed in (0, 1, 2)
+    ]
+    (axis,) = study.fit_figure(records, [0.88], [256])["b_crit_fit"].axes
+    fit = study.b_crit_entries(study.best_by_n(records, 0.88), [256])[0]
+    curve = next(line for line in axis.get_lines() if len(line.get_xdata()) == 64)
+    x, y = curve.get_xdata(), curve.get_ydata()
+    assert (x[0], x[-1]) == (256, 2048) and y == pytest.approx(fit["s_min"] * (1 + fit["b_crit"] / x))
+    knee = next(line for line in axis.get_lines() if line.get_marker() == "D")
+    assert (knee.get_xdata()[0], knee.get_ydata()[0]) == pytest.approx((fit["b_crit"], 2 * fit["s_min"]))
+    bar = next(c for c in axis.collections if c.get_segments() and len(c.get_segments()[0]) == 2
+               and c.get_segments()[0][0][1] == c.get_segments()[0][1][1])  # fmt: skip
+    assert sorted(p[0] for p in bar.get_segments()[0]) == pytest.approx([fit["low"], fit["high"]])
+
+
 def test_train_until_refuses_a_schedule_that_depends_on_the_length(tmp_path, load_config):
     with pytest.raises(ValueError, match="stop_when needs config.optim.schedule='constant', not 'cosine'"):
         sweep.train_until(load_config("default"), tmp_path, lambda workdir: True)
@@ -192,6 +211,7 @@ def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict
     assert any(curve[-1, 0] < r["max_steps"] for r in records if len(curve := target_steps.validation_curve(r)))
     summary = (tmp_path / "summary.md").read_text()
     assert "## Steps to validation R@1 0.005" in summary and "B_crit = " in summary
+    assert all((tmp_path / f"{name}.png").stat().st_size > 0 for name in ("steps_to_target", "b_crit_fit"))
     noise = json.loads((tmp_path / "noise.json").read_text())  # 2 checkpoints of each N's run on 2 seeds
     assert sorted({(e["batch_size"], e["seed"]) for e in noise.values()}) == [(64, 0), (64, 1), (128, 0), (128, 1)]
     for entry in noise.values():
