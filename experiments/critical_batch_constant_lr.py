@@ -384,7 +384,8 @@ def summary(
 def noise_against_b_crit(noise: Mapping[str, Mapping[str, Any]], target: float, fit: Mapping[str, float]) -> str:
     """Each N's noise scale at its last measured checkpoint (per seed) against B_crit's
     interval at `target` (`fit`, `critical_batch_fit.bootstrap`'s): for B_simple and
-    B_adam, "overlaps" when the two 95% intervals share a point, else "apart"."""
+    B_adam, "overlaps" when the two 95% intervals share a point, else "apart" ("not
+    compared" while B_crit has fewer than `critical_batch_fit.MIN_SEEDS` seeds at an N)."""
     last = {}
     for entry in noise.values():
         key = (entry["batch_size"], entry["seed"])
@@ -394,6 +395,8 @@ def noise_against_b_crit(noise: Mapping[str, Mapping[str, Any]], target: float, 
     def compared(form):
         low, high = form["b_simple_interval"]
         verdict = "overlaps" if low <= fit["high"] and fit["low"] <= high else "apart"
+        if fit.get("seeds", critical_batch_fit.MIN_SEEDS) < critical_batch_fit.MIN_SEEDS:
+            verdict = "not compared"  # B_crit has no interval yet
         return f"{form['b_simple']:,.0f} [{low:,.0f}, {high:,.0f}], {verdict}"
 
     rows = [

@@ -16,6 +16,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 BOOTSTRAP_RESAMPLES = 2_000
+# The fewest seeds at every N for an interval to speak: resampling k seeds with replacement
+# gives their mean a variance of (k - 1) / k of the t-interval's (two seeds: three distinct
+# means, the interval about 0.7 of the width it should have; three seeds about 0.8).
+MIN_SEEDS = 3
 
 
 def fit(batch_sizes: Sequence[float], steps: Sequence[float]) -> tuple[float, float]:
@@ -85,10 +89,11 @@ def resolved(low: float, high: float) -> bool:
 def b_crit_words(entry: Mapping[str, float]) -> str:
     """`"B_crit = 2,340 [1,980, 2,760] (95% bootstrap over seeds; resolved)"` for a
     `bootstrap` result; "not resolved" when `resolved` does not hold (an infinite bound
-    written "inf") or an N has one seed (`entry["seeds"]`: no spread, no interval)."""
+    written "inf") or an N has fewer than `MIN_SEEDS` seeds (`entry["seeds"]`: too few
+    draws for an interval)."""
     number = lambda v: f"{v:,.0f}" if math.isfinite(v) else "inf"  # noqa: E731
-    if entry.get("seeds", 2) < 2:
-        verdict = "not resolved: an N with one seed"
+    if entry.get("seeds", MIN_SEEDS) < MIN_SEEDS:
+        verdict = f"not resolved: an N with fewer than {MIN_SEEDS} seeds"
     else:
         verdict = "resolved" if resolved(entry["low"], entry["high"]) else "not resolved"
     return (
@@ -106,13 +111,13 @@ def ranges_agree(fits: Sequence[Mapping[str, float]]) -> bool:
 def range_table(fits: Sequence[Mapping[str, float]]) -> str:
     """The markdown table of `fit_ranges`' rows (each start, its N and fewest seeds, and
     ``B_crit`` with its interval and verdict, `b_crit_words`) and a line saying whether
-    the ranges agree (`ranges_agree`), or that they cannot be compared while an N has one
-    seed (its zero-width "interval" is no interval)."""
+    the ranges agree (`ranges_agree`), or that they are not compared while an N has fewer
+    than `MIN_SEEDS` seeds (as `b_crit_words`)."""
     from experiments import sweep
 
     rows = [[f"{e['from']:,}", e["points"], e["seeds"], b_crit_words(e)[len("B_crit = ") :]] for e in fits]
-    if min(e["seeds"] for e in fits) < 2:
-        verdict = "The ranges are not compared: an N with one seed gives no interval."
+    if min(e["seeds"] for e in fits) < MIN_SEEDS:
+        verdict = f"The ranges are not compared: an N with fewer than {MIN_SEEDS} seeds gives no interval."
     elif ranges_agree(fits):
         verdict = "The ranges' intervals share a point."
     else:

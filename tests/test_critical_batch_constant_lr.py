@@ -169,6 +169,8 @@ def test_the_last_noise_scale_of_each_run_is_set_against_b_crit_with_words():
     assert "Against B_crit = 2,400 [2,000, 2,900] (95% bootstrap over seeds; resolved) at R@1 0.86" in text
     assert "| 256 | 0 | 1024 | 2,500 [1,900, 3,100], overlaps | 300 [250, 400], apart |" in text
     assert "| 512 |" not in text  # the last checkpoint only
+    unresolved = study.noise_against_b_crit(noise, 0.86, dict(fit, seeds=2))
+    assert "| 256 | 0 | 1024 | 2,500 [1,900, 3,100], not compared | 300 [250, 400], not compared |" in unresolved
 
 
 def test_replicates_that_do_not_fit_an_epoch_are_one_clear_error(capsys):

@@ -74,7 +74,10 @@ def test_words_follow_the_interval():
     assert fit.b_crit_words(open_ended).endswith("[3,000, inf] (95% bootstrap over seeds; not resolved)")
     assert not fit.resolved(-50.0, 4000.0)
     one_seed = {"b_crit": 1900.0, "low": 1900.0, "high": 1900.0, "seeds": 1}  # no spread: no interval
-    assert fit.b_crit_words(one_seed).endswith("(95% bootstrap over seeds; not resolved: an N with one seed)")
+    words = "(95% bootstrap over seeds; not resolved: an N with fewer than 3 seeds)"
+    assert fit.b_crit_words(one_seed).endswith(words)
+    assert fit.b_crit_words(dict(resolved, seeds=2)).endswith(words)  # three distinct means per N: too narrow
+    assert fit.b_crit_words(dict(resolved, seeds=3)).endswith("; resolved)")
 
 
 def test_the_range_table_says_whether_the_ranges_agree():
@@ -85,5 +88,5 @@ def test_the_range_table_says_whether_the_ranges_agree():
     assert text.endswith("The ranges' intervals share a point.\n")
     hangs = [agree[0], dict(agree[1], low=2400.0)]
     assert not fit.ranges_agree(hangs) and "hangs on the range" in fit.range_table(hangs)
-    one_seed = [dict(agree[0], seeds=1, low=1900.0, high=1900.0), dict(agree[1], seeds=1, low=2500.0, high=2500.0)]
-    assert fit.range_table(one_seed).endswith("The ranges are not compared: an N with one seed gives no interval.\n")
+    two_seeds = [agree[0], dict(agree[1], seeds=2, low=2400.0)]
+    assert fit.range_table(two_seeds).endswith("not compared: an N with fewer than 3 seeds gives no interval.\n")
