@@ -17,8 +17,8 @@ import numpy as np
 
 BOOTSTRAP_RESAMPLES = 2_000
 # The fewest seeds at every N for an interval to speak: resampling k seeds with replacement
-# gives their mean a variance of (k - 1) / k of the t-interval's (two seeds: three distinct
-# means, the interval about 0.7 of the width it should have; three seeds about 0.8).
+# gives their mean (k - 1) / k of its variance (two seeds: three distinct means, a spread
+# about 0.7 of the seeds' standard error; three seeds about 0.8).
 MIN_SEEDS = 3
 
 

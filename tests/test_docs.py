@@ -402,6 +402,21 @@ QUOTED_FIGURES = [
         "−0.3540 [−0.3770, −0.3320] and −0.3640",
         RESULTS + "critical_batch_study_shapes/summary.md",
     ),
+    (
+        "docs/batch_size_study.md",
+        "+0.0551 [+0.0487, +0.0616] (95% Welch, five seeds each; resolved): CLIP 0.853 ± 0.007",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "SigLIP 0.908 ± 0.002 (k = 3, T0 0.05",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(+0.0546 [+0.0476, +0.0616] spelling → pronunciation, +0.0557 [+0.0495, +0.0619] back)",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
     ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]
