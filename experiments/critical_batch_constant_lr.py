@@ -224,9 +224,8 @@ def fit_figure(records: Sequence[Mapping[str, Any]], targets: Sequence[float], s
         if not fits:
             continue
         ns = sorted(best)
-        errors = [0.0 if math.isnan(best[n]["interval"]) else best[n]["interval"] for n in ns]
-        axis.errorbar(ns, [best[n]["steps"] for n in ns], yerr=errors, fmt="o", capsize=3, color=color,
-                      label=f"R@1 {target:g}")  # fmt: skip
+        steps, errors = [best[n]["steps"] for n in ns], target_steps.error_bars(best, ns)
+        axis.errorbar(ns, steps, yerr=errors, fmt="o", capsize=3, color=color, label=f"R@1 {target:g}")
         fit = fits[0]
         if not math.isfinite(fit["b_crit"]):
             continue
@@ -385,7 +384,7 @@ def noise_against_b_crit(noise: Mapping[str, Mapping[str, Any]], target: float, 
     """Each N's noise scale at its last measured checkpoint (per seed) against B_crit's
     interval at `target` (`fit`, `critical_batch_fit.bootstrap`'s): for B_simple and
     B_adam, "overlaps" when the two 95% intervals share a point, else "apart" ("not
-    compared" while B_crit has fewer than `critical_batch_fit.MIN_SEEDS` seeds at an N)."""
+    compared" while B_crit has no interval, `critical_batch_fit.has_interval`)."""
     last = {}
     for entry in noise.values():
         key = (entry["batch_size"], entry["seed"])
@@ -395,8 +394,8 @@ def noise_against_b_crit(noise: Mapping[str, Mapping[str, Any]], target: float, 
     def compared(form):
         low, high = form["b_simple_interval"]
         verdict = "overlaps" if low <= fit["high"] and fit["low"] <= high else "apart"
-        if fit.get("seeds", critical_batch_fit.MIN_SEEDS) < critical_batch_fit.MIN_SEEDS:
-            verdict = "not compared"  # B_crit has no interval yet
+        if not critical_batch_fit.has_interval(fit):
+            verdict = "not compared"
         return f"{form['b_simple']:,.0f} [{low:,.0f}, {high:,.0f}], {verdict}"
 
     rows = [

@@ -86,13 +86,18 @@ def resolved(low: float, high: float) -> bool:
     return 0 < low and math.isfinite(high)
 
 
+def has_interval(entry: Mapping[str, float]) -> bool:
+    """Whether a `bootstrap` result's interval speaks: every N had `MIN_SEEDS` seeds or
+    more (an entry that does not say is taken to)."""
+    return entry.get("seeds", MIN_SEEDS) >= MIN_SEEDS
+
+
 def b_crit_words(entry: Mapping[str, float]) -> str:
     """`"B_crit = 2,340 [1,980, 2,760] (95% bootstrap over seeds; resolved)"` for a
     `bootstrap` result; "not resolved" when `resolved` does not hold (an infinite bound
-    written "inf") or an N has fewer than `MIN_SEEDS` seeds (`entry["seeds"]`: too few
-    draws for an interval)."""
+    written "inf") or `has_interval` does not (too few seeds at an N for an interval)."""
     number = lambda v: f"{v:,.0f}" if math.isfinite(v) else "inf"  # noqa: E731
-    if entry.get("seeds", MIN_SEEDS) < MIN_SEEDS:
+    if not has_interval(entry):
         verdict = f"not resolved: an N with fewer than {MIN_SEEDS} seeds"
     else:
         verdict = "resolved" if resolved(entry["low"], entry["high"]) else "not resolved"
@@ -111,12 +116,12 @@ def ranges_agree(fits: Sequence[Mapping[str, float]]) -> bool:
 def range_table(fits: Sequence[Mapping[str, float]]) -> str:
     """The markdown table of `fit_ranges`' rows (each start, its N and fewest seeds, and
     ``B_crit`` with its interval and verdict, `b_crit_words`) and a line saying whether
-    the ranges agree (`ranges_agree`), or that they are not compared while an N has fewer
-    than `MIN_SEEDS` seeds (as `b_crit_words`)."""
+    the ranges agree (`ranges_agree`), or that they are not compared while one lacks an
+    interval (`has_interval`)."""
     from experiments import sweep
 
     rows = [[f"{e['from']:,}", e["points"], e["seeds"], b_crit_words(e)[len("B_crit = ") :]] for e in fits]
-    if min(e["seeds"] for e in fits) < MIN_SEEDS:
+    if not all(has_interval(e) for e in fits):
         verdict = f"The ranges are not compared: an N with fewer than {MIN_SEEDS} seeds gives no interval."
     elif ranges_agree(fits):
         verdict = "The ranges' intervals share a point."

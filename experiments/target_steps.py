@@ -96,6 +96,11 @@ def best_runs(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, 
     return best
 
 
+def error_bars(best: Mapping[int, Mapping[str, Any]], ns: Sequence[int]) -> list[float]:
+    """The half-widths of `best_runs`' 95% t-intervals at `ns`, 0 where one seed gives none."""
+    return [0.0 if math.isnan(best[n]["interval"]) else best[n]["interval"] for n in ns]
+
+
 def plot(
     records: Sequence[Mapping[str, Any]],
     targets: Sequence[float],
@@ -116,7 +121,7 @@ def plot(
             continue
         ns = sorted(best)
         steps = [best[n]["steps"] for n in ns]
-        errors = [0.0 if math.isnan(best[n]["interval"]) else best[n]["interval"] for n in ns]
+        errors = error_bars(best, ns)
         axes[0].errorbar(ns, steps, yerr=errors, marker="o", capsize=3, color=color, label=f"R@1 {target:.2f}")
         axes[0].plot(ns, [steps[0] * ns[0] / n for n in ns], ls=":", color=color)
     axes[0].set(xlabel="global batch N", ylabel="steps (dotted: perfect scaling)", yscale="log")
