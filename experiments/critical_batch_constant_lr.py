@@ -22,8 +22,9 @@ Stages (resumable; a run's results are written as it finishes):
    the best while the best (fewest steps to the highest target any of that N's runs
    reaches; a miss ranks by its best R@1) is at the edge of what ran;
 2. **seeds**: every other seed at each N's tuned rate and both its neighbours;
-3. **noise**: the replicate noise scale (`noise_scale.compare`) at `NOISE_POINTS`
-   checkpoints along each N's chosen run on the first `NOISE_SEEDS` seeds: `REPLICATES`
+3. **noise**: the replicate noise scale (`noise_scale.compare`) at `NOISE_POINTS` steps
+   evenly along each N's chosen run (a step between the run's checkpoints replayed from
+   the one before, `replicates.replayed`) on the first `NOISE_SEEDS` seeds: `REPLICATES`
    global batches at n = `NOISE_BATCH` and as many at n / 4, from disjoint examples
    (`replicate_starts`; a stream of its own, `NOISE_DATA_SEED` + the seed), with 95%
    bootstrap intervals over the replicates, both for the plain gradient (``B_simple``,
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -70,7 +72,7 @@ MAX_EPOCHS = 16.0  # the cap
 FIT_STARTS = (256, 512, 1024)  # the fit-range table: every N from each of these up
 NOISE_BATCH = 1024  # n of the replicate noise scale (and n / 4)
 REPLICATES = 16  # independent batches at each of n and n / 4
-NOISE_POINTS = 4  # checkpoints measured along each run, spread evenly, the last included
+NOISE_POINTS = 4  # steps measured along each run, spread evenly, the last included
 NOISE_SEEDS = 2  # the first seeds at each N's chosen rate
 NOISE_DATA_SEED = 1_000  # + the run's seed: the replicates' stream, not the one trained on
 
@@ -249,21 +251,24 @@ def replicate_starts(count: int) -> tuple[int, int]:
     return 0, 4 * count
 
 
-def measured_steps(steps: Sequence[int], points: int) -> list[int]:
-    """The checkpoint `steps` nearest to 1/points, 2/points, ..., all of the last one
-    (fewer where two fractions share a checkpoint)."""
-    return sorted({min(steps, key=lambda s: abs(s - steps[-1] * j / points)) for j in range(1, points + 1)})
+def measured_steps(last: int, points: int) -> list[int]:
+    """The steps 1/points, 2/points, ..., all of a run's `last` (rounded; fewer where two
+    fractions round to one step)."""
+    return sorted({round(last * j / points) for j in range(1, points + 1)} - {0})
 
 
 def noise_at(config, workdir: Path, step: int, n: int, count: int, resamples: int) -> dict[str, dict]:
     """`{"sgd": ..., "adam": ...}`: `noise_scale.compare` (with `resamples` bootstrap
-    draws) at the checkpoint of `step` in `workdir`, of the plain gradients and of the
-    same divided by AdamW's denominator there (`noise_scale.adam_preconditioned`)."""
+    draws) at the checkpoint of `step` in `workdir` of the run of `config`, of the plain
+    gradients and of the same divided by AdamW's denominator there
+    (`noise_scale.adam_preconditioned`); the replicates from a stream of their own
+    (``data.seed``: `NOISE_DATA_SEED` + the run's), not the one the run trained on."""
     from contrastive_jax.training import noise_scale
 
+    stream = override(config, {"data.seed": NOISE_DATA_SEED + config.data.seed})
     big_start, small_start = replicate_starts(count)
-    at_n, state = replicates.gradients(config, str(workdir), n, count, step=step, start_step=big_start)
-    at_quarter, _ = replicates.gradients(config, str(workdir), n // 4, count, step=step, start_step=small_start)
+    at_n, state = replicates.gradients(stream, str(workdir), n, count, step=step, start_step=big_start)
+    at_quarter, _ = replicates.gradients(stream, str(workdir), n // 4, count, step=step, start_step=small_start)
     adam = [[noise_scale.adam_preconditioned(g, state.opt_state) for g in side] for side in (at_n, at_quarter)]
     return {
         "sgd": noise_scale.compare(at_n, at_quarter, n, resamples=resamples),
@@ -272,11 +277,10 @@ def noise_at(config, workdir: Path, step: int, n: int, count: int, resamples: in
 
 
 def noise_scales(base, runs: Sequence[sweep.Run], out: Path, args, deadline: float | None) -> dict[str, dict]:
-    """`noise_at` at `args.noise_points` checkpoints of each of `runs` (cached in
-    `out/noise.json` entry by entry: a rerun measures only what is new; a run without its
-    workdir, read from the committed results, is skipped with a line)."""
-    from contrastive_jax.training import checkpoint
-
+    """`noise_at` at `args.noise_points` steps evenly along each of `runs` (`measured_steps`;
+    a step the run did not keep is replayed from its checkpoint before, `replicates.replayed`),
+    cached in `out/noise.json` entry by entry: a rerun measures only what is new; a run
+    without its workdir, read from the committed results, is skipped with a line."""
     cache_file = out / "noise.json"
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
     for run in runs:
@@ -284,25 +288,23 @@ def noise_scales(base, runs: Sequence[sweep.Run], out: Path, args, deadline: flo
         if not (workdir / run_dir.CHECKPOINTS).is_dir():
             print(f"[noise] {run.name}: no checkpoints in {workdir}", flush=True)
             continue
-        ckpt = checkpoint.Checkpointer(workdir / run_dir.CHECKPOINTS, max_to_keep=1_000)
-        try:
-            steps = ckpt.steps()
-        finally:
-            ckpt.close()
-        config = override(base, {**run.overrides, "data.seed": NOISE_DATA_SEED + run.tags["seed"]})
-        for step in measured_steps(steps, args.noise_points):
+        config = override(base, run.overrides)
+        for step in measured_steps(replicates.kept_steps(str(workdir))[-1], args.noise_points):
             key = f"{run.name}@{step}"
             if key in cache or (deadline is not None and time.monotonic() > deadline):
                 continue
             print(f"[noise] {key}: {args.replicates} replicates at {args.noise_batch} and at {args.noise_batch // 4}")
-            measured = noise_at(config, workdir, step, args.noise_batch, args.replicates, intervals.BOOTSTRAP_RESAMPLES)
+            with tempfile.TemporaryDirectory() as scratch:
+                state_dir = Path(replicates.replayed(config, str(workdir), step, scratch))
+                resamples = intervals.BOOTSTRAP_RESAMPLES
+                measured = noise_at(config, state_dir, step, args.noise_batch, args.replicates, resamples)
             cache[key] = {**run.tags, "step": step, "n": args.noise_batch, **measured}
             cache_file.write_text(json.dumps(cache, indent=1))
     return cache
 
 
 def noise_table(noise: Mapping[str, Mapping[str, Any]]) -> str:
-    """The noise section of the report: per run and checkpoint, B_simple and B_adam, the
+    """The noise section of the report: per run and step measured, B_simple and B_adam, the
     variance ratio and the bias, each with its 95% bootstrap interval over replicates."""
 
     def cell(entry, key, fmt):
@@ -326,7 +328,7 @@ def noise_table(noise: Mapping[str, Mapping[str, Any]]) -> str:
     return (
         f"\n## The replicate noise scale along each N's chosen run (n = {n:,} and {n // 4:,}, disjoint batches)\n\n"
         "Each value with its 95% bootstrap interval over the replicates. B_adam: the gradient divided by "
-        "AdamW's sqrt(v_hat) + eps at that checkpoint.\n\n" + sweep.markdown_table(rows, header)
+        "AdamW's sqrt(v_hat) + eps at that step.\n\n" + sweep.markdown_table(rows, header)
     )
 
 
@@ -381,7 +383,7 @@ def summary(
 
 
 def noise_against_b_crit(noise: Mapping[str, Mapping[str, Any]], target: float, fit: Mapping[str, float]) -> str:
-    """Each N's noise scale at its last measured checkpoint (per seed) against B_crit's
+    """Each N's noise scale at its last measured step (per seed) against B_crit's
     interval at `target` (`fit`, `critical_batch_fit.bootstrap`'s): for B_simple and
     B_adam, "overlaps" when the two 95% intervals share a point, else "apart" ("not
     compared" while B_crit has no interval, `critical_batch_fit.has_interval`)."""
@@ -481,7 +483,7 @@ QUICK = dict(
     max_tuning_rates=4,
     noise_batch=64,
     replicates=8,
-    noise_points=2,
+    noise_points=3,
 )
 
 
@@ -494,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--max-tuning-rates", type=int, help=f"rates tuned per N at most (default {MAX_TUNING_RATES})")
     parser.add_argument("--noise-batch", type=int, help=f"n of the replicate noise scale (default {NOISE_BATCH:,})")
     parser.add_argument("--replicates", type=int, help=f"independent batches at n and n / 4 (default {REPLICATES})")
-    parser.add_argument("--noise-points", type=int, help=f"checkpoints measured per run (default {NOISE_POINTS})")
+    parser.add_argument("--noise-points", type=int, help=f"steps measured along each run (default {NOISE_POINTS})")
     sweep.add_hours_option(parser)
     args = sweep.resolve(parser.parse_args(argv), "critical_batch_constant_lr", FULL, QUICK)
     if args.steps is not None:

@@ -1,11 +1,13 @@
 """Gradient replicates at a checkpoint, for the replicate noise scale
 (`contrastive_jax.training.noise_scale.compare`): `count` gradients of the global-batch
-loss, each of its own global batch (its own negatives), at one saved state of a run.
+loss, each of its own global batch (its own negatives), at one saved state of a run;
+and that state at a step the run did not keep (`replayed`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 from contrastive_jax.config_lib import override
@@ -46,3 +48,42 @@ def gradients(
         batch = jax.device_put(dict(batch), sharding.data_sharding(run.mesh))
         grads.append(jax.device_get(grad(state.params, batch)))
     return grads, state
+
+
+def kept_steps(workdir: str) -> list[int]:
+    """The steps of the checkpoints a run kept in `workdir`, oldest first."""
+    from contrastive_jax import run_dir
+    from contrastive_jax.training import checkpoint
+
+    ckpt = checkpoint.Checkpointer(os.path.join(workdir, run_dir.CHECKPOINTS), max_to_keep=1_000)
+    try:
+        return list(ckpt.steps())
+    finally:
+        ckpt.close()
+
+
+def replayed(config, workdir: str, step: int, scratch: str) -> str:
+    """A workdir holding the checkpoint of `step` of the run of `config` in `workdir`:
+    `workdir` itself where the run kept that step; else `scratch` (empty), into which the
+    run's newest checkpoint before `step` is copied (none: the run's start) and trained on
+    to `step` (`loop.train_and_evaluate`, as the run's own segments resume). Under a
+    constant rate a step's state does not depend on where the run stopped, and the stream
+    is seeded by position, so this is the run's own state at `step`.
+
+    Raises:
+      ValueError: `config`'s schedule depends on the run's length (not "constant").
+    """
+    from contrastive_jax import run_dir
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.training import loop
+
+    if config.optim.schedule != "constant":
+        raise ValueError(f"replaying needs config.optim.schedule='constant', not {config.optim.schedule!r}.")
+    kept = kept_steps(workdir)
+    if step in kept:
+        return workdir
+    if before := [s for s in kept if s < step]:
+        name = os.path.join(run_dir.CHECKPOINTS, str(before[-1]))
+        shutil.copytree(os.path.join(workdir, name), os.path.join(scratch, name))
+    loop.train_and_evaluate(override(config, {"train.num_train_steps": step}), scratch)
+    return scratch

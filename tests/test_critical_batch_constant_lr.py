@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the
     sys.path.insert(0, str(ROOT))
 
 from experiments import critical_batch_constant_lr as study  # noqa: E402
-from experiments import sweep, target_steps  # noqa: E402
+from experiments import replicates, sweep, target_steps  # noqa: E402
 
 RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
 
@@ -142,9 +142,9 @@ def test_replicates_at_n_and_a_quarter_of_it_read_disjoint_examples(tiny_config)
     assert set().union(*indices(16, 0)) == big[0]
 
 
-def test_noise_is_measured_at_evenly_spread_checkpoints_and_tabled_with_intervals():
-    assert study.measured_steps([8, 16, 24, 32, 40, 48, 56, 64], 4) == [16, 32, 48, 64]
-    assert study.measured_steps([8, 16], 4) == [8, 16]
+def test_noise_is_measured_at_evenly_spread_steps_and_tabled_with_intervals():
+    assert study.measured_steps(64, 4) == [16, 32, 48, 64]
+    assert study.measured_steps(2, 4) == [1, 2]
     both = {"b_simple": 1234.4, "b_simple_interval": [900.0, 2100.0], "variance_ratio": 3.9}
     both |= {"variance_ratio_interval": [3.1, 4.8], "bias_over_g": -0.05, "bias_over_g_interval": [-0.3, 0.2]}
     entry = {"batch_size": 1024, "seed": 1, "step": 96, "n": 1024, "sgd": both, "adam": dict(both, b_simple=56.0)}
@@ -171,6 +171,35 @@ def test_the_last_noise_scale_of_each_run_is_set_against_b_crit_with_words():
     assert "| 512 |" not in text  # the last checkpoint only
     unresolved = study.noise_against_b_crit(noise, 0.86, dict(fit, seeds=2))
     assert "| 256 | 0 | 1024 | 2,500 [1,900, 3,100], not compared | 300 [250, 400], not compared |" in unresolved
+
+
+def test_a_step_the_run_did_not_keep_is_replayed_to_the_runs_own_state(tiny_config, tmp_path):
+    """Kept every 2 steps, the run's steps 1 and 3 are replayed (from its start, and from
+    step 2 without training it again) to the state and gradient of the same run kept
+    every step; a kept step is read where it is. A schedule tied to the run's length cannot be replayed."""
+    import jax
+
+    from contrastive_jax import run_dir
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.training import loop
+
+    constant = override(tiny_config, {"optim.schedule": "constant", "train.num_train_steps": 4})
+    kept = {every: str(tmp_path / f"every{every}") for every in (1, 2)}
+    for every, workdir in kept.items():
+        loop.train_and_evaluate(override(constant, {"checkpoint.every_steps": every}), workdir)
+    assert replicates.kept_steps(kept[2]) == [2, 4]
+    assert replicates.replayed(constant, kept[2], 4, str(tmp_path / "unused")) == kept[2]
+    for step in (1, 3):
+        scratch = replicates.replayed(constant, kept[2], step, str(tmp_path / f"replay{step}"))
+        trained = [s for s, values in run_dir.metrics_by_step(scratch).items() if "train/loss" in values]
+        assert trained == [step]  # from the checkpoint before (none: the start)
+        (replayed_grad,), replayed_state = replicates.gradients(constant, scratch, 64, 1, step=step)
+        (own_grad,), own_state = replicates.gradients(constant, kept[1], 64, 1, step=step)
+        for replayed_leaf, own_leaf in zip(jax.tree.leaves((replayed_state.params, replayed_grad)),
+                                           jax.tree.leaves((own_state.params, own_grad)), strict=True):  # fmt: skip
+            np.testing.assert_array_equal(replayed_leaf, own_leaf)
+    with pytest.raises(ValueError, match="replaying needs config.optim.schedule='constant', not 'cosine'"):
+        replicates.replayed(override(constant, {"optim.schedule": "cosine"}), kept[2], 3, str(tmp_path / "cosine"))
 
 
 def test_replicates_that_do_not_fit_an_epoch_are_one_clear_error(capsys):
@@ -214,8 +243,13 @@ def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict
     summary = (tmp_path / "summary.md").read_text()
     assert "## Steps to validation R@1 0.005" in summary and "B_crit = " in summary
     assert all((tmp_path / f"{name}.png").stat().st_size > 0 for name in ("steps_to_target", "b_crit_fit"))
-    noise = json.loads((tmp_path / "noise.json").read_text())  # 2 checkpoints of each N's run on 2 seeds
+    noise = json.loads((tmp_path / "noise.json").read_text())  # 3 steps along each N's run on 2 seeds
     assert sorted({(e["batch_size"], e["seed"]) for e in noise.values()}) == [(64, 0), (64, 1), (128, 0), (128, 1)]
+    by_name = {r["name"]: r for r in records}
+    for name in {key.split("@")[0] for key in noise}:
+        last = int(target_steps.validation_curve(by_name[name])[-1, 0])
+        steps = sorted(e["step"] for key, e in noise.items() if key.startswith(f"{name}@"))
+        assert steps == study.measured_steps(last, 3)
     for entry in noise.values():
         for form in ("sgd", "adam"):
             low, high = entry[form]["b_simple_interval"]
