@@ -21,7 +21,9 @@ Stages (resumable; a run's results are written as it finishes):
    (``k0`` from the square-root rule, `first_rate_step`), then the neighbour beyond
    the best while the best (fewest steps to the highest target any of that N's runs
    reaches; a miss ranks by its best R@1) is at the edge of what ran;
-2. **seeds**: every other seed at each N's tuned rate and both its neighbours;
+2. **seeds**: every other seed at each N's tuned rate and both its neighbours; then, while
+   an N's best at the highest target (over every seed) is at the edge of the rates every
+   seed ran, every seed at the rate beyond it (`edge_runs`);
 3. **noise**: the replicate noise scale (`noise_scale.compare`) at `NOISE_POINTS` steps
    evenly along each N's chosen run (a step between the run's checkpoints replayed from
    the one before, `replicates.replayed`) on the first `NOISE_SEEDS` seeds: `REPLICATES`
@@ -197,14 +199,27 @@ def seed_runs(tuned: Mapping[int, int], seeds: Sequence[int], **run_args) -> lis
 
 def best_by_n(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, dict[str, Any]]:
     """`target_steps.best_runs` (the fewest mean steps among the rates run with every seed an
-    N has) with `edge` redone per N: the best is the smallest or largest of those rates."""
+    N has) with `rate_steps` added (the rate steps run with every seed, a miss included)
+    and `edge` redone per N: the best is the smallest or largest of those."""
     best = target_steps.best_runs(records, target)
     reached = target_steps.reached_steps(records, target)
     for n, entry in best.items():
-        seeds = entry["seeds"]
-        full = sorted(f for (m, f), by_seed in reached.items() if m == n and len(by_seed) == seeds)
+        full = sorted(f for (m, f), by_seed in reached.items() if m == n and len(by_seed) == entry["seeds"])
+        entry["rate_steps"] = [round(2 * math.log2(f)) for f in full]
         entry["edge"] = len(full) > 1 and entry["lr_factor"] in (full[0], full[-1])
     return best
+
+
+def edge_runs(records: Sequence[Mapping[str, Any]], seeds: Sequence[int], target: float, most: int, **run_args):
+    """The seeds stage's grid grown as the tuning grows seed 0's: every one of `seeds` at
+    the rate step beyond each N's best at `target` (`best_by_n`) where that best is at
+    the edge of the rates every seed ran, while fewer than `most` of those."""
+    runs = []
+    for n, entry in best_by_n(records, target).items():
+        if entry["edge"] and len(entry["rate_steps"]) < most:
+            step = step_beyond_edge(entry["rate_steps"], round(2 * math.log2(entry["lr_factor"])))
+            runs += [study_run(n, step, seed, **run_args) for seed in seeds]
+    return runs
 
 
 def b_crit_entries(best: Mapping[int, Mapping[str, Any]], starts: Sequence[int]) -> list[dict[str, float]]:
@@ -339,7 +354,8 @@ def summary(
     noise: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """The markdown report: per target, each N's steps at every rate, the best, and B_crit
-    over every N with its bootstrap interval beside the fit-range table; with `noise`
+    over every N with its bootstrap interval (and the N whose best rate is at the edge of
+    those every seed ran) beside the fit-range table; with `noise`
     (`noise_scales`), its table and its comparison with the highest target's B_crit
     (`noise_against_b_crit`)."""
     text = f"# The critical batch on cmudict, constant rate after {WARMUP_STEPS} warmup steps, {len(records)} runs\n"
@@ -375,6 +391,11 @@ def summary(
                 f"({fits[0]['points']} N): {critical_batch_fit.b_crit_words(fits[0])}, "
                 f"S_min = {fits[0]['s_min']:.0f} steps.\n\n"
             )
+            if edges := [f"{n:,}" for n, entry in sorted(best.items()) if entry["edge"]]:
+                text += (
+                    f"The best rate is at the edge of those every seed ran at N = {', '.join(edges)}: a rate "
+                    "beyond it may reach the target sooner, so the fit rests on upper bounds there.\n\n"
+                )
             text += critical_batch_fit.range_table(fits)
             headline = (target, fits[0])
     if noise:
@@ -423,7 +444,8 @@ def write_partial(records: Sequence[Mapping[str, Any]], out: Path, targets, star
 
 def run(args) -> list[dict]:
     """Tunes each N on the first seed, then the other seeds at the tuned rate and its
-    neighbours (finished runs skipped), and writes results, the figure and the summary."""
+    neighbours, and every seed beyond an edge best (`edge_runs`; finished runs skipped),
+    and writes results, the figures, the noise scales and the summary."""
     base = override(
         load_config("cmudict_clip"),
         {**target_steps.SPLITS, **(target_steps.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
@@ -444,6 +466,12 @@ def run(args) -> list[dict]:
     for seed in args.seeds[1:]:
         records += sweep.run_grid(base, seed_runs(tuned, [seed], **run_args), args.out, **grid_args)
         write_partial(records, args.out, args.targets, starts)
+    while runs := edge_runs(records, args.seeds, target, args.max_tuning_rates, **run_args):
+        grown = sweep.run_grid(base, runs, args.out, **grid_args)
+        records = list(({r["name"]: r for r in records} | {r["name"]: r for r in grown}).values())
+        write_partial(records, args.out, args.targets, starts)
+        if len(grown) < len(runs):  # the budget left a run unstarted
+            break
     sweep.write_results(records, args.out)
     noise = {}
     if records:

@@ -71,13 +71,14 @@ def fit_ranges(
     steps_by_n: Mapping[int, Sequence[float]], starts: Sequence[int], **bootstrap_args
 ) -> list[dict[str, float]]:
     """`bootstrap` over the N from each of `starts` up (each start leaving two or more N):
-    how much the estimate hangs on the range fitted. One dict per start, `bootstrap`'s
-    with `"from"` and `"points"` (the number of N) added."""
+    how much the estimate hangs on the range fitted. One dict per distinct range,
+    `bootstrap`'s with `"from"` (the smallest N fitted: a start with no N of its own
+    fits the range of the next N up, once) and `"points"` (the number of N) added."""
     rows = []
     for start in starts:
         kept = {n: steps for n, steps in steps_by_n.items() if n >= start}
-        if len(kept) >= 2:
-            rows.append({"from": start, "points": len(kept), **bootstrap(kept, **bootstrap_args)})
+        if len(kept) >= 2 and min(kept) not in [row["from"] for row in rows]:
+            rows.append({"from": min(kept), "points": len(kept), **bootstrap(kept, **bootstrap_args)})
     return rows
 
 

@@ -82,6 +82,21 @@ def test_best_is_flagged_at_the_edge_of_the_rates_every_seed_ran():
     assert best["lr_factor"] == 2.0 and not best["edge"]
 
 
+def test_every_seed_runs_the_rate_beyond_a_best_at_the_edge_of_the_rates_every_seed_ran():
+    fast, slow, miss = [0.7, 0.9], [0.5, 0.7, 0.8, 0.9], [0.5]
+    records = [record(256, k, s, fast if k == 3 else slow) for s in (0, 1, 2) for k in (1, 2, 3)]
+    records.append(record(256, 4, 0, fast))  # seed 0's tuning only: not a rate every seed ran
+    grown = study.edge_runs(records, [0, 1, 2], 0.88, 6, **RUN_ARGS)
+    assert [r.name for r in grown] == ["n256_k4_s0", "n256_k4_s1", "n256_k4_s2"]
+    assert study.edge_runs(records, [0, 1, 2], 0.88, 3, **RUN_ARGS) == []  # three rates: the cap
+    low = [dict(r, curves=record(256, r["rate_step"], r["seed"], fast if r["rate_step"] == 1 else slow)["curves"])
+           for r in records]  # fmt: skip
+    assert {r.tags["rate_step"] for r in study.edge_runs(low, [0, 1, 2], 0.88, 6, **RUN_ARGS)} == {0}
+    missed = records + [record(256, 4, s, miss if s == 1 else fast) for s in (1, 2)]  # k = 4 misses on seed 1
+    assert study.best_by_n(missed, 0.88)[256]["rate_steps"] == [1, 2, 3, 4]
+    assert study.edge_runs(missed, [0, 1, 2], 0.88, 6, **RUN_ARGS) == []  # k = 3 is inside what every seed ran
+
+
 def test_summary_quotes_each_targets_b_crit_interval_and_the_fit_range_table():
     rng = np.random.default_rng(0)
     records = []
@@ -96,6 +111,13 @@ def test_summary_quotes_each_targets_b_crit_interval_and_the_fit_range_table():
     line = next(line for line in text.splitlines() if line.startswith("S(N)"))
     assert line.count("[") == 1 and "95% bootstrap over seeds; resolved" in line
     assert "| 512 | 3 | 3 | " in text and "| 1,024 | 2 | 3 | " in text
+    assert "at the edge" not in text
+    slower = [dict(r, name=r["name"].replace("k2", "k1"), rate_step=1, lr_factor=2**0.5) for r in records[3:6]]
+    for r in slower:  # N = 512 at k = 1 reaches 0.88 one evaluation later: its best (k = 2) is the top
+        r["curves"] = {key: [[step, 0.0] for step, _ in curve] + [[curve[-1][0] * 2, 0.88]]
+                       for key, curve in r["curves"].items()}  # fmt: skip
+    edge_line = "The best rate is at the edge of those every seed ran at N = 512: a rate beyond it may reach"
+    assert edge_line in study.summary(records + slower, [0.88], [256, 512, 1024])
 
 
 def test_the_fit_figure_draws_the_fitted_curve_and_its_knee_with_the_interval():
@@ -223,13 +245,11 @@ def test_partial_results_keep_the_committed_runs_not_visited_yet(tmp_path):
 def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict_data_dir, capsys):
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
     records = study.main(args)
-    tuning = [r for r in records if r["seed"] == 0]
-    assert {r["batch_size"] for r in tuning} == {64, 128} and all(3 <= sum(r["batch_size"] == n for r in tuning) <= 4
-                                                                  for n in (64, 128))  # fmt: skip
-    tuned = study.tuned_steps(records, 0, study.QUICK["targets"])
-    assert sorted((r["batch_size"], r["rate_step"]) for r in records if r["seed"] == 1) == sorted(
-        (n, k + d) for n, k in tuned.items() for d in (-1, 0, 1)
-    )
+    for n in (64, 128):  # seed 1: the tuned rate, its neighbours and the steps beyond an edge, each also on seed 0
+        ran = {seed: {r["rate_step"] for r in records if (r["batch_size"], r["seed"]) == (n, seed)} for seed in (0, 1)}
+        assert len(ran[1]) >= 3 and ran[1] == set(range(min(ran[1]), max(ran[1]) + 1)) and ran[1] <= ran[0]
+    run_args = {key: study.QUICK[key] for key in ("train_size", "max_epochs", "eval_examples")}
+    assert study.edge_runs(records, [0, 1], 0.01, study.QUICK["max_tuning_rates"], **run_args) == []
     for r in records:
         curve = target_steps.validation_curve(r)
         every = {64: 4, 128: 2}[r["batch_size"]]  # 256 examples

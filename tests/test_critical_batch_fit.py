@@ -65,6 +65,9 @@ def test_fit_ranges_refit_from_each_start_with_two_or_more_n():
     rows = fit.fit_ranges(noisy_seeds(np.random.default_rng(1)), [256, 1024, 8192, 16384], resamples=100)
     assert [(r["from"], r["points"]) for r in rows] == [(256, 7), (1024, 5), (8192, 2)]
     assert all(r["low"] <= r["high"] for r in rows)
+    without_256 = {n: steps for n, steps in noisy_seeds(np.random.default_rng(1)).items() if n > 256}
+    rows = fit.fit_ranges(without_256, [256, 512, 1024], resamples=100)  # 256 missed the target: once from 512
+    assert [(r["from"], r["points"]) for r in rows] == [(512, 6), (1024, 5)]
 
 
 def test_words_follow_the_interval():
