@@ -210,7 +210,9 @@ def best_by_n(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, 
     return best
 
 
-def edge_runs(records: Sequence[Mapping[str, Any]], seeds: Sequence[int], target: float, most: int, **run_args):
+def edge_runs(
+    records: Sequence[Mapping[str, Any]], seeds: Sequence[int], target: float, most: int, **run_args
+) -> list[sweep.Run]:
     """The seeds stage's grid grown as the tuning grows seed 0's: every one of `seeds` at
     the rate step beyond each N's best at `target` (`best_by_n`) where that best is at
     the edge of the rates every seed ran, while fewer than `most` of those."""
