@@ -417,6 +417,21 @@ QUOTED_FIGURES = [
         "(+0.0546 [+0.0476, +0.0616] spelling → pronunciation, +0.0557 [+0.0495, +0.0619] back)",
         RESULTS + "sigmoid_vs_softmax/summary.md",
     ),
+    (
+        "docs/batch_size_study.md",
+        "+0.0356 [+0.0331, +0.0382] (95% Welch, five fresh seeds each; resolved): CLIP 0.881 ± 0.003",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "SigLIP 0.917 ± 0.001 (k = 4, T0 0.05",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "+0.0335 [+0.0321, +0.0349], back +0.0378 [+0.0335, +0.0420]",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
     ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]
