@@ -432,6 +432,16 @@ QUOTED_FIGURES = [
         "+0.0335 [+0.0321, +0.0349], back +0.0378 [+0.0335, +0.0420]",
         RESULTS + "sigmoid_vs_softmax/summary.md",
     ),
+    (
+        "docs/batch_size_study.md",
+        "+0.0127 [+0.0105, +0.0150] (95% Welch, five fresh seeds each; resolved): CLIP 0.899 ± 0.002",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "+0.0116 [+0.0090, +0.0142], back +0.0139 [+0.0114, +0.0163]",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
     ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]
