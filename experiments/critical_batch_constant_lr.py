@@ -84,6 +84,11 @@ def learning_rate(rate_step: int) -> float:
     return BASE_LEARNING_RATE * 2 ** (rate_step / 2)
 
 
+def rate_step_of(lr_factor: float) -> int:
+    """The rate step k of a record's `lr_factor` (2 ** (k / 2))."""
+    return round(2 * math.log2(lr_factor))
+
+
 def first_rate_step(n: int) -> int:
     """The grid's centre at N = `n`: the square-root rule from 2e-3 at N = 256 (the
     cosine study's best there), ``log2(n / 256) + 2``."""
@@ -205,7 +210,7 @@ def best_by_n(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, 
     reached = target_steps.reached_steps(records, target)
     for n, entry in best.items():
         full = sorted(f for (m, f), by_seed in reached.items() if m == n and len(by_seed) == entry["seeds"])
-        entry["rate_steps"] = [round(2 * math.log2(f)) for f in full]
+        entry["rate_steps"] = [rate_step_of(f) for f in full]
         entry["edge"] = len(full) > 1 and entry["lr_factor"] in (full[0], full[-1])
     return best
 
@@ -219,7 +224,7 @@ def edge_runs(
     runs = []
     for n, entry in best_by_n(records, target).items():
         if entry["edge"] and len(entry["rate_steps"]) < most:
-            step = step_beyond_edge(entry["rate_steps"], round(2 * math.log2(entry["lr_factor"])))
+            step = step_beyond_edge(entry["rate_steps"], rate_step_of(entry["lr_factor"]))
             runs += [study_run(n, step, seed, **run_args) for seed in seeds]
     return runs
 
@@ -379,7 +384,7 @@ def summary(
                 cells.append(intervals.mean_and_interval(list(by_seed.values())) + count)
             entry = best.get(n)
             if entry:
-                k = round(2 * math.log2(entry["lr_factor"]))
+                k = rate_step_of(entry["lr_factor"])
                 cells += [f"{entry['steps']:.0f} at k={k}" + (" (edge)" if entry["edge"] else ""), entry["seeds"]]
             else:
                 cells += ["not reached", "-"]
@@ -478,7 +483,7 @@ def run(args) -> list[dict]:
     noise = {}
     if records:
         best = best_by_n(records, target)
-        chosen = {n: round(2 * math.log2(best[n]["lr_factor"])) if n in best else k for n, k in tuned.items()}
+        chosen = {n: rate_step_of(best[n]["lr_factor"]) if n in best else k for n, k in tuned.items()}
         rates = {n: 2 ** (k / 2) for n, k in chosen.items()}
         figures = target_steps.plot(records, args.targets, args.train_size, 0.7, rates)
         sweep.save(figures | fit_figure(records, args.targets, starts), args.out)

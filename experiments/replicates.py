@@ -74,7 +74,6 @@ def replayed(config, workdir: str, step: int, scratch: str) -> str:
       ValueError: `config`'s schedule depends on the run's length (not "constant").
     """
     from contrastive_jax import run_dir
-    from contrastive_jax.config_lib import override
     from contrastive_jax.training import loop
 
     if config.optim.schedule != "constant":
