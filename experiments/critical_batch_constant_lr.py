@@ -396,7 +396,8 @@ def summary(
             text += (
                 f"\nS(N) = S_min (1 + B_crit / N) over N from {fits[0]['from']:,} "
                 f"({fits[0]['points']} N): {critical_batch_fit.b_crit_words(fits[0])}, "
-                f"S_min = {fits[0]['s_min']:.0f} steps.\n\n"
+                f"S_min = {fits[0]['s_min']:.0f} steps. "
+                f"{critical_batch_fit.misses_words({n: list(e['by_seed'].values()) for n, e in best.items()})}\n\n"
             )
             if edges := [f"{n:,}" for n, entry in sorted(best.items()) if entry["edge"]]:
                 text += (

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from experiments import intervals
+
 BOOTSTRAP_RESAMPLES = 2_000
 # The fewest seeds at every N for an interval to speak: resampling k seeds with replacement
 # gives their mean (k - 1) / k of its variance (two seeds: three distinct means, a spread
@@ -30,11 +32,52 @@ def fit(batch_sizes: Sequence[float], steps: Sequence[float]) -> tuple[float, fl
       batch_sizes: [M] the global batches N, M >= 2 distinct.
       steps: [M] the steps to the target at each (e.g. the mean over seeds).
     """
+    s_min, e_min = _coefficients(batch_sizes, steps)
+    return s_min, e_min / s_min if s_min > 0 else math.inf
+
+
+def _coefficients(batch_sizes: Sequence[float], steps: Sequence[float]) -> tuple[float, float]:
+    """`(s_min, e_min)` of ``S(N) = S_min + E_min / N`` by least squares on relative residuals."""
     n = np.asarray(batch_sizes, np.float64)
     s = np.asarray(steps, np.float64)
     design = np.column_stack([1 / s, 1 / (n * s)])  # each row divided by its S: relative residuals
     (s_min, e_min), *_ = np.linalg.lstsq(design, np.ones_like(s), rcond=None)
-    return float(s_min), float(e_min / s_min) if s_min > 0 else math.inf
+    return float(s_min), float(e_min)
+
+
+def misses(steps_by_n: Mapping[int, Sequence[float]]) -> dict[int, tuple[float, float, float]]:
+    """Where the curve fitted to the seed means (`fit`) passes outside an N's 95%
+    t-interval of its seeds' steps: whether the two parameters describe every N.
+
+    Args:
+      steps_by_n: `{N: [k_N] steps to the target, one per seed}`, two or more N.
+
+    Returns:
+      `{N: (fitted S(N), the seeds' mean, the interval's half-width)}` for each N missed
+      (an N with one seed has no interval and is not judged).
+    """
+    ns = sorted(steps_by_n)
+    s_min, e_min = _coefficients(ns, [np.mean(steps_by_n[n]) for n in ns])
+    missed = {}
+    for n in ns:
+        fitted, mean = s_min + e_min / n, float(np.mean(steps_by_n[n]))
+        half_width = intervals.t_interval(steps_by_n[n])
+        if abs(fitted - mean) > half_width:  # NaN (one seed): not judged
+            missed[n] = (fitted, mean, half_width)
+    return missed
+
+
+def misses_words(steps_by_n: Mapping[int, Sequence[float]]) -> str:
+    """`misses` in a sentence: each N the curve misses, its fitted steps against the
+    seeds' mean ± half-width, or that it passes inside every N's interval."""
+    missed = misses(steps_by_n)
+    if not missed:
+        return "The fitted curve passes inside every N's 95% t-interval of the seeds' steps."
+    where = ", ".join(f"{n:,} ({s:.0f} against {mean:.0f} ± {half:.0f})" for n, (s, mean, half) in missed.items())
+    return (
+        f"The fitted curve passes outside the seeds' 95% t-interval of the steps at {len(missed)} of "
+        f"{len(steps_by_n)} N, at N = {where}; two parameters do not describe those N."
+    )
 
 
 def bootstrap(

@@ -13,6 +13,7 @@ if str(ROOT) not in sys.path:  # experiments/ is imported from the root
     sys.path.insert(0, str(ROOT))
 
 from experiments import critical_batch_fit as fit  # noqa: E402
+from experiments import intervals  # noqa: E402
 
 NS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 S_MIN, B_CRIT = 40.0, 2000.0
@@ -68,6 +69,27 @@ def test_fit_ranges_refit_from_each_start_with_two_or_more_n():
     without_256 = {n: steps for n, steps in noisy_seeds(np.random.default_rng(1)).items() if n > 256}
     rows = fit.fit_ranges(without_256, [256, 512, 1024], resamples=100)  # 256 missed the target: once from 512
     assert [(r["from"], r["points"]) for r in rows] == [(512, 6), (1024, 5)]
+
+
+def test_misses_name_the_n_the_curve_passes_outside_of_and_only_those():
+    spread = {n: [s * 0.85, s, s * 1.15] for n, s in zip(NS, curve(), strict=True)}  # means on the curve
+    assert fit.misses(spread) == {}
+    assert fit.misses_words(spread) == "The fitted curve passes inside every N's 95% t-interval of the seeds' steps."
+    # two N off the curve with tight seeds, one above and one below (each about 3 half-widths
+    # off the refitted curve, the others within 0.4), and one seed far off: not judged
+    tight = lambda n, factor: [curve([n])[0] * factor * x for x in (0.98, 1, 1.02)]  # noqa: E731
+    bent = spread | {512: tight(512, 1.3), 16384: tight(16384, 0.75), 4096: [curve([4096])[0] * 2]}
+    missed = fit.misses(bent)
+    assert sorted(missed) == [512, 16384]
+    s_min, e_min = fit._coefficients(NS, [np.mean(bent[n]) for n in NS])
+    fitted, mean, half_width = missed[16384]
+    assert fitted == pytest.approx(s_min + e_min / 16384) and mean == pytest.approx(0.75 * curve([16384])[0])
+    assert half_width == pytest.approx(intervals.t_interval(bent[16384]))
+    words = fit.misses_words(bent)
+    head = "The fitted curve passes outside the seeds' 95% t-interval of the steps at 2 of 7 N, at N = 512 ("
+    assert words.startswith(head)
+    tail = f"16,384 ({fitted:.0f} against {mean:.0f} ± {half_width:.0f}); two parameters do not describe those N."
+    assert words.endswith(tail)
 
 
 def test_words_follow_the_interval():
