@@ -51,7 +51,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
 
@@ -302,7 +302,8 @@ def noise_scales(base, runs: Sequence[sweep.Run], out: Path, args, deadline: flo
     """`noise_at` at `args.noise_points` steps evenly along each of `runs` (`measured_steps`;
     a step the run did not keep is replayed from its checkpoint before, `replicates.replayed`),
     cached in `out/noise.json` entry by entry: a rerun measures only what is new; a run
-    without its workdir, read from the committed results, is skipped with a line."""
+    without its workdir, read from the committed results, is skipped with a line.
+    Returns the entries of `runs` only (the cache keeps a run no longer chosen)."""
     cache_file = out / "noise.json"
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
     for run in runs:
@@ -322,7 +323,8 @@ def noise_scales(base, runs: Sequence[sweep.Run], out: Path, args, deadline: flo
                 measured = noise_at(config, state_dir, step, args.noise_batch, args.replicates, resamples)
             cache[key] = {**run.tags, "step": step, "n": args.noise_batch, **measured}
             cache_file.write_text(json.dumps(cache, indent=1))
-    return cache
+    names = {run.name for run in runs}
+    return {key: entry for key, entry in cache.items() if key.split("@")[0] in names}
 
 
 def noise_table(noise: Mapping[str, Mapping[str, Any]]) -> str:
@@ -371,7 +373,7 @@ def summary(
         "`-`: a seed missed the target. Rate step k: peak rate 1e-3 · 2^(k/2).\n"
     )
     ks = sorted({r["rate_step"] for r in records})
-    headline = None  # the highest target's fit over every N
+    headline = None  # the highest target's fit over every N, and the runs that reach that target
     for target in targets:
         best = best_by_n(records, target)
         reached = target_steps.reached_steps(records, target)
@@ -405,37 +407,65 @@ def summary(
                     "beyond it may reach the target sooner, so the fit rests on upper bounds there.\n\n"
                 )
             text += critical_batch_fit.range_table(fits)
-            headline = (target, fits[0])
+            reaching = {(n, f, seed) for (n, f), by_seed in reached.items() for seed, s in by_seed.items() if s}
+            headline = (target, fits[0], reaching)
     if noise:
         text += noise_table(noise) + (noise_against_b_crit(noise, *headline) if headline else "")
     return text
 
 
-def noise_against_b_crit(noise: Mapping[str, Mapping[str, Any]], target: float, fit: Mapping[str, float]) -> str:
+def noise_against_b_crit(
+    noise: Mapping[str, Mapping[str, Any]],
+    target: float,
+    fit: Mapping[str, float],
+    reaching: Set[tuple[int, float, int]] = frozenset(),
+) -> str:
     """Each N's noise scale at its last measured step (per seed) against B_crit's
     interval at `target` (`fit`, `critical_batch_fit.bootstrap`'s): for B_simple and
     B_adam, "overlaps" when the two 95% intervals share a point, else "apart" ("not
-    compared" while B_crit has no interval, `critical_batch_fit.has_interval`)."""
+    compared" while B_crit has no interval, `critical_batch_fit.has_interval`); then,
+    over the runs in `reaching` (`(N, lr_factor, seed)` of the runs that reach `target`:
+    their last step is at or just past it), the geometric mean of those last values with
+    its 95% t-interval over the runs (`intervals.geometric_interval`), set against it too."""
     last = {}
     for entry in noise.values():
         key = (entry["batch_size"], entry["seed"])
         if key not in last or entry["step"] > last[key]["step"]:
             last[key] = entry
 
+    def verdict(low, high):
+        if not critical_batch_fit.has_interval(fit):
+            return "not compared"
+        return "overlaps" if low <= fit["high"] and fit["low"] <= high else "apart"
+
     def compared(form):
         low, high = form["b_simple_interval"]
-        verdict = "overlaps" if low <= fit["high"] and fit["low"] <= high else "apart"
-        if not critical_batch_fit.has_interval(fit):
-            verdict = "not compared"
-        return f"{form['b_simple']:,.0f} [{low:,.0f}, {high:,.0f}], {verdict}"
+        return f"{form['b_simple']:,.0f} [{low:,.0f}, {high:,.0f}], {verdict(low, high)}"
 
     rows = [
         [f"{n:,}", seed, e["step"], compared(e["sgd"]), compared(e["adam"])] for (n, seed), e in sorted(last.items())
     ]
-    return (
+    text = (
         f"\nAgainst {critical_batch_fit.b_crit_words(fit)} at R@1 {target:g}, each run's last measured noise "
         'scale ("overlaps": the two 95% intervals share a point):\n\n'
         + sweep.markdown_table(rows, ["run's N", "seed", "step", "B_simple [95%]", "B_adam [95%]"])
+    )
+    pooled = [e for e in last.values() if (e["batch_size"], e["lr_factor"], e["seed"]) in reaching]
+    if len(pooled) < 2:
+        return text
+    words = []
+    for form, name in (("sgd", "B_simple"), ("adam", "B_adam")):
+        values = [e[form]["b_simple"] for e in pooled]
+        if min(values) <= 0:
+            words.append(f"{name} not pooled (an estimate is not positive)")
+            continue
+        center, low, high = intervals.geometric_interval(values)
+        words.append(f"{name} {center:,.0f} [{low:,.0f}, {high:,.0f}], {verdict(low, high)}")
+    batch_sizes = ", ".join(f"{n:,}" for n in sorted({e["batch_size"] for e in pooled}))
+    return text + (
+        f"\nOver the {len(pooled)} runs that reach R@1 {target:g} (N = {batch_sizes}; "
+        f"each at its last measured step, at or just past the target), the geometric mean with its 95% "
+        f"t-interval over the runs: {'; '.join(words)}.\n"
     )
 
 

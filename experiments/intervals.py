@@ -21,6 +21,21 @@ def t_interval(values: Sequence[float]) -> float:
     return float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
 
 
+def geometric_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """`(geometric mean, low, high)` of positive `values` with the 95% t-interval of the
+    mean of their logarithms, mapped back (for a scale that varies by factors, such as a
+    noise scale over runs); the bounds are NaN for one value.
+
+    Args:
+      values: [k] positive values, one per independent unit (run, seed).
+    """
+    if min(values) <= 0:
+        raise ValueError(f"a geometric mean needs positive values, got {list(values)}.")
+    logs = np.log(np.asarray(values, np.float64))
+    center, half = float(np.mean(logs)), t_interval(list(logs))
+    return math.exp(center), math.exp(center - half), math.exp(center + half)
+
+
 def mean_and_interval(values: Sequence[float | None], decimals: int = 0) -> str:
     """`"mean ± the 95% t-interval's half-width"` of seeds' values to `decimals` (the mean
     alone for one value; `-` when one is None: a seed missed a target)."""

@@ -2,6 +2,7 @@
 sqrt(2) rate grid's bracketing, the seeds' rates, the per-N edge flag, and --quick end to
 end (each run stops at its target or cap; a rerun trains nothing)."""
 
+import argparse
 import json
 import pathlib
 import sys
@@ -13,8 +14,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
     sys.path.insert(0, str(ROOT))
 
+from contrastive_jax import run_dir  # noqa: E402
 from experiments import critical_batch_constant_lr as study  # noqa: E402
-from experiments import replicates, sweep, target_steps  # noqa: E402
+from experiments import intervals, replicates, sweep, target_steps  # noqa: E402
 
 RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
 
@@ -182,7 +184,7 @@ def test_the_last_noise_scale_of_each_run_is_set_against_b_crit_with_words():
     def form(value, low, high):
         return {"b_simple": value, "b_simple_interval": [low, high]}
 
-    run = {"batch_size": 256, "seed": 0}
+    run = {"batch_size": 256, "seed": 0, "lr_factor": 2.0}
     noise = {
         "n256_k2_s0@512": {**run, "step": 512, "sgd": form(9e4, 8e4, 1e5), "adam": form(50, 40, 60)},
         "n256_k2_s0@1024": {**run, "step": 1024, "sgd": form(2500, 1900, 3100), "adam": form(300, 250, 400)},
@@ -194,6 +196,23 @@ def test_the_last_noise_scale_of_each_run_is_set_against_b_crit_with_words():
     assert "| 512 |" not in text  # the last checkpoint only
     unresolved = study.noise_against_b_crit(noise, 0.86, dict(fit, seeds=2))
     assert "| 256 | 0 | 1024 | 2,500 [1,900, 3,100], not compared | 300 [250, 400], not compared |" in unresolved
+    assert "Over the" not in text  # no run named as reaching the target
+    # pooled over the runs that reach the target, each at its last step: the geometric mean
+    # of 2,500, 1,600 and 4,000 (about 2,520) with the t-interval of their logs over three runs
+    at_512 = {"batch_size": 512, "lr_factor": 4.0, "step": 64}
+    noise |= {
+        "n512_k4_s0@64": {**at_512, "seed": 0, "sgd": form(1600, 1, 2), "adam": form(20, 1, 2)},
+        "n512_k4_s1@64": {**at_512, "seed": 1, "sgd": form(4000, 1, 2), "adam": form(-5, 1, 2)},
+        "n1024_k4_s0@32": {**at_512, "batch_size": 1024, "seed": 0, "sgd": form(1, 1, 2), "adam": form(1, 1, 2)},
+    }
+    reaching = {(256, 2.0, 0), (512, 4.0, 0), (512, 4.0, 1), (1024, 2.0, 0)}  # 1,024 reached at another rate
+    center, low, high = intervals.geometric_interval([2500, 1600, 4000])
+    pooled = study.noise_against_b_crit(noise, 0.86, fit, reaching)
+    assert pooled.endswith(
+        "\nOver the 3 runs that reach R@1 0.86 (N = 256, 512; each at its last measured step, at or just past the "
+        f"target), the geometric mean with its 95% t-interval over the runs: B_simple {center:,.0f} [{low:,.0f}, "
+        f"{high:,.0f}], overlaps; B_adam not pooled (an estimate is not positive).\n"
+    )
 
 
 def test_a_step_the_run_did_not_keep_is_replayed_to_the_runs_own_state(tiny_config, tmp_path):
@@ -230,6 +249,26 @@ def test_replicates_that_do_not_fit_an_epoch_are_one_clear_error(capsys):
         study.main(["--quick", "--noise-batch", "512"])
     assert exit_info.value.code == 2
     assert "fit in one epoch of 1,024" in capsys.readouterr().err
+
+
+def test_the_noise_stage_returns_its_runs_entries_and_keeps_the_rest_cached(tiny_config, tmp_path, capsys, monkeypatch):
+    """A cached entry of a run no longer chosen (an edge run moved the best) stays in
+    noise.json but is not the study's: only the entries of the runs asked for come back,
+    measured now or before."""
+    chosen, dropped = study.study_run(512, 3, 0, **RUN_ARGS), study.study_run(512, 2, 0, **RUN_ARGS)
+    cache = {f"{chosen.name}@64": {"step": 64}, f"{dropped.name}@64": {"step": 64}}
+    (tmp_path / "noise.json").write_text(json.dumps(cache))
+    (tmp_path / "runs" / chosen.name / run_dir.CHECKPOINTS).mkdir(parents=True)
+    monkeypatch.setattr(replicates, "kept_steps", lambda workdir: [64])  # measured already: nothing to train
+    args = argparse.Namespace(noise_points=1, noise_batch=64, replicates=2)
+    got = study.noise_scales(tiny_config, [chosen], tmp_path, args, deadline=None)
+    assert got == {f"{chosen.name}@64": {"step": 64}}
+    assert json.loads((tmp_path / "noise.json").read_text()) == cache
+    # a run without its workdir (the committed results read elsewhere): its cached entries still count
+    assert study.noise_scales(tiny_config, [dropped], tmp_path, args, deadline=None) == {
+        f"{dropped.name}@64": {"step": 64}
+    }
+    assert f"[noise] {dropped.name}: no checkpoints in" in capsys.readouterr().out
 
 
 def test_partial_results_keep_the_committed_runs_not_visited_yet(tmp_path):

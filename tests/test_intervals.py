@@ -20,6 +20,17 @@ def test_t_interval_is_students_half_width():
     assert math.isnan(intervals.t_interval([1.0]))
 
 
+def test_geometric_interval_is_the_t_interval_of_the_logs_mapped_back():
+    # logs 0, ln 10, 2 ln 10: mean ln 10, sd ln 10, so 10 times and over exp(4.3027 ln 10 / sqrt 3)
+    center, low, high = intervals.geometric_interval([1.0, 10.0, 100.0])
+    factor = math.exp(4.3027 * math.log(10) / math.sqrt(3))
+    assert (center, low, high) == pytest.approx((10.0, 10.0 / factor, 10.0 * factor), rel=1e-4)
+    center, low, high = intervals.geometric_interval([7.0])
+    assert center == pytest.approx(7.0) and math.isnan(low) and math.isnan(high)
+    with pytest.raises(ValueError, match="positive values"):
+        intervals.geometric_interval([3.0, -1.0])
+
+
 def test_paired_bootstrap_matches_the_normal_interval_of_the_mean_difference():
     rng = np.random.default_rng(0)
     x = (rng.random(20_000) < 0.90).astype(float)
