@@ -394,12 +394,13 @@ def summary(
         text += f"\n## Steps to validation R@1 {target:g} (mean of both directions)\n\n"
         text += sweep.markdown_table(rows, ["N", *(f"k={k}" for k in ks), "best", "seeds"])
         fits = b_crit_entries(best, starts)
+        steps_by_n = {n: list(entry["by_seed"].values()) for n, entry in best.items()}
         if fits:
             text += (
                 f"\nS(N) = S_min (1 + B_crit / N) over N from {fits[0]['from']:,} "
                 f"({fits[0]['points']} N): {critical_batch_fit.b_crit_words(fits[0])}, "
                 f"S_min = {fits[0]['s_min']:.0f} steps. "
-                f"{critical_batch_fit.misses_words({n: list(e['by_seed'].values()) for n, e in best.items()})}\n\n"
+                f"{critical_batch_fit.misses_words(steps_by_n)} {critical_batch_fit.saturation_words(steps_by_n)}\n\n"
             )
             if edges := [f"{n:,}" for n, entry in sorted(best.items()) if entry["edge"]]:
                 text += (

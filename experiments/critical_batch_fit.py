@@ -125,6 +125,55 @@ def fit_ranges(
     return rows
 
 
+def saturation(steps_by_n: Mapping[int, Sequence[float]]) -> tuple[int, dict[int, tuple[float, float, float]]]:
+    """Where a larger batch stops buying steps, without a curve: each N's steps against
+    the largest N's (`intervals.welch_interval` over the seeds), and the smallest N from
+    which no N up to the largest takes resolved more steps than it.
+
+    Args:
+      steps_by_n: `{N: [k_N] steps to the target, one per seed}`, two or more N.
+
+    Returns:
+      `(n_saturated, {N: (mean steps at N - at the largest, low, high)})` for every N
+      below the largest; `n_saturated` is the largest N itself while the N just below it
+      still takes resolved more steps, or has no interval (one seed).
+    """
+    ns = sorted(steps_by_n)
+    differences = {n: intervals.welch_interval(steps_by_n[n], steps_by_n[ns[-1]]) for n in ns[:-1]}
+    saturated = ns[-1]
+    for n in reversed(ns[:-1]):
+        if not differences[n][1] <= 0:  # resolved more steps than the largest N (or no interval)
+            break
+        saturated = n
+    return saturated, differences
+
+
+def saturation_words(steps_by_n: Mapping[int, Sequence[float]]) -> str:
+    """`saturation` in a sentence: between which N the steps stop falling, each side's
+    difference from the largest N with its interval."""
+    saturated, differences = saturation(steps_by_n)
+    largest = max(steps_by_n)
+    below = max((n for n in differences if n < saturated), default=None)
+
+    def cell(n):
+        difference, low, high = differences[n]
+        return f"{difference:+.1f} [{low:+.1f}, {high:+.1f}]"
+
+    if saturated == largest:
+        return (
+            f"Without a curve, the steps still fall at the largest N: {below:,} takes {cell(below)} steps "
+            f"more than {largest:,} (Welch 95% over the seeds)."
+        )
+    tail = f"from {saturated:,} up no N takes resolved more ({saturated:,}: {cell(saturated)})"
+    if below is None:
+        return f"Without a curve, no N takes resolved more steps than {largest:,}: {tail}."
+    return (
+        f"Without a curve: {below:,} takes {cell(below)} steps more than {largest:,} (Welch 95% over the "
+        f"seeds, resolved); {tail}: past N = {below:,} … {saturated:,} a larger batch buys no steps these "
+        "seeds resolve."
+    )
+
+
 def resolved(low: float, high: float) -> bool:
     """Whether a ``B_crit`` interval pins it down: both bounds finite and positive."""
     return 0 < low and math.isfinite(high)

@@ -111,8 +111,9 @@ def test_summary_quotes_each_targets_b_crit_interval_and_the_fit_range_table():
     assert "| 256 | " in text and "(3) | " in text
     assert "S(N) = S_min (1 + B_crit / N) over N from 256 (4 N): B_crit = " in text
     line = next(line for line in text.splitlines() if line.startswith("S(N)"))
-    assert line.count("[") == 1 and "95% bootstrap over seeds; resolved" in line
+    assert line.count("95% bootstrap") == 1 and "95% bootstrap over seeds; resolved" in line
     assert "S_min = " in line and " steps. The fitted curve passes " in line  # critical_batch_fit.misses_words
+    assert " Without a curve" in line  # critical_batch_fit.saturation_words
     assert "| 512 | 3 | 3 | " in text and "| 1,024 | 2 | 3 | " in text
     assert "at the edge" not in text
     slower = [dict(r, name=r["name"].replace("k2", "k1"), rate_step=1, lr_factor=2**0.5) for r in records[3:6]]

@@ -92,6 +92,30 @@ def test_misses_name_the_n_the_curve_passes_outside_of_and_only_those():
     assert words.endswith(tail)
 
 
+def test_saturation_is_the_smallest_n_from_which_none_takes_resolved_more_steps_than_the_largest():
+    seeds = lambda mean: [mean - 2.0, mean, mean + 2.0]  # noqa: E731  (sd 2 at every N)
+    steps = {512: seeds(400), 1024: seeds(200), 2048: seeds(110), 4096: seeds(92), 8192: seeds(93), 16384: seeds(90)}
+    saturated, differences = fit.saturation(steps)
+    assert saturated == 4096  # 2,048 is 20 above 16,384 (resolved); 4,096 and 8,192 are 2 and 3 (not)
+    assert sorted(differences) == [512, 1024, 2048, 4096, 8192]
+    assert differences[2048] == pytest.approx(intervals.welch_interval(steps[2048], steps[16384]))
+    words = fit.saturation_words(steps)
+    low, high = differences[2048][1:]
+    assert words.startswith(f"Without a curve: 2,048 takes +20.0 [{low:+.1f}, {high:+.1f}] steps more than 16,384")
+    assert words.endswith("past N = 2,048 … 4,096 a larger batch buys no steps these seeds resolve.")
+    # a resolved gap above an unresolved one ends the walk down: 8,192 still slower than 16,384
+    assert fit.saturation(steps | {8192: seeds(100)})[0] == 16384
+    assert fit.saturation_words(steps | {8192: seeds(100)}).startswith(
+        "Without a curve, the steps still fall at the largest N: 8,192 takes +10.0 ["
+    )
+    assert fit.saturation(steps | {4096: [92.0]})[0] == 8192  # one seed: no interval, the walk stops there
+    flat = {n: seeds(90) for n in steps}
+    assert fit.saturation(flat)[0] == 512
+    assert fit.saturation_words(flat).startswith(
+        "Without a curve, no N takes resolved more steps than 16,384: from 512"
+    )
+
+
 def test_words_follow_the_interval():
     resolved = {"b_crit": 2340.4, "low": 1980.0, "high": 2760.2}
     assert fit.b_crit_words(resolved) == "B_crit = 2,340 [1,980, 2,760] (95% bootstrap over seeds; resolved)"
