@@ -442,6 +442,55 @@ QUOTED_FIGURES = [
         "+0.0116 [+0.0090, +0.0142], back +0.0139 [+0.0114, +0.0163]",
         RESULTS + "sigmoid_vs_softmax/summary.md",
     ),
+    (
+        "docs/batch_size_study.md",
+        "1. **B_crit at R@1 0.88 is 2,157 [2,013, 2,296] fitted over every N that reaches it",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "at 2,048 it gives 133 steps against 113 ± 14; at 16,384 73 against 85 ± 10",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "fitted from 1,024 up it gives 1,374 [1,260, 1,484]",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    ("docs/batch_size_study.md", "(470 ± 137 → 188 ± 6, 2.5× fewer", RESULTS + "critical_batch_constant_lr/summary.md"),
+    (
+        "docs/batch_size_study.md",
+        "89 ± 3 at 4,096, 88 ± 11 at 8,192, 85 ± 10 at 16,384",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "2,048 takes +28.2 [+16.9, +39.5] steps more than 16,384 (Welch 95% over the seeds, resolved)",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    ("docs/batch_size_study.md", "(4,096: +4.5 [−4.1, +13.1])", RESULTS + "critical_batch_constant_lr/summary.md"),
+    (
+        "docs/batch_size_study.md",
+        "B_simple is 1,292 [850, 1,963] (geometric",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "B_adam is 4,340 [2,570, 7,330], apart above B_crit",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "539 [489, 598] and 1,213 [1,044, 1,395]",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "49 [44, 57] at step 22, 4,001 [3,393, 4,872] at step 88",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    ("docs/batch_size_study.md", "is 0.70–3.09 times, not 4", RESULTS + "critical_batch_constant_lr/summary.md"),
+    ("docs/batch_size_study.md", "bias² / |E g|² = 0.16–0.60", RESULTS + "critical_batch_constant_lr/summary.md"),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
     ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]
