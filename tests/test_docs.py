@@ -506,6 +506,22 @@ QUOTED_FIGURES = [
         "+0.0031 [+0.0012, +0.0050], back +0.0048 [+0.0020, +0.0075]",
         RESULTS + "sigmoid_vs_softmax/summary.md",
     ),
+    (
+        "docs/batch_size_study.md",
+        "−0.0070 [−0.0124, −0.0016] (95% Welch, five fresh seeds each; resolved, CLIP ahead): CLIP 0.908 ± 0.001",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "SigLIP 0.901 ± 0.005 (k = 5, T0 0.1, b0 −15)",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "−0.0066 [−0.0118, −0.0014], back −0.0074 [−0.0130, −0.0018]",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    ("docs/batch_size_study.md", "(0.883, 0.870, 0.884, 0.864 at k = 3", RESULTS + "sigmoid_vs_softmax/summary.md"),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
     ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]
