@@ -231,8 +231,7 @@ def edge_runs(
 
 def b_crit_entries(best: Mapping[int, Mapping[str, Any]], starts: Sequence[int]) -> list[dict[str, float]]:
     """`critical_batch_fit.fit_ranges` of the best runs' steps per seed (`best_by_n`)."""
-    steps_by_n = {n: list(entry["by_seed"].values()) for n, entry in best.items()}
-    return critical_batch_fit.fit_ranges(steps_by_n, starts)
+    return critical_batch_fit.fit_ranges(target_steps.steps_by_seed(best), starts)
 
 
 def fit_figure(records: Sequence[Mapping[str, Any]], targets: Sequence[float], starts: Sequence[int]) -> dict:
@@ -394,8 +393,8 @@ def summary(
         text += f"\n## Steps to validation R@1 {target:g} (mean of both directions)\n\n"
         text += sweep.markdown_table(rows, ["N", *(f"k={k}" for k in ks), "best", "seeds"])
         fits = b_crit_entries(best, starts)
-        steps_by_n = {n: list(entry["by_seed"].values()) for n, entry in best.items()}
         if fits:
+            steps_by_n = target_steps.steps_by_seed(best)
             text += (
                 f"\nS(N) = S_min (1 + B_crit / N) over N from {fits[0]['from']:,} "
                 f"({fits[0]['points']} N): {critical_batch_fit.b_crit_words(fits[0])}, "

@@ -218,7 +218,7 @@ def _fits(best: Mapping[int, Mapping[str, Any]]) -> str:
                 f"{', '.join(map(str, seeds))}); mean {np.mean(by_seed):,.0f} "
                 f"± {intervals.t_interval(by_seed):,.0f} (95%).\n"
             )
-    fits = critical_batch_fit.fit_ranges({n: list(e["by_seed"].values()) for n, e in best.items()}, sorted(best)[:3])
+    fits = critical_batch_fit.fit_ranges(target_steps.steps_by_seed(best), sorted(best)[:3])
     if fits:
         text += (
             "\nS(N) = S_min (1 + B_crit / N) on relative residuals (`critical_batch_fit`), with a 95% bootstrap "

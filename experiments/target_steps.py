@@ -101,6 +101,12 @@ def error_bars(best: Mapping[int, Mapping[str, Any]], ns: Sequence[int]) -> list
     return [0.0 if math.isnan(best[n]["interval"]) else best[n]["interval"] for n in ns]
 
 
+def steps_by_seed(best: Mapping[int, Mapping[str, Any]]) -> dict[int, list[float]]:
+    """`best_runs`' steps per seed at each N: `{N: [k_N] steps to the target}`, the input
+    of `critical_batch_fit`."""
+    return {n: list(entry["by_seed"].values()) for n, entry in best.items()}
+
+
 def plot(
     records: Sequence[Mapping[str, Any]],
     targets: Sequence[float],
