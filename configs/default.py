@@ -83,7 +83,7 @@ def get_config() -> ml_collections.ConfigDict:
     loss.collective = "all_gather"  # "all_gather" or "ring" (ppermute; never holds all of b).
     # The logits' matmul operands, for the softmax / sigmoid losses and those beyond the
     # batch: "bfloat16" is mixed precision (float32 accumulation, logits and softmax /
-    # log-sum-exp; tolerance in tests/test_streaming.py).
+    # log-sum-exp; tolerance in tests/losses/test_streaming.py).
     loss.matmul_dtype = ml_collections.config_dict.placeholder(str)  # None: the embeddings' (float32).
     # Negatives beyond the batch (losses.beyond_batch, losses.memory).
     loss.dcl_weight_sigma = ml_collections.config_dict.placeholder(float)  # "dcl": None: DCL; sigma (0.5): DCLW.

@@ -1,59 +1,10 @@
 """Test configuration: 8 simulated CPU devices, set before JAX is imported.
 
-Where each module of the package is tested (tests/test_docs.py checks every module is
-listed here):
-
-    Top: the commands and what every wing uses
-    benchmark                test_benchmark
-    compat                   test_losses_sharded (-m compat: the oldest versions)
-    config_lib, errors       test_validation (every rule), test_cli (through the command line)
-    console, main            test_cli
-    demo                     test_cli (the README's commands)
-    run_dir                  test_metric_writer, test_train, test_sweeps
-    sharding                 test_losses_sharded, test_train (fsdp)
-    simulated_devices        test_cli, test_notebook
-    trained                  test_trained (and docs/use_a_trained_model.md, run by test_docs)
-    write_records            test_write_records
-    train, released          test_layout (the old paths, aliases for a release)
-
-    data/
-    settings                 test_input_pipeline, test_cmudict, test_configs
-    builtin/*                test_datasets, test_cmudict
-    reader, images, input_pipeline, stateless_random  test_input_pipeline
-    records, sources, writer test_write_records
-    tokenizers               test_tokenizers
-
-    models/
-    encoders, two_tower      test_models
-    transformer              test_transformer, test_released_open_clip
-    released/*               test_released_open_clip (open_clip_layout), test_released_siglip
-                             (big_vision_layout), test_finetune, test_released_files
-                             (damaged files, shapes, QuickGELU)
-    saved_model              test_trained
-
-    losses/*                 test_losses (values, references), test_losses_sharded (every
-                             calling convention), test_streaming (logit_stats, streaming,
-                             tile_math, tile_sweeps), test_beyond_batch (beyond_batch,
-                             queues), test_false_negatives (pairs), test_train (registry);
-                             each loss's docstring example (pytest --doctest-modules)
-
-    training/
-    checkpoint, resume       test_train (resume, meshes), test_preemption, test_validation
-    config_checks            test_validation (every rule)
-    distributed              test_multihost, test_launch, test_preemption
-    grad_cache               test_grad_cache
-    loop, trainer            test_train, test_beyond_batch_training, test_beyond_batch_resume
-    loss_guard               test_loss_guard
-    memory_fit               test_memory_fit
-    metric_writer            test_metric_writer
-    noise_scale              test_gradient_noise_scale
-    optimizer                test_train
-
-    evaluation/
-    metrics                  test_metrics
-    evaluator                test_train (in the loop), test_metrics
-    clip_benchmark           test_benchmark
-    padded_chunks            test_metrics, test_trained
+The folders are the map: `tests/<wing>/` tests the package's wing `contrastive_jax/<wing>/`
+(data, models, losses, training, evaluation), `tests/experiments/` the experiments, and the
+files at the top the commands and what every wing uses (`tests/test_layout.py` checks that
+each test file imports what its folder names). `loss_cases` and `subprocess_runs` are the
+tests' shared helpers; the repository's root is importable (`configs`, `experiments`).
 """
 
 import importlib.util
@@ -63,6 +14,10 @@ import sys
 import tempfile
 
 from contrastive_jax.simulated_devices import with_device_count  # noqa: E402  (JAX-free)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # configs/ and experiments/ are imported from the repository's root
+    sys.path.insert(0, ROOT)
 
 # The tests' programs are tiny and compiled once each: compile them fast (LLVM at -O0, and
 # XLA's older CPU code generator, which compiles in about two thirds of the time of its

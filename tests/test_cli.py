@@ -286,7 +286,7 @@ def test_bad_workdir_is_one_line(forked_cli, tiny_config_file, tmp_path, workdir
 
 def test_a_step_that_does_not_fit_is_one_line_naming_the_figures(forked_cli, tiny_config_file, tmp_path):
     """A config that uses every fix already: one compile, and the batch is what is left.
-    (tests/test_memory_fit.py checks the settings a message proposes.)"""
+    (tests/training/test_memory_fit.py checks the settings a message proposes.)"""
     every_fix = {
         "loss.collective": "ring",
         "loss.chunk_size": 8,

@@ -1,5 +1,5 @@
 """The house rules, checked on the source: the config read at one door, short functions,
-one wording per rule, every module's tests findable from conftest's map, and an import
+one wording per rule, the tests' folders mirroring the wings, and an import
 graph without a circle."""
 
 import ast
@@ -62,19 +62,30 @@ def test_one_wording_per_rule(wording):
     assert found == [], f"{wording!r} in {found}: use errors.check_multiple / check_divides"
 
 
-def test_every_module_is_in_the_test_map():
-    """tests/conftest.py's docstring says where each module is tested."""
-    text = (ROOT / "tests" / "conftest.py").read_text()
-    listed = text[: text.index('"""', 3)]
-    missing = []
-    for path in MODULES:
-        name = path.with_suffix("").as_posix()
-        if name.endswith("__init__"):
-            continue
-        directory = name.split("/")[-2] + "/*" if "/" in name else "-"
-        if not re.search(rf"(?<![\w/]){re.escape(name.split('/')[-1])}(?![\w])", listed) and directory not in listed:
-            missing.append(name)
-    assert missing == []
+def _imported_names(path: pathlib.Path) -> set[str]:
+    """The modules (and `module.name`s) a file imports, from its source."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_the_tests_folders_are_the_map():
+    """`tests/<wing>/` holds the tests of the package's wing `<wing>` and `tests/experiments/`
+    those of experiments/: each wing has its folder, and each test file there imports from
+    what its folder names (a file put in the wrong folder fails)."""
+    folders = {path.name for path in (ROOT / "tests").iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert folders == {*WINGS, "experiments"}
+    misplaced = []
+    for folder in folders:
+        tested = "experiments" if folder == "experiments" else f"contrastive_jax.{folder}"
+        for path in (ROOT / "tests" / folder).rglob("test_*.py"):
+            if not any(name == tested or name.startswith(f"{tested}.") for name in _imported_names(path)):
+                misplaced.append(str(path.relative_to(ROOT)))
+    assert misplaced == []
 
 
 def test_a_loss_module_is_not_named_after_a_loss_it_does_not_define():

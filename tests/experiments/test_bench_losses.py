@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 import bench_losses  # noqa: E402
 import bench_losses_grid  # noqa: E402
 import bench_losses_report  # noqa: E402

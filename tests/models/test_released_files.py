@@ -14,7 +14,7 @@ import pytest
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.models import released
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VISION = {"layers": 1, "width": 128, "patch_size": 8, "image_size": 16}  # 64-wide heads, as released
 TEXT = {"context_length": 8, "vocab_size": 50, "width": 128, "heads": 2, "layers": 1}
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # experiments/ is imported from the root
     sys.path.insert(0, str(ROOT))
 

@@ -174,7 +174,7 @@ def _bench_module():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent.parent / "experiments"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
     return importlib.import_module("bench_grad_cache")
 
 

@@ -19,7 +19,7 @@ from contrastive_jax.sharding import DATA_AXIS
 from contrastive_jax.training import noise_scale
 from contrastive_jax.training.trainer import data_settings
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
     sys.path.insert(0, str(ROOT))
 
