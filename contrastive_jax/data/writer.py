@@ -31,6 +31,7 @@ RECORDS_PER_SHARD = 10_000
 MAX_REASONS_KEPT = 20
 MAX_BAD = 0.01  # the share of a split's inputs that may be bad (--max-bad)
 BAD_ROWS_SHOWN = 5  # the bad inputs a stopped command names
+BAD_ROWS_PRINTED = 20  # the bad inputs printed as they are found; the rest are counted
 _PROGRESS_DIR = ".progress"  # per finished shard: what the metadata needs of it, for a rerun
 
 
@@ -51,15 +52,35 @@ class _TooManyBad(ConfigError):
     """More of a split's inputs are bad than `--max-bad` allows (the message says why)."""
 
 
+class _BadInputsPrinted:
+    """The bad inputs printed so far, counted across the writer processes: the first
+    `BAD_ROWS_PRINTED` are printed as they are found, then one line says the rest are
+    only counted (a shard of 10,000 rows with a wrong image column prints 21 lines)."""
+
+    def __init__(self, context=multiprocessing):
+        self._count = context.Value("i", 0)
+
+    def report(self, bad: BadInput) -> None:
+        with self._count.get_lock():
+            count = self._count.value
+            self._count.value += 1
+        if count < BAD_ROWS_PRINTED:
+            print(f"skipped {bad.where}: {bad.reason}", file=sys.stderr, flush=True)
+        elif count == BAD_ROWS_PRINTED:
+            note = f"... more bad inputs: counted, not printed (the first {BAD_ROWS_PRINTED} are above)"
+            print(note, file=sys.stderr, flush=True)
+
+
 def _progress_file(task: ShardTask) -> str:
     return os.path.join(os.path.dirname(task.path), _PROGRESS_DIR, os.path.basename(task.path) + ".json")
 
 
-def _write_shard(source, task: ShardTask) -> dict:
-    """Writes one shard, reporting its bad inputs as they are found; returns what the
-    metadata needs of it (`num_records`, `labels` (ids), `skipped` [where, reason] pairs,
-    `longest` text), kept from an earlier run when the shard is there and was written by
-    the same task."""
+def _write_shard(source, task: ShardTask, max_bad: int, printed: _BadInputsPrinted) -> dict:
+    """Writes one shard, reporting its bad inputs as they are found (`printed`); returns
+    what the metadata needs of it (`num_records`, `labels` (ids), `skipped` [where,
+    reason] pairs, `longest` text), kept from an earlier run when the shard is there and
+    was written by the same task. Stops at its bad input `max_bad + 1`: the split is over
+    its budget then, whatever the other shards hold (the caller removes what was written)."""
     progress = _progress_file(task)
     if os.path.exists(task.path) and os.path.exists(progress):
         with open(progress) as f:
@@ -72,8 +93,10 @@ def _write_shard(source, task: ShardTask) -> dict:
         nonlocal longest
         for example in source.examples(task.split, task.start, task.stop):
             if isinstance(example, BadInput):
-                print(f"skipped {example.where}: {example.reason}", file=sys.stderr, flush=True)
+                printed.report(example)
                 skipped.append([example.where, example.reason])
+                if len(skipped) > max_bad:
+                    return
                 continue
             if "label" in example:
                 labels.append(example["label"])
@@ -82,6 +105,8 @@ def _write_shard(source, task: ShardTask) -> dict:
 
     count = records.write_shard(task.path, good_examples())
     result = {"num_records": count, "labels": labels, "skipped": skipped, "longest": longest}
+    if len(skipped) > max_bad:  # stopped: nothing to keep for a rerun
+        return result
     os.makedirs(os.path.dirname(progress), exist_ok=True)
     with open(f"{progress}.tmp", "w") as f:
         json.dump(result | {"key": task.key}, f)
@@ -89,17 +114,18 @@ def _write_shard(source, task: ShardTask) -> dict:
     return result
 
 
-_worker_source = None  # the source, in a writer process
+_worker_args = None  # (source, max_bad, printed): `_write_shard`'s, in a writer process
 
 
-def _set_worker_source(source) -> None:
-    global _worker_source
-    _worker_source = source
+def _set_worker_args(source, max_bad: int, printed: _BadInputsPrinted) -> None:
+    global _worker_args
+    _worker_args = source, max_bad, printed
 
 
 def _write_shard_in_worker(numbered_task: tuple[int, ShardTask]) -> tuple[int, dict]:
     number, task = numbered_task
-    return number, _write_shard(_worker_source, task)
+    source, max_bad, printed = _worker_args
+    return number, _write_shard(source, task, max_bad, printed)
 
 
 def _run(source, tasks: list[ShardTask], workers: int, max_bad: int) -> list[dict]:
@@ -127,16 +153,18 @@ def _run(source, tasks: list[ShardTask], workers: int, max_bad: int) -> list[dic
             raise _TooManyBad(_too_many_bad(tasks[0].split, skipped, max_bad))
 
     if workers <= 1 or len(tasks) == 1:
+        printed = _BadInputsPrinted()
         for number, task in enumerate(tasks):
-            report(number, _write_shard(source, task))
+            report(number, _write_shard(source, task, max_bad, printed))
         return results
+    context = multiprocessing.get_context("spawn")
     # An executor, not a multiprocessing.Pool: a process that dies raises BrokenProcessPool
     # here (a Pool would start another and wait forever).
     with concurrent.futures.ProcessPoolExecutor(
         min(workers, len(tasks)),
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_set_worker_source,
-        initargs=(source,),
+        mp_context=context,
+        initializer=_set_worker_args,
+        initargs=(source, max_bad, _BadInputsPrinted(context)),
     ) as pool:
         futures = [pool.submit(_write_shard_in_worker, t) for t in enumerate(tasks)]
         try:

@@ -407,6 +407,23 @@ def test_a_label_column_of_names_where_ids_are_wanted_stops_in_one_line(tmp_path
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith("test")]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_all_bad_table_prints_20_bad_rows_then_counts_and_stops_at_its_budget(tmp_path, image_files, workers):
+    """200 bad rows with room for 100 (--max-bad=0.5): at most 20 are printed, then one line
+    says the rest are counted (the count is shared by the writer processes); one worker
+    stops at bad row 101, not 200; the whole output is at most 25 lines and exit 2."""
+    table = named_table(tmp_path, "csv", [("img/corrupt.jpg", "cat")] * 200)
+    shards = ["--shards=1"] if workers == 1 else ["--shards=2", "--workers=2"]
+    result = run_command(f"--source=csv:{table}", f"--out={tmp_path / 'out'}", "--max-bad=0.5", *shards)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) <= 25, lines
+    assert sum(line.startswith("skipped ") for line in lines) == 20
+    assert sum(line.startswith("... more bad inputs") for line in lines) == 1
+    if workers == 1:
+        assert lines[-1].startswith("error: split 'train': 101 inputs bad so far, more than the 100 --max-bad allows")
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+
+
 def test_more_bad_inputs_than_max_bad_stop_and_keep_no_split(tmp_path, image_files):
     rows = [("img/rgb.jpg", "cat")] * 150 + [("img/corrupt.jpg", "cat")] * 2  # 2 of 152: 1.3%
     table = named_table(tmp_path, "csv", rows)
