@@ -261,3 +261,18 @@ def test_an_old_path_is_the_moved_module_itself():
 def test_the_graph_reader_finds_a_circle_and_the_floors():
     circles, floors = circles_and_floors({"a": {"b"}, "b": {"c"}, "c": {"b", "d"}, "d": set()})
     assert circles == [["b", "c"]] and floors == ["a", "b", "d"]
+
+
+def test_models_import_nothing_from_the_losses():
+    """A model normalises its embeddings with `embeddings.l2_normalize`, below both
+    wings; the models once imported the whole losses package for it."""
+    graph = import_graph()
+    imports = {m: {i for i in graph[m] if room(i) == "losses"} for m in graph if room(m) == "models"}
+    assert {m: i for m, i in imports.items() if i} == {}
+
+
+def test_no_two_package_modules_share_a_file_name():
+    """One file per name (`__init__.py` aside): `models/two_tower.py` and
+    `models/released/two_tower.py` were two."""
+    names = [path.name for path in MODULES if path.name != "__init__.py"]
+    assert sorted({name for name in names if names.count(name) > 1}) == []

@@ -9,7 +9,7 @@ a doctest (``pytest`` collects this package's modules with ``--doctest-modules``
 the paper it comes from.
 """
 
-from contrastive_jax.losses._common import l2_normalize
+from contrastive_jax.embeddings import l2_normalize
 from contrastive_jax.losses.beyond_batch import dcl_loss, sogclr_init_state, sogclr_loss
 from contrastive_jax.losses.classification import (
     binary_cross_entropy,
@@ -34,15 +34,15 @@ from contrastive_jax.losses.queues import (
     xbm_loss,
 )
 from contrastive_jax.losses.registry import LOSSES
-from contrastive_jax.losses.softmax_sigmoid import (
+from contrastive_jax.losses.sigmoid import siglip_loss
+from contrastive_jax.losses.softmax import (
     clip_loss,
     infonce_loss,
     infonce_loss_floor,
     npairs_loss,
     ntxent_loss,
-    siglip_loss,
-    supcon_loss,
 )
+from contrastive_jax.losses.supcon import supcon_loss
 
 __all__ = [
     "LOSSES",

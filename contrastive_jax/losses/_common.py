@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax import compat
+from contrastive_jax.embeddings import at_least_float32, l2_normalize  # noqa: F401  (the kernels' names)
 
 # Masked logits use a large finite negative rather than -inf, so that a row whose every
 # candidate is masked still has a finite logsumexp and finite gradients.
@@ -164,11 +165,6 @@ def global_mean(per_row: jax.Array, axis_name, weights: jax.Array | None = None)
 # ---------------------------------------------------------------------- similarities
 
 
-def at_least_float32(x: jax.Array) -> jax.Array:
-    """``x`` in float32, or wider if it already is (bfloat16 -> float32; float64 kept)."""
-    return jnp.asarray(x).astype(jnp.promote_types(jnp.result_type(x), jnp.float32))
-
-
 def similarity(x: jax.Array, y: jax.Array) -> jax.Array:
     """Dot products ``x @ y.T`` in at least float32 (embeddings may be bfloat16): ``[B, N]``."""
     dtype = jnp.promote_types(jnp.promote_types(x.dtype, y.dtype), jnp.float32)
@@ -186,9 +182,3 @@ def squared_distances(x: jax.Array, y: jax.Array) -> jax.Array:
 def safe_sqrt(x: jax.Array) -> jax.Array:
     """``sqrt`` with a finite gradient at 0 (duplicate embeddings)."""
     return jnp.sqrt(jnp.maximum(x, 1e-12))
-
-
-def l2_normalize(x: jax.Array) -> jax.Array:
-    """Rows of ``x: [..., D]`` scaled to unit norm, in float32 or wider (finite at 0)."""
-    x = at_least_float32(x)
-    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-12))

@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax import losses
+from contrastive_jax.embeddings import l2_normalize
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.models import encoders, transformer
 
@@ -90,11 +90,11 @@ class TwoTower(nn.Module):
     def __call__(self, a, b=None, *, train: bool = False):
         a, b = _scaled_pixels(a), _scaled_pixels(b)
         ya = self.head_a(self.tower_a(a, train=train))
-        out = {"za": losses.l2_normalize(ya)}
+        out = {"za": l2_normalize(ya)}
         if b is not None:
             tower_b = self.tower_b or self.tower_a
             head_b = self.head_b or self.head_a
-            out["zb"] = losses.l2_normalize(head_b(tower_b(b, train=train)))
+            out["zb"] = l2_normalize(head_b(tower_b(b, train=train)))
         log_inv = math.log(1.0 / self.temperature_init)
         if self.learn_temperature:
             log_inv = self.param(TEMPERATURE_PARAM, nn.initializers.constant(log_inv), ())
@@ -113,7 +113,7 @@ class TwoTower(nn.Module):
         tower, head = (
             (self.tower_a, self.head_a) if side == "a" else (self.tower_b or self.tower_a, self.head_b or self.head_a)
         )
-        return losses.l2_normalize(head(tower(_scaled_pixels(x), train=train)))
+        return l2_normalize(head(tower(_scaled_pixels(x), train=train)))
 
 
 def _scaled_pixels(x):

@@ -25,7 +25,7 @@ import numpy as np
 from flax import traverse_util
 
 from contrastive_jax.models import transformer
-from contrastive_jax.models.released.two_tower import ReleasedTwoTower, TwoTowerSettings, param_shapes
+from contrastive_jax.models.released.base_model import ReleasedTwoTower, TwoTowerSettings, param_shapes
 from contrastive_jax.models.transformer import TowerSettings
 from contrastive_jax.models.two_tower import TEMPERATURE_PARAM
 

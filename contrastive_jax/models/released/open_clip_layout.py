@@ -25,7 +25,12 @@ import numpy as np
 from flax import traverse_util
 
 from contrastive_jax.models import transformer
-from contrastive_jax.models.released.two_tower import OPEN_CLIP_CONFIG, ReleasedTwoTower, TwoTowerSettings, param_shapes
+from contrastive_jax.models.released.base_model import (
+    OPEN_CLIP_CONFIG,
+    ReleasedTwoTower,
+    TwoTowerSettings,
+    param_shapes,
+)
 from contrastive_jax.models.transformer import TowerSettings
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)

@@ -9,7 +9,7 @@ from typing import ClassVar
 import flax.linen as nn
 import jax.numpy as jnp
 
-from contrastive_jax import losses
+from contrastive_jax.embeddings import l2_normalize
 from contrastive_jax.models.transformer import TowerSettings
 from contrastive_jax.models.two_tower import TEMPERATURE_PARAM
 
@@ -69,9 +69,9 @@ class ReleasedTwoTower(nn.Module):
         ids `[B, L]` (`"b"`) -> `[B, D]` L2-normalised float32."""
         if side == "a":
             pixels = x.astype(jnp.float32) / 255.0 if x.dtype == jnp.uint8 else x.astype(jnp.float32)
-            return losses.l2_normalize(self.img(self.normalize_pixels(pixels)))
+            return l2_normalize(self.img(self.normalize_pixels(pixels)))
         if side == "b":
-            return losses.l2_normalize(self.txt(x))
+            return l2_normalize(self.txt(x))
         raise ValueError(f"side={side!r}: use 'a' (images) or 'b' (texts).")
 
 
