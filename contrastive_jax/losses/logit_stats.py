@@ -1,8 +1,9 @@
 """Statistics of the ``[B, M]`` logits of a loss, dense or streamed in cache-sized tiles.
 
-The softmax- and sigmoid-family losses in :mod:`contrastive_jax.losses.softmax_sigmoid`
-each reduce their logits ``s_ij = x_i . y_j / temperature (+ bias)`` to a few numbers
-per local row ``i`` (and, for the symmetric CLIP loss, per column ``j``):
+The softmax- and sigmoid-family losses (:mod:`contrastive_jax.losses.softmax`,
+:mod:`~contrastive_jax.losses.sigmoid`, :mod:`~contrastive_jax.losses.supcon`) each
+reduce their logits ``s_ij = x_i . y_j / temperature (+ bias)`` to a few numbers per local
+row ``i`` (and, for the symmetric CLIP loss, per column ``j``):
 
 * ``row_lse[i]``: logsumexp over the row's candidates (optionally without the row's own
   column, for losses whose anchors are also candidates);

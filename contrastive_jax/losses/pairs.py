@@ -17,6 +17,7 @@ from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 # What the in-batch metrics read: the row logsumexps and each row's and column's largest
 # logit other than its own pair's.
 METRICS = PairSpec(row_logsumexp=True, best=True)
+NO_METRICS = PairSpec()
 
 
 def local_ids(local_batch: int, axis_name) -> jax.Array:
@@ -27,6 +28,20 @@ def local_ids(local_batch: int, axis_name) -> jax.Array:
 def paired_logits(x: jax.Array, y: jax.Array, temperature) -> jax.Array:
     """Logits ``[B]`` of the local pairs ``x_i . y_i / temperature`` (the targets)."""
     return jnp.sum(_common.at_least_float32(x) * _common.at_least_float32(y), axis=1) / temperature
+
+
+def check_ids(ids: jax.Array, batch_size: int, name: str) -> None:
+    """Raises ValueError unless ``ids`` (argument ``name``) are ints ``[B]`` or ``[B, K]``."""
+    if ids.ndim not in (1, 2) or ids.shape[0] != batch_size or not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(
+            f"{name} must be ints of shape [B] or [B, K] with B = {batch_size} "
+            f"(one row per pair), got {ids.dtype} {ids.shape}."
+        )
+
+
+def with_metrics(loss, metrics, return_metrics: bool):
+    """``(loss, metrics())`` with ``return_metrics``, else ``loss`` (``metrics`` not run)."""
+    return (loss, metrics()) if return_metrics else loss
 
 
 def check_paired(a, b, names, temperature, axis_name) -> None:

@@ -35,7 +35,7 @@ from contrastive_jax.errors import check_multiple
 from contrastive_jax.losses import _common, logit_stats
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 from contrastive_jax.losses.pairs import check_paired, local_ids, paired_logits
-from contrastive_jax.losses.softmax_sigmoid import SUPCON, supcon_from_stats
+from contrastive_jax.losses.supcon import SUPCON, supcon_from_stats
 
 # The label-based losses XBM extends to the memory (their per-anchor terms stream).
 XBM_LOSSES = ("contrastive", "multi_similarity", "supcon")

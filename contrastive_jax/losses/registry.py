@@ -53,14 +53,9 @@ from contrastive_jax.losses.queues import (
     momentum_update,
     xbm_loss,
 )
-from contrastive_jax.losses.softmax_sigmoid import (
-    clip_loss,
-    infonce_loss,
-    npairs_loss,
-    ntxent_loss,
-    siglip_loss,
-    supcon_loss,
-)
+from contrastive_jax.losses.sigmoid import siglip_loss
+from contrastive_jax.losses.softmax import clip_loss, infonce_loss, npairs_loss, ntxent_loss
+from contrastive_jax.losses.supcon import supcon_loss
 from contrastive_jax.sharding import BATCH_AXES
 
 

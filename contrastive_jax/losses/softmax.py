@@ -1,4 +1,5 @@
-"""Softmax- and sigmoid-family contrastive losses over the global batch.
+"""The softmax-family contrastive losses over the global batch: InfoNCE, CLIP, NT-Xent,
+N-pairs.
 
 Every function here is written once, in the global view. With ``axis_name=None`` it is
 the plain single-device loss. Inside ``jax.shard_map`` (or ``jax.pmap``) with
@@ -8,16 +9,17 @@ candidates are all-gathered over ``axis_name``, the local rows are scored agains
 over the global batch -- the same value on every device, and the same gradients as the
 single-device loss on the concatenated batch.
 
-The softmax and sigmoid losses also take ``chunk_size``, ``collective`` and
-``matmul_dtype``, which change how the logits are computed, not the result (see
+The streamed losses also take ``chunk_size``, ``collective`` and ``matmul_dtype``, which
+change how the logits are computed, not the result (see
 :mod:`contrastive_jax.losses.logit_stats`): ``chunk_size=None`` builds the ``[B, N]``
 logits; an int streams cache-sized tiles with an online logsumexp (memory O(N D +
 chunk_size^2)); ``collective="ring"`` passes the other side's shards around the devices
 with ``ppermute`` instead of all-gathering them; ``matmul_dtype="bfloat16"`` is mixed
-precision. Each loss is one per-row formula -- a row logsumexp minus a target logit, or a
-sum of log-sigmoids -- over the statistics :mod:`~contrastive_jax.losses.logit_stats`
-returns in every mode. ``clip_loss``, ``infonce_loss`` and ``siglip_loss`` also return
-the in-batch metrics from those statistics (``return_metrics=True``).
+precision. Each loss is one per-row formula -- a row logsumexp minus a target logit --
+over the statistics :mod:`~contrastive_jax.losses.logit_stats` returns in every mode.
+``clip_loss`` and ``infonce_loss`` also return the in-batch metrics from those
+statistics (``return_metrics=True``). The sigmoid loss is in
+:mod:`~contrastive_jax.losses.sigmoid`, SupCon in :mod:`~contrastive_jax.losses.supcon`.
 
 Embeddings are expected L2-normalised (the model owns normalisation), so similarities
 are cosines in [-1, 1] and logits are ``cosine / temperature``. Temperature is
@@ -39,37 +41,6 @@ from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 _ROWS = PairSpec(row_logsumexp=True)
 _ROWS_AND_COLUMNS = PairSpec(row_logsumexp=True, col_logsumexp=True)
 _ROWS_NOT_SELF = PairSpec(row_logsumexp=True, exclude_self=True)
-_NO_METRICS = PairSpec()
-
-
-def _positive_terms(logits, same_id, same_label):
-    """SupCon's per-pair terms: the logit of each positive, and the positive indicator."""
-    positives = same_label & ~same_id
-    return {
-        "positive_logits": jnp.where(positives, logits, 0.0),
-        "num_positives": positives.astype(jnp.float32),
-    }
-
-
-def _sigmoid_terms(logits, same_id, same_label):
-    """SigLIP's per-pair term ``log sigmoid(z_ij * logit_ij)``, z = +1 on the diagonal."""
-    return {"log_sigmoid": jax.nn.log_sigmoid(jnp.where(same_id, logits, -logits))}
-
-
-SUPCON = PairSpec(row_logsumexp=True, exclude_self=True, pair_terms=_positive_terms)
-_SIGLIP = PairSpec(pair_terms=_sigmoid_terms)
-
-
-def _check_group_ids(ids: jax.Array, batch_size: int) -> None:
-    if ids.ndim not in (1, 2) or ids.shape[0] != batch_size or not jnp.issubdtype(ids.dtype, jnp.integer):
-        raise ValueError(
-            f"false_negative_ids must be ints of shape [B] or [B, K] with B = {batch_size} "
-            f"(one row per pair), got {ids.dtype} {ids.shape}."
-        )
-
-
-def _with_metrics(loss, metrics, return_metrics: bool):
-    return (loss, metrics()) if return_metrics else loss
 
 
 def infonce_loss(
@@ -138,7 +109,7 @@ def infonce_loss(
         temperature=temperature,
         axis_name=axis_name,
         streaming=Streaming(chunk_size, collective, matmul_dtype),
-        aux_spec=pairs.METRICS._replace(row_logsumexp=False) if return_metrics else _NO_METRICS,
+        aux_spec=pairs.METRICS._replace(row_logsumexp=False) if return_metrics else pairs.NO_METRICS,
     )
     positive = pairs.paired_logits(queries, keys, temperature)
     # The total spread evenly over the local rows: only its sum enters the mean.
@@ -146,7 +117,7 @@ def infonce_loss(
     metrics = lambda: pairs.retrieval_metrics(  # noqa: E731
         queries, keys, aux._replace(row_lse=row_lse), positive, temperature, axis_name
     )
-    return _with_metrics(loss, metrics, return_metrics)
+    return pairs.with_metrics(loss, metrics, return_metrics)
 
 
 def npairs_loss(anchors: jax.Array, positives: jax.Array, *, l2_reg: float = 0.0, axis_name=None) -> jax.Array:
@@ -273,7 +244,7 @@ def clip_loss(
     """
     pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
     if false_negative_ids is not None:
-        _check_group_ids(false_negative_ids, a.shape[0])
+        pairs.check_ids(false_negative_ids, a.shape[0], "false_negative_ids")
     ids = RowIds(pairs.local_ids(a.shape[0], axis_name), false_negative_ids)
     spec = _ROWS_AND_COLUMNS._replace(best=return_metrics, exclude_shared_label=false_negative_ids is not None)
     stats = logit_stats.pair_stats(
@@ -289,92 +260,7 @@ def clip_loss(
     positive = pairs.paired_logits(a, b, temperature)
     loss = _common.global_mean(0.5 * (stats.row_lse + stats.col_lse) - positive, axis_name)
     metrics = lambda: pairs.retrieval_metrics(a, b, stats, positive, temperature, axis_name)  # noqa: E731
-    return _with_metrics(loss, metrics, return_metrics)
-
-
-def siglip_loss(
-    a: jax.Array,
-    b: jax.Array,
-    *,
-    temperature,
-    bias,
-    axis_name=None,
-    chunk_size: int | str | None = None,
-    collective: str = "all_gather",
-    matmul_dtype: str | None = None,
-    return_metrics: bool = False,
-):
-    """SigLIP pairwise sigmoid loss (Zhai et al. 2023).
-
-    Every pair (i, j) is an independent binary problem with logit
-    ``a_i . b_j / temperature + bias`` and label ``z_ij`` = +1 if i == j else -1::
-
-        loss = -1/N sum_i sum_j log sigmoid(z_ij (a_i . b_j / temperature + bias))
-
-    There is no normaliser, so streamed the gradient is formed in the forward pass
-    (one pass, 6 N^2 D flops), with the ring too.
-
-    Args:
-      a: ``[B, D]`` L2-normalised embeddings.
-      b: ``[B, D]`` L2-normalised embeddings, row i paired with ``a[i]``.
-      temperature: scalar > 0 (SigLIP initialises 1/temperature = 10).
-      bias: scalar (SigLIP initialises -10 so the many negatives start near 0 loss).
-      axis_name: mesh axis to gather ``b`` over, or None.
-      chunk_size: None for the dense ``[B, N]`` logits, an int tile edge (it must divide
-        N; the local B with the ring) or ``"auto"``; changes the memory, not the result
-        (details: :mod:`contrastive_jax.losses.streaming`).
-      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
-      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
-      return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` (logits without the
-        bias) from the same tiles, without gradient and without another matmul (it
-        adds one logsumexp per tile).
-
-    Returns:
-      Scalar: ``-sum_j log sigmoid(z_ij * logit_ij)``, summed over all N columns and
-      averaged over the N rows; with ``return_metrics``, ``(loss, metrics)``.
-
-    Raises:
-      ValueError: ``a`` and ``b`` are not two ``[B, D]`` arrays of one shape,
-        ``temperature`` is not > 0, or ``axis_name`` is not bound.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> from contrastive_jax import losses
-      >>> a = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
-      >>> b = jnp.array([[0.8, 0.6], [-0.6, 0.8], [0.28, 0.96]])
-      >>> round(float(losses.siglip_loss(a, b, temperature=0.1, bias=-10.0)), 4)
-      2.121
-
-    References:
-      X. Zhai, B. Mustafa, A. Kolesnikov, L. Beyer, `Sigmoid Loss for Language Image
-      Pre-Training <https://arxiv.org/abs/2303.15343>`__, ICCV 2023.
-    """
-    pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
-    ids = RowIds(pairs.local_ids(a.shape[0], axis_name), None)
-    total, _, aux = logit_stats.pair_total(
-        _SIGLIP,
-        a,
-        b,
-        ids,
-        ids,
-        temperature=temperature,
-        bias=bias,
-        axis_name=axis_name,
-        streaming=Streaming(chunk_size, collective, matmul_dtype),
-        aux_spec=pairs.METRICS if return_metrics else _NO_METRICS,
-    )
-    loss = _common.global_mean(jnp.full((a.shape[0],), -total / a.shape[0]), axis_name)
-
-    def metrics():
-        without_bias = aux._replace(
-            row_lse=aux.row_lse - bias,
-            row_best_negative=aux.row_best_negative - bias,
-            col_best_negative=aux.col_best_negative - bias,
-        )
-        positive = pairs.paired_logits(a, b, temperature)
-        return pairs.retrieval_metrics(a, b, without_bias, positive, temperature, axis_name)
-
-    return _with_metrics(loss, metrics, return_metrics)
+    return pairs.with_metrics(loss, metrics, return_metrics)
 
 
 def ntxent_loss(
@@ -443,79 +329,6 @@ def ntxent_loss(
     )
     positive = pairs.paired_logits(views, jnp.concatenate([z2, z1]), temperature)
     return _common.global_mean(total / views.shape[0] - positive, axis_name)
-
-
-def supcon_loss(
-    z: jax.Array,
-    labels: jax.Array,
-    *,
-    temperature,
-    axis_name=None,
-    chunk_size: int | str | None = None,
-    collective: str = "all_gather",
-    matmul_dtype: str | None = None,
-) -> jax.Array:
-    """Supervised contrastive loss (Khosla et al. 2020, L_out), several positives per anchor.
-
-    For anchor i with positives P(i) = {p != i : labels[p] == labels[i]}:
-    ``-1/|P(i)| sum_p log( exp(s_ip / T) / sum_{a != i} exp(s_ia / T) )``. For several
-    views per example, concatenate the views and repeat the labels.
-
-    Args:
-      z: ``[B, D]`` L2-normalised embeddings.
-      labels: ``[B]`` integer classes.
-      temperature: scalar > 0.
-      axis_name: mesh axis to gather embeddings and labels over, or None.
-      chunk_size: None for the dense ``[B, N]`` logits, an int tile edge (it must divide
-        N; the local B with the ring) or ``"auto"``; changes the memory, not the result
-        (details: :mod:`contrastive_jax.losses.streaming`).
-      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
-      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
-
-    Returns:
-      Scalar mean over the anchors of the global batch that have at least one positive
-      (anchors without one are skipped; 0 if none has).
-
-    Raises:
-      ValueError: ``z`` is not ``[B, D]``, ``labels`` not ``[B]`` ints,
-        ``temperature`` not > 0, or ``axis_name`` not bound.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> from contrastive_jax import losses
-      >>> z = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
-      >>> labels = jnp.array([0, 0, 1])  # anchor 2 has no positive: skipped
-      >>> round(float(losses.supcon_loss(z, labels, temperature=0.1)), 4)
-      7.0014
-
-    References:
-      P. Khosla et al., `Supervised Contrastive Learning
-      <https://arxiv.org/abs/2004.11362>`__, NeurIPS 2020.
-    """
-    _common.check_embeddings(z, "z")
-    _common.check_labels(labels, z.shape[0])
-    _common.check_temperature(temperature)
-    _common.check_axis_bound(axis_name)
-    ids = RowIds(pairs.local_ids(z.shape[0], axis_name), labels)
-    stats = logit_stats.pair_stats(
-        SUPCON,
-        z,
-        z,
-        ids,
-        ids,
-        temperature=temperature,
-        axis_name=axis_name,
-        streaming=Streaming(chunk_size, collective, matmul_dtype),
-    )
-    return supcon_from_stats(stats, axis_name)
-
-
-def supcon_from_stats(stats: logit_stats.PairStats, axis_name) -> jax.Array:
-    """SupCon's global mean from the statistics of its ``SUPCON`` spec (shared with the
-    cross-batch memory, whose candidates are the batch and the memory)."""
-    num_positives = stats.row_sums["num_positives"]
-    per_row = stats.row_lse - stats.row_sums["positive_logits"] / jnp.maximum(num_positives, 1.0)
-    return _common.global_mean(per_row, axis_name, weights=num_positives > 0)
 
 
 def infonce_loss_floor(num_candidates: int, *, temperature: float = 1.0) -> float:
