@@ -1,11 +1,11 @@
 """Trains and evaluates a config in a working directory, resuming from its newest
 checkpoint: `python -m contrastive_jax.main --config=configs/default.py --workdir=DIR`.
 
-The command alone: its flags, their parsing (a person's mistake as one line), and what it
-does around the run (start-up, errors, Ctrl-C and preemption, the summary). The run
-itself is `training.loop.train_and_evaluate(config, workdir)`, which a notebook or a
-script calls directly. Any config field can be overridden, e.g.
-`--config.loss.temperature=0.05 --config.train.num_train_steps=100`.
+The command alone: its flags and their parsing (a person's mistake as one line), then one
+call, `job.run_training`, for what it does around the run (start-up, errors, Ctrl-C and
+preemption, the summary). The run itself is `training.loop.train_and_evaluate(config,
+workdir)`, which a notebook or a script calls directly. Any config field can be
+overridden, e.g. `--config.loss.temperature=0.05 --config.train.num_train_steps=100`.
 
 What it prints: a first line (backend, devices, processes, batch, the step's memory per
 device), one line per logging step (a progress bar on a terminal), and at the end a
@@ -35,18 +35,14 @@ the same command resumes. Recipes for SLURM, JobSet and Cloud TPU pods are in la
 explained in docs/training.md ("Launch recipes").
 """
 
-import contextlib
 import os
 import sys
-import time
 from collections.abc import Sequence
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from contrastive_jax import console, run_dir
-from contrastive_jax.errors import ConfigError
-from contrastive_jax.simulated_devices import simulate_cpu_devices
+from contrastive_jax import console, job
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "a config file, e.g. configs/default.py; --config.<group>.<field>=value overrides a field"
@@ -138,16 +134,6 @@ def flag_error(error: Exception, argv: list[str]) -> str | None:
     return None
 
 
-def make_config_siblings_importable(config_path: str | None) -> None:
-    """A config in a `configs/` folder builds on its siblings (`from configs import
-    default`): puts that folder's parent on `sys.path`, wherever the command runs from."""
-    if config_path is None:
-        return
-    folder = os.path.dirname(os.path.abspath(config_path))
-    if os.path.basename(folder) == "configs" and os.path.dirname(folder) not in sys.path:
-        sys.path.insert(0, os.path.dirname(folder))
-
-
 def parse_flags(argv: list[str], config_flag, *, doc: str, held: Sequence) -> list[str]:
     """absl's parsing (which loads the config and applies `--config.x` overrides), with
     a person's mistake as one line and exit status 2, and `--help` as every command
@@ -156,7 +142,7 @@ def parse_flags(argv: list[str], config_flag, *, doc: str, held: Sequence) -> li
     if any(arg in console.HELP_FLAGS for arg in argv[1:]):
         print(console.help_text("python -m contrastive_jax.main", doc, [flags.FLAGS[h.name] for h in held]))
         sys.exit(0)
-    make_config_siblings_importable(config_path(argv))
+    job.make_config_siblings_importable(config_path(argv))
     try:
         remaining = flags.FLAGS(argv)
         config_flag.value.get("seed")  # a config file that failed to load raises here
@@ -173,88 +159,9 @@ def parse_flags(argv: list[str], config_flag, *, doc: str, held: Sequence) -> li
     return remaining
 
 
-def _stopped_message(stop, process_count: int, ctrl_c: bool) -> str:
-    """What a run stopped by SIGTERM or Ctrl-C (`loop.Preempted` `stop`) prints: the
-    step saved, where, and the command that resumes it."""
-    where = console.display_path(stop.directory)
-    if process_count == 1:
-        return (
-            f"{'Ctrl-C' if ctrl_c else 'SIGTERM'}: stopped after step {stop.step} and saved it in "
-            f"{where}. To resume, run:\n  {console.rerun_command(sys.argv)}"
-        )
-    # One signalled process stops all; JAX does not say which one it was.
-    return (
-        f"Stopped after step {stop.step} with the other processes (a SIGTERM or Ctrl-C reached "
-        f"one of them) and saved it in {where}. To resume, run all processes, with I = 0 ... "
-        f"{process_count - 1}:\n  {console.rerun_command(sys.argv, every_process=True)}"
-    )
-
-
-def run_training(
-    config,
-    workdir: str,
-    *,
-    verbose: bool,
-    coordinator_address: str | None,
-    num_processes: int | None,
-    process_id: int | None,
-    auto_detect: bool,
-    heartbeat_timeout_seconds: float,
-) -> None:
-    """Trains and evaluates `config` in `workdir` as the command line does: quiet logs
-    unless `verbose`, multi-process start-up, one-line errors (exit status 2, or 1 for a
-    bad loss), Ctrl-C and SIGTERM that save and print the command that resumes (exit
-    status 130 and `distributed.PREEMPTED_EXIT_STATUS`), and the summary table on stdout."""
-    if not verbose:
-        console.quiet_logs()
-    simulate_cpu_devices(config.num_simulated_devices)
-    ctrl_c = console.CtrlC()
-    ctrl_c.install()
-    # JAX starts here, after XLA_FLAGS is final.
-    with contextlib.nullcontext() if verbose else console.filtered_native_stderr():
-        import jax
-
-        from contrastive_jax.training import distributed, loop
-
-    try:
-        distributed.initialize(
-            coordinator_address=coordinator_address,
-            num_processes=num_processes,
-            process_id=process_id,
-            auto_detect=auto_detect,
-            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
-        )
-    except ConfigError as e:
-        console.exit_with_error(str(e), verbose=verbose)
-    if jax.process_index() != 0:
-        logging.set_verbosity(logging.WARNING)
-    started = time.perf_counter()
-    with distributed.ProcessWatchdog(  # another process lost: one line, exit status 75
-        timeout_seconds=heartbeat_timeout_seconds, command=console.rerun_command(sys.argv, every_process=True)
-    ):
-        try:
-            results = loop.train_and_evaluate(config, workdir)
-        except ConfigError as e:
-            console.exit_with_error(str(e), verbose=verbose)
-        except FloatingPointError as e:  # a bad loss: the message names the checkpoint
-            console.exit_with_error(str(e), verbose=verbose, status=1)
-        except loop.Preempted as e:
-            print(_stopped_message(e, jax.process_count(), ctrl_c.pressed), file=sys.stderr, flush=True)
-            sys.exit(console.INTERRUPTED if ctrl_c.pressed else distributed.PREEMPTED_EXIT_STATUS)
-        except KeyboardInterrupt:
-            console.exit_with_error(
-                f"Interrupted (Ctrl-C). To resume, run: {console.rerun_command(sys.argv)}",
-                verbose=verbose,
-                status=console.INTERRUPTED,
-            )
-    if jax.process_index() == 0:
-        step = run_dir.read_eval_results(workdir)["step"]
-        print(console.summary(workdir, step, results, seconds=time.perf_counter() - started))
-
-
 def main(argv):
     del argv
-    run_training(
+    job.run_training(
         _CONFIG.value,
         _WORKDIR.value,
         verbose=_VERBOSE.value or console.verbose_requested(sys.argv),
