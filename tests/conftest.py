@@ -131,11 +131,11 @@ def trained(load_config, digits_data_dir, tmp_path_factory):
     from subprocess_runs import tiny_fields
 
     from contrastive_jax.config_lib import override
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
 
     workdir = str(tmp_path_factory.mktemp("trained"))
     fields = tiny_fields(digits_data_dir, train__num_train_steps=2)
-    loop.train_and_evaluate(override(load_config("default"), fields), workdir)
+    run_plan.train_and_evaluate(override(load_config("default"), fields), workdir)
     return workdir
 
 

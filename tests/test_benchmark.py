@@ -104,7 +104,7 @@ def test_templates_inline_or_from_a_file(tmp_path):
 @pytest.mark.e2e
 def test_both_tasks_on_a_run_of_the_generated_image_text_set(load_config, shapes_data_dir, tmp_path):
     from contrastive_jax.config_lib import override
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
 
     fields = {  # CPU-sized towers: the small CNN for the pictures, one text layer
         "data.data_dir": shapes_data_dir,
@@ -118,7 +118,7 @@ def test_both_tasks_on_a_run_of_the_generated_image_text_set(load_config, shapes
         "checkpoint.every_steps": 4,
     }
     workdir = str(tmp_path / "run")
-    during_training = loop.train_and_evaluate(override(load_config("clip_shapes"), fields), workdir)
+    during_training = run_plan.train_and_evaluate(override(load_config("clip_shapes"), fields), workdir)
     out = tmp_path / "retrieval.json"
     assert benchmark.main([f"--workdir={workdir}", "--task=zeroshot_retrieval", f"--out={out}"]) == 0
     result = json.loads(out.read_text())

@@ -17,8 +17,8 @@ from subprocess_runs import ROOT, optimized_env
 from contrastive_jax import losses, run_dir, sharding
 from contrastive_jax.config_lib import override
 from contrastive_jax.data import input_pipeline, settings
-from contrastive_jax.training import loop, trainer
-from contrastive_jax.training.trainer import data_settings
+from contrastive_jax.training import run_plan
+from contrastive_jax.training.run_plan import data_settings
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits", "dml_digits_xbm")
@@ -69,14 +69,14 @@ def load_on_local_data(load_config, request, name):
 def test_config_is_locked_and_valid_on_1_and_8_devices(load_config, request, name):
     config = load_on_local_data(load_config, request, name)
     assert config.is_locked  # a misspelled field raises
-    trainer.build(config, sharding.make_mesh(8))
-    trainer.build(config, sharding.make_mesh(1))
+    run_plan.build(config, sharding.make_mesh(8))
+    run_plan.build(config, sharding.make_mesh(1))
 
 
 def abstract_train_step(config, batch):
     """Traces one train step on `batch`'s shapes without computing (jax.eval_shape)."""
     mesh = sharding.make_mesh()
-    run = trainer.build(config, mesh)
+    run = run_plan.build(config, mesh).trainer
     _, abstract_state = run.init_state(batch)
     global_batch = {
         k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding.data_sharding(mesh)) for k, v in batch.items()
@@ -130,7 +130,7 @@ def test_digits_config_trains_and_evaluates(load_config, digits_data_dir, tmp_pa
     config.train.num_train_steps = 2
     config.train.log_every_steps = 1
     config.eval.linear_probe = False
-    results = loop.train_and_evaluate(config, str(tmp_path))
+    results = run_plan.train_and_evaluate(config, str(tmp_path))
     expected = {"a_to_b/R@1", "b_to_a/R@1"} if name == "default" else {"retrieval/MAP@R"}
     assert expected <= set(results)
     assert all(np.isfinite(v) for v in results.values())
@@ -148,7 +148,7 @@ def test_cmudict_config_trains_and_evaluates(load_config, cmudict_data_dir, tmp_
     config.train.global_batch_size = 256
     config.train.num_train_steps = 2
     config.train.log_every_steps = 1
-    results = loop.train_and_evaluate(config, str(tmp_path))
+    results = run_plan.train_and_evaluate(config, str(tmp_path))
     # Retrieval both ways, homophones / alternates as answers.
     assert {"a_to_b/R@1", "a_to_b/R@10", "b_to_a/R@1"} <= set(results)
     assert all(np.isfinite(v) for v in results.values())

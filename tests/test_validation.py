@@ -12,7 +12,7 @@ from subprocess_runs import ROOT
 from contrastive_jax import run_dir, sharding
 from contrastive_jax.config_lib import override
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training import checkpoint, loop, trainer
+from contrastive_jax.training import checkpoint, run_plan, trainer
 
 
 @pytest.fixture
@@ -21,8 +21,8 @@ def config(tiny_config):
 
 
 def build(config):
-    """`trainer.build` on all 8 devices."""
-    return trainer.build(config, sharding.make_mesh())
+    """`run_plan.build` on all 8 devices."""
+    return run_plan.build(config, sharding.make_mesh())
 
 
 # (field, value, message): one bad config value and the error naming it and a fix.
@@ -172,7 +172,7 @@ def test_chunk_size_auto_is_a_config_value_the_trainer_takes(load_config, digits
     for collective in ("all_gather", "ring"):
         config.loss.chunk_size = "auto"  # chosen from N, D and the device when traced
         config.loss.collective = collective
-        assert build(config).loss_settings.chunk_size == "auto"
+        assert build(config).trainer.loss_settings.chunk_size == "auto"
 
 
 def test_misspelled_field_is_rejected_with_a_suggestion(config, tmp_path):
@@ -221,7 +221,7 @@ def test_bad_workdir_fails_before_any_work(config, tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setattr(trainer.Trainer, "init_state", None)  # would fail if reached
     with pytest.raises(ConfigError, match="cannot be created"):
-        loop.train_and_evaluate(config, str(blocker / "run"))
+        run_plan.train_and_evaluate(config, str(blocker / "run"))
 
 
 # --- resuming onto a checkpoint that does not fit -----------------------------------
@@ -239,7 +239,7 @@ ANOTHER_MODEL = [
 def test_resume_onto_another_model_is_refused(trained, config, field, value, message):
     config = override(config, {field: value, "train.num_train_steps": 4})
     with pytest.raises(checkpoint.IncompatibleCheckpointError) as error:
-        loop.train_and_evaluate(config, trained)
+        run_plan.train_and_evaluate(config, trained)
     text = str(error.value)
     assert "Cannot resume onto another model. checkpoint 2 in" in text
     assert "holds a state of another structure" in text
@@ -259,7 +259,7 @@ def test_resume_with_another_data_order_is_refused(trained, config, field, value
         ConfigError,
         match=rf"Cannot resume from checkpoint 2: it was written with config.{field}=.*so the data order and RNG would not continue it. Set --config.{field}=.*, or use a new --workdir",
     ):
-        loop.train_and_evaluate(config, trained)
+        run_plan.train_and_evaluate(config, trained)
 
 
 def test_resume_with_more_steps_is_allowed(trained, config, tmp_path):
@@ -267,5 +267,5 @@ def test_resume_with_more_steps_is_allowed(trained, config, tmp_path):
     workdir = str(tmp_path / "run")
     shutil.copytree(trained, workdir)
     config.train.num_train_steps = 3
-    loop.train_and_evaluate(config, workdir)
+    run_plan.train_and_evaluate(config, workdir)
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))

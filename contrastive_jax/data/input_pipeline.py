@@ -1,7 +1,7 @@
 """The input pipeline: deterministic, seekable batches streamed from record sets with grain.
 
 Every function here takes `settings.DataSettings` (plain values read from
-`config.data` once, by `trainer.build`: `trainer.data_settings`), never a config.
+`config.data` once, by `run_plan.build`: `run_plan.data_settings`), never a config.
 
 Tasks (`DataSettings.task`):
 
@@ -29,7 +29,7 @@ worker processes (0: threads of this process), `prefetch_batches` ahead of the s
 
 So the input position is just the step count: `train_dataset(data, start_step=s)`
 yields exactly the batches an uninterrupted run sees from step `s` on, with no replay,
-and a checkpoint only needs the step (see `training/loop.py`).
+and a checkpoint only needs the step (see `batch_numbering`, which numbers the batches).
 
 Batches are NumPy dicts of per-process arrays [B, ...]; the trainer assembles global
 arrays with `jax.make_array_from_process_local_data`.

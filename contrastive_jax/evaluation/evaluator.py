@@ -1,16 +1,36 @@
 """The evaluation a training run logs: `Evaluator` embeds the evaluation split (and, for
 the probes, training examples) with the current state, on the run's mesh, and computes
 the metrics that fit the data (`metrics`; `clip_benchmark.retrieval` over every caption).
-The loop (`loop.evaluation`) calls it every `config.eval.every_steps` and at the end.
+`evaluation` sets it up for a run, from its `EvalSettings` (`config.eval`); the training
+loop calls it every `config.eval.every_steps` and at the end.
 """
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
 from contrastive_jax import sharding
+from contrastive_jax.data import input_pipeline
+from contrastive_jax.data.settings import DataSettings, open_metadata
 from contrastive_jax.evaluation import clip_benchmark, metrics, padded_chunks
+from contrastive_jax.sharding import DATA_AXIS
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """What a run evaluates, as plain values: `run_plan.build` reads them from the config
+    once (`run_plan.eval_settings`). Each field is `config.eval.<name>` (its comment in
+    configs/default.py says what it does)."""
+
+    split: str
+    class_range: tuple[int, int] | None
+    batch_size: int
+    recall_ks: tuple[int, ...]
+    knn_k: int
+    linear_probe: bool
 
 
 class Evaluator:
@@ -113,3 +133,44 @@ class Evaluator:
         out["uniformity"] = metrics.uniformity(z["za"])
         out |= {f"collapse/{k}": v for k, v in metrics.collapse_diagnostics(z["za"]).items()}
         return out
+
+
+def evaluation(
+    run_mesh: jax.sharding.Mesh,
+    data: DataSettings,
+    settings: EvalSettings,
+    match_keys: tuple[str | None, str | None] | None,
+) -> Callable[[Any], dict[str, float]]:
+    """`state -> metrics`: a run's evaluation (`settings`' split and probes, on `data`;
+    `match_keys` the record set's, `RunPlan.match_keys`), for a state on `run_mesh`.
+
+    It runs whole in every process, on its own devices, from the state gathered whole
+    (the loss's state, which may be split over the devices, is not evaluated).
+    """
+    if jax.process_count() == 1:
+        mesh, local_state = run_mesh, lambda state: state.replace(loss_state=None)
+    else:
+        mesh = jax.sharding.Mesh(np.array(jax.local_devices()), (DATA_AXIS,))
+        gather = jax.jit(lambda state: state.replace(loss_state=None), out_shardings=sharding.replicated(run_mesh))
+        local_state = lambda state: jax.tree.map(  # noqa: E731
+            lambda x: jax.device_put(x.addressable_data(0), sharding.replicated(mesh)), gather(state)
+        )
+    eval_arrays = input_pipeline.eval_arrays(data, settings.split, class_range=settings.class_range)
+    probe_arrays = None
+    if "label" in eval_arrays and (settings.knn_k > 0 or settings.linear_probe):
+        probe_arrays = input_pipeline.eval_arrays(data, data.train_split, class_range=data.train_class_range)
+    captions = None
+    if data.task == "pairs" and open_metadata(data).has("captions") and settings.class_range is None:
+        captions = input_pipeline.eval_captions(data, settings.split)
+    evaluate = Evaluator(
+        mesh,
+        eval_arrays,
+        batch_size=settings.batch_size,
+        recall_ks=settings.recall_ks,
+        match_keys=match_keys or (None, None),
+        probe_arrays=probe_arrays,
+        knn_k=settings.knn_k,
+        linear_probe=settings.linear_probe,
+        captions=captions,
+    )
+    return lambda state: evaluate(local_state(state))

@@ -6,7 +6,7 @@ Each checkpoint `<workdir>/checkpoints/<step>/` holds three items:
   saved with `StandardSave`. It is restored onto whatever mesh the caller's abstract
   state names, so a checkpoint written on 8 devices restores on 1 (or 4, ...).
 * `data`: the input position as JSON, `{"next_step": s, "config": {...}}` (see
-  `resume.position`). The input pipeline is a pure function of (config, step), so the step is
+  `data.batch_numbering.position`). The input pipeline is a pure function of (config, step), so the step is
   the whole position; the config is kept to check that a resumed run continues the same
   stream (`resume.RESUME_FIELDS`) and to name the fields that changed when the model did.
 * `integrity`: a fingerprint of every state leaf (a position-weighted sum of its bytes)

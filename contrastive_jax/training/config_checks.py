@@ -1,6 +1,6 @@
 """The rules a config must follow before anything is read or compiled, each checked once.
 
-`check` runs them all, in the order `trainer.build` needs them (counts, data, the bad-loss
+`check` runs them all, in the order `run_plan.build` needs them (counts, data, the bad-loss
 settings, the loss's inputs, the batch over devices and processes, the streaming tiles,
 micro-batches, the loss's state), raising one `ConfigError` that names the field and a
 fix. The rules of one part live with it (`settings.check_data_config`,
@@ -40,7 +40,7 @@ def check(
     loss_settings: losses.LossSettings,
 ) -> tuple[int, records.Metadata]:
     """Checks `config` for `loss` on `num_devices` devices, with the data, bad-loss and
-    loss settings `trainer.build` read from it; returns the rows of the loss's per-example
+    loss settings `run_plan.build` read from it; returns the rows of the loss's per-example
     state table (0 without one) and the record set's metadata.
 
     Raises:

@@ -15,10 +15,10 @@ a resumed run judges as the uninterrupted one did). With `config.train.on_bad_lo
   so skipping is exact. More than `max_rollbacks` within `rollback_window_steps` steps
   stops as "stop" does, naming the bad steps.
 
-Batch numbers: batch t is the one step t reads when nothing was skipped (the input
-pipeline's `start_step=t-1`); with skips, step t reads the t-th batch not skipped.
-`config.train.inject_nan_at_batches` turns the float inputs of the batches with those
-numbers into NaN: a fault injection for tests and drills, off (empty) by default.
+Batch numbers (which batch each step reads, the skipped ones left out) are
+`data.batch_numbering`'s. `config.train.inject_nan_at_batches` turns the float inputs of
+the batches with those numbers into NaN (`BatchNumbering`): a fault injection for tests
+and drills, off (empty) by default.
 """
 
 import collections
@@ -27,12 +27,11 @@ import json
 import math
 import os
 import statistics
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from contrastive_jax import run_dir
+from contrastive_jax.data.batch_numbering import batch_number
 from contrastive_jax.errors import ConfigError
 
 ON_BAD_LOSS = ("stop", "rollback")
@@ -40,8 +39,8 @@ ON_BAD_LOSS = ("stop", "rollback")
 
 @dataclasses.dataclass(frozen=True)
 class GuardSettings:
-    """What `LossGuard` judges by, as plain values: `trainer.build` reads them from the
-    config once (`trainer.guard_settings`). Each field is `config.train.<name>` (its comment in
+    """What `LossGuard` judges by, as plain values: `run_plan.build` reads them from the
+    config once (`run_plan.guard_settings`). Each field is `config.train.<name>` (its comment in
     configs/default.py says what it does)."""
 
     on_bad_loss: str  # one of ON_BAD_LOSS
@@ -81,15 +80,6 @@ class BadLoss(Exception):
     def __init__(self, step: int, reason: str):
         super().__init__(f"{reason} at step {step}")
         self.step, self.reason = step, reason
-
-
-def batch_number(step: int, skipped: Collection[int]) -> int:
-    """The number of the batch step `step` reads: the `step`-th one not in `skipped`."""
-    number = step
-    for s in sorted(skipped):
-        if s <= number:
-            number += 1
-    return number
 
 
 class LossGuard:
@@ -185,37 +175,6 @@ class LossGuard:
         if self._lead:
             run_dir.write_json(self._path, self.rollbacks)
         return record
-
-    def first_batch(self, step: int) -> int:
-        """The number of the batch the step after `step` reads."""
-        return batch_number(step + 1, self.skipped)
-
-    def batches(
-        self, step: int, open_at: Callable[[int], Iterator], *, opened: Iterator | None = None
-    ) -> Iterator[dict[str, np.ndarray]]:
-        """The batches of steps `step + 1`, `step + 2`, ..., the skipped ones left out.
-
-        Args:
-          step: the step done.
-          open_at: `open_at(n)` is the stream of NumPy batches from batch number `n` on.
-          opened: `open_at(self.first_batch(step))` if already opened.
-        """
-        number = self.first_batch(step)
-        stream = opened if opened is not None else open_at(number)
-        while True:
-            for batch in stream:
-                if number in self._settings.inject_nan_at_batches:
-                    batch = {
-                        k: np.full_like(v, np.nan) if np.issubdtype(v.dtype, np.floating) else v
-                        for k, v in batch.items()
-                    }
-                yield batch
-                number += 1
-                if number in self.skipped:
-                    break
-            while number in self.skipped:
-                number += 1
-            stream = open_at(number)
 
     def line(self, record: Mapping[str, Any]) -> str:
         """The log line of the rollback `roll_back` just recorded."""

@@ -1,16 +1,16 @@
 """Will the step fit? The train step's per-device memory, from its compilation, checked
 against the device's before the first step.
 
-`compile_train_step` has the trainer compile its train step for the global batch's
+`compile_train_step` has the run's trainer compile its train step for the global batch's
 shapes (`Trainer.compile_step`: the executable the loop then calls, so the check costs
 nothing when the step fits) and reads XLA's `memory_analysis()`: arguments + outputs - donated (aliased) buffers +
 temporaries + generated code, per device. The device's memory is `config.train.memory_limit_gib` when
 set, else the accelerator's limit (`memory_stats()["bytes_limit"]`), else, on the CPU,
 the host's available memory shared by its simulated devices. A step that needs more is a
 `ConfigError` naming the figures and the settings that would fit, each measured by
-compiling the trainer's variant with it (`loss.chunk_size`, `loss.collective="ring"`,
+compiling the run's variant with it (`RunPlan.variant`) (`loss.chunk_size`, `loss.collective="ring"`,
 `mesh.fsdp`, `model.remat`, `train.micro_batch_size`, `model.compute_dtype`): only then are other
-steps compiled. A leaf: it imports neither the trainer nor the config.
+steps compiled. A leaf: it imports neither the run plan nor the config.
 """
 
 import dataclasses
@@ -104,12 +104,12 @@ def _host_available_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def compile_train_step(trainer, abstract_state, element_spec) -> tuple[Callable, StepMemory]:
-    """The train step compiled for the global batch (`trainer.compile_step`), and its
+def compile_train_step(plan, abstract_state, element_spec) -> tuple[Callable, StepMemory]:
+    """The train step compiled for the global batch (`Trainer.compile_step`), and its
     memory per device.
 
     Args:
-      trainer: the run's `trainer.Trainer`.
+      plan: the run's `run_plan.RunPlan`.
       abstract_state: the state as `jax.ShapeDtypeStruct` leaves with shardings.
       element_spec: the input pipeline's `element_spec` (this process's rows).
 
@@ -121,20 +121,20 @@ def compile_train_step(trainer, abstract_state, element_spec) -> tuple[Callable,
       ConfigError: the step needs more memory than the device has; the message gives
         both figures and the settings that fit, each with its measured need.
     """
-    available, source = device_memory(trainer.memory_limit_gib)  # checked before compiling
-    compiled = trainer.compile_step(abstract_state, element_spec)
+    available, source = device_memory(plan.memory_limit_gib)  # checked before compiling
+    compiled = plan.trainer.compile_step(abstract_state, element_spec)
     memory = StepMemory(needed_bytes(compiled), available, source)
     if not memory.fits:
-        raise ConfigError(_does_not_fit(trainer, element_spec, memory))
+        raise ConfigError(_does_not_fit(plan, element_spec, memory))
     return compiled, memory
 
 
-def _does_not_fit(trainer, element_spec, memory: StepMemory) -> str:
+def _does_not_fit(plan, element_spec, memory: StepMemory) -> str:
     """The message for a step that does not fit: the figures, then what would fit."""
     measured = []  # (flags, bytes) of each candidate that builds
-    for fields in candidates(trainer):
+    for fields in candidates(plan):
         try:
-            other = trainer.variant(fields)
+            other = plan.variant(fields).trainer
         except ConfigError:
             continue
         _, abstract_state = other.init_state(element_spec)
@@ -160,15 +160,15 @@ def _does_not_fit(trainer, element_spec, memory: StepMemory) -> str:
     )
 
 
-def candidates(trainer) -> list[dict[str, Any]]:
-    """Config overrides that lower a `trainer.Trainer`'s step memory, the least
+def candidates(plan) -> list[dict[str, Any]]:
+    """Config overrides that lower the step memory of a run (`run_plan.RunPlan`), the least
     intrusive first: stream the logits in tiles, pass the other side's shards around a
     ring, split the parameters and optimizer state over each host's devices
     (`mesh.fsdp`), recompute each Transformer block in the backward pass (`model.remat`,
     for towers that have blocks), micro-batches, bfloat16 activations (each one the run
     does not already use)."""
-    loss = trainer.loss_settings
-    n, num_devices = trainer.data.global_batch_size, sharding.batch_shards(trainer.mesh)
+    trainer, loss = plan.trainer, plan.trainer.loss_settings
+    n, num_devices = trainer.global_batch_size, sharding.batch_shards(trainer.mesh)
     tile = AUTO_TILE["cpu"]  # the largest divisor of the columns at most the CPU's tile
     found = []
     if loss.chunk_size is None:
@@ -178,13 +178,13 @@ def candidates(trainer) -> list[dict[str, Any]]:
         found.append({"loss.collective": "ring", "loss.chunk_size": ring_tile})
     if trainer.mesh.shape[sharding.FSDP_AXIS] == 1 and jax.local_device_count() > 1:
         found.append({"mesh.fsdp": jax.local_device_count()})
-    model = trainer.run_config["model"]
+    model = plan.run_config["model"]
     has_blocks = model["init_from"] or {model["encoder_a"], model["encoder_b"]} & encoders.TRANSFORMER_ENCODERS
     if has_blocks and model["remat"] == "none":
         found.append({"model.remat": "full"})
-    if not trainer.micro_batch_size and n % (8 * num_devices) == 0:
+    if not trainer.gradient.micro_batch_size and n % (8 * num_devices) == 0:
         streamed = {} if loss.chunk_size is not None else found[0]
         found.append({"train.micro_batch_size": n // 8, **streamed})
-    if trainer.compute_dtype == "float32":
+    if plan.compute_dtype == "float32":
         found.append({"model.compute_dtype": "bfloat16"})
     return found

@@ -1,4 +1,5 @@
-"""Training and evaluation scalars to `<workdir>/metrics.jsonl` and TensorBoard.
+"""Training and evaluation scalars to `<workdir>/metrics.jsonl` and TensorBoard, and the
+window of steps whose means the loop logs every k steps (`MetricWindow`).
 
 `clu.metric_writers` would do the same, but its last release is from April 2024; these
 lines keep the JSONL file exact across resumes (see `MetricWriter`) and write
@@ -13,10 +14,13 @@ import socket
 import time
 from collections.abc import Mapping
 
+import jax
+import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from contrastive_jax import run_dir
+from contrastive_jax.training import noise_scale
 
 
 class MetricWriter:
@@ -67,3 +71,85 @@ def _event_file(directory: str) -> RecordWriter:
     events = RecordWriter(open(path, "wb"))
     events.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
     return events
+
+
+class MetricWindow:
+    """The metrics of the steps since the last logging step, logged every k steps.
+
+    `record` takes a finished step's metrics (`guard.check` raising `loss_guard.BadLoss`
+    on a bad one) and, at a logging step (every `log_every_steps`, and the last of
+    `num_train_steps`), writes their means to `metrics_out` (a `MetricWriter`, replaced
+    after a rollback) and `progress` (`console.Progress`), with the time per step, the
+    examples per second, the share of the time spent waiting for input and the records
+    skipped.
+
+    Args:
+      global_batch, batch_shards: the run's global batch and the shards it is split
+        over (the noise scale's two batch sizes).
+      start_step: the step the loop starts after (its first step warms up, untimed).
+    """
+
+    def __init__(
+        self,
+        *,
+        log_every_steps: int,
+        num_train_steps: int,
+        global_batch: int,
+        batch_shards: int,
+        guard,
+        metrics_out: MetricWriter,
+        progress,
+        start_step: int,
+    ):
+        self._log_every_steps, self._num_train_steps = log_every_steps, num_train_steps
+        self._global_batch, self._batch_shards = global_batch, batch_shards
+        self._guard, self.metrics_out, self._progress = guard, metrics_out, progress
+        self._start_step = start_step
+        self._window: list[dict[str, float]] = []
+        self.skipped_records = 0
+        self.restart_timer()
+
+    def restart_timer(self) -> None:
+        """Times the steps from now (after a warm-up, a save or an evaluation)."""
+        self._timer_start, self._timed_steps, self._input_wait = time.perf_counter(), 0, 0.0
+
+    def waited(self, seconds: float) -> None:
+        """Counts `seconds` spent waiting for a batch."""
+        self._input_wait += seconds
+
+    def clear(self) -> None:
+        """Forgets the metrics of steps undone (a rollback)."""
+        self._window.clear()
+
+    @property
+    def empty(self) -> bool:
+        return not self._window
+
+    def record(self, step: int, metrics) -> None:
+        """Fetches a finished step's metrics, raises BadLoss on a bad one, logs every k."""
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        self._guard.check(step, values)
+        self._window.append(values)
+        if step == self._start_step + 1:  # the first step warms up: time the steps after it
+            self.restart_timer()
+        else:
+            self._timed_steps += 1
+        if step % self._log_every_steps == 0 or step == self._num_train_steps:
+            self._log(step)
+
+    def _log(self, step: int) -> None:
+        window, global_batch = self._window, self._global_batch
+        scalars = {f"train/{k}": float(np.mean([w[k] for w in window])) for k in window[0]}
+        elapsed = time.perf_counter() - self._timer_start
+        seconds_per_step = elapsed / max(self._timed_steps, 1)
+        if noise_scale.SMALL_KEY in window[0]:
+            scalars["train/noise_scale"] = noise_scale.window_b_simple(window, global_batch, self._batch_shards)
+        if self._timed_steps:
+            scalars["train/examples_per_second"] = global_batch / seconds_per_step
+            scalars["train/input_wait_share"] = self._input_wait / elapsed
+        if self.skipped_records:
+            scalars["train/skipped_records"] = self.skipped_records
+        self.metrics_out.write(step, scalars)
+        self._progress.log(step, scalars, seconds_per_step=seconds_per_step if self._timed_steps else None)
+        window.clear()
+        self.restart_timer()

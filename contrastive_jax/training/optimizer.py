@@ -4,7 +4,7 @@ masked weight decay, global-norm clipping; for fine-tuning, a frozen tower (LiT)
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import optax
@@ -18,7 +18,7 @@ SCHEDULES = ("cosine", "constant")
 @dataclasses.dataclass(frozen=True)
 class OptimSettings:
     """The optimizer's settings as plain values, read from the config by
-    `trainer.build`: each field is `config.optim.<name>` (its comment in
+    `run_plan.build`: each field is `config.optim.<name>` (its comment in
     configs/default.py says what it does)."""
 
     name: str
@@ -124,10 +124,17 @@ def _freezing(tx: optax.GradientTransformation, towers: Mapping[str, tuple[str, 
     return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
 
 
+class Optimizer(NamedTuple):
+    """An optimizer (`tx`) and the learning-rate schedule it follows (`schedule(step)`)."""
+
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+
+
 def make_optimizer(
     optim: OptimSettings, num_train_steps: int, towers: Mapping[str, tuple[str, ...]] | None = None
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """`(tx, schedule)`: the optimizer `config.optim` names, with clipping, layer-wise
+) -> Optimizer:
+    """`Optimizer(tx, schedule)`: the optimizer `config.optim` names, with clipping, layer-wise
     decay and a frozen tower; `towers` maps "a" and "b" to the top-level parameter names
     of each tower (`two_tower.TwoTower.TOWER_PARAMS`, `released.TOWER_PARAMS`).
 
@@ -163,4 +170,4 @@ def make_optimizer(
         tx = optax.chain(optax.clip_by_global_norm(optim.grad_clip_norm), tx)
     if optim.frozen_tower:
         tx = _freezing(tx, towers or {}, optim.frozen_tower)
-    return tx, schedule
+    return Optimizer(tx, schedule)

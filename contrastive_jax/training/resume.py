@@ -4,8 +4,8 @@
 corrupt ones, `checkpoint.Checkpointer.quarantine`) and refuses it, naming the fields
 that changed, when this run would not continue it: another seed, batch or data
 (`RESUME_FIELDS`: the input stream would differ) or another model or optimizer (another
-state structure). The config a checkpoint was written with is saved beside it
-(`position`).
+state structure). The config a checkpoint was written with is saved beside it, in its
+input position (`data.batch_numbering.position`).
 """
 
 from collections.abc import Mapping
@@ -13,6 +13,7 @@ from typing import Any
 
 from flax import traverse_util
 
+from contrastive_jax.data import batch_numbering
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.checkpoint import Checkpointer, CorruptCheckpointError, IncompatibleCheckpointError
 
@@ -33,7 +34,7 @@ RESUME_FIELDS = (
 
 def restore_latest(ckpt: Checkpointer, run_config: Mapping[str, Any], abstract_state: Any) -> tuple[int, Any | None]:
     """`(step, state)` of the newest intact checkpoint in `ckpt` that a run of
-    `run_config` (the config as JSON, `Trainer.run_config`) continues, or `(0, None)`
+    `run_config` (the config as JSON, `RunPlan.run_config`) continues, or `(0, None)`
     when there is none.
 
     Corrupt checkpoints are reported and quarantined, and the previous one is tried.
@@ -47,7 +48,7 @@ def restore_latest(ckpt: Checkpointer, run_config: Mapping[str, Any], abstract_s
         try:
             saved = ckpt.restore_position(step)
             _check_resume(saved, run_config, step)
-            return saved["next_step"], _restore_onto(ckpt, step, abstract_state, saved, run_config)
+            return batch_numbering.resumed_step(saved), _restore_onto(ckpt, step, abstract_state, saved, run_config)
         except CorruptCheckpointError as e:
             ckpt.quarantine(step, e)
     return 0, None
@@ -69,12 +70,6 @@ def _restore_onto(ckpt: Checkpointer, step, abstract_state, saved, run_config):
             f"{fields or 'none in model/loss/optim/data'}. Set them back to resume, or "
             "use a new --workdir to train the new model from scratch."
         ) from None
-
-
-def position(run_config: Mapping[str, Any], next_step: int) -> dict[str, Any]:
-    """The input position saved with a checkpoint: the pipeline restarts at `next_step`;
-    the config (`run_config`, as JSON) tells what stream it was."""
-    return {"next_step": next_step, "config": dict(run_config)}
 
 
 def _changed_fields(saved: Mapping[str, Any], run_config: Mapping[str, Any]) -> dict:

@@ -1,22 +1,18 @@
-"""What a training run is made of: `build(config, mesh)` checks the config while it
-assembles the `Trainer` (model, optimizer, loss from `losses.registry`), which creates
-the state and owns the train step and its jit.
+"""The train step: a `Trainer` creates the state on its mesh and owns the train step and
+its jit (`init_state`, `jit_train_step`, `compile_step`, the raw `train_step`, the loss
+over the global batch in `global_loss`).
 
-Everything here is cheap until a step is traced: `build` reads no data and compiles
-nothing, so a config that cannot train fails first, with a `ConfigError` naming the
-field and a fix. `loop.train_and_evaluate` runs the loop; tests and benchmarks call
-`build` and the raw `Trainer.train_step` directly.
+`run_plan.build(config, mesh)` makes one, with what the loop needs besides the step (a
+`run_plan.RunPlan`); tests and benchmarks call the raw `Trainer.train_step` directly.
 """
 
 import dataclasses
 import functools
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from flax.training import train_state
@@ -24,11 +20,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses, sharding
-from contrastive_jax.config_lib import group_values, override
-from contrastive_jax.data import settings
-from contrastive_jax.models import released, saved_model, two_tower
+from contrastive_jax.models import two_tower
 from contrastive_jax.sharding import BATCH_AXES
-from contrastive_jax.training import config_checks, grad_cache, loss_guard, noise_scale, optimizer
+from contrastive_jax.training import grad_cache, noise_scale, optimizer
 
 # Model outputs with a batch dimension (split over the mesh); the rest are replicated.
 BATCHED_OUTPUTS = ("za", "zb", "logits")
@@ -43,50 +37,33 @@ class TrainState(train_state.TrainState):
 
 
 @dataclasses.dataclass(frozen=True)
-class LoopSettings:
-    """The loop's cadences and evaluation, as plain values (`config.train`,
-    `config.checkpoint`, `config.eval`; their comments in configs/default.py)."""
+class GradientSettings:
+    """How the step takes the gradient of the global loss (`config.train`'s fields, their
+    comments in configs/default.py): in one pass (the default), in micro-batches
+    (`micro_batch_size` > 0), or per device to log the noise scale (`log_noise_scale`)."""
 
-    num_train_steps: int
-    log_every_steps: int
-    checkpoint_every_steps: int  # 0: only at the end
-    checkpoint_max_to_keep: int
-    eval_every_steps: int  # 0: only at the end
-    eval_split: str
-    eval_class_range: tuple[int, int] | None
-    eval_batch_size: int
-    recall_ks: tuple[int, ...]
-    knn_k: int
-    linear_probe: bool
+    micro_batch_size: int = 0  # examples per micro-batch over all devices; 0: none
+    micro_batch_method: str = "grad_cache"  # a name in grad_cache.MICRO_BATCH_METHODS
+    log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Trainer:
-    """The parts of a run that `build` checked against each other and the mesh."""
+    """The step of a run: its model, optimizer and loss on a mesh (`run_plan.build` checked
+    them against each other and the mesh)."""
 
     mesh: jax.sharding.Mesh
-    data: settings.DataSettings  # what the input pipeline reads
-    guard: loss_guard.GuardSettings  # what judges a step's loss
     model: two_tower.TwoTower
-    tx: optax.GradientTransformation
-    schedule: optax.Schedule
+    optim: optimizer.Optimizer  # the update (`tx`) and its learning-rate schedule
     loss: losses.Loss
     loss_settings: losses.LossSettings
-    loop: LoopSettings
-    run_config: dict[str, Any]  # the config as JSON, saved with each checkpoint (resume)
-    variant: Callable[[Mapping[str, Any]], "Trainer"]  # this trainer with config fields overridden
+    global_batch_size: int  # examples per step over all processes (`compile_step`'s batch)
     seed: int  # parameter init and dropout
-    micro_batch_size: int  # examples per micro-batch over all devices; 0: none
-    micro_batch_method: str  # a name in grad_cache.MICRO_BATCH_METHODS
-    compute_dtype: str  # the model's activations, a name in two_tower.COMPUTE_DTYPES
     id_keys: tuple[str, ...]  # the dataset's id keys, stacked into `groups`
-    match_keys: tuple[str, str] | None  # paired retrieval's id keys (records.Metadata)
+    gradient: GradientSettings = GradientSettings()
     loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
-    log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
     fsdp_min_bytes: int = 0  # arrays smaller than this stay replicated on the fsdp axis (sharding.fsdp_spec)
-    memory_limit_gib: float | None = None  # one device's memory; None: the device's own (memory_fit)
     initial_params: Any = None  # a released checkpoint's parameters (numpy); None: initialised from `seed`
-    saved_model: dict[str, Any] | None = None  # the model's settings as JSON (saved_model.describe), less the inputs
 
     def init_state(self, element_spec: Mapping[str, Any]) -> tuple[Callable[[], TrainState], TrainState]:
         """`(init, abstract_state)`: `init()` creates the initial state on the mesh;
@@ -114,7 +91,7 @@ class Trainer:
             return TrainState.create(
                 apply_fn=self.model.apply,
                 params=params,
-                tx=self.tx,
+                tx=self.optim.tx,
                 batch_stats=variables.get("batch_stats", {}),
                 loss_state=loss_state,
             )
@@ -149,7 +126,7 @@ class Trainer:
         `element_spec` (the executable the loop runs; `memory_fit` reads its memory)."""
         batch = {
             k: jax.ShapeDtypeStruct(
-                (self.data.global_batch_size, *v.shape[1:]), v.dtype, sharding=sharding.data_sharding(self.mesh)
+                (self.global_batch_size, *v.shape[1:]), v.dtype, sharding=sharding.data_sharding(self.mesh)
             )
             for k, v in element_spec.items()
         }
@@ -190,16 +167,17 @@ class Trainer:
             )
             return loss, (metrics, loss_state)
 
-        if self.micro_batch_size:
-            (loss, (metrics, loss_state), updates), grads = grad_cache.MICRO_BATCH_METHODS[self.micro_batch_method](
+        gradient = self.gradient
+        if gradient.micro_batch_size:
+            (loss, (metrics, loss_state), updates), grads = grad_cache.MICRO_BATCH_METHODS[gradient.micro_batch_method](
                 forward,
                 loss_of_outputs,
                 state.params,
                 batch,
-                num_micro_batches=batch["a"].shape[0] // self.micro_batch_size,
+                num_micro_batches=batch["a"].shape[0] // gradient.micro_batch_size,
                 num_shards=sharding.batch_shards(self.mesh),
             )
-        elif self.log_noise_scale:
+        elif gradient.log_noise_scale:
             loss, metrics, updates, grads = self._noise_scale_value_and_grad(forward, state.params, batch)
             loss_state = state.loss_state
         else:
@@ -212,7 +190,7 @@ class Trainer:
             (loss, ((metrics, loss_state), updates)), grads = jax.value_and_grad(full_batch_loss, has_aux=True)(
                 state.params
             )
-        learning_rate = self.schedule(state.step)
+        learning_rate = self.optim.schedule(state.step)
         state = state.apply_gradients(grads=grads, batch_stats=updates.get("batch_stats", {}))
         state = state.replace(params=two_tower.clamp_temperature(state.params))
         if self.loss.state is not None and self.loss.state.after_step is not None:
@@ -334,149 +312,3 @@ class Trainer:
             train=False,
         )
         return dict(batch, key_za=jax.lax.stop_gradient(keys["za"]), key_zb=jax.lax.stop_gradient(keys["zb"]))
-
-
-# --------------------------------------------------------------- the door: the config read
-
-
-def data_settings(config: ml_collections.ConfigDict) -> settings.DataSettings:
-    """`config.data` (and the global batch size) as the input pipeline's plain values."""
-    data = config.data
-    besides = {"global_batch_size", "augment", "train_class_range"}
-    return settings.DataSettings(
-        **group_values(settings.DataSettings, data, besides=besides),
-        global_batch_size=config.train.global_batch_size,
-        train_class_range=_optional_tuple(data.train_class_range),
-        augment=settings.Augment(**data.augment.to_dict()),
-    )
-
-
-def guard_settings(config: ml_collections.ConfigDict) -> loss_guard.GuardSettings:
-    """`config.train`'s bad-loss fields as `loss_guard.LossGuard`'s plain values."""
-    own = group_values(loss_guard.GuardSettings, config.train, besides={"inject_nan_at_batches"})
-    return loss_guard.GuardSettings(**own, inject_nan_at_batches=tuple(config.train.inject_nan_at_batches))
-
-
-def loss_settings(config: ml_collections.ConfigDict) -> losses.LossSettings:
-    """`config.loss` (and the seed and embedding width) as the loss's plain values."""
-    own = group_values(losses.LossSettings, config.loss, besides={"seed", "embed_dim"})
-    return losses.LossSettings(**own, seed=config.seed, embed_dim=config.model.embed_dim)
-
-
-def model_settings(config: ml_collections.ConfigDict, *, learned_bias: bool = False) -> two_tower.ModelSettings:
-    """`config.model` and the loss's temperature (and SigLIP's bias when `learned_bias`)."""
-    logit_scale = {"temperature_init", "learn_temperature", "bias_init"}
-    m = group_values(two_tower.ModelSettings, config.model, besides=logit_scale)
-    return two_tower.ModelSettings(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in m.items()},
-        temperature_init=config.loss.temperature,
-        learn_temperature=config.loss.learn_temperature,
-        bias_init=config.loss.siglip_bias if learned_bias else None,
-    )
-
-
-def optim_settings(config: ml_collections.ConfigDict) -> optimizer.OptimSettings:
-    """`config.optim` as the optimizer's plain values."""
-    return optimizer.OptimSettings(**group_values(optimizer.OptimSettings, config.optim))
-
-
-def loop_settings(config: ml_collections.ConfigDict) -> LoopSettings:
-    """The loop's cadences and evaluation settings from `config`."""
-    ev = config.eval
-    return LoopSettings(
-        num_train_steps=config.train.num_train_steps,
-        log_every_steps=config.train.log_every_steps,
-        checkpoint_every_steps=config.checkpoint.every_steps,
-        checkpoint_max_to_keep=config.checkpoint.max_to_keep,
-        eval_every_steps=ev.every_steps,
-        eval_split=ev.split,
-        eval_class_range=_optional_tuple(ev.class_range),
-        eval_batch_size=ev.batch_size,
-        recall_ks=tuple(ev.recall_ks),
-        knn_k=ev.knn_k,
-        linear_probe=ev.linear_probe,
-    )
-
-
-def _optional_tuple(value):
-    return None if value is None else tuple(value)
-
-
-def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None) -> Trainer:
-    """The `Trainer` for `config` on `mesh` (by default all devices, `config.mesh.fsdp`
-    of them splitting the parameters), checking each part as it is built.
-
-    The one place the config is read: everything below it takes the plain values read
-    here (`data_settings`, `loss_settings`, `model_settings`, ...). Cheap: reads no data
-    and compiles nothing, so a config that cannot train fails here, first.
-    (`Trainer.init_state` needs the input shapes; the data are opened after the
-    checkpoint to resume from is known.)
-
-    Raises:
-      ConfigError: a field with a bad or inconsistent value; the message names it and a fix.
-    """
-    mesh = sharding.make_mesh(fsdp=config.mesh.fsdp) if mesh is None else mesh
-    train = config.train
-    loss = losses.registry.get(config.loss.name)
-    data, guard, loss_config = data_settings(config), guard_settings(config), loss_settings(config)
-    loss_table_size, metadata = config_checks.check(config, loss, sharding.batch_shards(mesh), data, guard, loss_config)
-    text_vocab_size = settings.text_vocab_size(data, metadata)
-    towers = model_settings(config, learned_bias=loss.learned_bias)
-    model, initial_params = _model(towers, data, text_vocab_size)
-    tx, schedule = optimizer.make_optimizer(optim_settings(config), train.num_train_steps, model.TOWER_PARAMS)
-
-    def variant(fields: Mapping[str, Any]) -> Trainer:
-        """This trainer with `fields` overridden (the memory check's candidates), on a
-        mesh with the `mesh.fsdp` they name."""
-        fsdp = fields.get("mesh.fsdp")
-        return build(override(config, fields), mesh if fsdp is None else sharding.make_mesh(mesh.size, fsdp=fsdp))
-
-    return Trainer(
-        mesh,
-        data,
-        guard,
-        model,
-        tx,
-        schedule,
-        loss,
-        loss_settings=loss_config,
-        loop=loop_settings(config),
-        run_config=json.loads(config.to_json_best_effort()),
-        variant=variant,
-        seed=config.seed,
-        micro_batch_size=train.micro_batch_size,
-        micro_batch_method=train.micro_batch_method,
-        compute_dtype=config.model.compute_dtype,
-        id_keys=metadata.id_keys,
-        match_keys=metadata.match_keys,
-        loss_table_size=loss_table_size,
-        log_noise_scale=train.log_noise_scale,
-        memory_limit_gib=train.memory_limit_gib,
-        fsdp_min_bytes=int(config.mesh.fsdp_min_kib * 1024),
-        initial_params=initial_params,
-        saved_model=saved_model.describe(
-            towers,
-            model,
-            text_vocab_size=text_vocab_size,
-            tokenizer=data.tokenizer,
-            text_max_length=data.text_max_length,
-        ),
-    )
-
-
-def _model(towers: two_tower.ModelSettings, data: settings.DataSettings, text_vocab_size: int):
-    """`(model, initial_params)`: the towers `towers` describe, initialised from the
-    seed (`initial_params` None), or a released checkpoint checked against the inputs."""
-    if not towers.init_from:
-        return two_tower.create_model(towers, text_vocab_size=text_vocab_size), None
-    options = two_tower.tower_options(towers)
-    loaded = released.load(towers.init_from, quick_gelu=towers.quick_gelu)
-    released.check_inputs(
-        loaded.settings,
-        image_size=data.image_size,
-        text_length=data.text_max_length,
-        vocab_size=text_vocab_size,
-        embed_dim=towers.embed_dim,
-        learned_bias=towers.bias_init is not None,
-    )
-    return loaded.model.clone(options=options), loaded.params

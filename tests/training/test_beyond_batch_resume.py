@@ -15,7 +15,7 @@ from subprocess_runs import (
 )
 
 from contrastive_jax.config_lib import override
-from contrastive_jax.training import loop
+from contrastive_jax.training import run_plan
 
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 STATE_FIELDS = {
@@ -43,7 +43,7 @@ def test_sigkill_and_resume_is_bitwise_with_the_loss_state(
 ):
     fields = tiny_fields(digits_data_dir, **STATE_FIELDS[name])
     reference = str(tmp_path / "reference")
-    loop.train_and_evaluate(override(load_config("default"), fields), reference)
+    run_plan.train_and_evaluate(override(load_config("default"), fields), reference)
     workdir = str(tmp_path / "run")
     config = write_config(tmp_path / "tiny.py", fields)
     for fault in ("save:2:SIGKILL", "batch:3:SIGKILL"):  # writing checkpoint 4; step 5

@@ -13,7 +13,7 @@ import pytest
 from contrastive_jax import sharding
 from contrastive_jax.config_lib import override
 from contrastive_jax.data import input_pipeline
-from contrastive_jax.training.trainer import build, data_settings
+from contrastive_jax.training.run_plan import build, data_settings
 
 N = 64
 STATE_FIELDS = {
@@ -53,7 +53,7 @@ def config(tiny_config):
 def run_steps(config, num_devices, num_steps=3, fsdp=1):
     """`(states after each step, losses, batches)`: `num_steps` jitted steps from the
     start on `num_devices` devices, `fsdp` of them splitting the parameters."""
-    trainer = build(override(config, {"mesh.fsdp_min_kib": 0.0}), sharding.make_mesh(num_devices, fsdp=fsdp))
+    trainer = build(override(config, {"mesh.fsdp_min_kib": 0.0}), sharding.make_mesh(num_devices, fsdp=fsdp)).trainer
     ds = input_pipeline.train_dataset(data_settings(config))
     init, abstract = trainer.init_state(ds.element_spec)
     step = trainer.jit_train_step(abstract)
@@ -124,7 +124,7 @@ def test_moco_queue_takes_the_momentum_encoders_keys(config):
     moving average of the towers (before its update), and the average moves by (1 - m)."""
     config = override(config, STATE_FIELDS["moco_queue"])
     states, _, batches = run_steps(config, 8, num_steps=2)
-    trainer = build(config, sharding.make_mesh(1))
+    trainer = build(config, sharding.make_mesh(1)).trainer
     before, after = states[0], states[1]
     keys = trainer.model.apply(
         {"params": before.loss_state["ema_params"], "batch_stats": {}},
@@ -147,7 +147,7 @@ def test_xbm_memory_joins_after_the_warm_up(config):
     """Before `xbm_warmup_steps` the loss is the batch's alone; from then on the filled
     memory slots are candidates too."""
     config = override(config, STATE_FIELDS["xbm"] | {"loss.xbm_warmup_steps": 2})
-    trainer = build(config, sharding.make_mesh(8))
+    trainer = build(config, sharding.make_mesh(8)).trainer
     states, _, batches = run_steps(config, 8, num_steps=1)
     state = states[0].loss_state  # the memory holds step 0's embeddings
     outputs = trainer.model.apply({"params": states[0].params, "batch_stats": {}}, batches[0]["a"], None, train=False)

@@ -7,7 +7,7 @@ import pytest
 
 from contrastive_jax import losses, sharding
 from contrastive_jax.training import grad_cache
-from contrastive_jax.training.trainer import data_settings
+from contrastive_jax.training.run_plan import data_settings
 
 NUM_DEVICES = 8
 GLOBAL_BATCH = 64
@@ -127,7 +127,7 @@ def test_micro_batch_sizes_that_do_not_fit_are_rejected(micro_batch_size, match)
 def _train_step_result(config, micro_batch_size, method="grad_cache"):
     from contrastive_jax.config_lib import override
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training import trainer
+    from contrastive_jax.training import run_plan
 
     config = override(
         config,
@@ -136,7 +136,7 @@ def _train_step_result(config, micro_batch_size, method="grad_cache"):
             "train.micro_batch_method": method,
         },
     )
-    run = trainer.build(config, sharding.make_mesh(NUM_DEVICES))
+    run = run_plan.build(config, sharding.make_mesh(NUM_DEVICES)).trainer
     ds = input_pipeline.train_dataset(data_settings(config))
     init, _ = run.init_state(ds.element_spec)
     batch = jax.device_put(next(iter(ds)), sharding.data_sharding(run.mesh))

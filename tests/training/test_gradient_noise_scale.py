@@ -17,7 +17,7 @@ from loss_cases import enable_x64
 from contrastive_jax import losses, sharding
 from contrastive_jax.sharding import DATA_AXIS
 from contrastive_jax.training import noise_scale
-from contrastive_jax.training.trainer import data_settings
+from contrastive_jax.training.run_plan import data_settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
@@ -125,7 +125,7 @@ def test_the_noise_scale_step_is_the_plain_step(tiny_config):
     per device, summed), and its metrics add the two norms, small > big."""
     from contrastive_jax.config_lib import override
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training.trainer import build
+    from contrastive_jax.training.run_plan import build
 
     plain_sgd = {
         "model.dropout_rate": 0.0,
@@ -141,7 +141,7 @@ def test_the_noise_scale_step_is_the_plain_step(tiny_config):
     batch = next(iter(ds))
     results = []
     for on in (False, True):
-        trainer = build(override(config, {"train.log_noise_scale": on}), mesh)
+        trainer = build(override(config, {"train.log_noise_scale": on}), mesh).trainer
         init, abstract = trainer.init_state(ds.element_spec)
         state, metrics = trainer.jit_train_step(abstract)(init(), batch)
         results.append((jax.device_get(state.params), jax.device_get(metrics)))
@@ -160,10 +160,10 @@ def test_the_loop_logs_b_simple_of_its_window_at_one_device_s_share(tiny_config,
     batch one device's share of the global batch (64 / 8 devices), not another split."""
     from contrastive_jax import run_dir
     from contrastive_jax.config_lib import override
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
 
     fields = {"train.log_noise_scale": True, "train.num_train_steps": 4, "train.log_every_steps": 2}
-    loop.train_and_evaluate(override(tiny_config, fields), str(tmp_path))
+    run_plan.train_and_evaluate(override(tiny_config, fields), str(tmp_path))
     logged = [row for row in run_dir.read_metrics(tmp_path) if "train/noise_scale" in row]
     assert [row["step"] for row in logged] == [2, 4]
     for row in logged:
@@ -196,7 +196,7 @@ def test_quick_run_writes_the_noise_scale(digits_data_dir, tmp_path):
 def test_the_option_refuses_what_it_cannot_measure(load_config, fields, devices, message):
     from contrastive_jax.config_lib import override
     from contrastive_jax.errors import ConfigError
-    from contrastive_jax.training.trainer import build
+    from contrastive_jax.training.run_plan import build
 
     config = override(load_config("default"), {"train.log_noise_scale": True, **fields})
     with pytest.raises(ConfigError, match=message):

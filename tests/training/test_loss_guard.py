@@ -5,6 +5,7 @@ import json
 import os
 import signal
 
+import numpy as np
 import pytest
 from subprocess_runs import (
     assert_bitwise_equal,
@@ -16,8 +17,9 @@ from subprocess_runs import (
 
 from contrastive_jax import run_dir
 from contrastive_jax.config_lib import override
-from contrastive_jax.training import loop, loss_guard
-from contrastive_jax.training.trainer import guard_settings
+from contrastive_jax.data import batch_numbering
+from contrastive_jax.training import loss_guard, run_plan
+from contrastive_jax.training.run_plan import guard_settings
 
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 # The batch step 6 reads is NaN: rolled back to checkpoint 4 (step 5 undone), skipping
@@ -40,7 +42,7 @@ def rolled_back(load_config, digits_data_dir, tmp_path_factory):
     """An uninterrupted run that rolled back once (`ROLLBACK`); its workdir is kept."""
     workdir = str(tmp_path_factory.mktemp("rolled_back"))
     config = override(load_config("default"), tiny_fields(digits_data_dir) | ROLLBACK)
-    loop.train_and_evaluate(config, workdir)
+    run_plan.train_and_evaluate(config, workdir)
     return workdir
 
 
@@ -64,7 +66,7 @@ def test_a_nan_batch_rolls_back_and_skips_exactly_the_recorded_batches(
     with open(os.path.join(skipping, run_dir.ROLLBACKS), "w") as f:
         json.dump([RECORD], f)
     config = override(load_config("default"), tiny_fields(digits_data_dir))
-    loop.train_and_evaluate(config, skipping)
+    run_plan.train_and_evaluate(config, skipping)
     assert_bitwise_equal(saved_params(skipping, STEPS), saved_params(rolled_back, STEPS))
 
 
@@ -110,16 +112,39 @@ def test_too_many_rollbacks_stop_naming_the_bad_steps(load_config, digits_data_d
         match=r"^Loss is nan at step 5, after 1 rollback within 1000 steps \(bad steps 3, 5\); "
         r"training stopped \(config.train.max_rollbacks=1\). Last good checkpoint: step 4 in ",
     ):
-        loop.train_and_evaluate(override(load_config("default"), fields), workdir)
+        run_plan.train_and_evaluate(override(load_config("default"), fields), workdir)
     assert rollbacks(workdir) == [
         {"bad_step": 3, "reason": "Loss is nan", "restored_step": 2, "skipped_batches": [3, 4]}
     ]
 
 
 def test_batch_numbers_leave_out_the_skipped_ones():
-    numbers = [loss_guard.batch_number(step, {3, 4, 9}) for step in range(1, 9)]
+    numbers = [batch_numbering.batch_number(step, {3, 4, 9}) for step in range(1, 9)]
     assert numbers == [1, 2, 5, 6, 7, 8, 10, 11]
-    assert loss_guard.batch_number(7, set()) == 7
+    assert batch_numbering.batch_number(7, set()) == 7
+
+
+def test_the_batches_after_a_step_skip_reopening_the_stream_and_turn_the_injected_to_nan(tiny_config):
+    """Step 2 onwards with batches 3 and 4 skipped and 5 injected: batches 2, 5 (NaN), 6,
+    as the plain stream from batch 1 holds them; the skipped set is read as it grows."""
+    skipped = {3, 4}
+    numbering = batch_numbering.BatchNumbering(run_plan.data_settings(tiny_config), skipped, nan_batches=(5,))
+    plain = iter(numbering.stream_after(0))  # batches 1, 2, 3, ... (1 is not skipped)
+    plain = [next(plain) for _ in range(7)]
+    assert numbering.first_batch(1) == 2 and numbering.first_batch(2) == 5
+    batches = numbering.batches_after(1)
+    got = [next(batches) for _ in range(3)]
+    for batch, number in zip(got, (2, 5, 6), strict=True):
+        for key, value in plain[number - 1].items():
+            if number == 5 and value.dtype.kind == "f":
+                assert np.isnan(batch[key]).all(), key
+            else:
+                np.testing.assert_array_equal(batch[key], value)
+    skipped.add(7)  # a rollback skips batch 7 now: step 5 reads batch 8, the stream reopened
+    assert numbering.first_batch(4) == 8
+    np.testing.assert_array_equal(next(batches)["a"], next(iter(numbering.stream_after(4)))["a"])
+    saved = batch_numbering.position({"seed": 0}, 6)
+    assert batch_numbering.resumed_step(saved) == 6 and saved["config"] == {"seed": 0}
 
 
 def guard(load_config, tmp_path, **fields):

@@ -12,8 +12,8 @@ from contrastive_jax import sharding
 from contrastive_jax.config_lib import override
 from contrastive_jax.data import input_pipeline
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training import loop, memory_fit, trainer
-from contrastive_jax.training.trainer import data_settings
+from contrastive_jax.training import memory_fit, run_plan, trainer
+from contrastive_jax.training.run_plan import data_settings
 
 # N = 1,024 with dense logits: 1.4 MiB per device (a [128, 1024] block of logits and its
 # gradient dominate); 0.95 MiB leaves room for the ring's or micro-batches' step only.
@@ -26,9 +26,9 @@ TOO_BIG = {
 def compiled(config):
     """`compile_train_step` of `config` on all 8 devices (`config.mesh.fsdp` of them
     splitting the parameters)."""
-    run = trainer.build(config, sharding.make_mesh(fsdp=config.mesh.fsdp))
+    run = run_plan.build(config, sharding.make_mesh(fsdp=config.mesh.fsdp))
     spec = input_pipeline.train_dataset(data_settings(config)).element_spec
-    return memory_fit.compile_train_step(run, run.init_state(spec)[1], spec)
+    return memory_fit.compile_train_step(run, run.trainer.init_state(spec)[1], spec)
 
 
 @pytest.mark.slow
@@ -36,7 +36,7 @@ def test_a_step_that_does_not_fit_names_settings_that_fit_as_compiled(load_confi
     config = override(load_config("default"), tiny_fields(digits_data_dir) | TOO_BIG)
     workdir = str(tmp_path / "run")
     with pytest.raises(ConfigError) as refused:
-        loop.train_and_evaluate(config, workdir)
+        run_plan.train_and_evaluate(config, workdir)
     message = str(refused.value)
     assert re.fullmatch(
         r"The train step needs 1\.\d MiB per device, the device has 972\.8 KiB "
@@ -90,7 +90,7 @@ def test_the_loop_runs_the_step_the_check_compiled_and_logs_its_memory(
     monkeypatch.setattr(trainer.Trainer, "jit_train_step", only_lowered)
     fields = tiny_fields(digits_data_dir, train__num_train_steps=2, train__memory_limit_gib=1)
     with caplog.at_level(logging.INFO):
-        loop.train_and_evaluate(override(load_config("default"), fields), str(tmp_path))
+        run_plan.train_and_evaluate(override(load_config("default"), fields), str(tmp_path))
     assert len(jitted) == 1
     [first] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cpu: ")]
     assert re.search(r"; 2 steps; step needs \d+\.\d KiB per device of 1\.0 GiB; workdir ", first)
@@ -123,5 +123,5 @@ def test_the_device_memory_is_the_limit_or_the_hosts_available_share():
 )
 def test_towers_with_transformer_blocks_are_told_to_rematerialise_them(load_config, digits_data_dir, model, suggested):
     fields = tiny_fields(digits_data_dir) | {f"model.{name}": value for name, value in model.items()}
-    run = trainer.build(override(load_config("default"), fields), sharding.make_mesh())
+    run = run_plan.build(override(load_config("default"), fields), sharding.make_mesh())
     assert ({"model.remat": "full"} in memory_fit.candidates(run)) == suggested

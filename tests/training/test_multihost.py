@@ -20,7 +20,7 @@ from subprocess_runs import (
 
 from contrastive_jax.config_lib import override
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training import distributed, loop
+from contrastive_jax.training import distributed, run_plan
 
 
 def launch(processes, config, workdir, faults=(None, None), flags=()):
@@ -50,7 +50,7 @@ def test_two_processes_train_like_one(processes, load_config, digits_data_dir, t
     workdir = str(tmp_path / "two")
     launched = launch(processes, write_config(tmp_path / "tiny.py", fields), workdir)
     reference = str(tmp_path / "one")  # meanwhile, here: one process, 8 devices
-    loop.train_and_evaluate(override(load_config("default"), fields), reference)
+    run_plan.train_and_evaluate(override(load_config("default"), fields), reference)
 
     outputs = [processes.wait(p) for p in launched]
     for rank, (status, output) in enumerate(outputs):
@@ -99,7 +99,7 @@ def test_sigterm_to_one_process_stops_all_at_one_step_and_resumes(
         assert status == 0, f"process {rank}:\n{output[-4000:]}"
     assert resumed_from_steps(workdir) == [stopped]
     reference = str(tmp_path / "one")
-    loop.train_and_evaluate(override(load_config("default"), fields), reference)
+    run_plan.train_and_evaluate(override(load_config("default"), fields), reference)
     assert max_difference(saved_params(workdir, 40), saved_params(reference, 40)) < 1e-5
 
 
@@ -118,7 +118,7 @@ def test_both_processes_killed_then_resumed(processes, load_config, digits_data_
     # The write of checkpoint 2 is done when the second save starts: 2 at least was left.
     assert resumed_from_steps(workdir) == newest and newest[-1] >= 2
     reference = str(tmp_path / "one")
-    loop.train_and_evaluate(override(load_config("default"), fields), reference)
+    run_plan.train_and_evaluate(override(load_config("default"), fields), reference)
     assert max_difference(saved_params(workdir, 8), saved_params(reference, 8)) < 1e-6
 
 
@@ -161,7 +161,7 @@ def test_a_lost_process_stops_the_others_with_one_line_and_all_resume(
         assert "corrupt" not in output
     assert resumed_from_steps(workdir) == [complete[-1]]  # the newest complete checkpoint
     reference = str(tmp_path / "one")
-    loop.train_and_evaluate(override(load_config("default"), fields), reference)
+    run_plan.train_and_evaluate(override(load_config("default"), fields), reference)
     assert max_difference(saved_params(workdir, 8), saved_params(reference, 8)) < 1e-6
 
 
@@ -220,6 +220,6 @@ def test_two_processes_roll_back_together_like_one(
     with open(os.path.join(workdir, "rollbacks.json")) as f:
         assert [r["skipped_batches"] for r in json.load(f)] == [[5, 6]]
     reference = str(tmp_path / "one")
-    loop.train_and_evaluate(override(load_config("default"), fields), reference)
+    run_plan.train_and_evaluate(override(load_config("default"), fields), reference)
     assert logged_losses(workdir) == pytest.approx(logged_losses(reference), rel=1e-6)
     assert max_difference(saved_params(workdir, 8), saved_params(reference, 8)) < 1e-6

@@ -32,7 +32,7 @@ from subprocess_runs import (
 
 from contrastive_jax import run_dir
 from contrastive_jax.config_lib import override
-from contrastive_jax.training import checkpoint, distributed, loop
+from contrastive_jax.training import checkpoint, distributed, run_plan
 
 STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 
@@ -41,7 +41,7 @@ STEPS = 8  # checkpoints every 2 steps (tiny_fields)
 def reference(load_config, digits_data_dir, tmp_path_factory):
     """An uninterrupted run's workdir (kept; copy it before changing it)."""
     workdir = str(tmp_path_factory.mktemp("reference"))
-    loop.train_and_evaluate(override(load_config("default"), tiny_fields(digits_data_dir)), workdir)
+    run_plan.train_and_evaluate(override(load_config("default"), tiny_fields(digits_data_dir)), workdir)
     return workdir
 
 
@@ -165,7 +165,7 @@ def test_sigkill_at_random_times_resumes_bitwise(
     else:
         assert resumes[-1:] == ([newest] if newest is not None else [])
     straight = str(tmp_path / "straight")
-    loop.train_and_evaluate(override(load_config("default"), fields), straight)
+    run_plan.train_and_evaluate(override(load_config("default"), fields), straight)
     assert_bitwise_equal(saved_params(workdir, 16), saved_params(straight, 16))
     assert losses_once(workdir) == losses_once(straight)
 
@@ -235,7 +235,7 @@ def test_corrupt_latest_checkpoint_is_reported_and_skipped(
     corrupt(os.path.join(workdir, "checkpoints", str(STEPS)))
     config = override(load_config("default"), tiny_fields(digits_data_dir))
     with caplog.at_level(logging.ERROR):
-        loop.train_and_evaluate(config, workdir)
+        run_plan.train_and_evaluate(config, workdir)
     assert f"Skipping corrupt checkpoint {STEPS} in" in caplog.text
     moved = glob.glob(os.path.join(workdir, "checkpoints.corrupt", f"{STEPS}-*"))
     assert len(moved) == 1

@@ -1,7 +1,9 @@
 """The trainer: sharded step = single-device step, resume = uninterrupted, failures; the
 compiled step does the loss's N^2 work only, and the ring gathers no global batch."""
 
+import ast
 import dataclasses
+import inspect
 import itertools
 import json
 import math
@@ -20,11 +22,12 @@ from subprocess_runs import checkpoint_steps, saved_state
 
 from contrastive_jax import losses, run_dir, sharding
 from contrastive_jax.config_lib import override
-from contrastive_jax.data import input_pipeline
+from contrastive_jax.data import batch_numbering, input_pipeline
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.sharding import BATCH_AXES
-from contrastive_jax.training import checkpoint, loop, optimizer, resume
-from contrastive_jax.training.trainer import build, data_settings, optim_settings
+from contrastive_jax.training import checkpoint, loop, optimizer, resume, run_plan
+from contrastive_jax.training import trainer as trainer_module
+from contrastive_jax.training.run_plan import build, data_settings, optim_settings
 
 
 @pytest.fixture
@@ -43,7 +46,7 @@ def config(tiny_config):
 
 def make_state_and_batch(config, mesh):
     """`(trainer, initial state, abstract state, first batch)` on `mesh`."""
-    trainer = build(config, mesh)
+    trainer = build(config, mesh).trainer
     ds = input_pipeline.train_dataset(data_settings(config))
     init, abstract = trainer.init_state(ds.element_spec)
     return trainer, init(), abstract, next(iter(ds))
@@ -114,20 +117,19 @@ def test_training_needs_no_tensorflow(digits_data_dir, tmp_path):
     ],
 )
 def test_only_build_reads_the_config(config, tmp_path, monkeypatch, fields):
-    """`trainer.build` is the one door: a whole run (state, steps, a save, a resume, the
+    """`run_plan.build` is the one door: a whole run (state, steps, a save, a resume, the
     evaluation) after it, with every ConfigDict made unreadable, reads plain values only."""
     config = override(config, fields | {"train.num_train_steps": 4, "checkpoint.every_steps": 2})
-    trainer = build(config, sharding.make_mesh(8))
+    plan = build(config, sharding.make_mesh(8))
 
     def unreadable(self, name):
-        raise AssertionError(f"config field {name!r} read after trainer.build")
+        raise AssertionError(f"config field {name!r} read after run_plan.build")
 
     monkeypatch.setattr(ml_collections.ConfigDict, "__getattr__", unreadable)
     monkeypatch.setattr(ml_collections.ConfigDict, "__getitem__", unreadable)
-    loop.train(trainer, str(tmp_path))
-    results = loop.train(
-        dataclasses.replace(trainer, loop=dataclasses.replace(trainer.loop, num_train_steps=6)), str(tmp_path)
-    )
+    loop.run_loop(plan, str(tmp_path))
+    longer = dataclasses.replace(plan.loop_settings, num_train_steps=6)
+    results = loop.run_loop(dataclasses.replace(plan, loop_settings=longer), str(tmp_path))
     assert results and run_dir.read_metrics(str(tmp_path))[-1]["step"] == 6
 
 
@@ -195,7 +197,7 @@ def test_every_registered_loss_spans_the_global_batch_and_reads_only_its_inputs(
     data = {k: v for k, v in all_data.items() if k in loss.inputs}
     results = []
     for num_devices, fsdp in ((1, 1), (8, 4)):  # the 2 x 4 mesh: the batch over both axes
-        trainer = dataclasses.replace(build(config, sharding.make_mesh(num_devices, fsdp=fsdp)), loss=loss)
+        trainer = dataclasses.replace(build(config, sharding.make_mesh(num_devices, fsdp=fsdp)).trainer, loss=loss)
 
         def value(outputs, trainer=trainer):
             batched = {k: v for k, v in outputs.items() if k in ("za", "zb", "logits")}
@@ -287,7 +289,7 @@ QUEUE = {"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum
 def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypatch, fields):
     config = override(config, fields)
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    results = loop.train_and_evaluate(config, straight)
+    results = run_plan.train_and_evaluate(config, straight)
     logged = [m["train/loss"] for m in run_dir.read_metrics(straight) if "train/loss" in m]
     assert len(logged) == 6
     assert fields or logged[-1] < logged[0] - 2  # learning (the queue's loss rises as it fills)
@@ -304,11 +306,11 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
 
     monkeypatch.setattr(loop, "_global_batch", lambda *args: counted(*args, crash_at=10))
     with pytest.raises(RuntimeError, match="simulated crash"):
-        loop.train_and_evaluate(config, resumed)
+        run_plan.train_and_evaluate(config, resumed)
     assert checkpoint_steps(resumed)[0][-1] == 8
     calls["n"] = 0
     monkeypatch.setattr(loop, "_global_batch", counted)
-    assert loop.train_and_evaluate(config, resumed) == results
+    assert run_plan.train_and_evaluate(config, resumed) == results
     assert calls["n"] == 4  # steps 9-12: resumed from checkpoint 8, not retrained
 
     chex.assert_trees_all_equal(saved_state(straight, 12), saved_state(resumed, 12))
@@ -325,7 +327,7 @@ def test_resume_onto_a_different_mesh(config, tmp_path, monkeypatch):
     """A run that crashed with its parameters split 4 ways (a 2 x 4 mesh) resumes data
     parallel from its checkpoint and ends where a straight data-parallel run does."""
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    loop.train_and_evaluate(config, straight)
+    run_plan.train_and_evaluate(config, straight)
     real_global_batch, calls = loop._global_batch, {"n": 0}
 
     def crash_at_10(batch, data_sharding):
@@ -336,9 +338,9 @@ def test_resume_onto_a_different_mesh(config, tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop, "_global_batch", crash_at_10)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        loop.train_and_evaluate(override(config, FSDP_FIELDS | {"mesh.fsdp": 4}), resumed)
+        run_plan.train_and_evaluate(override(config, FSDP_FIELDS | {"mesh.fsdp": 4}), resumed)
     monkeypatch.setattr(loop, "_global_batch", real_global_batch)
-    loop.train_and_evaluate(config, resumed)
+    run_plan.train_and_evaluate(config, resumed)
     want, got = saved_state(straight, 12), saved_state(resumed, 12)
     chex.assert_trees_all_close(got["params"], want["params"], rtol=1e-4, atol=1e-6)
     resumed_losses = {m["step"]: m["train/loss"] for m in run_dir.read_metrics(resumed) if "train/loss" in m}
@@ -355,7 +357,7 @@ def test_checkpoint_restores_onto_a_different_mesh(config, tmp_path):
     ckpt = checkpoint.Checkpointer(tmp_path, max_to_keep=1)
     try:
         run_config = build(config, sharding.make_mesh(8, fsdp=4)).run_config
-        ckpt.save(3, state8, resume.position(run_config, 3))
+        ckpt.save(3, state8, batch_numbering.position(run_config, 3))
         ckpt.wait()
         for num_devices, fsdp in ((2, 1), (8, 2)):
             _, _, abstract, _ = make_state_and_batch(config, sharding.make_mesh(num_devices, fsdp=fsdp))
@@ -422,7 +424,7 @@ def test_fsdp_steps_equal_data_parallel_steps(config, loss):
 
 def test_non_finite_loss_stops_and_names_the_last_checkpoint(config, tmp_path, monkeypatch):
     workdir = str(tmp_path)
-    loop.train_and_evaluate(override(config, {"train.num_train_steps": 4}), workdir)
+    run_plan.train_and_evaluate(override(config, {"train.num_train_steps": 4}), workdir)
 
     def nan_loss(inputs, loss_config):
         return jax.lax.pmean(jnp.nan * inputs["za"].sum(), BATCH_AXES), {}
@@ -430,7 +432,7 @@ def test_non_finite_loss_stops_and_names_the_last_checkpoint(config, tmp_path, m
     clip = losses.LOSSES["clip"]
     monkeypatch.setitem(losses.LOSSES, "clip", dataclasses.replace(clip, fn=nan_loss))
     with pytest.raises(FloatingPointError, match=r"at step 5.*Last good checkpoint: step 4"):
-        loop.train_and_evaluate(override(config, {"train.num_train_steps": 8}), workdir)
+        run_plan.train_and_evaluate(override(config, {"train.num_train_steps": 8}), workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4"]
 
 
@@ -447,9 +449,9 @@ _INSTRUCTION = re.compile(r"%([\w.-]+) = \w+\[([\d,]*)\]\S* ([\w-]+)\(([^)]*)\)"
 
 def compiled_step(config):
     """The jitted train step of `config` at N = 96 on 8 devices, compiled for abstract
-    inputs (`build(config, mesh).jit_train_step(...).lower(...).compile()`)."""
+    inputs (`build(config, mesh).trainer.jit_train_step(...).lower(...).compile()`)."""
     config = override(config, {"train.global_batch_size": N})
-    run = build(config, sharding.make_mesh(NUM_DEVICES))
+    run = build(config, sharding.make_mesh(NUM_DEVICES)).trainer
     spec = input_pipeline.train_dataset(data_settings(config)).element_spec
     _, abstract = run.init_state(spec)
     return run.compile_step(abstract, {k: spec[k] for k in ("a", "b")})
@@ -459,7 +461,7 @@ def compiled_loss_gradient(config):
     """The configured loss's value and gradient (wrt `za`, `zb` and the scalars) alone,
     on N embeddings, compiled like the step."""
     config = override(config, {"train.global_batch_size": N})
-    run = build(config, sharding.make_mesh(NUM_DEVICES))
+    run = build(config, sharding.make_mesh(NUM_DEVICES)).trainer
     dim = config.model.embed_dim
     batched = {
         key: jax.ShapeDtypeStruct((N, dim), np.float32, sharding=sharding.data_sharding(run.mesh))
@@ -554,8 +556,21 @@ def test_build_writes_no_record_set_and_names_the_command_that_does(tiny_config,
 def test_the_job_writes_the_builtin_records_first_and_says_so_in_one_line(tiny_config, tmp_path, caplog):
     fields = {"data.data_dir": str(tmp_path / "data"), "train.num_train_steps": 1, "train.log_every_steps": 1}
     with caplog.at_level("INFO"):
-        loop.train_and_evaluate(override(tiny_config, fields), str(tmp_path / "run"))
+        run_plan.train_and_evaluate(override(tiny_config, fields), str(tmp_path / "run"))
     written = tmp_path / "data" / "sklearn_digits-v2"
     assert (written / "metadata.json").exists()
     lines = [r.getMessage() for r in caplog.records if "built-in" in r.getMessage()]
     assert lines == [f"Wrote the built-in dataset sklearn_digits's records to {written} (once: later runs read them)."]
+
+
+def test_the_trainer_holds_only_what_its_own_methods_read():
+    """The step's `Trainer` keeps at most 12 fields, each read by one of its methods: what
+    the loop, the guard or the checkpoints need besides the step is the run plan's."""
+    source = ast.parse(inspect.getsource(trainer_module.Trainer))
+    read = {
+        node.attr
+        for node in ast.walk(source)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+    }
+    fields = {field.name for field in dataclasses.fields(trainer_module.Trainer)}
+    assert len(fields) <= 12 and fields <= read, sorted(fields - read)
