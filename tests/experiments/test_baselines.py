@@ -1,17 +1,11 @@
-"""experiments/baselines.py: the linear CCA, and the committed digits number it reproduces."""
+"""experiments/studies/baselines.py: the linear CCA, and the committed digits number it reproduces."""
 
 import json
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from experiments import baselines  # noqa: E402
+from experiments.studies import baselines
 
 
 def test_linear_cca_recovers_the_canonical_correlations():

@@ -3,16 +3,10 @@
 import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
-import bench_losses  # noqa: E402
-import bench_losses_grid  # noqa: E402
-import bench_losses_report  # noqa: E402
-import bench_losses_worker  # noqa: E402
+from experiments.bench import bench_losses, bench_losses_grid, bench_losses_report, bench_losses_worker
 
 SPEC = {
     "n": 64,

@@ -1,4 +1,4 @@
-"""`experiments/bench_step.py`: the largest batch's extrapolation, the report's ratios,
+"""`experiments/bench/bench_step.py`: the largest batch's extrapolation, the report's ratios,
 and the whole command at toy sizes on the CPU (`--tiny`: the code an accelerator runs)."""
 
 import json
@@ -9,12 +9,10 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # experiments/ is imported from the root
-    sys.path.insert(0, str(ROOT))
+from experiments.bench import bench_step
+from experiments.bench.bench_step_worker import largest_batch
 
-from experiments import bench_step  # noqa: E402
-from experiments.bench_step_worker import largest_batch  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_largest_batch_extrapolates_the_memory_to_the_limit():
@@ -65,7 +63,7 @@ def test_report_gives_the_ratios_the_issue_asks_for():
 @pytest.mark.slow
 def test_the_command_runs_at_toy_sizes_on_the_cpu(tmp_path):
     """The whole benchmark, every part, as the accelerator runs it (3 minutes here)."""
-    command = [sys.executable, "-m", "experiments.bench_step", "--tiny", "--out", str(tmp_path)]
+    command = [sys.executable, "-m", "experiments.bench.bench_step", "--tiny", "--out", str(tmp_path)]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # as a user runs it: not the tests' 8 devices
     subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=900)
     results = json.loads((tmp_path / "results.json").read_text())

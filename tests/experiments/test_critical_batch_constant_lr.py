@@ -1,22 +1,16 @@
-"""experiments/critical_batch_constant_lr.py: the constant-rate runs, when a run stops, the
+"""experiments/studies/critical_batch_constant_lr.py: the constant-rate runs, when a run stops, the
 sqrt(2) rate grid's bracketing, the seeds' rates, the per-N edge flag, and --quick end to
 end (each run stops at its target or cap; a rerun trains nothing)."""
 
 import argparse
 import json
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
-    sys.path.insert(0, str(ROOT))
-
-from contrastive_jax import run_dir  # noqa: E402
-from experiments import critical_batch_constant_lr as study  # noqa: E402
-from experiments import intervals, replicates, sweep, target_steps  # noqa: E402
+from contrastive_jax import run_dir
+from experiments.lib import intervals, rate_grid, replicates, sweep, target_steps
+from experiments.studies import critical_batch_constant_lr as study
 
 RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
 
@@ -39,7 +33,7 @@ def test_runs_hold_a_constant_rate_after_fixed_warmup_steps_and_segment_by_evalu
     assert [small.overrides[k] for k in ("eval.every_steps", "checkpoint.every_steps")] == [128, 512]
     assert [large.overrides[k] for k in ("eval.every_steps", "checkpoint.every_steps")] == [2, 8]
     assert small.tags["max_steps"] == 6750 and large.tags["max_steps"] == 106  # 16 epochs of 108,000
-    assert [study.first_rate_step(n) for n in (256, 512, 4096, 16384)] == [2, 3, 6, 8]
+    assert [rate_grid.first_rate_step(n) for n in (256, 512, 4096, 16384)] == [2, 3, 6, 8]
 
 
 def test_a_run_stops_at_its_target_or_after_patience_without_a_new_best():

@@ -1,19 +1,13 @@
-"""experiments/critical_batch_fit.py: McCandlish's curve recovered from known steps, its
+"""experiments/lib/critical_batch_fit.py: McCandlish's curve recovered from known steps, its
 bootstrap interval covering a known B_crit, the fit-range table, the words."""
 
 import math
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # experiments/ is imported from the root
-    sys.path.insert(0, str(ROOT))
-
-from experiments import critical_batch_fit as fit  # noqa: E402
-from experiments import intervals  # noqa: E402
+from experiments.lib import critical_batch_fit as fit
+from experiments.lib import intervals
 
 NS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 S_MIN, B_CRIT = 40.0, 2000.0

@@ -1,24 +1,17 @@
-"""experiments/critical_batch_study.py: the grid, McCandlish's fit, the choice of the
+"""experiments/studies/critical_batch_study.py: the grid, McCandlish's fit, the choice of the
 tuned rate, and --quick end to end (resumable: a rerun trains and measures
 nothing again)."""
 
 import json
 import math
-import pathlib
 import shutil
-import sys
 
 import numpy as np
 import pytest
+from test_target_steps import rising_record
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
-    sys.path.insert(0, str(ROOT))
-
-from test_target_steps import rising_record  # noqa: E402
-
-from experiments import critical_batch_study as study  # noqa: E402
-from experiments import intervals, target_steps  # noqa: E402
+from experiments.lib import intervals, target_steps
+from experiments.studies import critical_batch_study as study
 
 
 def test_grid_tunes_the_rate_per_batch_at_the_same_epochs():

@@ -1,20 +1,14 @@
-"""experiments/epoch_budget_study.py: the grid's arithmetic, the time axis, and --quick
+"""experiments/studies/epoch_budget_study.py: the grid's arithmetic, the time axis, and --quick
 end to end (every method once, resumable: a rerun skips the finished runs)."""
 
 import json
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
-    sys.path.insert(0, str(ROOT))
-
-from contrastive_jax.training import noise_scale  # noqa: E402
-from experiments import epoch_budget_study as study  # noqa: E402
-from experiments import intervals  # noqa: E402
+from contrastive_jax.training import noise_scale
+from experiments.lib import intervals
+from experiments.studies import epoch_budget_study as study
 
 
 def test_grid_gives_every_batch_the_same_epochs_and_the_largest_300_steps():

@@ -1,17 +1,11 @@
-"""experiments/intervals.py: the t-interval over seeds and the paired bootstrap over queries."""
+"""experiments/lib/intervals.py: the t-interval over seeds and the paired bootstrap over queries."""
 
 import math
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # experiments/ is imported from the root
-    sys.path.insert(0, str(ROOT))
-
-from experiments import intervals  # noqa: E402
+from experiments.lib import intervals
 
 
 def test_t_interval_is_students_half_width():

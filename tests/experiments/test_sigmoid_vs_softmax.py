@@ -1,20 +1,14 @@
-"""experiments/sigmoid_vs_softmax.py: the runs' budget and starts, the tuning axes (three
+"""experiments/studies/sigmoid_vs_softmax.py: the runs' budget and starts, the tuning axes (three
 steps, then the neighbour beyond an edge best, up to a cap), the walk rate -> temperature ->
 bias, the comparison's seeds, the verdict words from the interval, and --quick end to end
 (a rerun and --hours 0 train nothing and write the same report)."""
 
 import json
-import pathlib
-import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
-    sys.path.insert(0, str(ROOT))
-
-from experiments import intervals, sweep  # noqa: E402
-from experiments import sigmoid_vs_softmax as study  # noqa: E402
+from experiments.lib import intervals, sweep
+from experiments.studies import sigmoid_vs_softmax as study
 
 LIMITS = {"seeds": [0, 1, 2, 3], "epochs": 4.0, "train_size": 108_000, "max_rates": 5, "max_init_values": 4}
 

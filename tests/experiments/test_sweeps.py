@@ -2,24 +2,18 @@
 finished runs, resume interrupted ones, and refuse a workdir holding another run."""
 
 import json
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
-    sys.path.insert(0, str(ROOT))
-
-from contrastive_jax import run_dir  # noqa: E402
-from contrastive_jax.config_lib import override  # noqa: E402
-from experiments import (  # noqa: E402
+from contrastive_jax import run_dir
+from contrastive_jax.config_lib import override
+from experiments.lib import sweep
+from experiments.studies import (
     batch_size_sweep,
     batch_size_sweep_grid,
     batch_size_sweep_report,
     loss_comparison,
-    sweep,
     temperature_sweep,
 )
 

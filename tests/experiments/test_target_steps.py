@@ -1,18 +1,12 @@
-"""experiments/target_steps.py: steps to a validation target interpolated between
+"""experiments/lib/target_steps.py: steps to a validation target interpolated between
 evaluations, each N's best rate over every seed it has, and the figure."""
 
 import math
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # experiments/ is imported from the root
-    sys.path.insert(0, str(ROOT))
-
-from experiments import target_steps  # noqa: E402
+from experiments.lib import target_steps
 
 
 def rising_record(n, factor, seed, reached_at, top=0.9):

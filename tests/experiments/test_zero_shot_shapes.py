@@ -1,17 +1,11 @@
-"""experiments/zero_shot_shapes.py --quick: a small CLIP on the generated set, judged by
+"""experiments/studies/zero_shot_shapes.py --quick: a small CLIP on the generated set, judged by
 the benchmark's zero-shot classification and all-caption retrieval."""
 
 import json
-import pathlib
-import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # experiments/ and configs/ are imported from the root
-    sys.path.insert(0, str(ROOT))
-
-from experiments import zero_shot_shapes as study  # noqa: E402
+from experiments.studies import zero_shot_shapes as study
 
 
 @pytest.mark.e2e

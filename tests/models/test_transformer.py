@@ -83,7 +83,7 @@ def _kept_for_backward(model, x):
     residuals: parameters and the activations not recomputed), from `jax.vjp` traced
     abstractly. XLA's CPU backend does not show rematerialisation in
     `memory_analysis()` (its scheduler computes the recomputations early: a remat'd MLP
-    chain's temporaries rose from 88 to 102 MiB here); GPUs do (experiments/bench_step.py)."""
+    chain's temporaries rose from 88 to 102 MiB here); GPUs do (experiments/bench/bench_step.py)."""
     params = jax.eval_shape(model.init, jax.random.key(0), x)
 
     def loss(params, x):

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments import intervals, query_hits, sweep
+from experiments.lib import intervals, query_hits, sweep
 
 FIT_PAIRS = 108_000  # cmudict's `fit` split
 SPLITS = {"data.train_split": "fit", "eval.split": "validation"}

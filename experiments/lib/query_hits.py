@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments import intervals
+from experiments.lib import intervals
 
 DIRECTIONS = ("a_to_b", "b_to_a")  # cmudict: spelling -> pronunciation and back
 

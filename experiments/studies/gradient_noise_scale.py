@@ -8,9 +8,9 @@ turns the logged squared norms into ``B_simple`` from their running means over t
 (McCandlish: average the norms over many steps, then take the ratio).
 
 Run (from the repository root):
-  .venv/bin/python -m experiments.gradient_noise_scale                 # digits, CLIP
-  .venv/bin/python -m experiments.gradient_noise_scale --config cmudict_clip --steps 300
-  .venv/bin/python -m experiments.gradient_noise_scale --quick         # CI: a few steps
+  .venv/bin/python -m experiments.studies.gradient_noise_scale                 # digits, CLIP
+  .venv/bin/python -m experiments.studies.gradient_noise_scale --config cmudict_clip --steps 300
+  .venv/bin/python -m experiments.studies.gradient_noise_scale --quick         # CI: a few steps
 
 Writes ``noise_scale.json`` (the logged norms and the running ``B_simple``) and
 ``noise_scale.png`` (``B_simple`` vs step) to ``--out``; the training run's workdir is
@@ -31,7 +31,7 @@ from contrastive_jax import run_dir
 from contrastive_jax.config_lib import load_config
 from contrastive_jax.simulated_devices import simulate_cpu_devices
 from contrastive_jax.training import noise_scale
-from experiments import sweep
+from experiments.lib import sweep
 
 QUICK = dict(config="default", steps=6, every=2, batch_size=64)
 FULL = dict(config="default", steps=1000, every=25, batch_size=256)

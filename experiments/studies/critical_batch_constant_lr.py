@@ -8,8 +8,8 @@ large N reaches its target while its rate is already low: steps-to-target measur
 schedule as much as the batch. Here every run trains `configs/cmudict_clip.py` (two 1-D
 CNN towers, CLIP over the global batch on 8 simulated CPU devices) on cmudict's `fit`
 split (108,000 pairs) with `optim.schedule = "constant"`: a linear warmup over
-`WARMUP_STEPS` steps whatever N, then the peak rate ``BASE_LEARNING_RATE * 2 ** (k / 2)``
-(rate step k). Validation R@1 both ways (13,490 pairs; the test split is never read) is
+`WARMUP_STEPS` steps whatever N, then the peak rate ``1e-3 * 2 ** (k / 2)``
+(rate step k, `rate_grid`). Validation R@1 both ways (13,490 pairs; the test split is never read) is
 measured every `EVAL_EXAMPLES` training examples (at least every step); a run trains in
 segments of `SEGMENT_EVALS` evaluations and stops after the first segment that reached
 the highest target, or made no new best for `PATIENCE_EVALS` evaluations, or at the cap
@@ -40,9 +40,9 @@ its 95% bootstrap over seeds (`critical_batch_fit`), and the table of the estima
 against the range fitted.
 
 Run (from the repository root; rerun the same command to go on):
-  .venv/bin/python -m experiments.critical_batch_constant_lr --hours 2   # no run starts after 2 h
-  .venv/bin/python -m experiments.critical_batch_constant_lr --hours 0   # the report from what finished
-  .venv/bin/python -m experiments.critical_batch_constant_lr --quick     # CI: slices of the data
+  .venv/bin/python -m experiments.studies.critical_batch_constant_lr --hours 2   # no run starts after 2 h
+  .venv/bin/python -m experiments.studies.critical_batch_constant_lr --hours 0   # the report from what finished
+  .venv/bin/python -m experiments.studies.critical_batch_constant_lr --quick     # CI: slices of the data
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +59,12 @@ import numpy as np
 
 from contrastive_jax import run_dir
 from contrastive_jax.config_lib import load_config, override
-from experiments import critical_batch_fit, intervals, replicates, sweep, target_steps
+from experiments.lib import critical_batch_fit, intervals, replicates, sweep, target_steps
+from experiments.lib.rate_grid import first_rate_step, learning_rate, rate_step_of, step_beyond_edge
 
 BATCH_SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
 SEEDS = (0, 1, 2)
 TARGETS = (0.80, 0.82, 0.84, 0.86, 0.88)  # validation R@1, mean of both directions; the last stops a run
-BASE_LEARNING_RATE = 1e-3  # rate step k: BASE_LEARNING_RATE * 2 ** (k / 2)
 WARMUP_STEPS = 20  # the same at every N
 EVAL_EXAMPLES = 32_768  # validation every this many training examples (at least every step)
 SEGMENT_EVALS = 4  # evaluations per training segment (the stop is checked between segments)
@@ -77,22 +77,6 @@ REPLICATES = 16  # independent batches at each of n and n / 4
 NOISE_POINTS = 4  # steps measured along each run, spread evenly, the last included
 NOISE_SEEDS = 2  # the first seeds at each N's chosen rate
 NOISE_DATA_SEED = 1_000  # + the run's seed: the replicates' stream, not the one trained on
-
-
-def learning_rate(rate_step: int) -> float:
-    """AdamW's peak rate at rate step `rate_step` of the sqrt(2) grid."""
-    return BASE_LEARNING_RATE * 2 ** (rate_step / 2)
-
-
-def rate_step_of(lr_factor: float) -> int:
-    """The rate step k of a record's `lr_factor` (2 ** (k / 2))."""
-    return round(2 * math.log2(lr_factor))
-
-
-def first_rate_step(n: int) -> int:
-    """The grid's centre at N = `n`: the square-root rule from 2e-3 at N = 256 (the
-    cosine study's best there), ``log2(n / 256) + 2``."""
-    return round(math.log2(n / 256)) + 2
 
 
 def study_run(
@@ -158,15 +142,6 @@ def best_tuning_run(records: Sequence[Mapping[str, Any]], targets: Sequence[floa
     reached = [t for t in targets if any(curve[:, 1].max() >= t for curve in curves)]
     target = max(reached, default=targets[0])
     return min(records, key=lambda r: rank(r, target))
-
-
-def step_beyond_edge(steps: Iterable[int], best: int) -> int | None:
-    """How a tuning grid grows: the neighbour beyond `best` when it is the smallest or the
-    largest of the grid steps run (`steps`), else None (the best is inside)."""
-    steps = sorted(steps)
-    if best == steps[0]:
-        return best - 1
-    return best + 1 if best == steps[-1] else None
 
 
 def next_rate_step(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> int | None:

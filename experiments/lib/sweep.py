@@ -13,7 +13,7 @@ final metrics and curves from `metrics.jsonl`), `results.csv` (one row per run, 
 curves), the driver's figures (PNG) and its markdown `summary.md`. `<out>/runs/` holds
 the checkpoints and is git-ignored. Runs override fields with `config_lib.override`.
 
-Run the drivers from the repository root, e.g. `python -m experiments.batch_size_sweep`.
+Run the drivers from the repository root, e.g. `python -m experiments.studies.batch_size_sweep`.
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ import numpy as np
 from contrastive_jax import run_dir
 from contrastive_jax.config_lib import override
 from contrastive_jax.simulated_devices import simulate_cpu_devices
+from experiments import REPO, RESULTS  # RESULTS: committed results, <sweep>/{*.csv,*.json,*.png}
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "experiments" / "results"  # committed results: <sweep>/{*.csv,*.json,*.png}
 QUICK_RESULTS = REPO / "runs" / "experiments"  # --quick results (git-ignored)
 LOG_POINTS = 40  # training scalars logged about this many times per run
 CHECKPOINTS_PER_RUN = 4  # an interrupted run loses at most a quarter of its steps

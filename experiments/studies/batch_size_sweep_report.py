@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from experiments import sweep
+from experiments.lib import sweep
 
 
 def _series(records: Sequence[dict]) -> list:
@@ -24,20 +24,10 @@ def _series(records: Sequence[dict]) -> list:
     return list(dict.fromkeys(r.get("series") for r in records))
 
 
-def plot(records: Sequence[dict], metric: str) -> dict:
-    """The figures (see the module docstring), by file name.
-
-    Args:
-      records: one per run: `batch_size`, `steps`, `metric`, `train/loss`, `curves`, and
-        optionally `series`, `train/temperature`, `false_negative_fraction`.
-      metric: the evaluation metric plotted against N (e.g. `"a_to_b/R@1"`).
-    """
-    sizes = sorted({r["batch_size"] for r in records})
-    figures = {}
-
+def _metric_figure(records: Sequence[dict], metric: str, sizes: list[int], series: list):
+    """`metric` against N, a line per series."""
     steps = sorted({r["steps"] for r in records})
     length = f"{steps[0]} steps" if len(steps) == 1 else f"fixed epochs: {steps[-1]} … {steps[0]} steps"
-    series = _series(records)
     if series != [None]:
         length = "per series"
     fig, ax = sweep.new_figure(f"Final {metric} vs global batch size ({length})")
@@ -47,8 +37,11 @@ def plot(records: Sequence[dict], metric: str) -> dict:
     ax.set(xlabel="global batch size N", ylabel=metric)
     if series != [None]:
         ax.legend(fontsize=7)
-    figures["metric_vs_batch"] = fig
+    return fig
 
+
+def _loss_curves_figure(records: Sequence[dict], series: list):
+    """The first series' training loss per N (mean over seeds), beside log N."""
     first = [r for r in records if r.get("series") == series[0]]
     title = "Training loss per batch size (mean over seeds)" + (f": {series[0]}" if series[0] else "")
     fig, ax = sweep.new_figure(title, width=6)
@@ -59,20 +52,25 @@ def plot(records: Sequence[dict], metric: str) -> dict:
         ax.axhline(math.log(n), color=color, linestyle=":", linewidth=0.8)
     ax.set(xlabel="step", ylabel="CLIP loss (nats); dotted: log N", yscale="log")
     ax.legend(fontsize=7, ncol=2)
-    figures["loss_curves"] = fig
+    return fig
 
-    if all("train/temperature" in r for r in records):
-        fig, ax = sweep.new_figure("Final learned temperature vs batch size")
-        for name in series:
-            sweep.errorbar(
-                ax, records, "batch_size", "train/temperature", where=lambda r, s=name: r.get("series") == s, label=name
-            )
-        sweep.log_spaced_ticks(ax, sizes)
-        if series != [None]:
-            ax.legend(fontsize=7)
-        ax.set(xlabel="global batch size N", ylabel="temperature T")
-        figures["temperature_vs_batch"] = fig
 
+def _temperature_figure(records: Sequence[dict], sizes: list[int], series: list):
+    """The final learned temperature against N, a line per series."""
+    fig, ax = sweep.new_figure("Final learned temperature vs batch size")
+    for name in series:
+        sweep.errorbar(
+            ax, records, "batch_size", "train/temperature", where=lambda r, s=name: r.get("series") == s, label=name
+        )
+    sweep.log_spaced_ticks(ax, sizes)
+    if series != [None]:
+        ax.legend(fontsize=7)
+    ax.set(xlabel="global batch size N", ylabel="temperature T")
+    return fig
+
+
+def _mi_bound_figure(records: Sequence[dict], sizes: list[int], series: list):
+    """InfoNCE's lower bound on the mutual information, log N - L, against its ceiling log N."""
     fig, ax = sweep.new_figure("InfoNCE mutual-information lower bound")
     bound = [
         dict(r, log_n=math.log(r["batch_size"]), bound=math.log(r["batch_size"]) - r["train/loss"]) for r in records
@@ -84,8 +82,26 @@ def plot(records: Sequence[dict], metric: str) -> dict:
     ax.plot(log_n, log_n, "k--", linewidth=1, label="log N (the bound's ceiling)")
     ax.set(xlabel="log N (nats)", ylabel="I(a; b) ≥ (nats)")
     ax.legend(fontsize=7)
-    figures["mi_bound"] = fig
+    return fig
 
+
+def plot(records: Sequence[dict], metric: str) -> dict:
+    """The figures (see the module docstring), by file name.
+
+    Args:
+      records: one per run: `batch_size`, `steps`, `metric`, `train/loss`, `curves`, and
+        optionally `series`, `train/temperature`, `false_negative_fraction`.
+      metric: the evaluation metric plotted against N (e.g. `"a_to_b/R@1"`).
+    """
+    sizes = sorted({r["batch_size"] for r in records})
+    series = _series(records)
+    figures = {
+        "metric_vs_batch": _metric_figure(records, metric, sizes, series),
+        "loss_curves": _loss_curves_figure(records, series),
+    }
+    if all("train/temperature" in r for r in records):
+        figures["temperature_vs_batch"] = _temperature_figure(records, sizes, series)
+    figures["mi_bound"] = _mi_bound_figure(records, sizes, series)
     if all("false_negative_fraction" in r for r in records):
         fig, ax = sweep.new_figure("In-batch false negatives vs batch size")
         sweep.errorbar(ax, records, "batch_size", "false_negative_fraction")

@@ -1,14 +1,14 @@
 """How the global batch (the number of negatives) changes what a contrastive model learns.
 
 Run (from the repository root):
-  python -m experiments.batch_size_sweep                 # digits: full sweep, results committed
-  python -m experiments.batch_size_sweep --quick         # CI: 2 batch sizes, a few steps
-  python -m experiments.batch_size_sweep --epochs 50     # fixed epochs instead of steps
-  python -m experiments.batch_size_sweep --study cmudict           # the cmudict study (below)
-  python -m experiments.batch_size_sweep --study cmudict --quick   # CI
+  python -m experiments.studies.batch_size_sweep                 # digits: full sweep, results committed
+  python -m experiments.studies.batch_size_sweep --quick         # CI: 2 batch sizes, a few steps
+  python -m experiments.studies.batch_size_sweep --epochs 50     # fixed epochs instead of steps
+  python -m experiments.studies.batch_size_sweep --study cmudict           # the cmudict study (below)
+  python -m experiments.studies.batch_size_sweep --study cmudict --quick   # CI
 
 The cmudict study (`configs/cmudict_clip.py`, 121,490 training pairs; `study_runs` and
-the constants named below are in `experiments/batch_size_sweep_grid.py`):
+the constants named below are in `experiments/studies/batch_size_sweep_grid.py`):
 N = 256 ... 65,536 (the loss streamed in tiles above `STREAM_ABOVE`; gradient caching
 in micro-batches of `MICRO_BATCH` only above `GRAD_CACHE_ABOVE`), each seed, two budgets:
 
@@ -39,8 +39,8 @@ the config's at every N. Writes to `--out`: `results.{csv,json}`, `summary.md` a
   `log N` (at most `log N`: a batch of N can certify at most log N nats);
 * `false_negatives_vs_batch.png` (the cmudict study): the in-batch false-negative fraction vs N.
 
-The figures and `summary.md` are drawn by `experiments/batch_size_sweep_report.py`.
-Resumable: rerun the same command; finished runs are skipped (see `experiments/sweep.py`).
+The figures and `summary.md` are drawn by `experiments/studies/batch_size_sweep_report.py`.
+Resumable: rerun the same command; finished runs are skipped (see `experiments/lib/sweep.py`).
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ from pathlib import Path
 import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
-from experiments import sweep
-from experiments.batch_size_sweep_grid import make_runs, study_runs
-from experiments.batch_size_sweep_report import plot, summary
+from experiments.lib import sweep
+from experiments.studies.batch_size_sweep_grid import make_runs, study_runs
+from experiments.studies.batch_size_sweep_report import plot, summary
 
 FULL = dict(
     config="default", batch_sizes=[16, 32, 64, 128, 256, 512, 1024], seeds=[0, 1, 2], steps=500, metric="a_to_b/R@1"

@@ -16,9 +16,9 @@ epochs, evaluating test R@1 both ways `EVALS` times along the run. The grid (`ME
   its few steps; EMA keys without a queue; the queue without EMA with detached keys.
 
 Run (from the repository root; resumable: rerun the same command after a kill):
-  .venv/bin/python -m experiments.epoch_budget_study           # the grid, results committed
-  .venv/bin/python -m experiments.epoch_budget_study --hours 1  # no run starts after 1 h
-  .venv/bin/python -m experiments.epoch_budget_study --quick   # CI: slices of the data
+  .venv/bin/python -m experiments.studies.epoch_budget_study           # the grid, results committed
+  .venv/bin/python -m experiments.studies.epoch_budget_study --hours 1  # no run starts after 1 h
+  .venv/bin/python -m experiments.studies.epoch_budget_study --quick   # CI: slices of the data
 
 Writes to `--out` (default `experiments/results/epoch_budget_study`): `results.{csv,json}`
 (every run's tags, final metrics and curves), `final.json` (each run's per-query test
@@ -43,7 +43,7 @@ import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
 from contrastive_jax.training import noise_scale
-from experiments import intervals, query_hits, sweep
+from experiments.lib import intervals, query_hits, sweep
 
 TRAIN_PAIRS = 121_490  # cmudict's training split
 EPOCHS = 11.0  # N = 4,096 gets ceil(11 * 121,490 / 4,096) = 327 steps
@@ -352,15 +352,9 @@ def _gain_shrink_section(groups: Mapping[tuple[str, int], Sequence]) -> str:
     )
 
 
-def summary(
-    records: Sequence[Mapping], ceilings: Mapping[str, float], hits: Mapping[str, Mapping[str, Any]] | None = None
-) -> str:
-    """`summary.md`: the final table (R@1 both ways: mean ± 95% t-interval over the seeds,
-    and its distance to the `ceilings`, `metrics.paired_ceilings` of the test split), the
-    differences the findings read (`comparisons`) with a Welch interval over the seeds and,
-    where both sides have per-query `hits` (`query_hits.cached_hits`) of the same seeds, a
-    paired bootstrap over the test queries; R@1 at each evaluation, and the noise scale."""
-    groups = _groups(records)
+def _final_table(groups: Mapping[tuple, list], records: Sequence[Mapping], ceilings: Mapping[str, float]) -> str:
+    """The title and the final table: per method and N, test R@1 both ways (mean ± 95%
+    t-interval over the seeds, and its distance to the `ceilings`), loss, temperature."""
     rows = []
     for (label, n), group in groups.items():
         cells = []
@@ -390,23 +384,14 @@ def summary(
         + ", ".join(f"{value:.3f} {direction}" for direction, value in ceilings.items())
         + "). Loss and temperature: mean ± std.\n\n"
     )
-    text += sweep.markdown_table(
-        rows,
-        [
-            "method",
-            "N",
-            "steps",
-            "seeds",
-            f"test {METRICS[0]}",
-            "ceiling - R@1",
-            f"test {METRICS[1]}",
-            "ceiling - R@1",
-            "final loss",
-            "temperature",
-            "training min (first seed)",
-        ],
-    )
-    text += (
+    header = ["method", "N", "steps", "seeds", f"test {METRICS[0]}", "ceiling - R@1", f"test {METRICS[1]}"]
+    header += ["ceiling - R@1", "final loss", "temperature", "training min (first seed)"]
+    return text + sweep.markdown_table(rows, header)
+
+
+def _differences_section(groups: Mapping[tuple, list]) -> str:
+    """The `comparisons`' differences of test R@1 with a Welch interval over the seeds."""
+    text = (
         "\n## Differences of test R@1 (CLIP against the next smaller N; at each N every pair of methods): "
         "difference of the seed means [95% Welch interval over the seeds; n/a: one seed]\n\n"
     )
@@ -418,10 +403,12 @@ def summary(
             cells.append(intervals.difference_cell(*interval))
         seeds = f"{len(groups[x])} vs {len(groups[y])}"
         comparison_rows.append([f"{x[0]}, N={x[1]:,}", f"{y[0]}, N={y[1]:,}", seeds, *cells])
-    text += sweep.markdown_table(comparison_rows, DIFFERENCE_HEADER)
-    text += _gain_shrink_section(groups)
-    text += _bootstrap_section(groups, hits or {})
-    text += f"\n## test {METRICS[0]} at each evaluation (mean over seeds): epoch -> R@1 (the first seed's minutes)\n\n"
+    return text + sweep.markdown_table(comparison_rows, DIFFERENCE_HEADER)
+
+
+def _evals_and_noise_sections(groups: Mapping[tuple, list]) -> str:
+    """Test R@1 at each evaluation (mean over seeds), and B_simple per epoch where measured."""
+    text = f"\n## test {METRICS[0]} at each evaluation (mean over seeds): epoch -> R@1 (the first seed's minutes)\n\n"
     eval_rows = []
     for (label, n), group in groups.items():
         evals = _mean_evals(group)
@@ -438,6 +425,20 @@ def summary(
         width = max(len(r) for r in noise_rows) - 2
         text += sweep.markdown_table(noise_rows, ["method", "N", *(f"epoch {e + 1}" for e in range(width))])
     return text
+
+
+def summary(
+    records: Sequence[Mapping], ceilings: Mapping[str, float], hits: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
+    """`summary.md`: the final table (R@1 both ways: mean ± 95% t-interval over the seeds,
+    and its distance to the `ceilings`, `metrics.paired_ceilings` of the test split), the
+    differences the findings read (`comparisons`) with a Welch interval over the seeds and,
+    where both sides have per-query `hits` (`query_hits.cached_hits`) of the same seeds, a
+    paired bootstrap over the test queries; R@1 at each evaluation, and the noise scale."""
+    groups = _groups(records)
+    text = _final_table(groups, records, ceilings) + _differences_section(groups)
+    text += _gain_shrink_section(groups) + _bootstrap_section(groups, hits or {})
+    return text + _evals_and_noise_sections(groups)
 
 
 def _bootstrap_section(groups: Mapping[tuple[str, int], Sequence[Mapping]], hits: Mapping[str, Mapping]) -> str:

@@ -1,8 +1,8 @@
 """Is cross-entropy enough? Softmax CE vs pairwise metric losses on unseen classes.
 
 Run (from the repository root):
-  python -m experiments.loss_comparison               # full comparison, results committed
-  python -m experiments.loss_comparison --quick       # CI: every loss, a few steps
+  python -m experiments.studies.loss_comparison               # full comparison, results committed
+  python -m experiments.studies.loss_comparison --quick       # CI: every loss, a few steps
 
 Boudiaf et al. (ECCV 2020) show that the softmax cross-entropy of a classifier bounds
 the pairwise losses of deep metric learning and matches them in practice. This trains
@@ -15,7 +15,7 @@ the unseen classes. Writes to `--out`: `results.{csv,json}`, `summary.md` and
 * `metrics_by_loss.png`: final Recall@1 and MAP@R per loss, seed error bars;
 * `map_at_r_curves.png`: MAP@R on the unseen classes during training.
 
-Resumable: rerun the same command; finished runs are skipped (see `experiments/sweep.py`).
+Resumable: rerun the same command; finished runs are skipped (see `experiments/lib/sweep.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
-from experiments import sweep
+from experiments.lib import sweep
 
 LOSSES = ("softmax_ce", "triplet", "multi_similarity", "supcon")
 # Per-loss config fields: the classifier head of softmax CE (the training classes 0-5).

@@ -1,9 +1,9 @@
 """One optimizer step at a huge global batch: gradient caching vs the whole batch at once,
 each beside the loss's own forward and backward.
 
-    python experiments/bench_grad_cache.py             # 2^14 ... 2^18: over an hour on 2 cores
-    python experiments/bench_grad_cache.py --log2 14 15 # only these sizes (merged into results)
-    python experiments/bench_grad_cache.py --quick     # 2^10, whole and in micro-batches, half a minute
+    python -m experiments.bench.bench_grad_cache             # 2^14 ... 2^18: over an hour on 2 cores
+    python -m experiments.bench.bench_grad_cache --log2 14 15 # only these sizes (merged into results)
+    python -m experiments.bench.bench_grad_cache --quick     # 2^10, whole and in micro-batches, half a minute
 
 For each global batch N (and method), a fresh subprocess builds the default config's
 model (two MLP towers on the digits' halves, CLIP loss with a learned temperature, D =
@@ -37,8 +37,11 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "experiments" / "results" / "bench_grad_cache"
+from experiments import REPO
+from experiments import RESULTS as ALL_RESULTS
+from experiments.bench import bench_losses
+
+RESULTS = ALL_RESULTS / "bench_grad_cache"
 NUM_DEVICES = 8
 BUDGET_S = 30.0  # a call longer than this is timed once (no warm-up, no repeats)
 REPEATS = 3
@@ -64,15 +67,9 @@ def time_in_turns(calls: dict, *, repeats: int = REPEATS, budget_s: float = BUDG
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
-    """Compiles and times one train step; returns its figures (runs in a subprocess)."""
-    sys.path.insert(0, str(ROOT))
-    from contrastive_jax.simulated_devices import simulate_cpu_devices
-
-    simulate_cpu_devices(NUM_DEVICES)
-    import jax
-    import numpy as np
-
+def built_run(global_batch: int, micro_batch: int, chunk_size: int):
+    """The default config's `Trainer` at these sizes on `NUM_DEVICES` devices, and one
+    batch's input spec (`{"a": ShapeDtypeStruct[N, ...], "b": ...}`)."""
     from configs import default
     from contrastive_jax import sharding, write_records
     from contrastive_jax.config_lib import override
@@ -92,7 +89,20 @@ def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
             "loss.chunk_size": chunk_size,
         },
     )
-    run = trainer.build(config, sharding.make_mesh(NUM_DEVICES))
+    return trainer.build(config, sharding.make_mesh(NUM_DEVICES)), spec
+
+
+def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
+    """Compiles and times one train step; returns its figures (runs in a subprocess)."""
+    from contrastive_jax.simulated_devices import simulate_cpu_devices
+
+    simulate_cpu_devices(NUM_DEVICES)
+    import jax
+    import numpy as np
+
+    from contrastive_jax import sharding
+
+    run, spec = built_run(global_batch, micro_batch, chunk_size)
     init, abstract = run.init_state(spec)
     rng = np.random.default_rng(0)
     batch = {key: rng.standard_normal((global_batch, *spec[key].shape[1:]), np.float32) for key in ("a", "b")}
@@ -120,7 +130,7 @@ def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:
         "micro_batch": micro_batch,
         "chunk_size": chunk_size,
         "devices": NUM_DEVICES,
-        "embed_dim": config.model.embed_dim,
+        "embed_dim": run.loss_settings.embed_dim,
         "loss": losses[0],
         "log_global_batch": float(np.log(global_batch)),
         "step_seconds": seconds["step"],
@@ -176,11 +186,7 @@ def main(argv=None) -> int:
         print(json.dumps(run_point(*args.point)))
         return 0
 
-    if args.quick:
-        points = [(2**10, m, 128) for m in (0, 256)]
-    else:
-        points = [(2**k, 8192, 512) for k in args.log2]
-        points += [(2**k, 0, 512) for k in args.log2 if k <= 16]  # the whole batch at once
+    points = [(2**10, m, 128) for m in (0, 256)] if args.quick else planned_points(args.log2)
     results_file = args.out / "results.json"
     kept = json.loads(results_file.read_text()) if results_file.exists() else []
     peak = _matmul_peak(2048 if args.quick else 4096)
@@ -188,18 +194,7 @@ def main(argv=None) -> int:
     print(f"[bench] jnp.dot peak {peak['gflops']:.1f} GFLOP/s; {load}", flush=True)
     results = []
     for index, (global_batch, micro_batch, chunk) in enumerate(points, 1):
-        command = [sys.executable, __file__, "--point", str(global_batch), str(micro_batch), str(chunk)]
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-        if done.returncode:
-            print(done.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"point N={global_batch} micro={micro_batch} failed")
-        point = json.loads(done.stdout.strip().splitlines()[-1])
-        useful_seconds = 6.0 * global_batch**2 * point["embed_dim"] / (peak["gflops"] * 1e9)
-        point |= {
-            "peak_gflops": peak["gflops"],
-            "step_over_matmul_limit": point["step_seconds"] / useful_seconds,
-            "load_average": load,
-        }
+        point = measured_point(global_batch, micro_batch, chunk, peak["gflops"]) | {"load_average": load}
         results.append(point)
         print(
             f"[{index}/{len(points)}] N={global_batch:>7} {point['method']:<10} "
@@ -215,6 +210,34 @@ def main(argv=None) -> int:
     results.sort(key=lambda p: (p["method"], p["global_batch"]))
     args.out.mkdir(parents=True, exist_ok=True)
     results_file.write_text(json.dumps(results, indent=1))
+    lines = report_lines(results)
+    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def planned_points(log2_sizes: list[int]) -> list[tuple[int, int, int]]:
+    """`(global batch, micro-batch (0: the whole batch), loss chunk)` of each point: every
+    size in micro-batches of 8,192, and the whole batch at once up to 2^16."""
+    points = [(2**k, 8192, 512) for k in log2_sizes]
+    return points + [(2**k, 0, 512) for k in log2_sizes if k <= 16]
+
+
+def measured_point(global_batch: int, micro_batch: int, chunk: int, peak_gflops: float) -> dict:
+    """`run_point`'s figures, measured in a fresh process, with the step's time against
+    the loss's useful flops at the `jnp.dot` peak (`6 N^2 D / peak`)."""
+    command = [sys.executable, "-m", __spec__.name, "--point", str(global_batch), str(micro_batch), str(chunk)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if done.returncode:
+        print(done.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"point N={global_batch} micro={micro_batch} failed")
+    point = json.loads(done.stdout.strip().splitlines()[-1])
+    useful_seconds = 6.0 * global_batch**2 * point["embed_dim"] / (peak_gflops * 1e9)
+    return point | {"peak_gflops": peak_gflops, "step_over_matmul_limit": point["step_seconds"] / useful_seconds}
+
+
+def report_lines(results: list[dict]) -> list[str]:
+    """`results.md`'s table: a row per point (the loss's columns `-` where not measured)."""
     lines = [
         "| global batch | method | micro-batch | step time | loss fwd+bwd | step ÷ loss | "
         "step ÷ (6N²D / peak) | compiled temp / device | peak RSS | load |",
@@ -231,16 +254,11 @@ def main(argv=None) -> int:
             f"{p['step_seconds']:.2f} s | {ratios} | {_mib(p['compiled_temp_bytes'])} | "
             f"{_mib(p['peak_rss_bytes'])} | {p.get('load_average', '-')} |"
         )
-    (args.out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return lines
 
 
 def _matmul_peak(n: int) -> dict:
     """`bench_losses`' float32 `jnp.dot` peak (an n^3 matmul, one device, own process)."""
-    sys.path.insert(0, str(ROOT / "experiments"))
-    import bench_losses
-
     peak = bench_losses.spawn({"worker": "peak", "n": n})
     if "error" in peak:
         raise SystemExit(f"[bench] the jnp.dot peak failed: {peak['error']}")

@@ -46,12 +46,12 @@ What it reports (`summary.md`, `results.json`, `steps_to_target.png`):
 Run (from the repository root; resumable: rerun the same command after a kill, finished
 runs and noise measurements are skipped, and so are the runs in the committed
 `results.json`):
-  .venv/bin/python -m experiments.critical_batch_study             # the grid, results committed
-  .venv/bin/python -m experiments.critical_batch_study --seeds 0   # one seed of it
-  .venv/bin/python -m experiments.critical_batch_study --hours 1   # no run starts after 1 h;
+  .venv/bin/python -m experiments.studies.critical_batch_study             # the grid, results committed
+  .venv/bin/python -m experiments.studies.critical_batch_study --seeds 0   # one seed of it
+  .venv/bin/python -m experiments.studies.critical_batch_study --hours 1   # no run starts after 1 h;
                                                                    # reports what finished
-  .venv/bin/python -m experiments.critical_batch_study --quick     # CI: slices of the data
-  .venv/bin/python -m experiments.critical_batch_study --task shapes   # the image-text set
+  .venv/bin/python -m experiments.studies.critical_batch_study --quick     # CI: slices of the data
+  .venv/bin/python -m experiments.studies.critical_batch_study --task shapes   # the image-text set
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
 from contrastive_jax.data.builtin import shapes
-from experiments import critical_batch_fit, intervals, query_hits, replicates, sweep, target_steps, zero_shot_shapes
+from experiments.lib import critical_batch_fit, intervals, query_hits, replicates, shapes_towers, sweep, target_steps
 
 EPOCHS = 6.0
 EVALS_PER_EPOCH = 2
@@ -484,11 +484,11 @@ QUICK = dict(
 
 # The generated image-text set, a task with headroom: 60,000 pictures at 32 px (54,000 train);
 # validation and the final table on 1,000 pictures each, one caption per picture. CPU-sized
-# towers (experiments.zero_shot_shapes's, narrower); the grid cut to the machine's time.
+# towers (`shapes_towers`, zero_shot_shapes's, narrower); the grid cut to the machine's time.
 SHAPES_IMAGE_SIZE = 32
 SHAPES_PICTURES = 60_000
 SHAPES_TOWERS = {
-    **zero_shot_shapes.TOWERS,
+    **shapes_towers.TOWERS,
     "model.cnn_features": (16, 32),
     "data.image_size": SHAPES_IMAGE_SIZE,
     "eval.batch_size": 1000,

@@ -20,8 +20,8 @@ Stages, N by N (a session cut short leaves whole N's with their comparison):
    is at the edge of the steps run and fewer than the axis's cap ran (`next_on_axis`):
 
    * the peak rate, for each loss: rate step k, ``1e-3 * 2 ** (k / 2)`` (the sqrt(2)
-     grid of `critical_batch_constant_lr`, centred on its square-root rule
-     `first_rate_step`), at most `MAX_RATES` rates; SigLIP at its paper's start
+     grid `rate_grid` it shares with `critical_batch_constant_lr`, centred on the
+     square-root rule `first_rate_step`), at most `MAX_RATES` rates; SigLIP at its paper's start
      (t' = log 10: temperature 0.1; bias -10; Zhai et al. 2023);
    * SigLIP's initial temperature at its tuned rate: ``0.1 * 2 ** -j`` (step j; 0 the
      paper's), at most `MAX_INIT_VALUES`;
@@ -43,9 +43,9 @@ Every run's record is written as it finishes; the report is regenerated from wha
 complete (an N whose tuning is unfinished shows its grid so far).
 
 Run (from the repository root; rerun the same command to go on):
-  .venv/bin/python -m experiments.sigmoid_vs_softmax --hours 3   # no run starts after 3 h
-  .venv/bin/python -m experiments.sigmoid_vs_softmax --hours 0   # the report from what finished
-  .venv/bin/python -m experiments.sigmoid_vs_softmax --quick     # CI: slices of the data
+  .venv/bin/python -m experiments.studies.sigmoid_vs_softmax --hours 3   # no run starts after 3 h
+  .venv/bin/python -m experiments.studies.sigmoid_vs_softmax --hours 0   # the report from what finished
+  .venv/bin/python -m experiments.studies.sigmoid_vs_softmax --quick     # CI: slices of the data
 """
 
 from __future__ import annotations
@@ -59,8 +59,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
-from experiments import critical_batch_constant_lr as constant_lr
-from experiments import intervals, sweep, target_steps
+from experiments.lib import intervals, rate_grid, sweep, target_steps
 
 BATCH_SIZES = (64, 128, 256, 512, 1024)
 SEEDS = (0, 1, 2, 3, 4, 5)  # the first tunes; the others compare
@@ -97,8 +96,8 @@ def bias_init(step: int) -> float:
 
 def start_setting(loss: str, n: int) -> dict[str, int]:
     """Where `loss`'s tuning at N = `n` starts: the square-root rule's rate step
-    (`critical_batch_constant_lr.first_rate_step`), SigLIP at its paper's start."""
-    return {axis: constant_lr.first_rate_step(n) if axis == "rate_step" else 0 for axis in AXES[loss]}
+    (`rate_grid.first_rate_step`), SigLIP at its paper's start."""
+    return {axis: rate_grid.first_rate_step(n) if axis == "rate_step" else 0 for axis in AXES[loss]}
 
 
 def study_run(loss: str, n: int, setting: Mapping[str, int], seed: int, *, epochs: float, train_size: int) -> sweep.Run:
@@ -108,7 +107,7 @@ def study_run(loss: str, n: int, setting: Mapping[str, int], seed: int, *, epoch
     num_steps = math.ceil(epochs * steps_per_epoch)
     warmup = round(WARMUP_EPOCHS * steps_per_epoch)
     k = setting["rate_step"]
-    tags = {"loss": loss, "batch_size": n, "rate_step": k, "learning_rate": constant_lr.learning_rate(k)}
+    tags = {"loss": loss, "batch_size": n, "rate_step": k, "learning_rate": rate_grid.learning_rate(k)}
     overrides = {
         **sweep.run_overrides(num_steps=num_steps, seed=seed, warmup_steps=warmup),
         "eval.every_steps": math.ceil(num_steps / EVALS),  # the last at the end: EVALS in all
@@ -160,7 +159,7 @@ def next_on_axis(scores: Mapping[int, float], start: int, most: int) -> int | No
             return step
     if len(scores) >= most:
         return None
-    return constant_lr.step_beyond_edge(scores, best_step(scores))
+    return rate_grid.step_beyond_edge(scores, best_step(scores))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +206,7 @@ def plan(records: Sequence[Mapping[str, Any]], loss: str, n: int, seed: int, lim
 def setting_words(loss: str, setting: Mapping[str, int]) -> str:
     """`"k=3 (0.0028), T0 0.05, b0 -5"`: a setting in the report's words."""
     k = setting["rate_step"]
-    words = f"k={k} ({constant_lr.learning_rate(k):.2g})"
+    words = f"k={k} ({rate_grid.learning_rate(k):.2g})"
     if loss == "siglip":
         words += f", T0 {temperature_init(setting['temperature_step']):g}, b0 {bias_init(setting['bias_step']):g}"
     return words

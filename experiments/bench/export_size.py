@@ -7,13 +7,12 @@ dropped; the same tower with both towers' variables closed over directly exports
 tower's size).
 
 Run (from the repository root; about 30 s and 3 GiB on a CPU):
-  .venv/bin/python -m experiments.export_size
+  .venv/bin/python -m experiments.bench.export_size
 
 Writes `summary.json` to `experiments/results/export_size/`.
 """
 
 import json
-import os
 
 import jax
 import numpy as np
@@ -22,8 +21,9 @@ from jax import export as jax_export
 from contrastive_jax import trained
 from contrastive_jax.models.released import open_clip_layout
 from contrastive_jax.models.transformer import TowerSettings
+from experiments import RESULTS
 
-OUT = os.path.join(os.path.dirname(__file__), "results", "export_size")
+OUT = RESULTS / "export_size"
 MIB = 2**20
 VIT_B_32 = open_clip_layout.Settings(
     image_size=224,
@@ -62,8 +62,8 @@ def main() -> dict:
         "exported_tower_a_mib": round(len(run.export("a").serialize()) / MIB, 1),
         "exported_tower_a_with_both_towers_variables_mib": round(len(both.serialize()) / MIB, 1),
     }
-    os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(OUT, "summary.json"), "w") as f:
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / "summary.json", "w") as f:
         json.dump(result, f, indent=2)
     return result
 

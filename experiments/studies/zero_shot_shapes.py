@@ -11,8 +11,8 @@ the pictures, the byte-level 1-D CNN for the captions) for `STEPS` steps. Then:
 * **retrieval with every caption** of each picture (4 each; COCO's protocol), both ways.
 
 Run (from the repository root; a finished run is not trained again):
-  .venv/bin/python -m experiments.zero_shot_shapes             # results committed
-  .venv/bin/python -m experiments.zero_shot_shapes --quick     # CI: a few steps of 64
+  .venv/bin/python -m experiments.studies.zero_shot_shapes             # results committed
+  .venv/bin/python -m experiments.studies.zero_shot_shapes --quick     # CI: a few steps of 64
 
 Writes `results.json` (the CLIP_benchmark reports, the run's own evaluation and its
 time) and `summary.md` to `experiments/results/zero_shot_shapes/`.
@@ -26,19 +26,12 @@ from collections.abc import Sequence
 
 from contrastive_jax.config_lib import load_config, override
 from contrastive_jax.simulated_devices import simulate_cpu_devices
-from experiments import sweep
+from experiments.lib import sweep
+from experiments.lib.shapes_towers import TOWERS
 
 STEPS = 1500
 KINDS = ("circle", "square", "triangle", "cross", "diamond")  # data.builtin.shapes.KINDS, in label order
 TEMPLATES = ("a {}.", "a picture with a {}.", "a small {}.", "a large {}.", "a {} on a plain background.")
-TOWERS = {
-    "model.encoder_a": "cnn",
-    "model.encoder_b": "text_cnn",
-    "model.cnn_features": (32, 64),
-    "model.encoder_dim": 128,
-    "model.embed_dim": 64,
-    "eval.batch_size": 500,
-}
 
 QUICK_OVERRIDES = {"train.global_batch_size": 64}  # --quick: the convolutions' time is the batch's
 

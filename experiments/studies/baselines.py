@@ -1,8 +1,8 @@
 """Non-neural baselines for the paired-retrieval tasks: linear CCA, scored like the trainer.
 
 Run (from the repository root):
-  python -m experiments.baselines            # both baselines, results committed
-  python -m experiments.baselines --quick    # CI: a subset of each training split
+  python -m experiments.studies.baselines            # both baselines, results committed
+  python -m experiments.studies.baselines --quick    # CI: a subset of each training split
 
 * `cmudict` (spelling <-> pronunciation, `configs/cmudict_clip.py`): TF-IDF of character
   1-3-grams of the spelling and of phoneme 1-3-grams of the pronunciation, each reduced
@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from contrastive_jax.evaluation import metrics
+from experiments import REPO, RESULTS
 
-REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "experiments" / "results" / "baselines"
+OUT = RESULTS / "baselines"
 KS = (1, 5, 10)
 TFIDF_SVD_DIM = 256  # TF-IDF features kept per view (truncated SVD)
 CMUDICT_CCA_DIM = 128  # canonical variates used as the cmudict embedding

@@ -8,14 +8,11 @@ import json
 import re
 from pathlib import Path
 
-if __package__:  # python -m experiments.bench_losses
-    from .bench_losses_grid import method
-    from .bench_losses_worker import RING_DEVICES
-else:  # python experiments/bench_losses.py: experiments/ is on sys.path
-    from bench_losses_grid import method
-    from bench_losses_worker import RING_DEVICES
+from experiments import RESULTS
+from experiments.bench.bench_losses_grid import method
+from experiments.bench.bench_losses_worker import RING_DEVICES
 
-GRAD_CACHE_RESULTS = Path(__file__).resolve().parent / "results" / "bench_grad_cache"
+GRAD_CACHE_RESULTS = RESULTS / "bench_grad_cache"
 
 
 def fmt_seconds(seconds: float, decimals: int = 2) -> str:
@@ -38,13 +35,112 @@ def _step_over_loss_target() -> tuple[str, str, str]:
     points = json.loads(path.read_text()) if path.exists() else []
     step = next((p for p in points if p["global_batch"] == 16384 and p["method"] == "full"), None)
     if step is None:
-        return target, "not measured: run experiments/bench_grad_cache.py --log2 14", "-"
+        return target, "not measured: run python -m experiments.bench.bench_grad_cache --log2 14", "-"
     return (
         target,
         f"{step['step_over_loss']:.2f} ({step['step_seconds']:.2f} s vs "
-        f"{step['loss_seconds']:.2f} s, experiments/bench_grad_cache.py)",
+        f"{step['loss_seconds']:.2f} s, experiments/bench/bench_grad_cache.py)",
         "met" if step["step_over_loss"] <= 1.15 else "missed",
     )
+
+
+def _fastest(ok, loss, n, d, worker="jax", streamed=None):
+    """The fastest of the measured points `ok` matching; ``streamed``: True (float32
+    chunked), False (dense), None (either)."""
+    matches = [
+        p
+        for p in ok
+        if p["worker"] == worker
+        and p["loss"] == loss
+        and p["n"] == n
+        and p["d"] == d
+        and not p.get("matmul_dtype")
+        and (streamed is None or (p.get("chunk") is not None) == streamed)
+    ]
+    return min(matches, key=lambda p: p["seconds"], default=None)
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "missed"
+
+
+def _peak_fraction_rows(ok, peak_gflops) -> list[tuple[str, str, str]]:
+    """The streamed losses' useful GFLOP/s as a fraction of the ``jnp.dot`` peak."""
+    rows = []
+    for loss, d, ns, goal in [
+        ("clip", 512, (8192, 16384), 0.70),
+        ("clip", 64, (16384,), 0.50),
+        ("siglip", 512, (8192,), 0.85),
+    ]:
+        for n in ns:
+            point = _fastest(ok, loss, n, d, streamed=True)
+            if point:
+                fraction = point["gflops"] / peak_gflops
+                rows.append(
+                    (
+                        f"streamed {loss} N={n:,} D={d}: useful 6N^2D / jnp.dot peak >= {goal:.0%}",
+                        f"{fraction:.0%} ({method(point)}, {fmt_seconds(point['seconds'])} s)",
+                        _verdict(fraction >= goal),
+                    )
+                )
+    return rows
+
+
+def _comparison_rows(ok) -> list[tuple[str, str, str]]:
+    """Streamed against dense CLIP's time, and the PyTorch reference against ours."""
+    rows = []
+    for n, goal in [(16384, 1.0), (32768, 0.7)]:
+        dense, stream = _fastest(ok, "clip", n, 512, streamed=False), _fastest(ok, "clip", n, 512, streamed=True)
+        if dense and stream:
+            ratio = stream["seconds"] / dense["seconds"]
+            rows.append(
+                (
+                    f"clip N={n:,} D=512: streamed / dense time <= {goal}",
+                    f"{ratio:.2f} ({fmt_seconds(stream['seconds'])} s {method(stream)} "
+                    f"vs {fmt_seconds(dense['seconds'])} s)",
+                    _verdict(ratio <= goal),
+                )
+            )
+    for p in ok:
+        ours = _fastest(ok, p["loss"], p["n"], p["d"], streamed=True) if p["worker"] == "torch" else None
+        if ours:
+            ratio = p["seconds"] / ours["seconds"]
+            rows.append(
+                (
+                    f"torch {p['loss']} dense / ours streamed, N={p['n']:,} D={p['d']} >= 3",
+                    f"{ratio:.2f} ({fmt_seconds(p['seconds'])} s vs {fmt_seconds(ours['seconds'])} s {method(ours)})",
+                    _verdict(ratio >= 3),
+                )
+            )
+    return rows
+
+
+def _ring_rows(ring) -> list[tuple[str, str, str]]:
+    """Per N: the ring's per-device memory against the all-gather's, and their values."""
+    rows = []
+    for n, entry in sorted(ring.items()):
+        if "error" in entry:
+            continue
+        pairs = [("ring", "all_gather"), ("ring chunked", "all_gather chunked")]
+        rows.append(
+            (
+                f"ring per-device memory <= all-gather (N={n:,}, like for like)",
+                "; ".join(
+                    f"{r} {fmt_bytes(entry[r]['temp_bytes'])} vs {g} {fmt_bytes(entry[g]['temp_bytes'])}"
+                    for r, g in pairs
+                ),
+                _verdict(all(entry[r]["temp_bytes"] <= entry[g]["temp_bytes"] for r, g in pairs)),
+            )
+        )
+        if "max_relative_difference" in entry:
+            rows.append(
+                (
+                    f"ring equals all-gather (N={n:,}, value and gradients)",
+                    f"max relative difference {entry['max_relative_difference']:.1e}",
+                    _verdict(entry["max_relative_difference"] <= 1e-5),
+                )
+            )
+    return rows
 
 
 def evaluate_targets(points, peak_gflops, ring, platform: str = "cpu") -> list[tuple[str, str, str]]:
@@ -59,68 +155,7 @@ def evaluate_targets(points, peak_gflops, ring, platform: str = "cpu") -> list[t
         ``bench_grad_cache.py``'s committed CPU results) only for ``"cpu"``.
     """
     ok = [p for p in points if "seconds" in p]
-
-    def find(loss, n, d, worker="jax", streamed=None):
-        """The fastest matching point; ``streamed``: True (float32 chunked), False (dense)."""
-        matches = [
-            p
-            for p in ok
-            if p["worker"] == worker
-            and p["loss"] == loss
-            and p["n"] == n
-            and p["d"] == d
-            and not p.get("matmul_dtype")
-            and (streamed is None or (p.get("chunk") is not None) == streamed)
-        ]
-        return min(matches, key=lambda p: p["seconds"], default=None)
-
-    def fraction(point):
-        return point["gflops"] / peak_gflops
-
-    def verdict(met):
-        return "met" if met else "missed"
-
-    rows = []
-    for loss, d, ns, goal in [
-        ("clip", 512, (8192, 16384), 0.70),
-        ("clip", 64, (16384,), 0.50),
-        ("siglip", 512, (8192,), 0.85),
-    ]:
-        for n in ns:
-            point = find(loss, n, d, streamed=True)
-            if point:
-                rows.append(
-                    (
-                        f"streamed {loss} N={n:,} D={d}: useful 6N^2D / jnp.dot peak >= {goal:.0%}",
-                        f"{fraction(point):.0%} ({method(point)}, {fmt_seconds(point['seconds'])} s)",
-                        verdict(fraction(point) >= goal),
-                    )
-                )
-    for n, goal in [(16384, 1.0), (32768, 0.7)]:
-        dense, stream = find("clip", n, 512, streamed=False), find("clip", n, 512, streamed=True)
-        if dense and stream:
-            ratio = stream["seconds"] / dense["seconds"]
-            rows.append(
-                (
-                    f"clip N={n:,} D=512: streamed / dense time <= {goal}",
-                    f"{ratio:.2f} ({fmt_seconds(stream['seconds'])} s {method(stream)} "
-                    f"vs {fmt_seconds(dense['seconds'])} s)",
-                    verdict(ratio <= goal),
-                )
-            )
-    for p in ok:
-        if p["worker"] == "torch":
-            ours = find(p["loss"], p["n"], p["d"], streamed=True)
-            if ours:
-                ratio = p["seconds"] / ours["seconds"]
-                rows.append(
-                    (
-                        f"torch {p['loss']} dense / ours streamed, N={p['n']:,} D={p['d']} >= 3",
-                        f"{ratio:.2f} ({fmt_seconds(p['seconds'])} s "
-                        f"vs {fmt_seconds(ours['seconds'])} s {method(ours)})",
-                        verdict(ratio >= 3),
-                    )
-                )
+    rows = _peak_fraction_rows(ok, peak_gflops) + _comparison_rows(ok)
     if platform == "cpu":
         rows.append(_step_over_loss_target())
     big = max(
@@ -133,32 +168,10 @@ def evaluate_targets(points, peak_gflops, ring, platform: str = "cpu") -> list[t
             (
                 f"clip N={big['n']:,} D={big['d']} streamed: peak RSS <= 2 GiB",
                 f"{fmt_bytes(big['peak_rss_bytes'])} ({method(big)})",
-                verdict(big["peak_rss_bytes"] <= 2 * 2**30),
+                _verdict(big["peak_rss_bytes"] <= 2 * 2**30),
             )
         )
-    for n, entry in sorted(ring.items()):
-        if "error" in entry:
-            continue
-        pairs = [("ring", "all_gather"), ("ring chunked", "all_gather chunked")]
-        rows.append(
-            (
-                f"ring per-device memory <= all-gather (N={n:,}, like for like)",
-                "; ".join(
-                    f"{r} {fmt_bytes(entry[r]['temp_bytes'])} vs {g} {fmt_bytes(entry[g]['temp_bytes'])}"
-                    for r, g in pairs
-                ),
-                verdict(all(entry[r]["temp_bytes"] <= entry[g]["temp_bytes"] for r, g in pairs)),
-            )
-        )
-        if "max_relative_difference" in entry:
-            rows.append(
-                (
-                    f"ring equals all-gather (N={n:,}, value and gradients)",
-                    f"max relative difference {entry['max_relative_difference']:.1e}",
-                    verdict(entry["max_relative_difference"] <= 1e-5),
-                )
-            )
-    return rows
+    return rows + _ring_rows(ring)
 
 
 def write_markdown(path: Path, result: dict) -> None:

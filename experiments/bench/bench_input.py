@@ -1,7 +1,7 @@
 """The input pipeline's throughput and its cost at scale, against the limit and tf.data.
 
-    python experiments/bench_input.py            # about 15 minutes on 2 cores
-    python experiments/bench_input.py --quick    # a smaller run (a minute or two)
+    python -m experiments.bench.bench_input            # about 15 minutes on 2 cores
+    python -m experiments.bench.bench_input --quick    # a smaller run (a minute or two)
 
 Throughput, images/s to 224 x 224 and to 64 x 64 after JPEG decode + random resized crop
 (scale 0.08-1) + flip, from JPEGs of 256-500 px a side (generated `shapes` pictures with
@@ -46,8 +46,10 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "experiments" / "results" / "bench_input"
+from experiments import REPO
+from experiments import RESULTS as ALL_RESULTS
+
+RESULTS = ALL_RESULTS / "bench_input"
 BATCH = 64
 SIZES = (224, 64)
 MIN_AREA = 0.08
@@ -222,7 +224,7 @@ def scale(jpegs: list[bytes], folder: pathlib.Path, sizes_gb: tuple[float, ...],
         directory.mkdir(parents=True, exist_ok=True)
         repeated_record_set(jpegs, directory, gigabytes)
         on_disk = sum(f.stat().st_size for f in directory.iterdir()) / 2**30
-        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from experiments import bench_input; "
+        code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from experiments.bench import bench_input; "
         code += f"bench_input.scale_probe({str(directory)!r}, {num_batches})"
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         out[f"{gigabytes} GB"] = json.loads(result.stdout.strip().splitlines()[-1]) | {"gib_on_disk": on_disk}
@@ -248,7 +250,7 @@ def training(folder: pathlib.Path) -> dict:
         command = [sys.executable, "-m", "contrastive_jax.main", f"--config=configs/{config}.py"]
         command += [f"--workdir={workdir}", "--config.train.log_every_steps=25", *overrides]
         started = time.perf_counter()
-        subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+        subprocess.run(command, cwd=REPO, check=True, capture_output=True)
         lines = run_dir.read_metrics(workdir)
         shares = [line["train/input_wait_share"] for line in lines if "train/input_wait_share" in line]
         speed = [line["train/examples_per_second"] for line in lines if "train/examples_per_second" in line]

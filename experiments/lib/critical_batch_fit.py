@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from experiments import intervals
+from experiments.lib import intervals
 
 BOOTSTRAP_RESAMPLES = 2_000
 # The fewest seeds at every N for an interval to speak: resampling k seeds with replacement
@@ -211,7 +211,7 @@ def range_table(fits: Sequence[Mapping[str, float]]) -> str:
     ``B_crit`` with its interval and verdict, `b_crit_words`) and a line saying whether
     the ranges agree (`ranges_agree`), or that they are not compared while one lacks an
     interval (`has_interval`)."""
-    from experiments import sweep
+    from experiments.lib import sweep
 
     rows = [[f"{e['from']:,}", e["points"], e["seeds"], b_crit_words(e)[len("B_crit = ") :]] for e in fits]
     if not all(has_interval(e) for e in fits):

@@ -1,6 +1,6 @@
 """One measurement of ``bench_step.py``, in the fresh process that runs it.
 
-``bench_step`` starts ``bench_step.py --worker SPEC`` per measurement (a fresh process:
+``bench_step`` starts ``python -m experiments.bench.bench_step --worker SPEC`` per measurement (a fresh process:
 its own device memory, its own peak; a failure stays its own), which calls
 ``run_worker(spec)`` and prints the result as one JSON line. The workers:
 
@@ -60,7 +60,7 @@ def _limit(full: int, half: int, device_limit: int | None) -> int:
 def _timed(step: Callable[[], object], repeats: int) -> float:
     """Median seconds of `step()` (which waits for its result) after a warm-up call
     (`bench_grad_cache.time_in_turns` of one call)."""
-    from experiments.bench_grad_cache import time_in_turns
+    from experiments.bench.bench_grad_cache import time_in_turns
 
     return time_in_turns({"step": step}, repeats=repeats)["step"]
 
@@ -262,46 +262,55 @@ def open_clip_model(spec: dict):
     return model
 
 
-def _torch_step(spec: dict) -> dict:
+def _torch_point(spec: dict, model, optimizer, batch: int, *, largest: bool = False) -> dict:
+    """open_clip's training step at `batch`, timed (AMP bfloat16, `ClipLoss`, `optimizer`,
+    the logit scale clamped to 100): images/s, peak device memory, the first loss."""
     import open_clip
     import torch
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
-    model = open_clip_model(spec).to(device)
+    clip_loss = open_clip.loss.ClipLoss()
+    images, texts = _torch_inputs(spec, batch)
+    images, texts = images.to(device), texts.to(device)
+    losses = []
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            image_features, text_features, logit_scale = model(images, texts)
+            loss = clip_loss(image_features, text_features, logit_scale)
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            model.logit_scale.clamp_(0, math.log(100))
+        if cuda:
+            torch.cuda.synchronize()
+        losses.append(float(loss))
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    seconds = _timed(step, spec["repeats"])
+    return {
+        "batch": batch,
+        "largest": largest,
+        "step_seconds": seconds,
+        "images_per_second": batch / seconds,
+        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+        "first_loss": losses[0],
+    }
+
+
+def _torch_step(spec: dict) -> dict:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    model = open_clip_model(spec).to("cuda" if cuda else "cpu")
     model.set_grad_checkpointing(spec["remat"] != "none")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1)
-    clip_loss = open_clip.loss.ClipLoss()
 
     def point(batch: int, *, largest: bool = False) -> dict:
-        images, texts = _torch_inputs(spec, batch)
-        images, texts = images.to(device), texts.to(device)
-        losses = []
-
-        def step():
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device, dtype=torch.bfloat16):
-                image_features, text_features, logit_scale = model(images, texts)
-                loss = clip_loss(image_features, text_features, logit_scale)
-            loss.backward()
-            optimizer.step()
-            with torch.no_grad():
-                model.logit_scale.clamp_(0, math.log(100))
-            if cuda:
-                torch.cuda.synchronize()
-            losses.append(float(loss))
-
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        seconds = _timed(step, spec["repeats"])
-        return {
-            "batch": batch,
-            "largest": largest,
-            "step_seconds": seconds,
-            "images_per_second": batch / seconds,
-            "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
-            "first_loss": losses[0],
-        }
+        return _torch_point(spec, model, optimizer, batch, largest=largest)
 
     out = {"framework": "torch", "remat": spec["remat"], "points": [point(spec["batch"])]}
     if not cuda:
@@ -355,7 +364,7 @@ def _torch_inputs(spec: dict, batch: int):
 def loss_inputs(n: int, d: int):
     """The same L2-normalised `[N, D]` pair for both frameworks (numpy float32, cast to
     bfloat16 by each): `bench_losses`' correlated pairs."""
-    from experiments.bench_losses_worker import _inputs
+    from experiments.bench.bench_losses_worker import _inputs
 
     return _inputs(n, d)
 
@@ -434,7 +443,7 @@ def _torch_loss_point(fn, a, b, repeats: int) -> dict:
 
 
 def _input(spec: dict) -> dict:
-    from experiments import bench_input
+    from experiments.bench import bench_input
 
     workers = os.cpu_count()
     seconds_per_image = 1 / bench_input.pipeline(spec["records"], spec["image_size"], spec["batches"], workers)
@@ -459,7 +468,7 @@ def step_parts(run, state, batch, repeats: int, *, compiled_step=None) -> dict:
     import jax
     import optax
 
-    from experiments.bench_grad_cache import time_in_turns
+    from experiments.bench.bench_grad_cache import time_in_turns
 
     inputs = {k: v for k, v in batch.items() if k in ("a", "b")}  # arguments, not constants: split as the step's
 

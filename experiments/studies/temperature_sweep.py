@@ -1,8 +1,8 @@
 """The temperature of a cosine-similarity contrastive loss: fixed values, and learned.
 
 Run (from the repository root):
-  python -m experiments.temperature_sweep              # full sweep, results committed
-  python -m experiments.temperature_sweep --quick      # CI: T = 1 and learned, a few steps
+  python -m experiments.studies.temperature_sweep              # full sweep, results committed
+  python -m experiments.studies.temperature_sweep --quick      # CI: T = 1 and learned, a few steps
 
 Trains `--config` (default: CLIP on the digits' halves) at global batch N with the
 temperature fixed at each `--temperatures` value, and learned (log-parametrised,
@@ -18,7 +18,7 @@ N = 256, against log N = 5.5 at chance): training stalls there. Writes to `--out
 * `loss_vs_floor.png`: the final loss vs T beside the floor `log(1 + (N - 1) e^(-2/T))`;
 * `learned_temperature.png`: the learned temperature during training.
 
-Resumable: rerun the same command; finished runs are skipped (see `experiments/sweep.py`).
+Resumable: rerun the same command; finished runs are skipped (see `experiments/lib/sweep.py`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
-from experiments import sweep
+from experiments.lib import sweep
 
 FULL = dict(
     config="default",

@@ -1,9 +1,9 @@
 """A real-size CLIP train step on one accelerator, side by side with what users would run
 instead: open_clip's own step, siglip-kernel's and Inf-CL's fused losses.
 
-    python -m experiments.bench_step                  # on a GPU: step, loss, input; at most 8.5 min
-    python -m experiments.bench_step --parts overhead  # on a CPU: the default step on 8 simulated devices
-    python -m experiments.bench_step --tiny           # every part at toy sizes on a CPU (a test)
+    python -m experiments.bench.bench_step                  # on a GPU: step, loss, input; at most 8.5 min
+    python -m experiments.bench.bench_step --parts overhead  # on a CPU: the default step on 8 simulated devices
+    python -m experiments.bench.bench_step --tiny           # every part at toy sizes on a CPU (a test)
 
 On the accelerator, each beside its anchor in the same run (every measurement in a fresh
 process, ``bench_step_worker``):
@@ -50,16 +50,12 @@ import sys
 import tempfile
 import time
 
-if __package__:  # python -m experiments.bench_step
-    from experiments import bench_losses
-    from experiments.bench_step_worker import open_clip_model, run_worker
-else:  # the worker's process: python experiments/bench_step.py --worker SPEC
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from experiments import bench_losses
-    from experiments.bench_step_worker import open_clip_model, run_worker
+from experiments import REPO
+from experiments import RESULTS as ALL_RESULTS
+from experiments.bench import bench_losses
+from experiments.bench.bench_step_worker import open_clip_model, run_worker
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "experiments" / "results" / "bench_step"
+RESULTS = ALL_RESULTS / "bench_step"
 PARTS = ("step", "loss", "input", "overhead")
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "torch", "open_clip_torch", "siglip-kernel", "inf-cl", "grain")
 
@@ -102,7 +98,7 @@ def prepare(sizes: Sizes, folder: pathlib.Path) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from experiments import bench_input
+    from experiments.bench import bench_input
 
     torch.manual_seed(0)
     model = open_clip_model({"model": sizes.model})
@@ -124,9 +120,9 @@ def prepare(sizes: Sizes, folder: pathlib.Path) -> dict:
 
 
 def spawn(spec: dict, *, devices: int = 1, timeout_s: float) -> dict:
-    """`spec`'s worker in a fresh process (`bench_losses.spawn` with this file)."""
+    """`spec`'s worker in a fresh process (`bench_losses.spawn` with this module)."""
     started = time.perf_counter()
-    result = bench_losses.spawn(spec, devices=devices, timeout_s=timeout_s, script=__file__)
+    result = bench_losses.spawn(spec, devices=devices, timeout_s=timeout_s, module=__spec__.name)
     print(f"[bench_step] {spec['worker']} {spec.get('remat', '')} {time.perf_counter() - started:.0f} s", flush=True)
     return result
 
@@ -225,60 +221,52 @@ def step_rows(results: dict) -> tuple[list[str], dict]:
     return rows, common
 
 
-def report(results: dict) -> str:
-    """`results.md`: each part's table, with the ratios the issue asks for."""
-    env, peak = results["environment"], results["peak"]
+def _step_lines(results: dict) -> list[str]:
+    """The train step's table, and ours ÷ open_clip's images/s at the common batch."""
+    rows, common = step_rows(results)
     lines = [
-        f"# A CLIP train step on {peak.get('device_kind', '?')} ({peak.get('platform', '?')})",
         "",
-        f"{env['machine']}, Python {env['python']}; "
-        + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
-        + f". Load average {env['load_average_start']:.1f} at the start, {results['load_average_end']:.1f} at the end. "
-        f"bfloat16 matmul peak {peak.get('gflops', 0) / 1e3:,.1f} TFLOP/s ({peak.get('n')}^3, this run).",
+        "## The train step",
+        "",
+        "| step | remat | batch | images/s | MFU | peak memory | first step's loss |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
     ]
-    if "step" in results:
-        rows, common = step_rows(results)
-        lines += [
-            "",
-            "## The train step",
-            "",
-            "| step | remat | batch | images/s | MFU | peak memory | first step's loss |",
-            "|---|---|---:|---:|---:|---:|---:|",
-            *rows,
-            "",
-        ]
-        for remat, pair in common.items():
-            ratio = _ratio(pair.get("contrastive_jax"), pair.get("open_clip"))
-            lines.append(f"- remat {remat}: ours ÷ open_clip images/s at the common batch **{ratio}**")
-    if "loss" in results:
-        ours = results["loss"].get("ours", {"error": "not measured"})
-        theirs = results["loss"].get("theirs", {"error": "not measured"})
-        lines += ["", "## The loss alone (forward + backward, bfloat16 inputs)", ""]
-        if "error" in ours or "error" in theirs or "note" in theirs:
-            lines.append(
-                f"- ours: {ours.get('error', 'measured')}; theirs: {theirs.get('error') or theirs.get('note')}"
-            )
-        lines += [
-            "| loss | ours (s) | theirs (s) | time ratio | ours memory | theirs memory | values |",
-            "|---|---:|---:|---:|---:|---:|---|",
-        ]
-        for mine, other in (("siglip", "siglip_kernel"), ("clip", "inf_cl")):
-            a, b = ours.get(mine, {}), theirs.get(other, {})
-            lines.append(
-                f"| {mine} vs {other} | {a.get('seconds', 0):.4f} | {b.get('seconds', 0):.4f} | "
-                f"{_ratio(a.get('seconds'), b.get('seconds'))} | {_gib(a.get('peak_bytes') or a.get('temp_bytes'))} | "
-                f"{_gib(b.get('peak_bytes'))} | {a.get('value', math.nan):.5f} / {b.get('value', math.nan):.5f} |"
-            )
-    if "input" in results and "step" in results:
-        rate = results["input"].get("images_per_second")
-        best = max((p.get("contrastive_jax", 0) for p in step_rows(results)[1].values()), default=0)
-        ratio = _ratio(rate, best)
-        lines += ["", f"## Input: the record pipeline {rate or 0:,.0f} images/s ÷ the step's {best:,.0f} = **{ratio}**"]
+    for remat, pair in common.items():
+        ratio = _ratio(pair.get("contrastive_jax"), pair.get("open_clip"))
+        lines.append(f"- remat {remat}: ours ÷ open_clip images/s at the common batch **{ratio}**")
+    return lines
+
+
+def _loss_lines(results: dict) -> list[str]:
+    """The loss alone: ours beside siglip-kernel's and Inf-CL's, time, memory and value."""
+    ours = results["loss"].get("ours", {"error": "not measured"})
+    theirs = results["loss"].get("theirs", {"error": "not measured"})
+    lines = ["", "## The loss alone (forward + backward, bfloat16 inputs)", ""]
+    if "error" in ours or "error" in theirs or "note" in theirs:
+        lines.append(f"- ours: {ours.get('error', 'measured')}; theirs: {theirs.get('error') or theirs.get('note')}")
+    lines += [
+        "| loss | ours (s) | theirs (s) | time ratio | ours memory | theirs memory | values |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for mine, other in (("siglip", "siglip_kernel"), ("clip", "inf_cl")):
+        a, b = ours.get(mine, {}), theirs.get(other, {})
+        lines.append(
+            f"| {mine} vs {other} | {a.get('seconds', 0):.4f} | {b.get('seconds', 0):.4f} | "
+            f"{_ratio(a.get('seconds'), b.get('seconds'))} | {_gib(a.get('peak_bytes') or a.get('temp_bytes'))} | "
+            f"{_gib(b.get('peak_bytes'))} | {a.get('value', math.nan):.5f} / {b.get('value', math.nan):.5f} |"
+        )
+    return lines
+
+
+def _overhead_lines(results: dict) -> list[str]:
+    """The step ÷ (its towers + its loss), on the accelerator and on 8 CPU devices."""
     overheads = [
         ("accelerator, the ViT step", next((r.get("parts") for r in results.get("step", []) if r.get("parts")), None))
     ]
     overheads.append(("CPU, 8 simulated devices, the default step", results.get("overhead_cpu")))
-    lines += [
+    lines = [
         "",
         "## The step's own overhead",
         "",
@@ -291,7 +279,30 @@ def report(results: dict) -> str:
                 f"| {where} | {parts['step']:.4f} s | {parts['towers']:.4f} s | {parts['loss']:.4f} s | "
                 f"{parts['optimizer']:.4f} s | **{parts['step_over_towers_and_loss']:.2f}** |"
             )
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def report(results: dict) -> str:
+    """`results.md`: each part's table, with the ratios the issue asks for."""
+    env, peak = results["environment"], results["peak"]
+    lines = [
+        f"# A CLIP train step on {peak.get('device_kind', '?')} ({peak.get('platform', '?')})",
+        "",
+        f"{env['machine']}, Python {env['python']}; "
+        + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+        + f". Load average {env['load_average_start']:.1f} at the start, {results['load_average_end']:.1f} at the end. "
+        f"bfloat16 matmul peak {peak.get('gflops', 0) / 1e3:,.1f} TFLOP/s ({peak.get('n')}^3, this run).",
+    ]
+    if "step" in results:
+        lines += _step_lines(results)
+    if "loss" in results:
+        lines += _loss_lines(results)
+    if "input" in results and "step" in results:
+        rate = results["input"].get("images_per_second")
+        best = max((p.get("contrastive_jax", 0) for p in step_rows(results)[1].values()), default=0)
+        ratio = _ratio(rate, best)
+        lines += ["", f"## Input: the record pipeline {rate or 0:,.0f} images/s ÷ the step's {best:,.0f} = **{ratio}**"]
+    return "\n".join(lines + _overhead_lines(results)) + "\n"
 
 
 def main(argv=None) -> int:
@@ -317,7 +328,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--parts: {sorted(unknown)} unknown; use some of {', '.join(PARTS)}")
     sizes = TINY if args.tiny else ACCELERATOR
-    out = args.out or (ROOT / "runs" / "bench_step_tiny" if args.tiny else RESULTS)
+    out = args.out or (REPO / "runs" / "bench_step_tiny" if args.tiny else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     results = {"environment": environment(), "sizes": dataclasses.asdict(sizes), "parts": parts}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from experiments import sweep
+from experiments.lib import sweep
 
 REFERENCE_BATCH = 256  # the learning-rate rules scale from N = 256
 BASE_LEARNING_RATE = 1e-3  # AdamW's peak learning rate at N = 256

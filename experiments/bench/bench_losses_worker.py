@@ -1,6 +1,6 @@
 """One point of ``bench_losses.py``, measured in the fresh process that runs it.
 
-``bench_losses.spawn`` starts ``bench_losses.py --worker SPEC`` per point, so that the
+``bench_losses.spawn`` starts ``python -m experiments.bench.bench_losses --worker SPEC`` per point, so that the
 process's peak RSS is the point's own; that process calls ``run_worker(spec)`` and prints
 its result as one JSON line. The workers: ``peak`` (a float32 ``jnp.dot``), ``jax`` (a
 loss's value and gradients: XLA's compiled memory, then the median time), ``torch`` (the

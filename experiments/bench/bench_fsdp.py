@@ -1,8 +1,8 @@
 """Fully sharded data parallel (`config.mesh.fsdp`): per-device state memory, step time
 and the same losses as data parallel.
 
-    python experiments/bench_fsdp.py            # ViT-S/8 + text Transformer, 8 simulated devices
-    python experiments/bench_fsdp.py --quick    # the tiny default towers, seconds
+    python -m experiments.bench.bench_fsdp            # ViT-S/8 + text Transformer, 8 simulated devices
+    python -m experiments.bench.bench_fsdp --quick    # the tiny default towers, seconds
 
 On 8 simulated CPU devices, the CLIP config of the generated image-text set
 (`configs/clip_shapes.py`) with a ViT-S image tower (22M parameters with the text
@@ -28,12 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import pathlib
 import statistics
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "experiments" / "results" / "bench_fsdp"
+from experiments import REPO
+from experiments import RESULTS as ALL_RESULTS
+
+RESULTS = ALL_RESULTS / "bench_fsdp"
 NUM_DEVICES = 8
 REPEATS = 3
 FSDP_SIZES = (1, 2, 4, 8)
@@ -56,7 +57,7 @@ def bench_config(quick: bool):
                 "model.encoder_a": "vit_small",
                 "model.encoder_dim": 384,
                 "train.global_batch_size": 64,
-                "data.data_dir": str(ROOT / "runs" / "data"),
+                "data.data_dir": str(REPO / "runs" / "data"),
             },
         )
     write_records.write_builtin_of(data_settings(config))
