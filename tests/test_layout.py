@@ -42,7 +42,8 @@ def _long_functions(path: pathlib.Path):
 
 
 def test_no_function_is_over_60_lines():
-    assert [f for path in MODULES for f in _long_functions(PACKAGE / path)] == []
+    experiments = sorted((ROOT / "experiments").rglob("*.py"))  # the same cap, no exceptions
+    assert [f for path in [*(PACKAGE / m for m in MODULES), *experiments] for f in _long_functions(path)] == []
 
 
 # Wordings the divisibility rules used before `errors.check_multiple` / `check_divides`.
@@ -104,7 +105,7 @@ def test_a_loss_module_is_not_named_after_a_loss_it_does_not_define():
 def test_no_script_folder_module_hides_a_standard_library_module():
     # A script run as `python experiments/x.py` has experiments/ first on sys.path: an
     # experiments/statistics.py made the benchmark workers' `import statistics` fail.
-    folders = [ROOT / "experiments", ROOT / "contrastive_jax", ROOT / "configs"]
+    folders = [ROOT / "experiments", *(EXPERIMENTS / f for f in EXPERIMENT_FOLDERS), PACKAGE, ROOT / "configs"]
     clashes = [p for folder in folders for p in folder.glob("*.py") if p.stem in sys.stdlib_module_names]
     assert not clashes, f"rename these, they hide standard-library modules: {clashes}"
 
@@ -277,3 +278,91 @@ def test_no_two_package_modules_share_a_file_name():
     `models/released/two_tower.py` were two."""
     names = [path.name for path in MODULES if path.name != "__init__.py"]
     assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
+EXPERIMENTS = ROOT / "experiments"
+EXPERIMENT_FOLDERS = ("lib", "studies", "bench")  # what the studies share, the studies, the benchmarks
+# The wings' modules (besides their faces, the `__init__`s) that docs/*.md shows a user's own
+# script importing: with the package's top-level modules and the faces, the door experiments/
+# goes through. `x.*`: the modules of package x.
+PUBLIC_WING_MODULES = {
+    "data.builtin.*",  # the built-in datasets
+    "data.input_pipeline",  # the train and evaluation datasets
+    "data.records",  # a record set, read
+    "data.settings",  # DataSettings, Augment
+    "evaluation.metrics",  # the retrieval metrics
+    "models.released.open_clip_layout",  # open_clip's checkpoints and their Settings
+    "models.transformer",  # TowerSettings
+    "training.checkpoint",  # a run's state, restored
+    "training.loop",  # train_and_evaluate
+    "training.memory_fit",  # the largest batch that fits
+    "training.noise_scale",  # the gradient noise scale
+    "training.run_plan",  # build, data_settings, RunPlan
+    "training.trainer",  # build, data_settings until run_plan replaces them (to go with the last import)
+}
+# Experiments that measure the package's internals on purpose, with why; the benchmark
+# workers (`bench/*_worker.py`, run in a fresh process per measurement) are too.
+INTERNALS = {
+    "bench/bench_input.py": "times the image decoder and augmenter (data.images) without the pipeline",
+}
+
+
+def _is_package_module(name: str) -> bool:
+    path = ROOT / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _outside_the_door(path: pathlib.Path) -> set[str]:
+    """The package's modules `path` imports that are neither at the top, nor a wing's face
+    (a package), nor in `PUBLIC_WING_MODULES`."""
+    outside = set()
+    for name in _imported_names(path):
+        inner = name.removeprefix("contrastive_jax.")
+        if inner == name or not _is_package_module(name) or "." not in inner:
+            continue  # not the package's, an attribute, or a top-level module
+        public = inner in PUBLIC_WING_MODULES or f"{inner.rpartition('.')[0]}.*" in PUBLIC_WING_MODULES
+        if not (public or (ROOT / name.replace(".", "/") / "__init__.py").is_file()):
+            outside.add(inner)
+    return outside
+
+
+def test_experiments_import_the_package_s_public_door():
+    """experiments/ is a user of the package: its modules import the top-level modules, the
+    wings' faces and `PUBLIC_WING_MODULES`; the workers and `INTERNALS` measure more."""
+    found = {}
+    for path in EXPERIMENTS.rglob("*.py"):
+        name = str(path.relative_to(EXPERIMENTS))
+        if not (path.name.endswith("_worker.py") or name in INTERNALS) and (outside := _outside_the_door(path)):
+            found[name] = sorted(outside)
+    assert found == {}, f"import these through the public door, or name the experiment as an internal one: {found}"
+    assert all((EXPERIMENTS / name).is_file() and _outside_the_door(EXPERIMENTS / name) for name in INTERNALS)
+
+
+def test_the_door_rule_finds_an_internal_import(tmp_path):
+    planted = tmp_path / "study.py"
+    planted.write_text(
+        "from contrastive_jax.training import loop, resume\nfrom contrastive_jax.data.builtin import shapes\n"
+    )
+    assert _outside_the_door(planted) == {"training.resume"}
+
+
+def test_experiments_has_its_three_folders_and_a_study_imports_no_other_study():
+    """`lib/` what the studies share, `studies/` the studies, `bench/` the benchmarks (and
+    `results/`); a study imports `experiments.lib` and its own parts (`<study>_grid`,
+    `<study>_report`), never another study: what two share goes to lib/."""
+    folders = {path.name for path in EXPERIMENTS.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert folders == {*EXPERIMENT_FOLDERS, "results"}
+    assert [p.name for p in EXPERIMENTS.glob("*.py")] == ["__init__.py"]
+    studies = {path.stem for path in (EXPERIMENTS / "studies").glob("*.py")} - {"__init__"}
+    crossing = {}
+    for study in studies:
+        imported = {
+            name.split(".")[2]
+            for name in _imported_names(EXPERIMENTS / "studies" / f"{study}.py")
+            if name.startswith("experiments.studies.") and name.split(".")[2] in studies
+        }
+        if others := {other for other in imported if not other.startswith(f"{study}_")}:
+            crossing[study] = sorted(others)
+    assert crossing == {}
+    lib = [p for p in (EXPERIMENTS / "lib").glob("*.py") if "experiments.studies" in str(_imported_names(p))]
+    assert lib == [], "lib/ imports no study"

@@ -169,13 +169,10 @@ def test_train_step_with_grad_cache_equals_the_full_batch_step(load_config, digi
 
 
 def _bench_module():
-    """`experiments/bench_grad_cache.py`, imported."""
-    import importlib
-    import sys
-    from pathlib import Path
+    """`experiments/bench/bench_grad_cache.py`, imported."""
+    from experiments.bench import bench_grad_cache
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
-    return importlib.import_module("bench_grad_cache")
+    return bench_grad_cache
 
 
 def test_benchmark_times_calls_in_turns_and_once_when_slow():

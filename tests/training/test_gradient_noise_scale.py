@@ -1,6 +1,6 @@
 """contrastive_jax.training.noise_scale: McCandlish et al.'s estimator against a closed form, each
 device's share of the gradient with global negatives, the train step's option, and a
-quick run of experiments/gradient_noise_scale.py."""
+quick run of experiments/studies/gradient_noise_scale.py."""
 
 import functools
 import json
@@ -173,7 +173,7 @@ def test_the_loop_logs_b_simple_of_its_window_at_one_device_s_share(tiny_config,
 
 @pytest.mark.slow  # 20 s: a training run; the estimator's properties are tested above
 def test_quick_run_writes_the_noise_scale(digits_data_dir, tmp_path):
-    from experiments import gradient_noise_scale as gns
+    from experiments.studies import gradient_noise_scale as gns
 
     gns.main(["--quick", "--out", str(tmp_path), "--data-dir", digits_data_dir, "--steps", "4", "--every", "2"])
     result = json.loads((tmp_path / "noise_scale.json").read_text())
