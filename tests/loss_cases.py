@@ -10,11 +10,23 @@ from contrastive_jax import losses
 from contrastive_jax.sharding import shard_loss
 
 
+def with_positive_ids(loss_fn, **options):
+    """``loss_fn(a, b, ids, **hyperparameters)``: ``loss_fn`` with its ``positive_ids``
+    positional, so that ``shard_loss`` splits them with the rows."""
+
+    def fn(a, b, ids, **hyperparameters):
+        return loss_fn(a, b, positive_ids=ids, **options, **hyperparameters)
+
+    return fn
+
+
 def loss_examples(global_batch: int, dim: int, seed: int = 0):
     """``{name: (loss_fn, arrays, hyperparameters)}`` for every loss taking ``axis_name``.
 
     Embeddings ``[N, D]`` are random unit vectors; labels ``[N]`` are sorted, so they
-    are unevenly spread over devices (some devices see one class only). The queue and
+    are unevenly spread over devices (some devices see one class only). The positive
+    ids ``[N, 2]`` are the labels and, on every third row, a second id (``-1``, padding,
+    elsewhere). The queue and
     the memory hold ``2N`` rows; the memory's last quarter is empty (label -1); for XBM's
     two-term form it holds the batch from row ``3N/2`` on (``enqueued_at``), wrapping.
     """
@@ -31,10 +43,28 @@ def loss_examples(global_batch: int, dim: int, seed: int = 0):
     pointer = 3 * global_batch // 2
     slots = (pointer + jnp.arange(global_batch)) % (2 * global_batch)
     enqueued = (queue.at[slots].set(a), memory_labels.at[slots].set(labels))
+    rows = jnp.arange(global_batch)
+    ids = jnp.stack([labels, jnp.where(rows % 3 == 0, rows % 4, -1)], axis=1)
     return {
         "infonce": (losses.infonce_loss, (a, b), {"temperature": 0.1}),
         "clip": (losses.clip_loss, (a, b), {"temperature": 0.07}),
         "siglip": (losses.siglip_loss, (a, b), {"temperature": 0.1, "bias": -10.0}),
+        "clip_positives_mean_log_prob": (with_positive_ids(losses.clip_loss), (a, b, ids), {"temperature": 0.07}),
+        "clip_positives_log_sum": (
+            with_positive_ids(losses.clip_loss, positives="log_sum"),
+            (a, b, ids),
+            {"temperature": 0.07},
+        ),
+        "infonce_positives_log_sum": (
+            with_positive_ids(losses.infonce_loss, positives="log_sum"),
+            (a, b, ids),
+            {"temperature": 0.1},
+        ),
+        "siglip_positives": (
+            with_positive_ids(losses.siglip_loss),
+            (a, b, ids),
+            {"temperature": 0.1, "bias": -10.0},
+        ),
         "ntxent": (losses.ntxent_loss, (a, b), {"temperature": 0.2}),
         "npairs": (losses.npairs_loss, (a, b), {"l2_reg": 0.002}),
         "supcon": (losses.supcon_loss, (a, labels), {"temperature": 0.1}),

@@ -131,26 +131,37 @@ def _dense_logits(x, setup):
     return tile_logits(scaled_rows(x, temperature), setup.y, bias, setup.matmul_dtype)
 
 
+def _logsumexp_over_devices(lse, axis_name):
+    """The logsumexp of each device's logsumexps ``lse`` (None stays None)."""
+    if lse is None:
+        return None
+    shift = jax.lax.pmax(jax.lax.stop_gradient(lse), axis_name)
+    return shift + jnp.log(jax.lax.psum(jnp.exp(lse - shift), axis_name))
+
+
 def _columns_over_devices(col: Running, setup: _Setup, local_cols: int, axis_name) -> Running:
     """Completes all-gather column statistics (each device saw its own rows) and keeps
     this device's ``local_cols`` columns."""
     if setup.ring_axis is not None:
         return col
     if axis_name is not None:
-        lse = col.lse
-        if lse is not None:
-            shift = jax.lax.pmax(jax.lax.stop_gradient(lse), axis_name)
-            lse = shift + jnp.log(jax.lax.psum(jnp.exp(lse - shift), axis_name))
         best_negative = col.best_negative
         if best_negative is not None:
             best_negative = jax.lax.pmax(jax.lax.stop_gradient(best_negative), axis_name)
-        col = col._replace(lse=lse, best_negative=best_negative)
+        col = Running(
+            lse=_logsumexp_over_devices(col.lse, axis_name),
+            best_negative=best_negative,
+            sums=jax.lax.psum(col.sums, axis_name),
+            positive_lse=_logsumexp_over_devices(col.positive_lse, axis_name),
+        )
     start = _common.row_offset(local_cols, axis_name)
     return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, local_cols), col)
 
 
 def _to_stats(row: Running, col: Running) -> PairStats:
-    return PairStats(row.lse, col.lse, row.sums, row.best_negative, col.best_negative)
+    return PairStats(
+        row.lse, col.lse, row.sums, row.best_negative, col.best_negative, row.positive_lse, col.positive_lse, col.sums
+    )
 
 
 def pair_stats(
@@ -183,7 +194,8 @@ def pair_stats(
     Returns:
       :class:`~contrastive_jax.losses.tile_math.PairStats`: ``row_lse: [B]``, ``col_lse: [B_y]`` (the logsumexp of each
       local candidate's column over all devices' rows), ``row_sums``: dict of ``[B]``,
-      ``row_best_negative: [B]``, ``col_best_negative: [B_y]``.
+      ``row_best_negative: [B]``, ``col_best_negative: [B_y]``, ``row_positive_lse: [B]``,
+      ``col_positive_lse: [B_y]``, ``col_sums``: dict of ``[B_y]``.
     """
     local_cols = y.shape[0]
     setup = _setup(x, y, cols, temperature, bias, axis_name, streaming)
@@ -223,8 +235,8 @@ def pair_total(
       ``(total, per_row, aux)``: the scalar (differentiable), its per-row terms ``[B]``
       and the aux :class:`~contrastive_jax.losses.tile_math.PairStats`, both with gradients stopped.
     """
-    if spec.col_logsumexp:
-        raise ValueError("pair_total sums per-row terms; col_logsumexp needs pair_stats.")
+    if spec.col_logsumexp or spec.col_sums or spec.positive_logsumexp:
+        raise ValueError("pair_total sums per-row terms; column statistics and positive_logsumexp need pair_stats.")
     local_cols = y.shape[0]
     setup = _setup(x, y, cols, temperature, bias, axis_name, streaming)
     if setup.plan is None:
@@ -238,6 +250,7 @@ def pair_total(
             pair_terms=spec.pair_terms,
             exclude_self=spec.exclude_self,
             exclude_shared_label=spec.exclude_shared_label,
+            label_sets=spec.label_sets,
         )
         row_aux, col_aux = two_pass(merged, setup.plan, setup.ring_axis, x, setup.y, rows, setup.cols, setup.params)
         per_row = row_aux.lse + sum(row_aux.sums.values())

@@ -18,11 +18,13 @@ from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 
 
 def _sigmoid_terms(logits, same_id, same_label):
-    """SigLIP's per-pair term ``log sigmoid(z_ij * logit_ij)``, z = +1 on the diagonal."""
-    return {"log_sigmoid": jax.nn.log_sigmoid(jnp.where(same_id, logits, -logits))}
+    """SigLIP's per-pair term ``log sigmoid(z_ij * logit_ij)``, z = +1 on the diagonal
+    and, with positive ids (``same_label``), on every pair sharing one."""
+    positives = same_id if same_label is None else same_id | same_label
+    return {"log_sigmoid": jax.nn.log_sigmoid(jnp.where(positives, logits, -logits))}
 
 
-_SIGLIP = PairSpec(pair_terms=_sigmoid_terms)
+_SIGLIP = PairSpec(pair_terms=_sigmoid_terms, label_sets=True)
 
 
 def siglip_loss(
@@ -36,11 +38,13 @@ def siglip_loss(
     collective: str = "all_gather",
     matmul_dtype: str | None = None,
     return_metrics: bool = False,
+    positive_ids: jax.Array | None = None,
 ):
     """SigLIP pairwise sigmoid loss (Zhai et al. 2023).
 
     Every pair (i, j) is an independent binary problem with logit
-    ``a_i . b_j / temperature + bias`` and label ``z_ij`` = +1 if i == j else -1::
+    ``a_i . b_j / temperature + bias`` and label ``z_ij`` = +1 if i == j (or, with
+    ``positive_ids``, if pairs i and j share an id) else -1::
 
         loss = -1/N sum_i sum_j log sigmoid(z_ij (a_i . b_j / temperature + bias))
 
@@ -61,6 +65,10 @@ def siglip_loss(
       return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` (logits without the
         bias) from the same tiles, without gradient and without another matmul (it
         adds one logsumexp per tile).
+      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None. Pairs
+        sharing any id (a negative id is padding) are positives, labelled +1 as the
+        diagonal is (siglip-kernel's multi-positive SigLIP); compared over the global
+        batch. With all ids distinct the loss is the plain one.
 
     Returns:
       Scalar: ``-sum_j log sigmoid(z_ij * logit_ij)``, summed over all N columns and
@@ -68,7 +76,8 @@ def siglip_loss(
 
     Raises:
       ValueError: ``a`` and ``b`` are not two ``[B, D]`` arrays of one shape,
-        ``temperature`` is not > 0, or ``axis_name`` is not bound.
+        ``temperature`` is not > 0, ``axis_name`` is not bound, or ``positive_ids``
+        is not ``[B]`` or ``[B, K]`` ints.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -83,7 +92,9 @@ def siglip_loss(
       Pre-Training <https://arxiv.org/abs/2303.15343>`__, ICCV 2023.
     """
     pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
-    ids = RowIds(pairs.local_ids(a.shape[0], axis_name), None)
+    if positive_ids is not None:
+        pairs.check_ids(positive_ids, a.shape[0], "positive_ids")
+    ids = RowIds(pairs.local_ids(a.shape[0], axis_name), positive_ids)
     total, _, aux = logit_stats.pair_total(
         _SIGLIP,
         a,

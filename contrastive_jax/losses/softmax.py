@@ -35,12 +35,33 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax.losses import _common, logit_stats, pairs
+from contrastive_jax.losses import positives as several
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 
 # Softmax over each row's candidates; with the columns too (CLIP); without the row itself.
 _ROWS = PairSpec(row_logsumexp=True)
 _ROWS_AND_COLUMNS = PairSpec(row_logsumexp=True, col_logsumexp=True)
 _ROWS_NOT_SELF = PairSpec(row_logsumexp=True, exclude_self=True)
+
+
+def _with_positives(a, b, positive_ids, positives, columns, temperature, axis_name, streaming, return_metrics):
+    """InfoNCE of ``a`` against ``b`` (and with ``columns`` of ``b`` against ``a``:
+    CLIP) whose positives are the pairs sharing an id in ``positive_ids``, in the form
+    ``positives`` (:mod:`~contrastive_jax.losses.positives`); two passes over the tiles."""
+    ids = RowIds(pairs.local_ids(a.shape[0], axis_name), positive_ids)
+    spec = several.softmax_spec(positives, columns=columns)._replace(best=return_metrics)
+    stats = logit_stats.pair_stats(
+        spec, a, b, ids, ids, temperature=temperature, axis_name=axis_name, streaming=streaming
+    )
+    row_target, col_target = several.targets(positives, stats)
+    per_row = stats.row_lse - row_target
+    if columns:
+        per_row = 0.5 * (per_row + stats.col_lse - col_target)
+    loss = _common.global_mean(per_row, axis_name)
+    metrics = lambda: pairs.retrieval_metrics(  # noqa: E731
+        a, b, stats, pairs.paired_logits(a, b, temperature), temperature, axis_name
+    )
+    return pairs.with_metrics(loss, metrics, return_metrics)
 
 
 def infonce_loss(
@@ -53,6 +74,8 @@ def infonce_loss(
     collective: str = "all_gather",
     matmul_dtype: str | None = None,
     return_metrics: bool = False,
+    positive_ids: jax.Array | None = None,
+    positives: str = "mean_log_prob",
 ):
     """One-directional InfoNCE: the positive of query i is key i, all other keys negative.
 
@@ -77,6 +100,14 @@ def infonce_loss(
       matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
       return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` (queries as ``a``) from
         the loss's own statistics, without gradient and without more N^2 work.
+      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None. Pairs
+        sharing any id are positives of each other (a negative id is padding); each
+        row's pair is always its positive. Compared over the global batch; with all
+        ids distinct the loss is the plain one (see
+        :mod:`~contrastive_jax.losses.positives`).
+      positives: with ``positive_ids``, ``"mean_log_prob"`` (SupCon's L_out: the mean
+        over the positives of ``-log softmax``) or ``"log_sum"`` (MIL-NCE: ``-log`` of
+        the positives' summed softmax), the denominators over all N columns.
 
     Returns:
       Scalar: mean over the global batch of ``-log softmax(q_i . K / T)_i``; with
@@ -84,7 +115,8 @@ def infonce_loss(
 
     Raises:
       ValueError: ``queries`` and ``keys`` are not two ``[B, D]`` arrays of one shape,
-        ``temperature`` is not > 0, or ``axis_name`` is not bound (outside shard_map).
+        ``temperature`` is not > 0, ``axis_name`` is not bound (outside shard_map),
+        ``positive_ids`` is not ``[B]`` or ``[B, K]`` ints, or ``positives`` unknown.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -99,6 +131,12 @@ def infonce_loss(
       Predictive Coding <https://arxiv.org/abs/1807.03748>`__, arXiv 2018.
     """
     pairs.check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
+    several.check(positive_ids, None, positives, queries.shape[0])
+    streaming = Streaming(chunk_size, collective, matmul_dtype)
+    if positive_ids is not None:
+        return _with_positives(
+            queries, keys, positive_ids, positives, False, temperature, axis_name, streaming, return_metrics
+        )
     ids = RowIds(pairs.local_ids(queries.shape[0], axis_name), None)
     total, row_lse, aux = logit_stats.pair_total(
         _ROWS,
@@ -108,7 +146,7 @@ def infonce_loss(
         ids,
         temperature=temperature,
         axis_name=axis_name,
-        streaming=Streaming(chunk_size, collective, matmul_dtype),
+        streaming=streaming,
         aux_spec=pairs.METRICS._replace(row_logsumexp=False) if return_metrics else pairs.NO_METRICS,
     )
     positive = pairs.paired_logits(queries, keys, temperature)
@@ -181,6 +219,8 @@ def clip_loss(
     matmul_dtype: str | None = None,
     return_metrics: bool = False,
     false_negative_ids: jax.Array | None = None,
+    positive_ids: jax.Array | None = None,
+    positives: str = "mean_log_prob",
 ):
     """Symmetric CLIP / CLAP loss over the N x N similarity ``a @ b.T / temperature``.
 
@@ -215,7 +255,15 @@ def clip_loss(
         the word id): their pair is as right for row i as its own, so pushing them
         apart contradicts the data. They are left out of both of row i's softmaxes
         (and column i's), in every form (dense, tiled, ring); with all ids distinct
-        the loss is the plain one.
+        the loss is the plain one. Not with ``positive_ids``.
+      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None. Pairs
+        sharing any id are positives of each other (a negative id is padding); each
+        row's pair is always its positive. Compared over the global batch; with all
+        ids distinct the loss is the plain one (see
+        :mod:`~contrastive_jax.losses.positives`).
+      positives: with ``positive_ids``, ``"mean_log_prob"`` (SupCon's L_out: the mean
+        over the positives of ``-log softmax``) or ``"log_sum"`` (MIL-NCE: ``-log`` of
+        the positives' summed softmax), the denominators over all N columns.
 
     Returns:
       Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch (both
@@ -224,8 +272,9 @@ def clip_loss(
 
     Raises:
       ValueError: ``a`` and ``b`` are not two ``[B, D]`` arrays of one shape,
-        ``temperature`` is not > 0, ``axis_name`` is not bound, or
-        ``false_negative_ids`` is not ``[B]`` or ``[B, K]`` ints.
+        ``temperature`` is not > 0, ``axis_name`` is not bound, the ids are not
+        ``[B]`` or ``[B, K]`` ints, both kinds of ids are given, or ``positives`` is
+        unknown.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -243,6 +292,10 @@ def clip_loss(
       Supervision <https://arxiv.org/abs/2103.00020>`__, ICML 2021.
     """
     pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
+    several.check(positive_ids, false_negative_ids, positives, a.shape[0])
+    streaming = Streaming(chunk_size, collective, matmul_dtype)
+    if positive_ids is not None:
+        return _with_positives(a, b, positive_ids, positives, True, temperature, axis_name, streaming, return_metrics)
     if false_negative_ids is not None:
         pairs.check_ids(false_negative_ids, a.shape[0], "false_negative_ids")
     ids = RowIds(pairs.local_ids(a.shape[0], axis_name), false_negative_ids)
@@ -255,7 +308,7 @@ def clip_loss(
         ids,
         temperature=temperature,
         axis_name=axis_name,
-        streaming=Streaming(chunk_size, collective, matmul_dtype),
+        streaming=streaming,
     )
     positive = pairs.paired_logits(a, b, temperature)
     loss = _common.global_mean(0.5 * (stats.row_lse + stats.col_lse) - positive, axis_name)

@@ -9,6 +9,7 @@ math is written once. Shapes: ``x [B, D]`` rows, ``y [M, D]`` candidate columns,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -33,6 +34,12 @@ class PairSpec(NamedTuple):
         (``same_label`` is None without labels). Must be elementwise in the columns.
       best: compute ``row_best_negative`` and ``col_best_negative`` (the largest logit
         of each row and column other than the own pair's, equal ids).
+      label_sets: labels ``[B, K]`` are sets: two rows share a label when any of their
+        non-negative ids are equal (a negative id is padding and matches nothing).
+        Otherwise the K ids are K keys, compared position by position.
+      positive_logsumexp: with each side's logsumexp, also the logsumexp over its
+        positives, the pairs with equal ids or a shared label (``positive_lse``).
+      col_sums: also sum the pair terms over each column into ``col_sums[name]``.
     """
 
     row_logsumexp: bool = False
@@ -41,6 +48,9 @@ class PairSpec(NamedTuple):
     exclude_shared_label: bool = False
     pair_terms: Callable | None = None
     best: bool = False
+    label_sets: bool = False
+    positive_logsumexp: bool = False
+    col_sums: bool = False
 
 
 class PairStats(NamedTuple):
@@ -51,6 +61,9 @@ class PairStats(NamedTuple):
     row_sums: dict[str, jax.Array]  # each [B]
     row_best_negative: jax.Array | None  # [B]: the row's largest logit but its own pair's
     col_best_negative: jax.Array | None  # [B_y]: the same for each local column
+    row_positive_lse: jax.Array | None = None  # [B]: logsumexp over the row's positives
+    col_positive_lse: jax.Array | None = None  # [B_y]
+    col_sums: dict[str, jax.Array] | None = None  # each [B_y]
 
 
 class RowIds(NamedTuple):
@@ -70,6 +83,7 @@ class Running(NamedTuple):
     lse: jax.Array | None
     best_negative: jax.Array | None
     sums: dict[str, jax.Array]
+    positive_lse: jax.Array | None = None
 
 
 class Plan(NamedTuple):
@@ -110,13 +124,17 @@ def tile_logits(x_scaled, y, bias, dtype) -> jax.Array:
     return logits if bias is None else logits + bias
 
 
-def _tile_masks(rows: RowIds, cols: RowIds):
+def _tile_masks(spec, rows: RowIds, cols: RowIds):
     """``same_id, same_label: [b, c]`` booleans (``same_label`` None without labels)."""
     same_id = rows.index[:, None] == cols.index[None, :]
     if cols.valid is not None:
         same_id = same_id | ~cols.valid[None, :]
     same_label = None
-    if rows.label is not None:
+    if rows.label is not None and spec.label_sets:
+        row_ids = rows.label.reshape(rows.label.shape[0], 1, -1, 1)  # [b, 1, K, 1]
+        shared = (row_ids == cols.label.reshape(1, cols.label.shape[0], 1, -1)) & (row_ids >= 0)
+        same_label = jnp.any(shared, axis=(2, 3))
+    elif rows.label is not None:
         same_label = rows.label[:, None] == cols.label[None, :]
         if same_label.ndim == 3:  # [b, c, K] group ids: equal when any id is
             same_label = jnp.any(same_label, axis=-1)
@@ -136,30 +154,35 @@ def _pair_terms(spec, logits, same_id, same_label) -> dict:
     return {} if spec.pair_terms is None else dict(spec.pair_terms(logits, same_id, same_label))
 
 
-def _side(softmax_logits, negative_logits, axis, *, lse: bool, sums) -> Running:
+def _positive_logits(spec, logits, same_id, same_label):
+    """The logits the positives' softmax sees (None without ``spec.positive_logsumexp``)."""
+    if not spec.positive_logsumexp:
+        return None
+    positives = same_id if same_label is None else same_id | same_label
+    return jnp.where(positives, logits, _common.MASK_VALUE)
+
+
+def _side(softmax_logits, positive_logits, negative_logits, terms, axis, *, lse: bool, sums: bool) -> Running:
     """One side's statistics of a tile, reducing over ``axis`` (1: rows, 0: columns);
-    ``negative_logits`` is None without ``spec.best``."""
+    ``positive_logits`` and ``negative_logits`` are None when not asked for."""
+    logsumexp = functools.partial(jax.nn.logsumexp, axis=axis)
     return Running(
-        lse=jax.nn.logsumexp(softmax_logits, axis=axis) if lse else None,
+        lse=logsumexp(softmax_logits) if lse else None,
         best_negative=None if negative_logits is None else jnp.max(negative_logits, axis=axis),
-        sums=sums,
+        sums={name: jnp.sum(t, axis=axis) for name, t in terms.items()} if sums else {},
+        positive_lse=logsumexp(positive_logits) if lse and positive_logits is not None else None,
     )
 
 
 def tile_stats(spec, logits, rows, cols) -> tuple[Running, Running]:
     """The row and column statistics of one tile of logits ``[b, c]``."""
-    same_id, same_label = _tile_masks(rows, cols)
+    same_id, same_label = _tile_masks(spec, rows, cols)
     softmax_logits = _softmax_logits(spec, logits, same_id, same_label)
+    positive_logits = _positive_logits(spec, logits, same_id, same_label)
     terms = _pair_terms(spec, logits, same_id, same_label)
     negative_logits = jnp.where(same_id, -jnp.inf, logits) if spec.best else None
-    row = _side(
-        softmax_logits,
-        negative_logits,
-        1,
-        lse=spec.row_logsumexp,
-        sums={name: jnp.sum(t, axis=1) for name, t in terms.items()},
-    )
-    col = _side(softmax_logits, negative_logits, 0, lse=spec.col_logsumexp, sums={})
+    row = _side(softmax_logits, positive_logits, negative_logits, terms, 1, lse=spec.row_logsumexp, sums=True)
+    col = _side(softmax_logits, positive_logits, negative_logits, terms, 0, lse=spec.col_logsumexp, sums=spec.col_sums)
     return row, col
 
 
@@ -169,40 +192,52 @@ def merge(a: Running, b: Running) -> Running:
         lse=None if a.lse is None else jnp.logaddexp(a.lse, b.lse),
         best_negative=None if a.best_negative is None else jnp.maximum(a.best_negative, b.best_negative),
         sums={name: a.sums[name] + b.sums[name] for name in a.sums},
+        positive_lse=None if a.positive_lse is None else jnp.logaddexp(a.positive_lse, b.positive_lse),
     )
 
 
 def row_objective(spec, logits, rows, cols) -> jax.Array:
     """Per-row ``[b]``: the row's logsumexp (the tile must hold the whole row) plus the
     row sums of its pair terms -- what :func:`~contrastive_jax.losses.logit_stats.pair_total` adds up."""
-    same_id, same_label = _tile_masks(rows, cols)
+    same_id, same_label = _tile_masks(spec, rows, cols)
     total = sum(jnp.sum(t, axis=1) for t in _pair_terms(spec, logits, same_id, same_label).values())
     if spec.row_logsumexp:
         total = total + jax.nn.logsumexp(_softmax_logits(spec, logits, same_id, same_label), axis=1)
     return total
 
 
-def tile_logit_gradient(spec, logits, rows, cols, lse, cotangents) -> jax.Array:
+def _side_surrogate(softmax_logits, positive_logits, terms, final: Running, cotangent: Running, axis) -> jax.Array:
+    """``sum g . stats`` of one side, with the final logsumexps as constants: its
+    gradient in the logits is that of the side's statistics, contracted with ``g``."""
+    along = (lambda v: v[:, None]) if axis == 1 else (lambda v: v[None, :])  # noqa: E731
+    total = 0.0
+    if cotangent.lse is not None:
+        total += jnp.sum(along(cotangent.lse) * jnp.exp(softmax_logits - along(final.lse)))
+    if cotangent.positive_lse is not None:
+        total += jnp.sum(along(cotangent.positive_lse) * jnp.exp(positive_logits - along(final.positive_lse)))
+    for name, g in cotangent.sums.items():
+        total += jnp.sum(along(g) * terms[name])
+    return total
+
+
+def tile_logit_gradient(spec, logits, rows, cols, finals, cotangents) -> jax.Array:
     """``G: [b, c]``, the derivative of ``sum g . stats`` in the tile's logits.
 
     The derivative of ``g_i logsumexp_j(s_ij)`` in ``s_ij`` is ``g_i`` times the softmax
-    weight ``exp(s_ij - row_lse_i)``; ``lse = (row_lse [b], col_lse [c])`` holds the
-    final logsumexps (constants), so each tile's share is exact without the others.
+    weight ``exp(s_ij - row_lse_i)``; ``finals = (row, col)`` :class:`Running` hold the
+    final logsumexps (constants), so each tile's share is exact without the others;
+    ``cotangents = (row, col)`` :class:`Running` the ``g`` of each statistic.
     """
-    row_lse, col_lse = lse
-    g_row, g_col, g_sums = cotangents
-    same_id, same_label = _tile_masks(rows, cols)
+    same_id, same_label = _tile_masks(spec, rows, cols)
 
     def surrogate(logits):
         softmax_logits = _softmax_logits(spec, logits, same_id, same_label)
-        total = 0.0
-        if spec.row_logsumexp:
-            total += jnp.sum(g_row[:, None] * jnp.exp(softmax_logits - row_lse[:, None]))
-        if spec.col_logsumexp:
-            total += jnp.sum(g_col[None, :] * jnp.exp(softmax_logits - col_lse[None, :]))
-        for name, term in _pair_terms(spec, logits, same_id, same_label).items():
-            total += jnp.sum(g_sums[name][:, None] * term)
-        return total
+        positive_logits = _positive_logits(spec, logits, same_id, same_label)
+        terms = _pair_terms(spec, logits, same_id, same_label)
+        return sum(
+            _side_surrogate(softmax_logits, positive_logits, terms, final, cotangent, axis)
+            for final, cotangent, axis in zip(finals, cotangents, (1, 0))
+        )
 
     return jax.grad(surrogate)(logits)
 
@@ -230,7 +265,7 @@ def input_gradients(x, y, params, dx_unscaled, dy, dbias_rows):
     return dx.astype(x.dtype), dy.astype(y.dtype), None, None, (d_temperature, d_bias)
 
 
-def _running_init(like, *, lse: bool, best: bool, sum_names=()) -> Running:
+def _running_init(like, *, lse: bool, best: bool, positive: bool, sum_names=()) -> Running:
     """Empty statistics, one per row of ``like`` (typed like it inside shard_map)."""
     dtype = _common.at_least_float32(like[:1, 0]).dtype
     fill = lambda value, dt=dtype: jnp.full_like(like[:, 0], value, dt)  # noqa: E731
@@ -238,6 +273,7 @@ def _running_init(like, *, lse: bool, best: bool, sum_names=()) -> Running:
         lse=fill(-jnp.inf) if lse else None,
         best_negative=fill(-jnp.inf) if best else None,
         sums={name: fill(0.0) for name in sum_names},
+        positive_lse=fill(-jnp.inf) if lse and positive else None,
     )
 
 
@@ -250,9 +286,11 @@ def _pair_term_names(spec, rows) -> tuple[str, ...]:
 
 
 def stats_init(spec, x, y, rows) -> tuple[Running, Running]:
+    names = _pair_term_names(spec, rows)
+    init = functools.partial(_running_init, best=spec.best, positive=spec.positive_logsumexp)
     return (
-        _running_init(x, lse=spec.row_logsumexp, best=spec.best, sum_names=_pair_term_names(spec, rows)),
-        _running_init(y, lse=spec.col_logsumexp, best=spec.best),
+        init(x, lse=spec.row_logsumexp, sum_names=names),
+        init(y, lse=spec.col_logsumexp, sum_names=names if spec.col_sums else ()),
     )
 
 

@@ -121,27 +121,29 @@ def _two_pass_forward(spec, plan, ring_axis, x, y, rows, cols, params):
     row, col = _sweep(
         tile_fn, plan, ring_axis, scaled_rows(x, temperature), y, rows, cols, *stats_init(spec, x, y, rows)
     )
-    return (row, col), (x, y, rows, cols, params, row.lse, col.lse)
+    # The backward pass needs the final logsumexps only (the sums are linear).
+    finals = tuple(side._replace(best_negative=None, sums={}) for side in (row, col))
+    return (row, col), (x, y, rows, cols, params, finals)
 
 
 def _two_pass_backward(spec, plan, ring_axis, residuals, cotangents):
-    x, y, rows, cols, params, row_lse, col_lse = residuals
-    row_cot, col_cot = cotangents
+    x, y, rows, cols, params, (row_final, col_final) = residuals
+    row_cot, col_cot = (cot._replace(best_negative=None) for cot in cotangents)
     temperature, bias = params
     x_scaled = scaled_rows(x, temperature)
     dx, dbias, dy = zero_gradients(x, y)
 
     def tile_fn(x_t, y_t, rows_t, cols_t, row_carry, col_carry):
-        dx_t, dbias_t, row_lse_t, g_row, g_sums = row_carry
-        dy_t, col_lse_t, g_col = col_carry
+        dx_t, dbias_t, row_final_t, row_cot_t = row_carry
+        dy_t, col_final_t, col_cot_t = col_carry
         logits = tile_logits(x_t, y_t, bias, plan.matmul_dtype)
         logit_gradient = tile_logit_gradient(
-            spec, logits, rows_t, cols_t, (row_lse_t, col_lse_t), (g_row, g_col, g_sums)
+            spec, logits, rows_t, cols_t, (row_final_t, col_final_t), (row_cot_t, col_cot_t)
         )
         dx_t, dbias_t, dy_t = accumulate_gradients(
             (dx_t, dbias_t, dy_t), logit_gradient, x_t, y_t, plan.matmul_dtype, bias is not None
         )
-        return (dx_t, dbias_t, row_lse_t, g_row, g_sums), (dy_t, col_lse_t, g_col)
+        return (dx_t, dbias_t, row_final_t, row_cot_t), (dy_t, col_final_t, col_cot_t)
 
     (dx, dbias, *_), (dy, *_) = _sweep(
         tile_fn,
@@ -151,8 +153,8 @@ def _two_pass_backward(spec, plan, ring_axis, residuals, cotangents):
         y,
         rows,
         cols,
-        (dx, dbias, row_lse, row_cot.lse, row_cot.sums),
-        (dy, col_lse, col_cot.lse),
+        (dx, dbias, row_final, row_cot),
+        (dy, col_final, col_cot),
     )
     return input_gradients(x, y, params, dx, dy, dbias)
 
