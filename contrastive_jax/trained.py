@@ -1,9 +1,6 @@
-"""Uses a trained run's model: restores its parameters from the checkpoint, embeds
-inputs with either tower alone, and exports a tower with `jax.export`::
-
-    python -m contrastive_jax.trained --workdir=runs/clip_shapes --side=b \\
-        --inputs=captions.txt --out=captions.npy
-    python -m contrastive_jax.trained --workdir=runs/clip_shapes --side=a --export --out=image_tower.jax
+"""A trained run's model, the library: its parameters restored from the checkpoint, inputs
+embedded with either tower alone, a tower exported with `jax.export` (the command line is
+`use_trained`).
 
 `load(workdir)` rebuilds the run's model from the settings saved beside its newest
 checkpoint (or `step`: `saved_model`; the data it trained on are not needed) and reads
@@ -14,7 +11,8 @@ int32) or a `.txt` file of texts, one per line, tokenized as in training
 (`config.data.tokenizer`, `text_max_length`). An exported tower is a
 serialized `jax.export.Exported` with the weights inside and a symbolic batch size:
 `jax.export.deserialize(data).call(x)` embeds `x` (images as float32 in [0, 1], texts as
-int32 token ids) in any process, without this package.
+int32 token ids) in any process, without this package. A damaged newest checkpoint (a file truncated or
+gone) gives way to the one before it, with one line on stderr.
 """
 
 import dataclasses
@@ -26,14 +24,13 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import flags
 from jax import export as jax_export  # a submodule to import on jax 0.7.2
 
-from contrastive_jax import config_lib, console, run_dir
+from contrastive_jax import config_lib, run_dir
 from contrastive_jax.data import input_pipeline, settings, tokenizers
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.evaluation import padded_chunks
-from contrastive_jax.models import released, saved_model
+from contrastive_jax.models import saved_model
 from contrastive_jax.training import checkpoint
 
 SIDES = ("a", "b")
@@ -66,9 +63,9 @@ class TrainedModel:
     @property
     def data(self) -> settings.DataSettings:
         """The run's data settings (`config.data`), to read its data (`benchmark`)."""
-        from contrastive_jax.training import trainer
+        from contrastive_jax.training import run_plan
 
-        return trainer.data_settings(config_lib.from_json(self.config))
+        return run_plan.data_settings(config_lib.from_json(self.config))
 
     def embed(self, inputs: np.ndarray, side: str, *, batch_size: int = 256) -> np.ndarray:
         """Tower `side`'s L2-normalised embeddings `[n, D]` float32 of `inputs` `[n, ...]`.
@@ -145,9 +142,13 @@ class TrainedModel:
 def load(workdir: str, step: int | None = None) -> TrainedModel:
     """The model of the run in `workdir`, restored from checkpoint `step` (the newest).
 
+    A damaged newest checkpoint (a file truncated or gone, a fingerprint that does not
+    match) gives way to the one before it, with one line on stderr saying so.
+
     Raises:
-      ConfigError: no such checkpoint; or one saved before the model's settings were kept
-        beside it, whose data are no longer where its config says.
+      ConfigError: no such checkpoint; checkpoint `step`, or every checkpoint, damaged
+        (one line naming it); or one saved before the model's settings were kept beside
+        it, whose data are no longer where its config says.
     """
     directory = os.path.join(os.path.abspath(workdir), run_dir.CHECKPOINTS)
     if not os.path.isdir(directory):
@@ -156,18 +157,39 @@ def load(workdir: str, step: int | None = None) -> TrainedModel:
         )
     ckpt = checkpoint.Checkpointer(directory, max_to_keep=1_000_000)
     try:
-        step = ckpt.latest_step() if step is None else step
-        if step not in ckpt.steps():
+        if step is not None and step not in ckpt.steps() or not ckpt.steps():
             raise ConfigError(f"--step={step}: no such checkpoint in {directory}; use one of {ckpt.steps()}.")
-        config = ckpt.restore_position(step)["config"]
-        description = ckpt.restore_model(step)
-        if description is None:
-            model, description, variables = _rebuilt_from_data(ckpt, step, config)
-        else:
-            model = saved_model.rebuild(description)
-            variables = ckpt.restore_variables(step, _abstract_variables(model, saved_model.inputs(description)))
+        newest_first = [step] if step is not None else sorted(ckpt.steps(), reverse=True)
+        for candidate, before in zip(newest_first, [*newest_first[1:], None]):
+            try:
+                return _restored(ckpt, candidate)
+            except checkpoint.CorruptCheckpointError as e:
+                damage = _damage(ckpt, candidate, e)
+                if before is None:
+                    raise ConfigError(damage + ("." if step is not None else "; no checkpoint before it.")) from None
+                print(f"warning: {damage}; using checkpoint {before}, the one before.", file=sys.stderr)
     finally:
         ckpt.close()
+
+
+def _damage(ckpt: checkpoint.Checkpointer, step: int, error: checkpoint.CorruptCheckpointError) -> str:
+    """One line for a damaged checkpoint: its folder and what of it cannot be read (the
+    reader's own detail left out where it runs over lines)."""
+    what = str(error).removeprefix(f"checkpoint {step} in {ckpt.directory}").lstrip(": ")
+    if "\n" in what or len(what) > 200:
+        what = what.split(" (")[0]
+    return f"checkpoint {os.path.join(ckpt.directory, str(step))} is damaged: {what.rstrip('.')}"
+
+
+def _restored(ckpt: checkpoint.Checkpointer, step: int) -> TrainedModel:
+    """Checkpoint `step` of `ckpt` as a `TrainedModel`."""
+    config = ckpt.restore_position(step)["config"]
+    description = ckpt.restore_model(step)
+    if description is None:
+        model, description, variables = _rebuilt_from_data(ckpt, step, config)
+    else:
+        model = saved_model.rebuild(description)
+        variables = ckpt.restore_variables(step, _abstract_variables(model, saved_model.inputs(description)))
     variables = jax.device_get({"params": variables["params"], "batch_stats": variables.get("batch_stats", {})})
     inputs = saved_model.inputs(description)
     return TrainedModel(model, variables, inputs, description["tokenizer"], step, description["embed_dim"], config)
@@ -185,74 +207,29 @@ def _abstract_variables(model, inputs) -> dict[str, Any]:
 
 def _rebuilt_from_data(ckpt: checkpoint.Checkpointer, step: int, config: dict[str, Any]):
     """`(model, its settings, variables)` of a checkpoint saved without the model's
-    settings: the run built again from its config (`trainer.build`), which reads its data."""
-    from contrastive_jax.training import trainer  # the door: the saved config is read there
+    settings: the run built again from its config (`run_plan.build`), which reads its data."""
+    from contrastive_jax.training import run_plan  # the door: the saved config is read there
 
     try:
-        run = trainer.build(config_lib.from_json(config))
+        run = run_plan.build(config_lib.from_json(config))
         element_spec = input_pipeline.train_dataset(run.data).element_spec
     except ConfigError as e:
         raise ConfigError(
             f"checkpoint {step} in {ckpt.directory} was saved before the model's settings were kept beside it, "
             f"so loading it needs the data it trained on, and: {e}"
         ) from None
-    _, abstract_state = run.init_state(element_spec)
+    _, abstract_state = run.trainer.init_state(element_spec)
     state = ckpt.restore_state(step, abstract_state)
     variables = {"params": state.params, "batch_stats": state.batch_stats}
-    return run.model, saved_model.with_inputs(run.saved_model, element_spec), variables
+    return run.trainer.model, saved_model.with_inputs(run.saved_model, element_spec), variables
 
 
-def read_inputs(path: str, model: TrainedModel) -> np.ndarray:
-    """A `.npy` array as it is, or a `.txt` file's lines tokenized as in training."""
-    if path.endswith(".txt"):
-        with open(path, encoding="utf-8") as f:
-            return model.tokenize([line.rstrip("\n") for line in f])
-    if path.endswith(".npy"):
-        return np.load(path)
-    raise ConfigError(f"--inputs={path}: use a .npy array or a .txt file of texts, one per line.")
+if __name__ == "__main__":  # the command's old path, kept for a release: the command is use_trained
+    import runpy
 
-
-def _flags() -> flags.FlagValues:
-    """The command's flags (absl, on their own `FlagValues`)."""
-    values = flags.FlagValues()
-    flags.DEFINE_string("workdir", None, "the run's working directory", flag_values=values)
-    flags.DEFINE_enum("side", None, SIDES, "tower a or tower b (--inputs, --export)", flag_values=values)
-    flags.DEFINE_integer("step", None, "the checkpoint (default: the newest)", flag_values=values)
-    flags.DEFINE_string("inputs", None, "embed this .npy array or .txt file (one text a line)", flag_values=values)
-    flags.DEFINE_bool("export", False, "export the tower with jax.export", flag_values=values)
-    flags.DEFINE_bool("released", False, "write both towers in the released checkpoint's layout", flag_values=values)
-    flags.DEFINE_string("out", None, "the .npy embeddings [n, D], exported tower, or checkpoint", flag_values=values)
-    return values
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line: embed a file with one tower of a trained run (`--inputs`),
-    export the tower (`--export`), or write a model started from a released checkpoint
-    back in its layout (`--released`: open_clip's `.safetensors`, big_vision's `.npz`)."""
-    argv = sys.argv[1:] if argv is None else argv
-    args = console.parse_flags(
-        argv, _flags(), prog="python -m contrastive_jax.trained", doc=__doc__, required=("workdir", "out")
+    print(
+        "note: python -m contrastive_jax.trained is now python -m contrastive_jax.use_trained; "
+        "the old path goes in the next release.",
+        file=sys.stderr,
     )
-    if [args.inputs is not None, args.export, args.released].count(True) != 1:
-        console.exit_with_error("pass one of --inputs, --export or --released (see --help).", verbose=False)
-    if args.side is None and not args.released:
-        console.exit_with_error("--inputs and --export need --side=a or --side=b.", verbose=False)
-    try:
-        model = load(args.workdir, args.step)
-        if args.released:
-            released.save(args.out, model.model, model.variables["params"])
-        elif args.export:
-            with open(args.out, "wb") as f:
-                f.write(model.export(args.side).serialize())
-        else:
-            np.save(args.out, model.embed(read_inputs(args.inputs, model), args.side))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    what = "the model" if args.released else f"tower {args.side}"
-    print(f"{args.out}: {what} of {args.workdir} at step {model.step}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    runpy.run_module("contrastive_jax.use_trained", run_name="__main__", alter_sys=True)

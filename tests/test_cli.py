@@ -163,7 +163,7 @@ _FORK_SERVER = textwrap.dedent(
     """
     import json, os, sys, traceback
     from contrastive_jax import main
-    from contrastive_jax.training import loop, trainer  # the slow imports; JAX does not start
+    from contrastive_jax.training import loop, run_plan, trainer  # the slow imports; JAX does not start
 
     for line in sys.stdin:
         request = json.loads(line)
@@ -642,12 +642,14 @@ def help_of(*entry: str) -> tuple[int, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
-COMMANDS = ["main", "write_records", "benchmark", "trained", "demo"]
+COMMANDS = ["main", "write_records", "benchmark", "use_trained", "demo"]
+OLD_COMMANDS = {"trained": "use_trained"}  # a command's old path, kept for a release: the new one
 
 
 def test_every_command_is_listed_and_on_absl_flags():
-    """The `python -m` commands (modules that run `main` as a script) are those below, and
-    none parses its flags with argparse: one flag library, one `--help`."""
+    """The `python -m` commands (modules that run `main` as a script) are those below, with
+    the old paths kept for a release, and none parses its flags with argparse: one flag
+    library, one `--help`."""
     package = os.path.join(ROOT, "contrastive_jax")
     commands = set()
     for name in os.listdir(package):
@@ -655,7 +657,17 @@ def test_every_command_is_listed_and_on_absl_flags():
         assert "import argparse" not in text, name
         if 'if __name__ == "__main__":' in text:
             commands.add(name[:-3])
-    assert commands == set(COMMANDS)
+    assert commands == set(COMMANDS) | set(OLD_COMMANDS)
+
+
+@pytest.mark.parametrize("old, new", OLD_COMMANDS.items())
+def test_a_commands_old_path_runs_the_command_with_one_line_saying_so(old, new):
+    status, usage, errors = help_of("-m", f"contrastive_jax.{old}")
+    assert (status, usage) == help_of("-m", f"contrastive_jax.{new}")[:2]
+    assert errors == (
+        f"note: python -m contrastive_jax.{old} is now python -m contrastive_jax.{new}; "
+        "the old path goes in the next release.\n"
+    )
 
 
 @pytest.mark.parametrize("module", COMMANDS)

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from subprocess_runs import saved_state
 
-from contrastive_jax import run_dir
+from contrastive_jax import run_dir, use_trained
 from contrastive_jax import trained as trained_model_lib
 from contrastive_jax.data import input_pipeline
-from contrastive_jax.training import checkpoint
+from contrastive_jax.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -56,22 +56,22 @@ def test_the_command_line_embeds_a_file(trained, model, test_pairs, tmp_path):
     np.save(tmp_path / "b.npy", test_pairs[1])
     out = tmp_path / "zb.npy"
     args = [f"--workdir={trained}", "--side=b", f"--inputs={tmp_path / 'b.npy'}", f"--out={out}"]
-    assert trained_model_lib.main(args) == 0
+    assert use_trained.main(args) == 0
     np.testing.assert_allclose(np.load(out), model.embed(test_pairs[1], "b"), atol=1e-6)
 
 
 def test_a_workdir_without_checkpoints_is_one_line(tmp_path, capsys):
     args = [f"--workdir={tmp_path}", "--side=a", "--inputs=x.npy", f"--out={tmp_path / 'z.npy'}"]
-    assert trained_model_lib.main(args) == 2
+    assert use_trained.main(args) == 2
     assert capsys.readouterr().err.startswith(f"error: --workdir={tmp_path} holds no checkpoints")
 
 
 def test_released_layout_only_for_a_model_started_from_one_and_side_only_for_towers(trained, tmp_path, capsys):
     out = f"--out={tmp_path / 'model.safetensors'}"
-    assert trained_model_lib.main([f"--workdir={trained}", "--released", out]) == 2
+    assert use_trained.main([f"--workdir={trained}", "--released", out]) == 2
     assert capsys.readouterr().err.startswith("error: TwoTower is not a released layout's model")
     with pytest.raises(SystemExit) as exit_:
-        trained_model_lib.main([f"--workdir={trained}", "--export", out])
+        use_trained.main([f"--workdir={trained}", "--export", out])
     assert exit_.value.code == 2 and "--inputs and --export need --side=a or --side=b" in capsys.readouterr().err
 
 
@@ -79,7 +79,7 @@ def test_an_exported_tower_runs_in_a_fresh_process(trained, model, test_pairs, t
     """Serialized with its weights, reloaded without contrastive_jax in another process,
     at another batch size than any before: the same embeddings."""
     path = tmp_path / "tower_a.jax"
-    assert trained_model_lib.main([f"--workdir={trained}", "--side=a", "--export", f"--out={path}"]) == 0
+    assert use_trained.main([f"--workdir={trained}", "--side=a", "--export", f"--out={path}"]) == 0
     np.save(tmp_path / "a.npy", test_pairs[0][:7] / np.float32(255))
     code = (
         "import sys, numpy as np; from jax import export; assert 'contrastive_jax' not in sys.modules; "
@@ -103,13 +103,13 @@ def run_without_data(load_config, digits_data_dir, tmp_path_factory):
     from subprocess_runs import tiny_fields
 
     from contrastive_jax.config_lib import override
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
 
     root = tmp_path_factory.mktemp("moved")
     data_dir = shutil.copytree(digits_data_dir, root / "records")
     fields = tiny_fields(str(data_dir), train__num_train_steps=2, model__mlp_hidden_dims=(256, 256))
     workdir = str(root / "run")
-    loop.train_and_evaluate(override(load_config("default"), fields), workdir)
+    run_plan.train_and_evaluate(override(load_config("default"), fields), workdir)
     model = trained_model_lib.load(workdir)
     b = input_pipeline.eval_arrays(model.data, "test")["b"][:20]
     shutil.rmtree(data_dir)
@@ -122,20 +122,17 @@ def test_embeds_and_exports_with_the_record_set_deleted(run_without_data, tmp_pa
     workdir, model, b = run_without_data
     np.save(tmp_path / "b.npy", b)
     out = tmp_path / "zb.npy"
-    assert (
-        trained_model_lib.main([f"--workdir={workdir}", "--side=b", f"--inputs={tmp_path / 'b.npy'}", f"--out={out}"])
-        == 0
-    )
+    assert use_trained.main([f"--workdir={workdir}", "--side=b", f"--inputs={tmp_path / 'b.npy'}", f"--out={out}"]) == 0
     np.testing.assert_allclose(np.load(out), model.embed(b, "b"), atol=1e-6)
     exported = tmp_path / "tower_b.jax"
-    assert trained_model_lib.main([f"--workdir={workdir}", "--side=b", "--export", f"--out={exported}"]) == 0
+    assert use_trained.main([f"--workdir={workdir}", "--side=b", "--export", f"--out={exported}"]) == 0
 
 
 def test_an_export_holds_one_towers_parameters(run_without_data, tmp_path):
     """The exported tower's file is the size of its own parameters, not of both towers'."""
     workdir, model, _ = run_without_data
     path = tmp_path / "tower_a.jax"
-    assert trained_model_lib.main([f"--workdir={workdir}", "--side=a", "--export", f"--out={path}"]) == 0
+    assert use_trained.main([f"--workdir={workdir}", "--side=a", "--export", f"--out={path}"]) == 0
     own, both = _nbytes(model.tower_variables("a")), _nbytes(model.variables)
     print(f"export {path.stat().st_size:,} B; tower a's parameters {own:,} B; both towers' {both:,} B")
     assert own < both * 0.6
@@ -149,7 +146,7 @@ def test_the_parameters_read_alone_are_verified_against_their_fingerprints(train
     leaf = integrity["paths"].index("params/tower_b/Dense_0/kernel")
     integrity["fingerprint"][leaf] += 1
     path.write_text(json.dumps(integrity))
-    with pytest.raises(checkpoint.CorruptCheckpointError, match=r"leaves \['params/tower_b/Dense_0/kernel'\]"):
+    with pytest.raises(ConfigError, match=r"is damaged: .* fingerprint .*leaves \['params/tower_b/Dense_0/kernel'\]"):
         trained_model_lib.load(str(workdir))
 
 
@@ -166,10 +163,51 @@ def test_a_run_saved_without_the_models_settings_and_its_data_gone_is_one_line(r
     workdir = shutil.copytree(run_without_data[0], tmp_path / "run")
     [saved] = (workdir / run_dir.CHECKPOINTS).glob("*/model")
     shutil.rmtree(saved)
-    assert trained_model_lib.main([f"--workdir={workdir}", "--side=a", "--export", f"--out={tmp_path / 'a.jax'}"]) == 2
+    assert use_trained.main([f"--workdir={workdir}", "--side=a", "--export", f"--out={tmp_path / 'a.jax'}"]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert re.fullmatch(
         r"error: checkpoint 2 in .* was saved before the model's settings were kept beside it, so loading it needs "
         r"the data it trained on, and: config.data.name='sklearn_digits': its records are not written yet .*",
         line,
     )
+
+
+def _damaged_run(trained, tmp_path, *, older_checkpoint: bool):
+    """`(workdir, its checkpoints' folder)`: a copy of the trained run whose checkpoint 2
+    has the largest file of its state (orbax's arrays and their metadata) cut to 100
+    bytes; with `older_checkpoint`, an intact copy of it saved as checkpoint 1 before it."""
+    workdir = shutil.copytree(trained, tmp_path / "run")
+    checkpoints = workdir / run_dir.CHECKPOINTS
+    if older_checkpoint:
+        shutil.copytree(checkpoints / "2", checkpoints / "1")
+    largest = max((checkpoints / "2" / "state").rglob("d/*"), key=lambda path: path.stat().st_size)
+    os.truncate(largest, 100)
+    return workdir, checkpoints
+
+
+def _command(*args) -> subprocess.CompletedProcess:
+    """`python -m contrastive_jax.use_trained ARGS` in a fresh process, which prints what
+    a person sees (orbax's abandoned reads end there, after the failure)."""
+    command = [sys.executable, "-m", "contrastive_jax.use_trained", *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu")
+    )
+
+
+def test_a_damaged_newest_checkpoint_gives_way_to_the_one_before_with_one_line(trained, model, tmp_path):
+    workdir, checkpoints = _damaged_run(trained, tmp_path, older_checkpoint=True)
+    result = _command(f"--workdir={workdir}", "--side=a", "--export", f"--out={tmp_path / 'a.jax'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = result.stderr.splitlines()
+    damaged = re.escape(f"checkpoint {checkpoints / '2'} is damaged: cannot read its state")
+    assert re.fullmatch(rf"warning: {damaged}[\w ]*; using checkpoint 1, the one before\.", line)
+    assert result.stdout.strip().endswith("at step 1")
+
+
+def test_a_damaged_checkpoint_with_none_before_it_is_one_line_naming_it(trained, tmp_path):
+    workdir, checkpoints = _damaged_run(trained, tmp_path, older_checkpoint=False)
+    result = _command(f"--workdir={workdir}", "--side=a", "--export", f"--out={tmp_path / 'a.jax'}")
+    assert result.returncode == 2 and result.stdout == ""
+    [line] = result.stderr.splitlines()
+    damaged = re.escape(f"checkpoint {checkpoints / '2'} is damaged: cannot read its state")
+    assert re.fullmatch(rf"error: {damaged}[\w ]*; no checkpoint before it\.", line)

@@ -110,7 +110,7 @@ def test_a_released_clip_fine_tunes_with_its_image_tower_locked(load_config, sha
     open_clip = pytest.importorskip("open_clip")
     from safetensors.torch import save_file
 
-    from contrastive_jax import trained
+    from contrastive_jax import trained, use_trained
     from contrastive_jax.config_lib import override
     from contrastive_jax.training import loop
 
@@ -155,7 +155,7 @@ def test_a_released_clip_fine_tunes_with_its_image_tower_locked(load_config, sha
     from safetensors.torch import load_file
 
     written = f"--out={tmp_path / 'fine_tuned.safetensors'}"
-    assert trained.main([f"--workdir={workdir}", "--released", written]) == 0
+    assert use_trained.main([f"--workdir={workdir}", "--released", written]) == 0
     fine_tuned = open_clip.model.CLIP(embed_dim=32, vision_cfg=vision, text_cfg=text).eval()
     fine_tuned.load_state_dict(load_file(str(tmp_path / "fine_tuned.safetensors")), strict=True)
     with torch.no_grad():
