@@ -366,3 +366,18 @@ def test_experiments_has_its_three_folders_and_a_study_imports_no_other_study():
     assert crossing == {}
     lib = [p for p in (EXPERIMENTS / "lib").glob("*.py") if "experiments.studies" in str(_imported_names(p))]
     assert lib == [], "lib/ imports no study"
+
+
+def test_the_experiments_tests_mirror_its_folders():
+    """`tests/experiments/<folder>/` tests `experiments/<folder>/`: each test file there
+    imports from it."""
+    tests = ROOT / "tests" / "experiments"
+    assert {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(EXPERIMENT_FOLDERS)
+    assert [p.name for p in tests.glob("test_*.py")] == []
+    misplaced = [
+        str(path.relative_to(tests))
+        for folder in EXPERIMENT_FOLDERS
+        for path in (tests / folder).glob("test_*.py")
+        if not any(name.startswith(f"experiments.{folder}") for name in _imported_names(path))
+    ]
+    assert misplaced == []

@@ -8,7 +8,6 @@ import shutil
 
 import numpy as np
 import pytest
-from test_target_steps import rising_record
 
 from experiments.lib import intervals, target_steps
 from experiments.studies import critical_batch_study as study
@@ -47,7 +46,7 @@ def test_shapes_task_tunes_its_own_rates_on_validation_pictures():
         assert run.tags["learning_rate"] == run.overrides["optim.learning_rate"]
 
 
-def test_other_seeds_repeat_the_rates_best_at_some_target():
+def test_other_seeds_repeat_the_rates_best_at_some_target(rising_record):
     # N = 256: f = 2 best at both targets; N = 1,024: f = 4 at the low one, f = 2 at the high one
     records = [
         rising_record(256, 1.0, 0, 400),

@@ -3,16 +3,14 @@ and the whole command at toy sizes on the CPU (`--tiny`: the code an accelerator
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
+from experiments import REPO
 from experiments.bench import bench_step
 from experiments.bench.bench_step_worker import largest_batch
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_largest_batch_extrapolates_the_memory_to_the_limit():
@@ -65,7 +63,7 @@ def test_the_command_runs_at_toy_sizes_on_the_cpu(tmp_path):
     """The whole benchmark, every part, as the accelerator runs it (3 minutes here)."""
     command = [sys.executable, "-m", "experiments.bench.bench_step", "--tiny", "--out", str(tmp_path)]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # as a user runs it: not the tests' 8 devices
-    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=900)
+    subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True, timeout=900)
     results = json.loads((tmp_path / "results.json").read_text())
     assert not [run for run in results["step"] if "error" in run], results["step"]
     jax_runs = [run for run in results["step"] if run["framework"] == "jax"]

@@ -9,13 +9,6 @@ import pytest
 from experiments.lib import target_steps
 
 
-def rising_record(n, factor, seed, reached_at, top=0.9):
-    """A run whose validation R@1 (both directions) rises linearly to `top` at `reached_at`."""
-    curve = [[step, top * step / reached_at] for step in (reached_at / 2, reached_at)]
-    curves = {f"eval/{m}": curve for m in target_steps.METRICS}
-    return {"batch_size": n, "lr_factor": factor, "seed": seed, "curves": curves}
-
-
 def test_steps_to_target_interpolates_between_evaluations():
     curve = np.array([[10.0, 0.5], [20.0, 0.9], [30.0, 0.95]])
     assert target_steps.steps_to_target(curve, 0.7) == pytest.approx(15.0)
@@ -24,7 +17,7 @@ def test_steps_to_target_interpolates_between_evaluations():
     assert target_steps.steps_to_target(curve, 0.99) is None
 
 
-def test_curves_panel_draws_every_seed_at_each_n_chosen_rate_even_one_that_misses():
+def test_curves_panel_draws_every_seed_at_each_n_chosen_rate_even_one_that_misses(rising_record):
     # N = 1,024 reaches no target on the mean of its seeds: its seeds' curves are drawn all the same
     records = [rising_record(256, 2.0, seed, 300) for seed in (0, 1, 2)] + [
         rising_record(256, 4.0, 0, 200),
@@ -41,7 +34,7 @@ def test_curves_panel_draws_every_seed_at_each_n_chosen_rate_even_one_that_misse
     assert labels == ["N=256, f=2 (3 seeds)", "N=1,024, f=4 (2 seeds)"]
 
 
-def test_best_runs_take_the_fewest_mean_steps_over_every_seed_and_mark_the_grid_edge():
+def test_best_runs_take_the_fewest_mean_steps_over_every_seed_and_mark_the_grid_edge(rising_record):
     records = [
         rising_record(256, 1.0, 0, 200),  # fastest, but run with one seed of the three
         rising_record(256, 2.0, 0, 300),
