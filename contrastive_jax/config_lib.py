@@ -63,7 +63,7 @@ def load_config(name: str) -> ml_collections.ConfigDict:
 
 
 def from_json(values: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    """A locked config from its JSON form (`Trainer.run_config`, saved with each
+    """A locked config from its JSON form (`RunPlan.run_config`, saved with each
     checkpoint); lists become tuples, as the configs write them."""
 
     def tuples(value):

@@ -6,7 +6,7 @@ user's own (`config.data.records=DIR`, written by `python -m contrastive_jax.wri
 or a built-in dataset (`config.data.name`), whose records the same writer writes under
 `config.data.data_dir` before the run's config is checked (`writer.write_builtin`:
 the training job runs it; nothing here writes).
-`trainer.data_settings` reads `config.data` (and the global batch size) once into
+`run_plan.data_settings` reads `config.data` (and the global batch size) once into
 plain values, the only thing `input_pipeline` is given; `check_data_config` rejects
 settings the pipeline cannot serve, with one line naming the fix.
 """
@@ -43,8 +43,8 @@ class Augment:
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-    """What the input pipeline reads and how, as plain values: `trainer.build` reads them
-    from the config once (`trainer.data_settings`). Each field is `config.data.<name>` (its comment
+    """What the input pipeline reads and how, as plain values: `run_plan.build` reads them
+    from the config once (`run_plan.data_settings`). Each field is `config.data.<name>` (its comment
     in configs/default.py says what it does), but for `global_batch_size`
     (`config.train.global_batch_size`: the rows of a step's batch)."""
 
@@ -74,7 +74,7 @@ class DataSettings:
 def builtin_records(name: str, data_dir: str | None) -> str:
     """The directory of the built-in dataset `name`'s records under `data_dir`
     (`DEFAULT_DATA_DIR` when None), written there by `writer.write_builtin` (the
-    training job runs it before `trainer.build`, which writes nothing)."""
+    training job runs it before `run_plan.build`, which writes nothing)."""
     root = os.path.expanduser(data_dir or DEFAULT_DATA_DIR)
     return os.path.abspath(os.path.join(root, f"{name}-v{BUILTIN_VERSION}"))
 
