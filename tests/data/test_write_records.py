@@ -523,8 +523,9 @@ def test_parquet_with_bytes_structs_and_paths_round_trips(tmp_path, image_files)
 
 def test_tables_are_read_as_streams_from_their_index(tmp_path, image_files, monkeypatch):
     from contrastive_jax.data import sources
+    from contrastive_jax.data.sources import tables
 
-    monkeypatch.setattr(sources, "INDEX_EVERY", 4)
+    monkeypatch.setattr(tables, "INDEX_EVERY", 4)
     rows = [(f"img/{['rgb.jpg', 'grey.png'][k % 2]}", f'caption {k}, "quoted"\nover two lines') for k in range(23)]
     rows[10] = ("img/none.jpg", "a missing image")
     with open(tmp_path / "pairs.csv", "w", newline="") as f:
