@@ -23,6 +23,7 @@ def _positive_terms(logits, same_id, same_label):
         "num_positives": positives.astype(jnp.float32),
     }
 
+
 SUPCON = PairSpec(row_logsumexp=True, exclude_self=True, pair_terms=_positive_terms)
 
 

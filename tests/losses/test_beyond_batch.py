@@ -24,7 +24,7 @@ from contrastive_jax.config_lib import override
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.losses import _common, registry
 from contrastive_jax.sharding import BATCH_AXES, DATA_AXIS
-from contrastive_jax.training.trainer import loss_settings
+from contrastive_jax.training.run_plan import loss_settings
 
 N, D, K = 16, 8, 32
 T = 0.2
