@@ -25,6 +25,12 @@ The mean form pulls every positive up; the log-sum form is content once the posi
 together hold the mass, so it tolerates a noisy or weak positive (MIL-NCE's reason: not
 every caption of a clip describes it). With all ids distinct both are the plain loss.
 SigLIP labels every positive pair +1 (:mod:`~contrastive_jax.losses.sigmoid`).
+
+Streamed, the softmax losses with several positives take two passes over the tiles (8
+N^2 D flops, as CLIP; InfoNCE's plain one-pass form is 6 N^2 D). The metrics they return
+(``return_metrics``) still score each row's own pair: another positive ranked first
+counts as a miss. ``false_negative_ids`` (CLIP) compares its K ids key by key and
+masks; ``positive_ids`` compares sets and counts: a loss takes one or the other.
 """
 
 from __future__ import annotations

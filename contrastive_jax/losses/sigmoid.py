@@ -65,10 +65,10 @@ def siglip_loss(
       return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` (logits without the
         bias) from the same tiles, without gradient and without another matmul (it
         adds one logsumexp per tile).
-      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None. Pairs
-        sharing any id (a negative id is padding) are positives, labelled +1 as the
-        diagonal is (siglip-kernel's multi-positive SigLIP); compared over the global
-        batch. With all ids distinct the loss is the plain one.
+      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None.
+        Pairs whose sets of ids meet (a negative id is padding) are positives, labelled
+        +1 as the diagonal is (siglip-kernel's multi-positive SigLIP); compared over
+        the global batch. With all ids distinct the loss is the plain one.
 
     Returns:
       Scalar: ``-sum_j log sigmoid(z_ij * logit_ij)``, summed over all N columns and
@@ -86,6 +86,9 @@ def siglip_loss(
       >>> b = jnp.array([[0.8, 0.6], [-0.6, 0.8], [0.28, 0.96]])
       >>> round(float(losses.siglip_loss(a, b, temperature=0.1, bias=-10.0)), 4)
       2.121
+      >>> ids = jnp.array([0, 0, 1])  # pairs 0 and 1 share an id: (0, 1) and (1, 0) labelled +1
+      >>> round(float(losses.siglip_loss(a, b, temperature=0.1, bias=-10.0, positive_ids=ids)), 4)
+      8.7877
 
     References:
       X. Zhai, B. Mustafa, A. Kolesnikov, L. Beyer, `Sigmoid Loss for Language Image

@@ -100,11 +100,11 @@ def infonce_loss(
       matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
       return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` (queries as ``a``) from
         the loss's own statistics, without gradient and without more N^2 work.
-      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None. Pairs
-        sharing any id are positives of each other (a negative id is padding); each
-        row's pair is always its positive. Compared over the global batch; with all
-        ids distinct the loss is the plain one (see
-        :mod:`~contrastive_jax.losses.positives`).
+      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None. A
+        row's K ids are a set: pairs whose sets meet are positives of each other (a
+        negative id is padding and matches nothing); each row's pair is always its
+        positive. Compared over the global batch; with all ids distinct the loss is
+        the plain one (see :mod:`~contrastive_jax.losses.positives`).
       positives: with ``positive_ids``, ``"mean_log_prob"`` (SupCon's L_out: the mean
         over the positives of ``-log softmax``) or ``"log_sum"`` (MIL-NCE: ``-log`` of
         the positives' summed softmax), the denominators over all N columns.
@@ -249,18 +249,18 @@ def clip_loss(
       matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
       return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` from the loss's own
         statistics, without gradient and without more N^2 work.
-      false_negative_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or
-        None. Pairs j != i sharing any id with pair i are in-batch false negatives
-        (cmudict: a homophone shares the pronunciation id, an alternate pronunciation
-        the word id): their pair is as right for row i as its own, so pushing them
-        apart contradicts the data. They are left out of both of row i's softmaxes
-        (and column i's), in every form (dense, tiled, ring); with all ids distinct
-        the loss is the plain one. Not with ``positive_ids``.
-      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None. Pairs
-        sharing any id are positives of each other (a negative id is padding); each
-        row's pair is always its positive. Compared over the global batch; with all
-        ids distinct the loss is the plain one (see
-        :mod:`~contrastive_jax.losses.positives`).
+      false_negative_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None.
+        The K ids are K keys, compared key by key: pairs j != i equal to pair i in any
+        key are in-batch false negatives (cmudict: a homophone shares the pronunciation
+        id, an alternate pronunciation the word id): their pair is as right for row i as
+        its own, so pushing them apart contradicts the data. They are left out of both
+        of row i's softmaxes (and column i's), in every form (dense, tiled, ring); with
+        all ids distinct the loss is the plain one. Not with ``positive_ids``.
+      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None. A
+        row's K ids are a set: pairs whose sets meet are positives of each other (a
+        negative id is padding and matches nothing); each row's pair is always its
+        positive. Compared over the global batch; with all ids distinct the loss is
+        the plain one (see :mod:`~contrastive_jax.losses.positives`).
       positives: with ``positive_ids``, ``"mean_log_prob"`` (SupCon's L_out: the mean
         over the positives of ``-log softmax``) or ``"log_sum"`` (MIL-NCE: ``-log`` of
         the positives' summed softmax), the denominators over all N columns.
@@ -286,6 +286,11 @@ def clip_loss(
       >>> loss, metrics = losses.clip_loss(a, b, temperature=0.1, return_metrics=True)
       >>> round(float(metrics["accuracy_a_to_b"]), 4)
       0.3333
+      >>> ids = jnp.array([0, 0, 1])  # pairs 0 and 1 share an id: positives of each other
+      >>> round(float(losses.clip_loss(a, b, temperature=0.1, positive_ids=ids)), 4)
+      3.5443
+      >>> round(float(losses.clip_loss(a, b, temperature=0.1, positive_ids=ids, positives="log_sum")), 4)
+      0.8353
 
     References:
       A. Radford et al., `Learning Transferable Visual Models From Natural Language
