@@ -190,3 +190,21 @@ def test_bad_arguments_are_rejected():
         losses.infonce_loss(a, a, temperature=0.1, positive_ids=jnp.arange(4), positives="mean")
     with pytest.raises(ValueError, match="pass positive_ids or false_negative_ids, not both"):
         losses.clip_loss(a, a, temperature=0.1, positive_ids=jnp.arange(4), false_negative_ids=jnp.arange(4))
+
+
+@pytest.mark.parametrize("case", ["clip-mean_log_prob", "clip-log_sum", "infonce-log_sum", "siglip"])
+def test_streamed_memory_stays_linear(case):
+    """Compiled temp memory of the value and gradient: tiles of 64 keep it far below the
+    dense [N, N] logits, and doubling N about doubles it (the ids are no [N, N] mask)."""
+    kernel, extra, _ = CASES[case]
+
+    def temp(n, chunk_size):
+        rows = jnp.arange(n)
+        ids = jnp.stack([rows // 5, jnp.where(rows % 3 == 0, rows % 7, -1)], axis=1)
+        shape = jax.ShapeDtypeStruct((n, 16), jnp.float32)
+        loss = lambda a, b: kernel(a, b, ids, temperature=0.1, **extra, chunk_size=chunk_size)  # noqa: E731
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(shape, shape).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    assert temp(2048, 64) * 20 < temp(2048, None)
+    assert temp(4096, 64) < 2.2 * temp(2048, 64)
