@@ -44,7 +44,7 @@ _ROWS_AND_COLUMNS = PairSpec(row_logsumexp=True, col_logsumexp=True)
 _ROWS_NOT_SELF = PairSpec(row_logsumexp=True, exclude_self=True)
 
 
-def _with_positives(a, b, positive_ids, positives, columns, temperature, axis_name, streaming, return_metrics):
+def _with_positives(a, b, positive_ids, positives, temperature, axis_name, streaming, return_metrics, *, columns):
     """InfoNCE of ``a`` against ``b`` (and with ``columns`` of ``b`` against ``a``:
     CLIP) whose positives are the pairs sharing an id in ``positive_ids``, in the form
     ``positives`` (:mod:`~contrastive_jax.losses.positives`); two passes over the tiles."""
@@ -135,7 +135,7 @@ def infonce_loss(
     streaming = Streaming(chunk_size, collective, matmul_dtype)
     if positive_ids is not None:
         return _with_positives(
-            queries, keys, positive_ids, positives, False, temperature, axis_name, streaming, return_metrics
+            queries, keys, positive_ids, positives, temperature, axis_name, streaming, return_metrics, columns=False
         )
     ids = RowIds(pairs.local_ids(queries.shape[0], axis_name), None)
     total, row_lse, aux = logit_stats.pair_total(
@@ -300,7 +300,9 @@ def clip_loss(
     several.check(positive_ids, false_negative_ids, positives, a.shape[0])
     streaming = Streaming(chunk_size, collective, matmul_dtype)
     if positive_ids is not None:
-        return _with_positives(a, b, positive_ids, positives, True, temperature, axis_name, streaming, return_metrics)
+        return _with_positives(
+            a, b, positive_ids, positives, temperature, axis_name, streaming, return_metrics, columns=True
+        )
     if false_negative_ids is not None:
         pairs.check_ids(false_negative_ids, a.shape[0], "false_negative_ids")
     ids = RowIds(pairs.local_ids(a.shape[0], axis_name), false_negative_ids)
