@@ -220,13 +220,13 @@ def test_a_released_siglip_fine_tunes_from_its_temperature_and_bias(load_config,
     fine-tuned through `configs/finetune_siglip.py` with its SentencePiece tokenization:
     the sigmoid loss starts from the checkpoint's temperature and bias, not the config's."""
     from flax import traverse_util
-    from test_tokenizers import train_sentencepiece
 
     from contrastive_jax import trained
     from contrastive_jax.config_lib import override
     from contrastive_jax.data import tokenizers
     from contrastive_jax.models.released import big_vision_layout
     from contrastive_jax.training import loop
+    from tests.data.test_tokenizers import train_sentencepiece
 
     sentencepiece = train_sentencepiece(tmp_path, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
     vocab_size = tokenizers.load(f"siglip:{sentencepiece}").vocab_size
