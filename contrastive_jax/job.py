@@ -1,7 +1,7 @@
 """The training job as its command runs it (`python -m contrastive_jax.main`, whose flags
 are `main.py`'s): quiet logs, simulated devices, the processes started, one-line errors,
 Ctrl-C and SIGTERM that save and print the command that resumes, and the summary table.
-The run itself is `training.loop.train_and_evaluate(config, workdir)`.
+The run itself is `training.run_plan.train_and_evaluate(config, workdir)`.
 
 Importing this module starts neither JAX nor TensorFlow: `run_training` starts JAX once
 the devices to simulate are set.
@@ -70,7 +70,7 @@ def run_training(
     with contextlib.nullcontext() if verbose else console.filtered_native_stderr():
         import jax
 
-        from contrastive_jax.training import distributed, loop
+        from contrastive_jax.training import distributed, loop, run_plan
 
     try:
         distributed.initialize(
@@ -89,7 +89,7 @@ def run_training(
         timeout_seconds=heartbeat_timeout_seconds, command=console.rerun_command(sys.argv, every_process=True)
     ):
         try:
-            results = loop.train_and_evaluate(config, workdir)
+            results = run_plan.train_and_evaluate(config, workdir)
         except ConfigError as e:
             console.exit_with_error(str(e), verbose=verbose)
         except FloatingPointError as e:  # a bad loss: the message names the checkpoint

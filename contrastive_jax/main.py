@@ -3,7 +3,7 @@ checkpoint: `python -m contrastive_jax.main --config=configs/default.py --workdi
 
 The command alone: its flags and their parsing (a person's mistake as one line), then one
 call, `job.run_training`, for what it does around the run (start-up, errors, Ctrl-C and
-preemption, the summary). The run itself is `training.loop.train_and_evaluate(config,
+preemption, the summary). The run itself is `training.run_plan.train_and_evaluate(config,
 workdir)`, which a notebook or a script calls directly. Any config field can be
 overridden, e.g. `--config.loss.temperature=0.05 --config.train.num_train_steps=100`.
 

@@ -249,15 +249,15 @@ def test_nothing_imports_an_old_path():
 
 def test_an_old_path_is_the_moved_module_itself():
     import contrastive_jax.models.released as released
-    import contrastive_jax.training.loop as loop
+    import contrastive_jax.training.run_plan as run_plan
 
-    with pytest.warns(DeprecationWarning, match="contrastive_jax.training.loop"):
+    with pytest.warns(DeprecationWarning, match="contrastive_jax.training.run_plan"):
         sys.modules.pop("contrastive_jax.train", None)
         from contrastive_jax import train
     with pytest.warns(DeprecationWarning, match="contrastive_jax.models.released"):
         sys.modules.pop("contrastive_jax.released", None)
         import contrastive_jax.released as old_released
-    assert train is loop and old_released is released
+    assert train is run_plan and callable(train.train_and_evaluate) and old_released is released
 
 
 def test_the_graph_reader_finds_a_circle_and_the_floors():

@@ -377,7 +377,7 @@ def write(
 def write_builtin(name: str, data_dir: str | None) -> str | None:
     """Writes the built-in dataset `name`'s records (`settings.BUILTIN`) under
     `data_dir` (`settings.builtin_records`) unless they are there: the step the
-    training job runs before `trainer.build`, which writes nothing. One process writes,
+    training job runs before `run_plan.build`, which writes nothing. One process writes,
     the others wait on a file lock; the per-shard lines are not shown.
 
     Returns:
@@ -399,7 +399,7 @@ def write_builtin(name: str, data_dir: str | None) -> str | None:
 
 def write_builtin_of(data: settings.DataSettings) -> str | None:
     """`write_builtin` of the built-in dataset `data` names, when it reads one (not
-    `config.data.records`): the step a job or a benchmark runs before `trainer.build`.
+    `config.data.records`): the step a job or a benchmark runs before `run_plan.build`.
 
     Returns:
       The directory written, or None (own records, or the built-in ones there already).

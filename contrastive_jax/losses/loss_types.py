@@ -20,7 +20,7 @@ CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
 
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
-    """The loss's hyperparameters as plain Python values: `trainer.build` reads them
+    """The loss's hyperparameters as plain Python values: `run_plan.build` reads them
     from the config once (`trainer.loss_settings`), and the loss functions, traced inside the
     step, read these, never a ConfigDict. Each field is `config.loss.<name>`, but for
     `seed` and `embed_dim` (`config.seed`, `config.model.embed_dim`: a queue's or
@@ -60,11 +60,11 @@ class LossState:
 
     Attributes:
       init: `(settings, params, num_examples) -> {name: global array}`, the first
-        state (`num_examples`: the rows of a per-example table, see `trainer.build`).
+        state (`num_examples`: the rows of a per-example table, see `run_plan.build`).
       sharded: the names whose arrays are split over the batch axes by rows (the
         queue, the memory); the others are replicated.
       check: `(settings, global_batch_size, micro_batch_size) -> None`, raising
-        ConfigError for settings the state cannot take (run by `trainer.build`, before
+        ConfigError for settings the state cannot take (run by `run_plan.build`, before
         anything compiles).
       after_step: `(state, params, settings) -> state` after the optimizer step (the
         momentum encoder's update), or None.

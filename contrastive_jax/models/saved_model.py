@@ -10,7 +10,7 @@ rebuilds the trained model from its checkpoint alone, without the data it traine
      "tokenizer": {"spec": "bytes", "text_max_length": L, "files": {path: sha256}},
      "inputs": {"a": {"shape": [H, W, C], "dtype": "uint8"}, "b": {"shape": [L], "dtype": "int32"}}}
 
-`describe` writes it from the values `trainer.build` read; `rebuild` makes the model
+`describe` writes it from the values `run_plan.build` read; `rebuild` makes the model
 again. Neither reads data nor compiles anything.
 """
 
@@ -83,7 +83,7 @@ def with_inputs(description: Mapping[str, Any], element_spec: Mapping[str, Any])
 
 def rebuild(description: Mapping[str, Any]) -> Any:
     """The model `description` (a `describe` + `with_inputs` value) describes, as
-    `trainer.build` made it: `two_tower.TwoTower`, or a released layout's model.
+    `run_plan.build` made it: `two_tower.TwoTower`, or a released layout's model.
 
     Raises:
       ConfigError: a description of another format than this version writes.

@@ -135,7 +135,7 @@ def clamp_temperature(params):
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-    """The model's settings as plain values, read from the config by `trainer.build`.
+    """The model's settings as plain values, read from the config by `run_plan.build`.
     Each field is `config.model.<name>` (its comment in configs/default.py says what it
     does), but for the logit scale's: `temperature_init`, `learn_temperature`
     (`config.loss.temperature`, `learn_temperature`) and `bias_init` (SigLIP's learned

@@ -9,7 +9,7 @@ import pytest
 
 from contrastive_jax.data import input_pipeline, records, settings
 from contrastive_jax.data.builtin import cmudict
-from contrastive_jax.training.trainer import data_settings
+from contrastive_jax.training.run_plan import data_settings
 
 SIZES = {"train": 121_490, "test": 13_676, "fit": 108_000, "validation": 13_490}
 

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from contrastive_jax.data import input_pipeline, records, settings
-from contrastive_jax.training.trainer import data_settings
+from contrastive_jax.training.run_plan import data_settings
 
 
 @pytest.fixture
@@ -265,7 +265,7 @@ def test_labeled_batch_must_be_a_multiple_of_m(config):
 
 
 def checked_stream(config):
-    """The stream of `config`'s data after the checks `trainer.build` runs on them."""
+    """The stream of `config`'s data after the checks `run_plan.build` runs on them."""
     data = data_settings(config)
     settings.check_data_config(data)
     return input_pipeline.train_dataset(data)

@@ -112,7 +112,7 @@ def test_a_released_clip_fine_tunes_with_its_image_tower_locked(load_config, sha
 
     from contrastive_jax import trained, use_trained
     from contrastive_jax.config_lib import override
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
 
     torch.manual_seed(0)
     vision = {"layers": 2, "width": 64, "patch_size": 16, "image_size": 64}
@@ -138,7 +138,7 @@ def test_a_released_clip_fine_tunes_with_its_image_tower_locked(load_config, sha
         "checkpoint.every_steps": 3,
     }
     workdir = str(tmp_path / "run")
-    results = loop.train_and_evaluate(override(load_config("finetune_clip"), fields), workdir)
+    results = run_plan.train_and_evaluate(override(load_config("finetune_clip"), fields), workdir)
     assert np.isfinite(results["all_captions/image_retrieval_recall@1"])
     model = trained.load(workdir)
     images = np.random.default_rng(0).random((4, 64, 64, 3), dtype=np.float32)
@@ -197,7 +197,7 @@ def test_a_config_that_does_not_fit_the_checkpoint_is_named_at_build(
     load_config, shapes_data_dir, clip_merges, tiny_open_clip, fields, message
 ):
     from contrastive_jax.config_lib import override
-    from contrastive_jax.training import trainer
+    from contrastive_jax.training import run_plan
 
     base = {
         "model.init_from": tiny_open_clip,
@@ -211,7 +211,7 @@ def test_a_config_that_does_not_fit_the_checkpoint_is_named_at_build(
     }
     config = override(load_config("finetune_clip"), base | fields)
     with pytest.raises(ConfigError, match=message):
-        trainer.build(config)
+        run_plan.build(config)
 
 
 @pytest.mark.e2e
@@ -225,7 +225,7 @@ def test_a_released_siglip_fine_tunes_from_its_temperature_and_bias(load_config,
     from contrastive_jax.config_lib import override
     from contrastive_jax.data import tokenizers
     from contrastive_jax.models.released import big_vision_layout
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
     from tests.data.test_tokenizers import train_sentencepiece
 
     sentencepiece = train_sentencepiece(tmp_path, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
@@ -258,7 +258,7 @@ def test_a_released_siglip_fine_tunes_from_its_temperature_and_bias(load_config,
         "checkpoint.every_steps": 2,
     }
     workdir = str(tmp_path / "run")
-    loop.train_and_evaluate(override(load_config("finetune_siglip"), fields), workdir)
+    run_plan.train_and_evaluate(override(load_config("finetune_siglip"), fields), workdir)
     params = trained.load(workdir).variables["params"]
     assert float(params["logit_bias"]) == pytest.approx(-7.0, abs=0.01)  # the checkpoint's, moved a little
     assert float(params["log_inv_temperature"]) == pytest.approx(np.log(5.0), abs=0.01)

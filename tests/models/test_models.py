@@ -12,7 +12,7 @@ import pytest
 
 from contrastive_jax import losses
 from contrastive_jax.models import encoders, two_tower
-from contrastive_jax.training.trainer import model_settings
+from contrastive_jax.training.run_plan import model_settings
 
 
 def num_params(module, *inputs):

@@ -14,7 +14,7 @@ import pytest
 from contrastive_jax import losses
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.models import encoders, transformer, two_tower
-from contrastive_jax.training.trainer import model_settings
+from contrastive_jax.training.run_plan import model_settings
 
 
 def _qkv(batch=3, length=7, heads=2, head_dim=8, dtype=jnp.float32):
