@@ -65,7 +65,7 @@ def _worker_peak(spec: dict) -> dict:
     }
 
 
-def _inputs(n: int, d: int):
+def correlated_pairs(n: int, d: int):
     """The same L2-normalised ``[N, D]`` pair for every framework (numpy, float32)."""
     import numpy as np
 
@@ -120,7 +120,7 @@ def _worker_jax(spec: dict) -> dict:
         return result | {
             "skipped": f"needs {total / 2**30:.1f} GiB compiled > limit {spec['max_memory_bytes'] / 2**30:.1f} GiB"
         }
-    a, b = (jax.device_put(x) for x in _inputs(n, d))
+    a, b = (jax.device_put(x) for x in correlated_pairs(n, d))
     seconds, repeats, warmed = time_calls(
         lambda: jax.block_until_ready(compiled(a, b)),
         max_repeats=spec["max_repeats"],
@@ -138,7 +138,7 @@ def _worker_torch(spec: dict) -> dict:
     if 5 * n * n * 4 > spec["max_memory_bytes"]:
         return {"skipped": "estimated N x N logits and gradients exceed the memory limit"}
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    a, b = (torch.from_numpy(x).to(device).requires_grad_(True) for x in _inputs(n, d))
+    a, b = (torch.from_numpy(x).to(device).requires_grad_(True) for x in correlated_pairs(n, d))
     labels = torch.arange(n, device=device)
     scale = 1.0 / TEMPERATURE
 

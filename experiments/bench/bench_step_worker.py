@@ -31,6 +31,8 @@ import pathlib
 import time
 from collections.abc import Callable
 
+from experiments.bench.bench_losses_worker import correlated_pairs
+
 # The memory a largest batch may fill: this share of what the device's allocator has.
 MEMORY_SHARE = 0.92
 TEMPERATURE = 0.07
@@ -361,21 +363,13 @@ def _torch_inputs(spec: dict, batch: int):
 # ---------------------------------------------------------------- the losses alone
 
 
-def loss_inputs(n: int, d: int):
-    """The same L2-normalised `[N, D]` pair for both frameworks (numpy float32, cast to
-    bfloat16 by each): `bench_losses`' correlated pairs."""
-    from experiments.bench.bench_losses_worker import _inputs
-
-    return _inputs(n, d)
-
-
 def _jax_loss(spec: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
     from contrastive_jax import losses
 
-    a, b = (jnp.asarray(x, jnp.bfloat16) for x in loss_inputs(spec["n"], spec["d"]))
+    a, b = (jnp.asarray(x, jnp.bfloat16) for x in correlated_pairs(spec["n"], spec["d"]))
     streamed = dict(chunk_size="auto", matmul_dtype="bfloat16")
     fns = {
         "siglip": lambda a, b: losses.siglip_loss(a, b, temperature=TEMPERATURE, bias=SIGLIP_BIAS, **streamed),
@@ -402,7 +396,7 @@ def _torch_loss(spec: dict) -> dict:
 
     if not torch.cuda.is_available():
         return {"note": "siglip-kernel and Inf-CL are Triton kernels: they need a CUDA GPU"}
-    a, b = (torch.tensor(x, device="cuda", dtype=torch.bfloat16) for x in loss_inputs(spec["n"], spec["d"]))
+    a, b = (torch.tensor(x, device="cuda", dtype=torch.bfloat16) for x in correlated_pairs(spec["n"], spec["d"]))
     log_t = torch.tensor(math.log(1 / TEMPERATURE), device="cuda")
     bias = torch.tensor(SIGLIP_BIAS, device="cuda")
 
