@@ -9,6 +9,18 @@ import jax.numpy as jnp
 from contrastive_jax import losses
 from contrastive_jax.sharding import shard_loss
 
+# The ways a loss over N = 32 rows is computed, the same result each: name -> (devices or
+# None for one, options): dense and tiled on one device; all-gathered, tiled and around
+# the ring (4 rows a device) on 8.
+MODES = {
+    "dense": (None, {}),
+    "tiled": (None, {"chunk_size": 4}),
+    "8-all_gather": (8, {}),
+    "8-all_gather-tiled": (8, {"chunk_size": 8}),
+    "8-ring": (8, {"collective": "ring"}),
+    "8-ring-tiled": (8, {"collective": "ring", "chunk_size": 2}),
+}
+
 
 def with_positive_ids(loss_fn, **options):
     """``loss_fn(a, b, ids, **hyperparameters)``: ``loss_fn`` with its ``positive_ids``

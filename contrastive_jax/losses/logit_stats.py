@@ -237,6 +237,7 @@ def pair_total(
     """
     if spec.col_logsumexp or spec.col_sums or spec.positive_logsumexp:
         raise ValueError("pair_total sums per-row terms; column statistics and positive_logsumexp need pair_stats.")
+    aux_spec = aux_spec._replace(group_size=spec.group_size)
     local_cols = y.shape[0]
     setup = _setup(x, y, cols, temperature, bias, axis_name, streaming)
     if setup.plan is None:

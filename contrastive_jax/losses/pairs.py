@@ -63,10 +63,10 @@ def _row_logit_totals(x: jax.Array, y: jax.Array, temperature, axis_name) -> jax
 def retrieval_metrics(a, b, stats, positive, temperature, axis_name) -> dict[str, jax.Array]:
     """The metrics of :func:`contrastive_metrics` from a loss's statistics (``row_lse`` of ``a @ b.T / T``,
     ``row_best_negative``, ``col_best_negative``) and its positive logits ``[B]``: no N^2
-    work. Top-1 is right when the pair's logit beats every other candidate's (a tie
-    counts as wrong)."""
+    work. ``b`` holds every column (more rows than ``a`` with query rows). Top-1 is right
+    when the pair's logit beats every other candidate's (a tie counts as wrong)."""
     a, b, stats, positive, temperature = jax.lax.stop_gradient((a, b, stats, positive, temperature))
-    num_columns = a.shape[0] * (1 if axis_name is None else jax.lax.axis_size(axis_name))
+    num_columns = _common.global_batch_size(b.shape[0], axis_name)
     negative = (_row_logit_totals(a, b, temperature, axis_name) - positive) / max(num_columns - 1, 1)
     mean = lambda x: _common.global_mean(x, axis_name)  # noqa: E731
     return {

@@ -38,8 +38,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses import pairs
-from contrastive_jax.losses.logit_stats import PairSpec, PairStats
+from contrastive_jax.losses import _common, logit_stats, pairs
+from contrastive_jax.losses.logit_stats import PairSpec, PairStats, RowIds
 
 FORMS = ("mean_log_prob", "log_sum")
 
@@ -88,3 +88,25 @@ def targets(positives: str, stats: PairStats) -> tuple[jax.Array, jax.Array | No
         return None if not sums else sums["positive_logits"] / sums["num_positives"]
 
     return mean(stats.row_sums), mean(stats.col_sums)
+
+
+def softmax_with_positives(
+    a, b, positive_ids, positives, temperature, axis_name, streaming, return_metrics, *, columns
+):
+    """InfoNCE of ``a`` against ``b`` (and with ``columns`` of ``b`` against ``a``:
+    CLIP) whose positives are the pairs sharing an id in ``positive_ids``, in the form
+    ``positives`` (:mod:`~contrastive_jax.losses.positives`); two passes over the tiles."""
+    ids = RowIds(pairs.local_ids(a.shape[0], axis_name), positive_ids)
+    spec = softmax_spec(positives, columns=columns)._replace(best=return_metrics)
+    stats = logit_stats.pair_stats(
+        spec, a, b, ids, ids, temperature=temperature, axis_name=axis_name, streaming=streaming
+    )
+    row_target, col_target = targets(positives, stats)
+    per_row = stats.row_lse - row_target
+    if columns:
+        per_row = 0.5 * (per_row + stats.col_lse - col_target)
+    loss = _common.global_mean(per_row, axis_name)
+    metrics = lambda: pairs.retrieval_metrics(  # noqa: E731
+        a, b, stats, pairs.paired_logits(a, b, temperature), temperature, axis_name
+    )
+    return pairs.with_metrics(loss, metrics, return_metrics)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses import _common, logit_stats, pairs
+from contrastive_jax.losses import _common, logit_stats, negatives, pairs
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 
 
@@ -39,6 +39,7 @@ def siglip_loss(
     matmul_dtype: str | None = None,
     return_metrics: bool = False,
     positive_ids: jax.Array | None = None,
+    group_size: int | None = None,
 ):
     """SigLIP pairwise sigmoid loss (Zhai et al. 2023).
 
@@ -69,6 +70,9 @@ def siglip_loss(
         Pairs whose sets of ids meet (a negative id is padding) are positives, labelled
         +1 as the diagonal is (siglip-kernel's multi-positive SigLIP); compared over
         the global batch. With all ids distinct the loss is the plain one.
+      group_size: K dividing N: each row's sum runs over its group's K columns (rows
+        ``g K`` to ``g K + K - 1`` of the global batch); None or 0: all N
+        (:mod:`~contrastive_jax.losses.negatives`).
 
     Returns:
       Scalar: ``-sum_j log sigmoid(z_ij * logit_ij)``, summed over all N columns and
@@ -97,9 +101,11 @@ def siglip_loss(
     pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
     if positive_ids is not None:
         pairs.check_ids(positive_ids, a.shape[0], "positive_ids")
+    ids_given = positive_ids is not None
+    group_size = negatives.check(a.shape[0], axis_name, group_size=group_size, query_rows=None, ids_given=ids_given)
     ids = RowIds(pairs.local_ids(a.shape[0], axis_name), positive_ids)
     total, _, aux = logit_stats.pair_total(
-        _SIGLIP,
+        _SIGLIP._replace(group_size=group_size),
         a,
         b,
         ids,

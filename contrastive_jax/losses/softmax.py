@@ -34,7 +34,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses import _common, logit_stats, pairs
+from contrastive_jax.losses import _common, logit_stats, negatives, pairs
 from contrastive_jax.losses import positives as several
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 
@@ -42,26 +42,6 @@ from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 _ROWS = PairSpec(row_logsumexp=True)
 _ROWS_AND_COLUMNS = PairSpec(row_logsumexp=True, col_logsumexp=True)
 _ROWS_NOT_SELF = PairSpec(row_logsumexp=True, exclude_self=True)
-
-
-def _with_positives(a, b, positive_ids, positives, temperature, axis_name, streaming, return_metrics, *, columns):
-    """InfoNCE of ``a`` against ``b`` (and with ``columns`` of ``b`` against ``a``:
-    CLIP) whose positives are the pairs sharing an id in ``positive_ids``, in the form
-    ``positives`` (:mod:`~contrastive_jax.losses.positives`); two passes over the tiles."""
-    ids = RowIds(pairs.local_ids(a.shape[0], axis_name), positive_ids)
-    spec = several.softmax_spec(positives, columns=columns)._replace(best=return_metrics)
-    stats = logit_stats.pair_stats(
-        spec, a, b, ids, ids, temperature=temperature, axis_name=axis_name, streaming=streaming
-    )
-    row_target, col_target = several.targets(positives, stats)
-    per_row = stats.row_lse - row_target
-    if columns:
-        per_row = 0.5 * (per_row + stats.col_lse - col_target)
-    loss = _common.global_mean(per_row, axis_name)
-    metrics = lambda: pairs.retrieval_metrics(  # noqa: E731
-        a, b, stats, pairs.paired_logits(a, b, temperature), temperature, axis_name
-    )
-    return pairs.with_metrics(loss, metrics, return_metrics)
 
 
 def infonce_loss(
@@ -76,6 +56,8 @@ def infonce_loss(
     return_metrics: bool = False,
     positive_ids: jax.Array | None = None,
     positives: str = "mean_log_prob",
+    group_size: int | None = None,
+    query_rows: int | None = None,
 ):
     """One-directional InfoNCE: the positive of query i is key i, all other keys negative.
 
@@ -108,6 +90,10 @@ def infonce_loss(
       positives: with ``positive_ids``, ``"mean_log_prob"`` (SupCon's L_out: the mean
         over the positives of ``-log softmax``) or ``"log_sum"`` (MIL-NCE: ``-log`` of
         the positives' summed softmax), the denominators over all N columns.
+      group_size: K dividing N: each row's keys are its group's K (rows ``g K`` to ``g K
+        + K - 1`` of the global batch); None or 0: all N (:mod:`~contrastive_jax.losses.negatives`).
+      query_rows: n: only the first n of each device's rows are queries, against every
+        device's keys (the mean over the query rows); None: all.
 
     Returns:
       Scalar: mean over the global batch of ``-log softmax(q_i . K / T)_i``; with
@@ -132,26 +118,29 @@ def infonce_loss(
     """
     pairs.check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
     several.check(positive_ids, None, positives, queries.shape[0])
+    group_size = negatives.check(
+        queries.shape[0], axis_name, group_size=group_size, query_rows=query_rows, ids_given=positive_ids is not None
+    )
     streaming = Streaming(chunk_size, collective, matmul_dtype)
     if positive_ids is not None:
-        return _with_positives(
+        return several.softmax_with_positives(
             queries, keys, positive_ids, positives, temperature, axis_name, streaming, return_metrics, columns=False
         )
-    ids = RowIds(pairs.local_ids(queries.shape[0], axis_name), None)
-    total, row_lse, aux = logit_stats.pair_total(
-        _ROWS,
+    spec = _ROWS._replace(group_size=group_size)
+    aux_spec = pairs.METRICS._replace(row_logsumexp=False) if return_metrics else pairs.NO_METRICS
+    total, row_lse, aux, positive = negatives.queries_against_all(
+        spec,
         queries,
         keys,
-        ids,
-        ids,
+        query_rows,
         temperature=temperature,
         axis_name=axis_name,
         streaming=streaming,
-        aux_spec=pairs.METRICS._replace(row_logsumexp=False) if return_metrics else pairs.NO_METRICS,
+        aux_spec=aux_spec,
     )
-    positive = pairs.paired_logits(queries, keys, temperature)
-    # The total spread evenly over the local rows: only its sum enters the mean.
-    loss = _common.global_mean(total / queries.shape[0] - positive, axis_name)
+    # The total spread evenly over the query rows: only its sum enters the mean.
+    loss = _common.global_mean(total / positive.shape[0] - positive, axis_name)
+    queries = queries[: positive.shape[0]]
     metrics = lambda: pairs.retrieval_metrics(  # noqa: E731
         queries, keys, aux._replace(row_lse=row_lse), positive, temperature, axis_name
     )
@@ -221,6 +210,8 @@ def clip_loss(
     false_negative_ids: jax.Array | None = None,
     positive_ids: jax.Array | None = None,
     positives: str = "mean_log_prob",
+    group_size: int | None = None,
+    query_rows: int | None = None,
 ):
     """Symmetric CLIP / CLAP loss over the N x N similarity ``a @ b.T / temperature``.
 
@@ -264,6 +255,12 @@ def clip_loss(
       positives: with ``positive_ids``, ``"mean_log_prob"`` (SupCon's L_out: the mean
         over the positives of ``-log softmax``) or ``"log_sum"`` (MIL-NCE: ``-log`` of
         the positives' summed softmax), the denominators over all N columns.
+      group_size: K dividing N: both softmaxes of a pair run over its group's K (rows
+        ``g K`` to ``g K + K - 1`` of the global batch), the mean of the N / K groups'
+        CLIP losses; None or 0: all N (:mod:`~contrastive_jax.losses.negatives`).
+      query_rows: n: only the first n of each device's pairs are rows of the softmaxes
+        (both directions), each against all N columns of the other side; the mean over
+        the query rows. None: all.
 
     Returns:
       Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch (both
@@ -298,15 +295,23 @@ def clip_loss(
     """
     pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
     several.check(positive_ids, false_negative_ids, positives, a.shape[0])
+    ids_given = positive_ids is not None or false_negative_ids is not None
+    group_size = negatives.check(
+        a.shape[0], axis_name, group_size=group_size, query_rows=query_rows, ids_given=ids_given
+    )
     streaming = Streaming(chunk_size, collective, matmul_dtype)
+    if query_rows is not None:
+        return negatives.clip_with_queries(a, b, query_rows, temperature, axis_name, streaming, return_metrics)
     if positive_ids is not None:
-        return _with_positives(
+        return several.softmax_with_positives(
             a, b, positive_ids, positives, temperature, axis_name, streaming, return_metrics, columns=True
         )
     if false_negative_ids is not None:
         pairs.check_ids(false_negative_ids, a.shape[0], "false_negative_ids")
     ids = RowIds(pairs.local_ids(a.shape[0], axis_name), false_negative_ids)
-    spec = _ROWS_AND_COLUMNS._replace(best=return_metrics, exclude_shared_label=false_negative_ids is not None)
+    spec = _ROWS_AND_COLUMNS._replace(
+        best=return_metrics, exclude_shared_label=false_negative_ids is not None, group_size=group_size
+    )
     stats = logit_stats.pair_stats(
         spec,
         a,

@@ -40,6 +40,9 @@ class PairSpec(NamedTuple):
       positive_logsumexp: with each side's logsumexp, also the logsumexp over its
         positives, the pairs with equal ids or a shared label (``positive_lse``).
       col_sums: also sum the pair terms over each column into ``col_sums[name]``.
+      group_size: K > 0: a row's candidates are the columns of its group, the K
+        consecutive global indices ``index // K`` equal to its own; the others are left
+        out of every statistic (softmaxes, pair terms, positives, best negatives).
     """
 
     row_logsumexp: bool = False
@@ -51,6 +54,7 @@ class PairSpec(NamedTuple):
     label_sets: bool = False
     positive_logsumexp: bool = False
     col_sums: bool = False
+    group_size: int = 0
 
 
 class PairStats(NamedTuple):
@@ -125,7 +129,8 @@ def tile_logits(x_scaled, y, bias, dtype) -> jax.Array:
 
 
 def _tile_masks(spec, rows: RowIds, cols: RowIds):
-    """``same_id, same_label: [b, c]`` booleans (``same_label`` None without labels)."""
+    """``same_id, same_label, other_group: [b, c]`` booleans (``same_label`` None
+    without labels, ``other_group`` None without ``spec.group_size``)."""
     same_id = rows.index[:, None] == cols.index[None, :]
     if cols.valid is not None:
         same_id = same_id | ~cols.valid[None, :]
@@ -138,27 +143,39 @@ def _tile_masks(spec, rows: RowIds, cols: RowIds):
         same_label = rows.label[:, None] == cols.label[None, :]
         if same_label.ndim == 3:  # [b, c, K] group ids: equal when any id is
             same_label = jnp.any(same_label, axis=-1)
-    return same_id, same_label
+    other_group = None
+    if spec.group_size:
+        other_group = rows.index[:, None] // spec.group_size != cols.index[None, :] // spec.group_size
+    return same_id, same_label, other_group
 
 
-def _softmax_logits(spec, logits, same_id, same_label):
+def _either(mask, other):
+    """``mask | other`` where either may be None (None: all False)."""
+    return other if mask is None else mask if other is None else mask | other
+
+
+def _softmax_logits(spec, logits, same_id, same_label, other_group):
     """The logits the softmaxes see: excluded pairs (see :class:`PairSpec`) masked."""
-    excluded = same_id if spec.exclude_self else None
+    excluded = _either(same_id if spec.exclude_self else None, other_group)
     if spec.exclude_shared_label:
-        false_negatives = same_label & ~same_id
-        excluded = false_negatives if excluded is None else excluded | false_negatives
+        excluded = _either(excluded, same_label & ~same_id)
     return logits if excluded is None else jnp.where(excluded, _common.MASK_VALUE, logits)
 
 
-def _pair_terms(spec, logits, same_id, same_label) -> dict:
-    return {} if spec.pair_terms is None else dict(spec.pair_terms(logits, same_id, same_label))
+def _pair_terms(spec, logits, same_id, same_label, other_group) -> dict:
+    if spec.pair_terms is None:
+        return {}
+    terms = dict(spec.pair_terms(logits, same_id, same_label))
+    return terms if other_group is None else {name: jnp.where(other_group, 0.0, t) for name, t in terms.items()}
 
 
-def _positive_logits(spec, logits, same_id, same_label):
+def _positive_logits(spec, logits, same_id, same_label, other_group):
     """The logits the positives' softmax sees (None without ``spec.positive_logsumexp``)."""
     if not spec.positive_logsumexp:
         return None
     positives = same_id if same_label is None else same_id | same_label
+    if other_group is not None:
+        positives = positives & ~other_group
     return jnp.where(positives, logits, _common.MASK_VALUE)
 
 
@@ -176,11 +193,11 @@ def _side(softmax_logits, positive_logits, negative_logits, terms, axis, *, lse:
 
 def tile_stats(spec, logits, rows, cols) -> tuple[Running, Running]:
     """The row and column statistics of one tile of logits ``[b, c]``."""
-    same_id, same_label = _tile_masks(spec, rows, cols)
-    softmax_logits = _softmax_logits(spec, logits, same_id, same_label)
-    positive_logits = _positive_logits(spec, logits, same_id, same_label)
-    terms = _pair_terms(spec, logits, same_id, same_label)
-    negative_logits = jnp.where(same_id, -jnp.inf, logits) if spec.best else None
+    masks = _tile_masks(spec, rows, cols)
+    softmax_logits = _softmax_logits(spec, logits, *masks)
+    positive_logits = _positive_logits(spec, logits, *masks)
+    terms = _pair_terms(spec, logits, *masks)
+    negative_logits = jnp.where(_either(masks[0], masks[2]), -jnp.inf, logits) if spec.best else None
     row = _side(softmax_logits, positive_logits, negative_logits, terms, 1, lse=spec.row_logsumexp, sums=True)
     col = _side(softmax_logits, positive_logits, negative_logits, terms, 0, lse=spec.col_logsumexp, sums=spec.col_sums)
     return row, col
@@ -199,10 +216,10 @@ def merge(a: Running, b: Running) -> Running:
 def row_objective(spec, logits, rows, cols) -> jax.Array:
     """Per-row ``[b]``: the row's logsumexp (the tile must hold the whole row) plus the
     row sums of its pair terms -- what :func:`~contrastive_jax.losses.logit_stats.pair_total` adds up."""
-    same_id, same_label = _tile_masks(spec, rows, cols)
-    total = sum(jnp.sum(t, axis=1) for t in _pair_terms(spec, logits, same_id, same_label).values())
+    masks = _tile_masks(spec, rows, cols)
+    total = sum(jnp.sum(t, axis=1) for t in _pair_terms(spec, logits, *masks).values())
     if spec.row_logsumexp:
-        total = total + jax.nn.logsumexp(_softmax_logits(spec, logits, same_id, same_label), axis=1)
+        total = total + jax.nn.logsumexp(_softmax_logits(spec, logits, *masks), axis=1)
     return total
 
 
@@ -228,12 +245,12 @@ def tile_logit_gradient(spec, logits, rows, cols, finals, cotangents) -> jax.Arr
     final logsumexps (constants), so each tile's share is exact without the others;
     ``cotangents = (row, col)`` :class:`Running` the ``g`` of each statistic.
     """
-    same_id, same_label = _tile_masks(spec, rows, cols)
+    masks = _tile_masks(spec, rows, cols)
 
     def surrogate(logits):
-        softmax_logits = _softmax_logits(spec, logits, same_id, same_label)
-        positive_logits = _positive_logits(spec, logits, same_id, same_label)
-        terms = _pair_terms(spec, logits, same_id, same_label)
+        softmax_logits = _softmax_logits(spec, logits, *masks)
+        positive_logits = _positive_logits(spec, logits, *masks)
+        terms = _pair_terms(spec, logits, *masks)
         return sum(
             _side_surrogate(softmax_logits, positive_logits, terms, final, cotangent, axis)
             for final, cotangent, axis in zip(finals, cotangents, (1, 0))

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from loss_cases import enable_x64, with_positive_ids
+from loss_cases import MODES, enable_x64, with_positive_ids
 
 from contrastive_jax import losses, sharding
 
@@ -86,14 +86,6 @@ CASES = {
     for form in ("mean_log_prob", "log_sum")
 }
 CASES["siglip"] = (with_positive_ids(losses.siglip_loss), {"bias": BIAS}, siglip_reference)
-MODES = {
-    "dense": (None, {}),
-    "tiled": (None, {"chunk_size": 4}),
-    "8-all_gather": (8, {}),
-    "8-all_gather-tiled": (8, {"chunk_size": 8}),
-    "8-ring": (8, {"collective": "ring"}),
-    "8-ring-tiled": (8, {"collective": "ring", "chunk_size": 2}),
-}
 
 
 def embeddings(seed):
