@@ -294,16 +294,16 @@ PUBLIC_WING_MODULES = {
     "models.released.open_clip_layout",  # open_clip's checkpoints and their Settings
     "models.transformer",  # TowerSettings
     "training.checkpoint",  # a run's state, restored
-    "training.loop",  # train_and_evaluate
+    "training.loop",  # run_loop, Preempted
     "training.memory_fit",  # the largest batch that fits
     "training.noise_scale",  # the gradient noise scale
     "training.run_plan",  # build, data_settings, RunPlan
-    "training.trainer",  # build, data_settings until run_plan replaces them (to go with the last import)
 }
 # Experiments that measure the package's internals on purpose, with why; the benchmark
 # workers (`bench/*_worker.py`, run in a fresh process per measurement) are too.
 INTERNALS = {
     "bench/bench_input.py": "times the image decoder and augmenter (data.images) without the pipeline",
+    "lib/replicates.py": "the gradient of the step's own loss at a checkpoint (the trainer's split of the outputs)",
 }
 
 

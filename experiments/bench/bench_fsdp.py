@@ -43,10 +43,9 @@ FSDP_SIZES = (1, 2, 4, 8)
 def bench_config(quick: bool):
     """The benchmarked config: clip_shapes with a ViT-S tower (or the default's tiny
     MLPs with `quick`), every array of at least 64 KiB split; its built-in records
-    written if absent (`trainer.build` writes nothing)."""
-    from contrastive_jax import write_records
+    written if absent (`run_plan.build` writes nothing)."""
     from contrastive_jax.config_lib import load_config, override
-    from contrastive_jax.training.trainer import data_settings
+    from contrastive_jax.training import run_plan
 
     if quick:
         config = override(load_config("default"), {"train.global_batch_size": 64, "mesh.fsdp_min_kib": 0.0})
@@ -60,7 +59,7 @@ def bench_config(quick: bool):
                 "data.data_dir": str(REPO / "runs" / "data"),
             },
         )
-    write_records.write_builtin_of(data_settings(config))
+    run_plan.write_builtin_records(config)
     return config
 
 
@@ -99,9 +98,9 @@ def run_point(config, fsdp: int, batches: list[dict]) -> tuple[dict, list[float]
 
     from contrastive_jax import sharding
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training.trainer import build, data_settings
+    from contrastive_jax.training.run_plan import build, data_settings
 
-    trainer = build(config, sharding.make_mesh(NUM_DEVICES, fsdp=fsdp))
+    trainer = build(config, sharding.make_mesh(NUM_DEVICES, fsdp=fsdp)).trainer
     element_spec = input_pipeline.train_dataset(data_settings(config)).element_spec
     init, abstract = trainer.init_state(element_spec)
     compiled = trainer.compile_step(abstract, element_spec)
@@ -171,7 +170,7 @@ def main(argv=None) -> int:
     import os
 
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training.trainer import data_settings
+    from contrastive_jax.training.run_plan import data_settings
 
     config = bench_config(args.quick)
     load = os.getloadavg()[0]

@@ -71,14 +71,14 @@ def built_run(global_batch: int, micro_batch: int, chunk_size: int):
     """The default config's `Trainer` at these sizes on `NUM_DEVICES` devices, and one
     batch's input spec (`{"a": ShapeDtypeStruct[N, ...], "b": ...}`)."""
     from configs import default
-    from contrastive_jax import sharding, write_records
+    from contrastive_jax import sharding
     from contrastive_jax.config_lib import override
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training import trainer
-    from contrastive_jax.training.trainer import data_settings
+    from contrastive_jax.training import run_plan
+    from contrastive_jax.training.run_plan import data_settings
 
     config = default.get_config()
-    write_records.write_builtin_of(data_settings(config))  # the digits, once: build writes nothing
+    run_plan.write_builtin_records(config)  # the digits, once: build writes nothing
     shapes_only = override(config, {"train.global_batch_size": NUM_DEVICES})
     spec = input_pipeline.train_dataset(data_settings(shapes_only)).element_spec  # the input shapes
     config = override(
@@ -89,7 +89,7 @@ def built_run(global_batch: int, micro_batch: int, chunk_size: int):
             "loss.chunk_size": chunk_size,
         },
     )
-    return trainer.build(config, sharding.make_mesh(NUM_DEVICES)), spec
+    return run_plan.build(config, sharding.make_mesh(NUM_DEVICES)).trainer, spec
 
 
 def run_point(global_batch: int, micro_batch: int, chunk_size: int) -> dict:

@@ -11,7 +11,7 @@ process, ``bench_step_worker``):
 * **step** -- open_clip's ViT-B-16 architecture (224 px; a 12-layer, 512-wide text tower
   over 77 tokens), built by the project's released-layout towers from a checkpoint
   written here by open_clip itself (the same random weights on both sides), trained by
-  the project's step (``trainer.build`` of ``configs/finetune_clip.py``: AdamW,
+  the project's step (``run_plan.build`` of ``configs/finetune_clip.py``: AdamW,
   bfloat16, the global-batch CLIP loss streamed), beside open_clip 3.3.0's model and a
   minimal training step (AMP bfloat16, SDPA attention, ``ClipLoss``, AdamW), with and
   without rematerialisation (``config.model.remat="full"`` /

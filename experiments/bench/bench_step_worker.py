@@ -4,7 +4,7 @@
 its own device memory, its own peak; a failure stays its own), which calls
 ``run_worker(spec)`` and prints the result as one JSON line. The workers:
 
-* ``jax_step``: the project's train step (``trainer.build`` of ``configs/finetune_clip.py``
+* ``jax_step``: the project's train step (``run_plan.build`` of ``configs/finetune_clip.py``
   on the benchmark's open_clip checkpoint and records: the released-layout towers,
   AdamW, bfloat16 activations and logits' matmul, the global-batch CLIP loss) at a
   batch, then at the largest batch that fits (``largest_batch``), with ``remat``;
@@ -117,11 +117,11 @@ class JaxStep:
 
         from contrastive_jax import sharding
         from contrastive_jax.data import input_pipeline
-        from contrastive_jax.training import trainer
-        from contrastive_jax.training.trainer import data_settings
+        from contrastive_jax.training import run_plan
+        from contrastive_jax.training.run_plan import data_settings
 
         config = finetune_config(spec, batch)
-        self.run = trainer.build(config, sharding.make_mesh())
+        self.run = run_plan.build(config, sharding.make_mesh()).trainer
         dataset = input_pipeline.train_dataset(data_settings(config))
         self.spec = dataset.element_spec
         init, self.abstract = self.run.init_state(self.spec)
@@ -146,11 +146,11 @@ def _needed_bytes(spec: dict, batch: int) -> int:
     """The compiled step's memory per device at `batch` (compiled, not run)."""
     from contrastive_jax import sharding
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training import memory_fit, trainer
-    from contrastive_jax.training.trainer import data_settings
+    from contrastive_jax.training import memory_fit, run_plan
+    from contrastive_jax.training.run_plan import data_settings
 
     config = finetune_config(spec, batch)
-    run = trainer.build(config, sharding.make_mesh())
+    run = run_plan.build(config, sharding.make_mesh()).trainer
     element_spec = input_pipeline.train_dataset(data_settings(config)).element_spec
     return memory_fit.needed_bytes(run.compile_step(run.init_state(element_spec)[1], element_spec))
 
@@ -453,7 +453,7 @@ def step_parts(run, state, batch, repeats: int, *, compiled_step=None) -> dict:
     application on gradients shaped as the parameters). `step` runs `run`'s compiled step.
 
     Args:
-      run: a `trainer.Trainer`.
+      run: a `trainer.Trainer` (`run_plan.build(...).trainer`).
       state: its `TrainState` on the mesh (donated by the step: not used afterwards).
       batch: a global batch on the mesh.
       repeats: timed calls per part (the median is kept).
@@ -521,17 +521,17 @@ def _overhead(spec: dict) -> dict:
     import jax
     import numpy as np
 
-    from contrastive_jax import sharding, write_records
+    from contrastive_jax import sharding
     from contrastive_jax.config_lib import load_config, override
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training import trainer
-    from contrastive_jax.training.trainer import data_settings
+    from contrastive_jax.training import run_plan
+    from contrastive_jax.training.run_plan import data_settings
 
     shapes = override(load_config("default"), {"train.global_batch_size": jax.device_count()})
-    write_records.write_builtin_of(data_settings(shapes))  # the digits, once: build writes nothing
+    run_plan.write_builtin_records(shapes)  # the digits, once: build writes nothing
     element_spec = input_pipeline.train_dataset(data_settings(shapes)).element_spec
     fields = {"train.global_batch_size": spec["batch"], "loss.chunk_size": spec["chunk_size"]}
-    run = trainer.build(override(load_config("default"), fields), sharding.make_mesh())
+    run = run_plan.build(override(load_config("default"), fields), sharding.make_mesh()).trainer
     rng = np.random.default_rng(0)
     batch = {k: rng.standard_normal((spec["batch"], *element_spec[k].shape[1:]), np.float32) for k in ("a", "b")}
     batch = jax.device_put(batch, sharding.data_sharding(run.mesh))

@@ -24,10 +24,11 @@ def gradients(
 
     from contrastive_jax import run_dir, sharding
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training import checkpoint, trainer
+    from contrastive_jax.training import checkpoint, run_plan, trainer
 
-    run = trainer.build(override(config, {"train.global_batch_size": n, "train.micro_batch_size": 0}))
-    stream = input_pipeline.train_dataset(run.data, start_step=start_step)
+    plan = run_plan.build(override(config, {"train.global_batch_size": n, "train.micro_batch_size": 0}))
+    run = plan.trainer
+    stream = input_pipeline.train_dataset(plan.data, start_step=start_step)
     _, abstract = run.init_state(stream.element_spec)
     ckpt = checkpoint.Checkpointer(os.path.join(workdir, run_dir.CHECKPOINTS), max_to_keep=1_000)
     try:
@@ -66,7 +67,7 @@ def replayed(config, workdir: str, step: int, scratch: str) -> str:
     """A workdir holding the checkpoint of `step` of the run of `config` in `workdir`:
     `workdir` itself where the run kept that step; else `scratch` (empty), into which the
     run's newest checkpoint before `step` is copied (none: the run's start) and trained on
-    to `step` (`loop.train_and_evaluate`, as the run's own segments resume). Under a
+    to `step` (`run_plan.train_and_evaluate`, as the run's own segments resume). Under a
     constant rate a step's state does not depend on where the run stopped, and the stream
     is seeded by position, so this is the run's own state at `step`.
 
@@ -74,7 +75,7 @@ def replayed(config, workdir: str, step: int, scratch: str) -> str:
       ValueError: `config`'s schedule depends on the run's length (not "constant").
     """
     from contrastive_jax import run_dir
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
 
     if config.optim.schedule != "constant":
         raise ValueError(f"replaying needs config.optim.schedule='constant', not {config.optim.schedule!r}.")
@@ -84,5 +85,5 @@ def replayed(config, workdir: str, step: int, scratch: str) -> str:
     if before := [s for s in kept if s < step]:
         name = os.path.join(run_dir.CHECKPOINTS, str(before[-1]))
         shutil.copytree(os.path.join(workdir, name), os.path.join(scratch, name))
-    loop.train_and_evaluate(override(config, {"train.num_train_steps": step}), scratch)
+    run_plan.train_and_evaluate(override(config, {"train.num_train_steps": step}), scratch)
     return scratch

@@ -2,7 +2,7 @@
 
 A sweep is a list of `Run`s (a name, the config fields it overrides, the tags that
 identify it in the results), trained one after another in this process with
-`loop.train_and_evaluate`, each in its own workdir `<out>/runs/<name>/`:
+`run_plan.train_and_evaluate`, each in its own workdir `<out>/runs/<name>/`:
 
 * a run whose `eval_results.json` is there (for its number of steps) is skipped;
 * an interrupted run resumes from its newest checkpoint (the trainer does this);
@@ -184,7 +184,7 @@ def run_grid(
 
 
 def train_until(config: ml_collections.ConfigDict, workdir: Path, stop_when: Callable[[Path], bool] | None) -> None:
-    """`loop.train_and_evaluate(config, workdir)`; with `stop_when`, in segments of
+    """`run_plan.train_and_evaluate(config, workdir)`; with `stop_when`, in segments of
     `config.checkpoint.every_steps` (each resumes the last; the final one ends at
     `config.train.num_train_steps`), stopping after the first segment where
     `stop_when(workdir)` holds.
@@ -193,10 +193,10 @@ def train_until(config: ml_collections.ConfigDict, workdir: Path, stop_when: Cal
       ValueError: `stop_when` with a schedule that depends on the run's length (a run
         stopped early must be the same run as one trained on).
     """
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
 
     if stop_when is None:
-        loop.train_and_evaluate(config, str(workdir))
+        run_plan.train_and_evaluate(config, str(workdir))
         return
     if config.optim.schedule != "constant":
         raise ValueError(f"stop_when needs config.optim.schedule='constant', not {config.optim.schedule!r}.")
@@ -204,7 +204,7 @@ def train_until(config: ml_collections.ConfigDict, workdir: Path, stop_when: Cal
     done, cap = (results or {}).get("step", 0), config.train.num_train_steps
     while done < cap:
         done = min(cap, done + config.checkpoint.every_steps)
-        loop.train_and_evaluate(override(config, {"train.num_train_steps": done}), str(workdir))
+        run_plan.train_and_evaluate(override(config, {"train.num_train_steps": done}), str(workdir))
         if stop_when(workdir):
             return
 

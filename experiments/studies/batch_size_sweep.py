@@ -139,7 +139,7 @@ def run(
     train_size = None
     if epochs is not None:
         from contrastive_jax.data import input_pipeline
-        from contrastive_jax.training.trainer import data_settings
+        from contrastive_jax.training.run_plan import data_settings
 
         data = data_settings(base)
         train_size = input_pipeline.train_split_size(data)
@@ -166,7 +166,7 @@ def run_study(
     over the training split's `word_id` and `pronunciation_id`).
     """
     from contrastive_jax.data import input_pipeline, settings
-    from contrastive_jax.training.trainer import data_settings
+    from contrastive_jax.training.run_plan import data_settings
 
     base = override(load_config(config), {"data.data_dir": data_dir, **(overrides or {})})
     data = data_settings(base)

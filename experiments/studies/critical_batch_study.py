@@ -401,12 +401,12 @@ def write_input_ceilings(base, split: str, out) -> dict[str, Any]:
     `out/ceiling.json` with the split and the method."""
     from contrastive_jax.data import input_pipeline
     from contrastive_jax.evaluation import metrics
-    from contrastive_jax.training import trainer
+    from contrastive_jax.training import run_plan
 
     path = out / "ceiling.json"
     if path.exists():
         return json.loads(path.read_text())
-    arrays = input_pipeline.eval_arrays(trainer.data_settings(base), split)
+    arrays = input_pipeline.eval_arrays(run_plan.data_settings(base), split)
     entry = {
         "split": split,
         **metrics.input_ceilings(arrays["a"], arrays["b"]),

@@ -475,9 +475,9 @@ def test_ceilings(config) -> dict[str, float]:
     """`metrics.paired_ceilings` of `config`'s evaluation split (the test split)."""
     from contrastive_jax.data import input_pipeline, settings
     from contrastive_jax.evaluation import metrics
-    from contrastive_jax.training import trainer
+    from contrastive_jax.training import run_plan
 
-    data = trainer.data_settings(config)
+    data = run_plan.data_settings(config)
     ids = input_pipeline.eval_arrays(data, config.eval.split)
     return metrics.paired_ceilings(ids, settings.open_metadata(data).match_keys)
 

@@ -66,12 +66,12 @@ def measure(config, workdir: Path, *, every: int) -> dict:
     simulate_cpu_devices(config.num_simulated_devices)
     import jax
 
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
 
     config.train.log_noise_scale = True
     config.train.log_every_steps = every
     started = time.perf_counter()
-    loop.train_and_evaluate(config, str(workdir))
+    run_plan.train_and_evaluate(config, str(workdir))
     devices, n = jax.device_count(), config.train.global_batch_size
     records = noise_records(workdir)
     for record, value in zip(records, running_estimates(records, n // devices, n)):

@@ -58,11 +58,11 @@ def run(args) -> dict:
     fields = sweep.run_overrides(num_steps=args.steps, seed=0, warmup_steps=args.steps // 20, evals=2)
     config = override(config, {**fields, "data.data_dir": args.data_dir, **(QUICK_OVERRIDES if args.quick else {})})
     simulate_cpu_devices(config.num_simulated_devices)
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
 
     workdir = args.out / "runs" / "clip_shapes_small"
     started = time.perf_counter()
-    during_training = loop.train_and_evaluate(config, str(workdir))
+    during_training = run_plan.train_and_evaluate(config, str(workdir))
     seconds = time.perf_counter() - started
     reports = evaluate(str(workdir))
     results = {

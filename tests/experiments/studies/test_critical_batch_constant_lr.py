@@ -148,7 +148,7 @@ def test_replicates_at_n_and_a_quarter_of_it_read_disjoint_examples(tiny_config)
     the quarter batches are the first big one cut in four."""
     from contrastive_jax.config_lib import override
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training.trainer import data_settings
+    from contrastive_jax.training.run_plan import data_settings
 
     def indices(n, start, count=4):
         data = data_settings(override(tiny_config, {"train.global_batch_size": n}))
@@ -218,12 +218,12 @@ def test_a_step_the_run_did_not_keep_is_replayed_to_the_runs_own_state(tiny_conf
 
     from contrastive_jax import run_dir
     from contrastive_jax.config_lib import override
-    from contrastive_jax.training import loop
+    from contrastive_jax.training import run_plan
 
     constant = override(tiny_config, {"optim.schedule": "constant", "train.num_train_steps": 4})
     kept = {every: str(tmp_path / f"every{every}") for every in (1, 2)}
     for every, workdir in kept.items():
-        loop.train_and_evaluate(override(constant, {"checkpoint.every_steps": every}), workdir)
+        run_plan.train_and_evaluate(override(constant, {"checkpoint.every_steps": every}), workdir)
     assert replicates.kept_steps(kept[2]) == [2, 4]
     assert replicates.replayed(constant, kept[2], 4, str(tmp_path / "unused")) == kept[2]
     for step in (1, 3):
