@@ -125,7 +125,9 @@ class ViT(nn.Module):
     """Vision Transformer (Dosovitskiy et al. 2021) with a class token.
 
     `[B, H, W, C]` -> `[B, width]`, H and W multiples of `patch_size`. The blocks are
-    `transformer.Encoder`'s (`remat`, `attention`: its options).
+    `transformer.Encoder`'s (`remat`, `attention`: its options). `drop_patches`
+    (`patch_dropout.dropper`'s, training with patch dropout) takes the tokens `[B, 1 + P,
+    width]` after the position embedding and returns those kept, the class token first.
     """
 
     width: int
@@ -139,7 +141,7 @@ class ViT(nn.Module):
     attention: str = "auto"
 
     @nn.compact
-    def __call__(self, x, *, train: bool = False):
+    def __call__(self, x, *, train: bool = False, drop_patches: Callable | None = None):
         p = self.patch_size
         for side in x.shape[1:3]:
             check_divides(p, side, "config.model.patch_size", "the image size (config.data.image_size)")
@@ -149,6 +151,8 @@ class ViT(nn.Module):
         x = jnp.concatenate([jnp.tile(cls, (x.shape[0], 1, 1)).astype(self.dtype), x], axis=1)
         pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, *x.shape[1:]))
         x = x + pos.astype(self.dtype)
+        if drop_patches is not None:
+            x = drop_patches(x, num_prefix=1)
         x = _encoder(self, self.depth, self.mlp_dim, self.num_heads)(x, None, train)
         return x[:, 0]
 
@@ -254,6 +258,8 @@ class TextCNN(nn.Module):
 
 # The encoders built of Transformer blocks (`config.model.remat` and `attention` apply).
 TRANSFORMER_ENCODERS = frozenset({"vit_tiny", "vit_small", "vit_base", "text_transformer"})
+# The `ViT`s (`config.model.patch_dropout` drops their patches).
+VIT_ENCODERS = frozenset({"vit_tiny", "vit_small", "vit_base"})
 
 
 def _vit(width, depth, num_heads, mlp_dim):

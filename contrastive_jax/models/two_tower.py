@@ -21,7 +21,8 @@ import jax.numpy as jnp
 
 from contrastive_jax.embeddings import l2_normalize
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.models import encoders, transformer
+from contrastive_jax.models import encoders, patch_dropout, transformer
+from contrastive_jax.models.patch_dropout import PatchDropout
 
 MAX_INV_TEMPERATURE = 100.0
 TEMPERATURE_PARAM = "log_inv_temperature"
@@ -66,7 +67,9 @@ class TwoTower(nn.Module):
     learnable logit bias; `num_classes > 0` adds a classifier on tower a's embedding.
 
     Inputs `a`, `b`: images [B, H, W, C], uint8 (scaled to [0, 1] here) or float32 in
-    [0, 1], or int32 tokens [B, L].
+    [0, 1], or int32 tokens [B, L]. `patch_keys` [B] (`patch_dropout.row_keys`, the
+    trainer's, training only): each ViT tower drops `patch_dropout.rate` of its patches
+    by them; without them (evaluation, `trained`, exports) every patch is kept.
 
     Returns a dict: `za` [B, D] (and `zb` [B, D] when `b` is given), L2-normalised
     float32; `temperature` and (SigLIP) `bias` float32 scalars; `logits` [B, C] and
@@ -85,16 +88,17 @@ class TwoTower(nn.Module):
     learn_temperature: bool = True
     bias_init: float | None = None
     num_classes: int = 0
+    patch_dropout: PatchDropout = PatchDropout()
 
     @nn.compact
-    def __call__(self, a, b=None, *, train: bool = False):
+    def __call__(self, a, b=None, *, train: bool = False, patch_keys=None):
         a, b = _scaled_pixels(a), _scaled_pixels(b)
-        ya = self.head_a(self.tower_a(a, train=train))
+        ya = self.head_a(self.tower_a(a, train=train, **self._patches(self.tower_a, patch_keys, 0, train)))
         out = {"za": l2_normalize(ya)}
         if b is not None:
             tower_b = self.tower_b or self.tower_a
             head_b = self.head_b or self.head_a
-            out["zb"] = l2_normalize(head_b(tower_b(b, train=train)))
+            out["zb"] = l2_normalize(head_b(tower_b(b, train=train, **self._patches(tower_b, patch_keys, 1, train))))
         log_inv = math.log(1.0 / self.temperature_init)
         if self.learn_temperature:
             log_inv = self.param(TEMPERATURE_PARAM, nn.initializers.constant(log_inv), ())
@@ -104,6 +108,11 @@ class TwoTower(nn.Module):
         if self.num_classes:
             out["logits"], out["proxies"] = ClassifierHead(self.num_classes)(ya)
         return out
+
+    def _patches(self, tower: nn.Module, keys, side: int, train: bool) -> dict:
+        """The keyword that has ViT `tower` drop patches (training with `keys`), or none."""
+        drop = patch_dropout.dropper(keys if train else None, side, self.patch_dropout.rate)
+        return {"drop_patches": drop} if drop is not None and isinstance(tower, encoders.ViT) else {}
 
     def embed(self, x, side: str, *, train: bool = False):
         """One tower alone: `x` [B, ...] (tower `side`'s inputs, "a" or "b") -> its
@@ -159,6 +168,8 @@ class ModelSettings:
     temperature_init: float
     learn_temperature: bool
     bias_init: float | None
+    patch_dropout: float = 0.0  # the fraction of an image's patches dropped while training (FLIP)
+    patch_dropout_until_step: int = 0  # dropped before this step, none after (unmasked tuning); 0: throughout
     init_from: str = ""  # a released checkpoint (`contrastive_jax.models.released`); "": the towers above
     quick_gelu: bool = False  # the released checkpoint uses OpenAI CLIP's activation
 
@@ -186,7 +197,7 @@ def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
 
     Raises:
       ConfigError: an unknown encoder, compute dtype, remat policy or attention kernel,
-        or a temperature that is not > 0.
+        a temperature that is not > 0, or patch dropout out of range or without a ViT.
     """
     m = settings
     dtype = tower_options(m).dtype
@@ -204,6 +215,11 @@ def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
 
     if not m.temperature_init > 0:
         raise ConfigError(f"config.loss.temperature={m.temperature_init} must be > 0 (e.g. 0.07).")
+    if m.patch_dropout and not {m.encoder_a, m.encoder_b} & encoders.VIT_ENCODERS:
+        raise ConfigError(
+            f"config.model.patch_dropout={m.patch_dropout} drops a ViT's patches, and neither encoder is one "
+            f"({m.encoder_a!r}, {m.encoder_b!r}): use one of {sorted(encoders.VIT_ENCODERS)}, or set it to 0."
+        )
     return TwoTower(
         tower_a=encoder("encoder_a"),
         head_a=head(),
@@ -213,4 +229,10 @@ def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
         learn_temperature=m.learn_temperature,
         bias_init=m.bias_init,
         num_classes=m.num_classes,
+        patch_dropout=patch_dropout_of(m),
     )
+
+
+def patch_dropout_of(settings: ModelSettings) -> PatchDropout:
+    """`config.model.patch_dropout` and `patch_dropout_until_step`, checked (a ConfigError)."""
+    return PatchDropout(settings.patch_dropout, settings.patch_dropout_until_step)

@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from contrastive_jax.embeddings import l2_normalize
+from contrastive_jax.models import patch_dropout
 from contrastive_jax.models.transformer import TowerSettings
 from contrastive_jax.models.two_tower import TEMPERATURE_PARAM
 
@@ -36,7 +37,9 @@ class TwoTowerSettings:
 
 class ReleasedTwoTower(nn.Module):
     """Base of the layouts' `Model`s, which define `settings` (with `logit_bias`),
-    `towers()` -> `(image tower, text tower)` and `normalize_pixels`."""
+    `patch_dropout` (`patch_dropout.PatchDropout`), `towers()` -> `(image tower, text
+    tower)` and `normalize_pixels`; the image tower takes `drop_patches`
+    (`patch_dropout.dropper`'s) and applies it after its position embedding."""
 
     TOWER_PARAMS: ClassVar[dict[str, tuple[str, ...]]] = TOWER_PARAMS
 
@@ -55,8 +58,11 @@ class ReleasedTwoTower(nn.Module):
         if self.settings.logit_bias:
             self.logit_bias = self.param("logit_bias", nn.initializers.constant(-10.0), ())
 
-    def __call__(self, a, b=None, *, train: bool = False):
-        out = {"za": self.embed(a, "a")}
+    def __call__(self, a, b=None, *, train: bool = False, patch_keys=None):
+        """`two_tower.TwoTower`'s: training with `patch_keys` [B], the image tower drops
+        `patch_dropout.rate` of each image's patches (`patch_dropout`)."""
+        drop = patch_dropout.dropper(patch_keys if train else None, 0, self.patch_dropout.rate)
+        out = {"za": l2_normalize(self.img(self._pixels(a), drop_patches=drop))}
         if b is not None:
             out["zb"] = self.embed(b, "b")
         out["temperature"] = jnp.exp(-self.log_inv_temperature.astype(jnp.float32))
@@ -68,11 +74,15 @@ class ReleasedTwoTower(nn.Module):
         """One tower alone: images `[B, H, W, 3]` uint8 or float in [0, 1] (`side="a"`) or
         ids `[B, L]` (`"b"`) -> `[B, D]` L2-normalised float32."""
         if side == "a":
-            pixels = x.astype(jnp.float32) / 255.0 if x.dtype == jnp.uint8 else x.astype(jnp.float32)
-            return l2_normalize(self.img(self.normalize_pixels(pixels)))
+            return l2_normalize(self.img(self._pixels(x)))
         if side == "b":
             return l2_normalize(self.txt(x))
         raise ValueError(f"side={side!r}: use 'a' (images) or 'b' (texts).")
+
+    def _pixels(self, images):
+        """Images `[B, H, W, 3]` uint8 or float in [0, 1], normalised as the model was trained."""
+        pixels = images.astype(jnp.float32) / 255.0 if images.dtype == jnp.uint8 else images.astype(jnp.float32)
+        return self.normalize_pixels(pixels)
 
 
 def param_shapes(model, settings) -> dict[str, tuple[int, ...]]:

@@ -25,6 +25,7 @@ import numpy as np
 from flax import traverse_util
 
 from contrastive_jax.models import transformer
+from contrastive_jax.models.patch_dropout import PatchDropout
 from contrastive_jax.models.released.base_model import ReleasedTwoTower, TwoTowerSettings, param_shapes
 from contrastive_jax.models.transformer import TowerSettings
 from contrastive_jax.models.two_tower import TEMPERATURE_PARAM
@@ -140,18 +141,23 @@ def _posemb(module: nn.Module, length: int, width: int) -> jax.Array:
 
 
 class ImageTower(nn.Module):
-    """big_vision's `vit`: `[B, H, W, 3]` pixels in [-1, 1] -> `[B, embed_dim]`."""
+    """big_vision's `vit`: `[B, H, W, 3]` pixels in [-1, 1] -> `[B, embed_dim]`.
+    `drop_patches` (patch dropout) takes the patches after the position embedding and
+    returns those kept; the pooling ("map", "gap", or a "tok" class token added after
+    it) then reads the kept tokens only."""
 
     settings: Settings
     options: transformer.TowerOptions = transformer.TowerOptions()
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, drop_patches=None):
         dtype = self.options.dtype
         s, p, width = self.settings, self.settings.patch_size, self.settings.image.width
         x = nn.Conv(width, (p, p), strides=(p, p), padding="VALID", dtype=dtype, name="embedding")(x)
         x = x.reshape(x.shape[0], -1, width)
         x = x + _posemb(self, x.shape[1], width).astype(x.dtype)
+        if drop_patches is not None:
+            x = drop_patches(x, num_prefix=0)
         if s.pool_type == "tok":
             cls = self.param("cls", nn.initializers.zeros, (1, 1, width)).astype(x.dtype)
             x = jnp.concatenate([jnp.tile(cls, (x.shape[0], 1, 1)), x], axis=1)
@@ -204,6 +210,7 @@ class Model(ReleasedTwoTower):
 
     settings: Settings
     options: transformer.TowerOptions = transformer.TowerOptions()
+    patch_dropout: PatchDropout = PatchDropout()  # training only (`patch_dropout`)
 
     def towers(self):
         return ImageTower(self.settings, self.options), TextTower(self.settings, self.options)

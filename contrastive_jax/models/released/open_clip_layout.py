@@ -25,6 +25,7 @@ import numpy as np
 from flax import traverse_util
 
 from contrastive_jax.models import transformer
+from contrastive_jax.models.patch_dropout import PatchDropout
 from contrastive_jax.models.released.base_model import (
     OPEN_CLIP_CONFIG,
     ReleasedTwoTower,
@@ -96,13 +97,15 @@ def settings_from(arrays: dict[str, np.ndarray], *, head_width: int = 64, activa
 
 
 class ImageTower(nn.Module):
-    """open_clip's `VisionTransformer`: `[B, H, W, 3]` normalised pixels -> `[B, embed_dim]`."""
+    """open_clip's `VisionTransformer`: `[B, H, W, 3]` normalised pixels -> `[B, embed_dim]`.
+    `drop_patches` (patch dropout) takes the tokens after the position embedding, the
+    class token first, and returns those kept, as open_clip's `PatchDropout` does."""
 
     settings: Settings
     options: transformer.TowerOptions = transformer.TowerOptions()
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, drop_patches=None):
         s, p, dtype = self.settings, self.settings.patch_size, self.options.dtype
         x = nn.Conv(
             s.image.width, (p, p), strides=(p, p), padding="VALID", use_bias=False, dtype=dtype, name="embedding"
@@ -111,6 +114,8 @@ class ImageTower(nn.Module):
         cls = self.param("cls", nn.initializers.zeros, (s.image.width,)).astype(x.dtype)
         x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, s.image.width)), x], axis=1)
         x = x + self.param("pos_embedding", nn.initializers.normal(0.02), x.shape[1:])[None].astype(x.dtype)
+        if drop_patches is not None:
+            x = drop_patches(x, num_prefix=1)
         x = nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=dtype, name="ln_pre")(x)
         # encoder_norm: ln_post
         x = transformer.encoder(s.image, s.activation, LAYER_NORM_EPSILON, options=self.options, name="Transformer")(x)
@@ -147,6 +152,7 @@ class Model(ReleasedTwoTower):
 
     settings: Settings
     options: transformer.TowerOptions = transformer.TowerOptions()
+    patch_dropout: PatchDropout = PatchDropout()  # training only (`patch_dropout`)
 
     def towers(self):
         return ImageTower(self.settings, self.options), TextTower(self.settings, self.options)
