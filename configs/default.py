@@ -104,6 +104,9 @@ def get_config() -> ml_collections.ConfigDict:
     optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".
     optim.learning_rate = 3e-3  # Peak learning rate (after warmup).
     optim.warmup_steps = 100  # Linear warmup from 0 to the peak.
+    # The rate at a global batch N of train.batch_schedule, relative to its first N_0:
+    # "linear" x N / N_0, "sqrt" x sqrt(N / N_0), "none" the same; the warmup counts steps.
+    optim.lr_scaling = "none"  # "none", "linear" or "sqrt".
     optim.schedule = "cosine"  # After the warmup: "cosine" (decays to the end) or "constant" (the peak for good).
     optim.end_learning_rate_factor = 0.0  # Cosine decays to this fraction of the peak.
     optim.weight_decay = 1e-4  # Decoupled weight decay (not on biases, norms, temperature).
@@ -121,7 +124,16 @@ def get_config() -> ml_collections.ConfigDict:
     mesh.fsdp_min_kib = 64.0  # Smaller arrays (biases, norms) stay replicated.
 
     config.train = train = ml_collections.ConfigDict()
-    train.global_batch_size = 256  # Examples per step over all devices (N).
+    train.global_batch_size = 256  # Examples per step over all devices (N); a schedule's first stage.
+    # The global batch as a schedule (training/batch_schedule.py; docs/training.md):
+    # "constant"; stages "512@0,2048@300" (N for the steps after step s, the first
+    # N@0 = global_batch_size); "noise": every batch_noise_window_steps steps, double N
+    # when the noise scale B_simple over those steps > batch_noise_factor x N, up to
+    # batch_max (needs log_noise_scale). The stream counts examples: none repeated or skipped.
+    train.batch_schedule = "constant"  # "constant", "N@s,N@s,..." or "noise".
+    train.batch_noise_factor = 2.0  # "noise": double N when B_simple > this x N.
+    train.batch_noise_window_steps = 50  # "noise": steps whose noise scale one decision reads.
+    train.batch_max = 4096  # "noise": the largest global batch (checked to fit before step 1).
     train.num_train_steps = 1000  # Optimizer steps.
     train.log_every_steps = 50  # Metrics to TensorBoard / metrics.jsonl every k steps.
     # Micro-batches hold one micro-batch's activations at a time. "grad_cache": the exact

@@ -7,8 +7,15 @@ batches (`training/loss_guard`), so with skips step t reads the t-th batch not s
 run opens the stream at the batch the next step reads (`BatchNumbering.stream_after`):
 when it resumes, after a corrupt newest checkpoint sent it to an older one, and after a
 rollback (`BatchNumbering.batches_after`).
+
+The stream counts examples (`Stages`): step t reads the global batch of its stage
+(`config.train.batch_schedule`), the examples at stream positions
+`[examples_before(t - 1), examples_before(t))`, so a change of batch neither repeats nor
+skips an example. With one stage (a constant batch N) batch t holds positions
+`[(t - 1) N, t N)`, as it always did. The stream is reopened where the batch changes.
 """
 
+import dataclasses
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
@@ -16,6 +23,33 @@ import numpy as np
 
 from contrastive_jax.data import input_pipeline
 from contrastive_jax.data.settings import DataSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+    """The global batch of every step: `stages[i] = (s, N)`, N examples per step for the
+    steps after step s (`s` the state's step count before them; the first stage at 0).
+
+    Attributes:
+      stages: `((0, N_0), (s_1, N_1), ...)`, the `s` increasing.
+    """
+
+    stages: tuple[tuple[int, int], ...]
+
+    def batch_after(self, step: int) -> int:
+        """The global batch of the step after `step`."""
+        return next(n for s, n in reversed(self.stages) if s <= step)
+
+    def examples_before(self, step: int) -> int:
+        """The examples the steps up to `step` read (the stream position of the next one's first)."""
+        total = 0
+        for (s, n), (end, _) in zip(self.stages, (*self.stages[1:], (step, 0))):
+            total += n * max(0, min(step, end) - s)
+        return total
+
+    def then(self, step: int, batch: int) -> "Stages":
+        """These stages and a new one: `batch` for the steps after `step`."""
+        return Stages((*(stage for stage in self.stages if stage[0] < step), (step, batch)))
 
 
 def batch_number(step: int, skipped: Collection[int]) -> int:
@@ -47,6 +81,8 @@ class BatchNumbering:
       nan_batches: the numbers of the batches whose float inputs become NaN (a fault
         injection, `config.train.inject_nan_at_batches`).
       process_index, process_count: this process, of how many (its rows of each batch).
+      stages: each step's global batch (`Stages`, or an object with its `batch_after` and
+        `examples_before`, read as it grows); None: `data.global_batch_size` throughout.
     """
 
     def __init__(
@@ -57,9 +93,11 @@ class BatchNumbering:
         nan_batches: Collection[int] = (),
         process_index: int = 0,
         process_count: int = 1,
+        stages: Stages | None = None,
     ):
         self._data, self._skipped, self._nan_batches = data, skipped, nan_batches
         self._process_index, self._process_count = process_index, process_count
+        self._stages = Stages(((0, data.global_batch_size),)) if stages is None else stages
 
     def first_batch(self, step: int) -> int:
         """The number of the batch the step after `step` reads."""
@@ -70,17 +108,20 @@ class BatchNumbering:
         return self._stream_from(self.first_batch(step))
 
     def _stream_from(self, number: int) -> input_pipeline.TrainStream:
-        """This process's rows of the batches numbered `number`, `number + 1`, ..."""
+        """This process's rows of the batches numbered `number`, `number + 1`, ..., all of
+        the size of batch `number` (its stage's)."""
         return input_pipeline.train_dataset(
             self._data,
             start_step=number - 1,
             process_index=self._process_index,
             process_count=self._process_count,
+            global_batch_size=self._stages.batch_after(number - 1),
+            start_example=self._stages.examples_before(number - 1),
         )
 
     def batches_after(self, step: int, *, opened: Iterator | None = None) -> Iterator[dict[str, np.ndarray]]:
         """The NumPy batches of steps `step + 1`, `step + 2`, ..., the skipped ones left
-        out (the stream reopened past them).
+        out (the stream reopened past them, and where the global batch changes).
 
         Args:
           step: the step done.
@@ -97,8 +138,12 @@ class BatchNumbering:
                     }
                 yield batch
                 number += 1
-                if number in self._skipped:
+                if number in self._skipped or self._changes(number):
                     break
             while number in self._skipped:
                 number += 1
             stream = iter(self._stream_from(number))
+
+    def _changes(self, number: int) -> bool:
+        """Whether batch `number` is of another size than the one before it."""
+        return self._stages.batch_after(number - 1) != self._stages.batch_after(number - 2)

@@ -30,6 +30,8 @@ worker processes (0: threads of this process), `prefetch_batches` ahead of the s
 So the input position is just the step count: `train_dataset(data, start_step=s)`
 yields exactly the batches an uninterrupted run sees from step `s` on, with no replay,
 and a checkpoint only needs the step (see `batch_numbering`, which numbers the batches).
+A batch that changes size (`config.train.batch_schedule`) starts a stream at the
+examples read before it (`start_example`), so the stream position counts examples.
 
 Batches are NumPy dicts of per-process arrays [B, ...]; the trainer assembles global
 arrays with `jax.make_array_from_process_local_data`.
@@ -60,17 +62,28 @@ class TrainStream:
         per-process batch), `skipped_records` left out.
     """
 
-    def __init__(self, data: DataSettings, *, start_step: int, process_index: int, process_count: int):
-        batch_size = per_process_batch_size(data.global_batch_size, process_count)
+    def __init__(
+        self,
+        data: DataSettings,
+        *,
+        start_step: int,
+        process_index: int,
+        process_count: int,
+        global_batch_size: int | None = None,
+        start_example: int | None = None,
+    ):
+        size = data.global_batch_size if global_batch_size is None else global_batch_size
+        batch_size = per_process_batch_size(size, process_count)
         examples = reader.Examples(data, settings.open_metadata(data), data.train_split, data.train_class_range)
-        if data.task != "labeled" and data.global_batch_size > len(examples):
+        if data.task != "labeled" and size > len(examples):
+            field = "global_batch_size" if size == data.global_batch_size else "batch_schedule's stage"
             raise ConfigError(
-                f"config.train.global_batch_size={data.global_batch_size} is larger than the {len(examples)} "
-                f"examples of split {data.train_split!r}, so a batch would repeat examples "
-                "(false negatives); lower config.train.global_batch_size."
+                f"config.train.{field}={size} is larger than the {len(examples)} examples of split "
+                f"{data.train_split!r}, so a batch would repeat examples (false negatives); lower it."
             )
         rows = slice(process_index * batch_size, (process_index + 1) * batch_size)
-        self.reader = reader.BatchReader(examples, rows)
+        offset = start_step * size if start_example is None else start_example
+        self.reader = reader.BatchReader(examples, rows, size=size, first_example=offset, first_batch=start_step)
         self.data, self.start_step = data, start_step
         visit = self.reader.visits(start_step)[0]
         first, _ = examples.inputs_or_replacement(0, visit, examples.read([0])[0])
@@ -113,6 +126,8 @@ def train_dataset(
     start_step: int = 0,
     process_index: int = 0,
     process_count: int = 1,
+    global_batch_size: int | None = None,
+    start_example: int | None = None,
 ) -> TrainStream:
     """The infinite training stream from `start_step` on: this process's rows of each step.
 
@@ -120,13 +135,25 @@ def train_dataset(
     `[p * B, (p + 1) * B)`) of the global batch of step `start_step + k`, identical to
     what a run started at step 0, with any number of processes, sees at that step.
 
+    The stream counts examples: its batches hold `global_batch_size` examples each (None:
+    `data.global_batch_size`), the first at stream position `start_example` (None:
+    `start_step * global_batch_size`, a constant batch from step 0), so a batch is a pure
+    function of the seed and the examples before it (`batch_numbering.Stages`).
+
     Returns:
       A `TrainStream` of dicts: `a` float32 [B, ...] (int32 [B, L] tokens for sequence
       pairs), `b` float32/int32 [B, ...] (pairs, views), `label` int32 [B] when the
       dataset has labels, the id keys int32 [B], and `index` int32 [B], each example's
       position in the split (SogCLR's per-example state) (B = per-process batch).
     """
-    return TrainStream(data, start_step=start_step, process_index=process_index, process_count=process_count)
+    return TrainStream(
+        data,
+        start_step=start_step,
+        process_index=process_index,
+        process_count=process_count,
+        global_batch_size=global_batch_size,
+        start_example=start_example,
+    )
 
 
 def train_split_size(data: DataSettings) -> int:

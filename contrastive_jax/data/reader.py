@@ -6,8 +6,10 @@ process's rows of that step's global batch. Both are plain picklable objects (gr
 worker processes receive them) and import neither JAX nor TensorFlow.
 
 Every random choice is a counter-based draw (`stateless_random`) keyed by
-`config.data.seed` and the row's position `step * N + k` in the stream, so a batch is a
-pure function of `(seed, step)` whatever the number of processes or workers.
+`config.data.seed` and the row's position in the stream (`step * N + k` for a constant
+batch N; the examples before the step + k under a batch schedule), so a batch is a pure
+function of the seed and the examples consumed before it, whatever the number of
+processes or workers.
 """
 
 import dataclasses
@@ -155,20 +157,24 @@ def stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 class BatchReader:
     """`reader(step)`: this process's rows `rows` of global batch `step`, as NumPy arrays
     [B, ...] with `index` (each example's number in the split) and, under
-    `on_bad_record="skip"`, `skipped_records` (the count passed over; the loop pops it)."""
+    `on_bad_record="skip"`, `skipped_records` (the count passed over; the loop pops it).
 
-    def __init__(self, examples: Examples, rows: slice):
+    Batches of `size` examples each; batch `first_batch` starts at stream position
+    `first_example`, each after it `size` further on."""
+
+    def __init__(self, examples: Examples, rows: slice, *, size: int, first_example: int, first_batch: int):
         self.examples = examples
         self.rows = rows
         data = examples.data
-        self.size, self.seed = data.global_batch_size, data.seed
+        self.size, self.seed = size, data.seed
+        self.first_example, self.first_batch = first_example, first_batch
         self.members = None
         if data.task == "labeled":
             self.members = _class_members(examples.labels(), self.size, data.examples_per_class)
 
     def positions(self, step: int) -> np.ndarray:
         """int64 [rows]: the stream positions of this process's rows of batch `step`."""
-        return step * self.size + np.arange(self.size)[self.rows]
+        return self.first_example + (step - self.first_batch) * self.size + np.arange(self.size)[self.rows]
 
     def indices(self, step: int) -> np.ndarray:
         """int64 [rows]: the examples of this process's rows of batch `step`."""

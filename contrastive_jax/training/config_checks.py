@@ -8,6 +8,8 @@ fix. The rules of one part live with it (`settings.check_data_config`,
 a loss's `LossState.check`); this module says which apply and when.
 """
 
+import math
+
 import jax
 import ml_collections
 
@@ -15,7 +17,7 @@ from contrastive_jax import losses
 from contrastive_jax.data import records, settings
 from contrastive_jax.errors import ConfigError, check_divides, check_multiple
 from contrastive_jax.losses.streaming import MATMUL_DTYPES
-from contrastive_jax.training import grad_cache, loss_guard
+from contrastive_jax.training import batch_schedule, grad_cache, loss_guard
 
 # Count fields and their least value (every_steps 0: only at the end).
 _COUNTS = {
@@ -75,6 +77,62 @@ def check(
     if train.log_noise_scale:
         _check_noise_scale(loss, train, num_devices)
     return _check_loss_state(loss, loss_settings, config, data), metadata
+
+
+def check_batch_schedule(
+    config: ml_collections.ConfigDict,
+    schedule: batch_schedule.ScheduleSettings,
+    loss: losses.Loss,
+    loss_settings: losses.LossSettings,
+    num_devices: int,
+    data: settings.DataSettings,
+) -> None:
+    """Every global batch `config.train.batch_schedule` reaches divides as the first one
+    must (over the devices, the processes, the micro-batches, whole classes, the loss's
+    tiles) and, but for "labeled" batches, holds no more than the training split;
+    "noise" measures the noise scale; a loss with state takes each batch, each stage
+    starting where its queue's pointer is a multiple of its batch.
+
+    Raises:
+      ConfigError: naming the field and a fix.
+    """
+    train, text = config.train, config.train.batch_schedule
+    parts = {"the devices": num_devices, "the processes": jax.process_count()}
+    parts["config.train.micro_batch_size"] = train.micro_batch_size or 1
+    parts["config.data.examples_per_class"] = config.data.examples_per_class if config.data.task == "labeled" else 1
+    chunk = config.loss.chunk_size
+    if isinstance(chunk, int) and not isinstance(chunk, bool):
+        parts["config.loss.chunk_size"] = chunk * (num_devices if config.loss.collective == "ring" else 1)
+    unit = math.lcm(*parts.values())
+    unit_is = ", ".join(name for name, value in parts.items() if value > 1)
+    batch_schedule.check(schedule, text, unit=unit, unit_is=unit_is, on_bad_loss=train.on_bad_loss)
+    if schedule.kind != "constant" and data.task != "labeled":
+        from contrastive_jax.data import input_pipeline  # reads the split's size
+
+        if schedule.largest > (examples := input_pipeline.train_split_size(data)):
+            raise ConfigError(
+                f"config.train.batch_schedule={text!r} reaches a global batch of {schedule.largest}, more than "
+                f"the {examples} examples of split {data.train_split!r} (a batch would repeat examples); lower "
+                f"{'config.train.batch_max' if schedule.kind == 'noise' else 'its stages'}."
+            )
+    if schedule.kind == "noise" and not train.log_noise_scale:
+        raise ConfigError(
+            f"config.train.batch_schedule={text!r} follows the measured noise scale: set "
+            "config.train.log_noise_scale=True."
+        )
+    if loss.state is None or schedule.kind == "constant":
+        return
+    for first_step, n in schedule.stages.stages:
+        try:
+            loss.state.check(loss_settings, n, train.micro_batch_size)
+        except ConfigError as e:
+            raise ConfigError(f"config.train.batch_schedule={text!r} reaches a global batch of {n}: {e}") from None
+        if schedule.stages.examples_before(first_step) % n:
+            raise ConfigError(
+                f"config.train.batch_schedule={text!r}: config.loss.name={config.loss.name!r} keeps a state "
+                f"filled a batch at a time; the stage {n}@{first_step} must start after a multiple of {n} "
+                f"examples, not {schedule.stages.examples_before(first_step)}: move it."
+            )
 
 
 def _check_noise_scale(loss: losses.Loss, train: ml_collections.ConfigDict, num_devices: int) -> None:

@@ -37,7 +37,15 @@ from contrastive_jax import console, run_dir, sharding
 from contrastive_jax.data import batch_numbering
 from contrastive_jax.evaluation import evaluator
 from contrastive_jax.models import saved_model
-from contrastive_jax.training import checkpoint, distributed, loss_guard, memory_fit, metric_writer, resume
+from contrastive_jax.training import (
+    batch_schedule,
+    checkpoint,
+    distributed,
+    loss_guard,
+    memory_fit,
+    metric_writer,
+    resume,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,12 +89,14 @@ def run_loop(plan, workdir: str) -> dict[str, float]:
         os.path.join(workdir, run_dir.CHECKPOINTS), max_to_keep=cadences.checkpoint_max_to_keep
     )
     guard = loss_guard.LossGuard(plan.guard, workdir, lead=jax.process_index() == 0)
+    schedule = batch_schedule.BatchSchedule(plan.batch_schedule, sharding.batch_shards(trainer.mesh))
     numbering = batch_numbering.BatchNumbering(
         plan.data,
         guard.skipped,
         nan_batches=plan.guard.inject_nan_at_batches,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
+        stages=schedule,
     )
     run_line = functools.partial(
         console.run_line,
@@ -104,17 +114,20 @@ def run_loop(plan, workdir: str) -> dict[str, float]:
             logging.info("%s", run_line())
             logging.info("%s", done[1])
             return done[0]
-        step_fn, memory = memory_fit.compile_train_step(plan, abstract_state, ds.element_spec)
+        largest, memory = memory_fit.compile_train_step(plan, abstract_state, ds.element_spec)
         logging.info("%s", run_line(memory=memory))
         if state is None:
             state = init()
         else:
-            guard.restore(ckpt.restore_position(start_step))
+            position = ckpt.restore_position(start_step)
+            guard.restore(position)
+            schedule.restore(position)
             logging.info("Resumed from %s at step %d.", ckpt.directory, start_step)
-        if start_step != opened_at:  # the newest checkpoint was corrupt: an older one
+        if start_step != opened_at or schedule.stages != plan.batch_schedule.stages:  # an older checkpoint; decisions
             ds = numbering.stream_after(start_step)
         model = saved_model.with_inputs(plan.saved_model, ds.element_spec)
-        run = _Run(plan, step_fn, ckpt, guard, numbering, init, abstract_state, workdir, model)
+        step_fn = CompiledSteps(trainer, abstract_state, ds.element_spec, {plan.batch_schedule.largest: largest})
+        run = _Run(plan, step_fn, ckpt, guard, numbering, init, abstract_state, workdir, model, schedule)
         return run.train_from(state, ds, start_step)
     finally:  # also on errors: finish the saves already started
         ckpt.close()
@@ -133,40 +146,68 @@ def _finished_results(workdir: str, start_step: int, num_steps: int) -> tuple[di
     )
 
 
+class CompiledSteps:
+    """`steps(state, batch)`: the train step compiled once for each global batch it meets
+    (`Trainer.compile_step`; a batch schedule's stages), the first ones given in `compiled`
+    (`{global batch: executable}`: the memory check's). `compiled` holds them all."""
+
+    def __init__(self, trainer, abstract_state, element_spec, compiled: dict[int, Any]):
+        self._trainer, self._abstract_state, self._element_spec = trainer, abstract_state, element_spec
+        self.compiled = dict(compiled)
+
+    def __call__(self, state, batch: dict[str, jax.Array]):
+        size = batch["a"].shape[0]
+        if size not in self.compiled:
+            self.compiled[size] = self._trainer.compile_step(self._abstract_state, self._element_spec, size)
+        return self.compiled[size](state, batch)
+
+
 class _Run:
     """The loop of `run_loop`: steps, metric windows, saves, evaluations and rollbacks.
 
     `step_fn` is the compiled train step; `numbering` the run's batches
     (`batch_numbering.BatchNumbering`); `init()` the initial state (a rollback before the
     first checkpoint restarts from it); `model` the model's settings saved with each
-    checkpoint (`saved_model`).
+    checkpoint (`saved_model`); `schedule` each step's global batch and its decisions
+    (`batch_schedule.BatchSchedule`).
     """
 
     def __init__(
-        self, plan, step_fn, ckpt, guard: loss_guard.LossGuard, numbering, init, abstract_state, workdir, model
+        self,
+        plan,
+        step_fn,
+        ckpt,
+        guard: loss_guard.LossGuard,
+        numbering,
+        init,
+        abstract_state,
+        workdir,
+        model,
+        schedule: batch_schedule.BatchSchedule,
     ):
         self.plan, self.step_fn, self.ckpt, self.guard, self.numbering = plan, step_fn, ckpt, guard, numbering
         self.init, self.abstract_state, self.workdir, self.model = init, abstract_state, workdir, model
+        self.schedule = schedule
         self.lead = jax.process_index() == 0
         self.evaluate = evaluator.evaluation(plan.trainer.mesh, plan.data, plan.eval_settings, plan.match_keys)
 
     def _save(self, step: int, state) -> None:
         """Starts saving `state` as checkpoint `step`, with the input position, the guard's
         record and the model's settings."""
-        position = batch_numbering.position(self.plan.run_config, step) | self.guard.saved()
+        position = batch_numbering.position(self.plan.run_config, step) | self.guard.saved() | self.schedule.saved()
         self.ckpt.save(step, state, position, self.model)
 
     def _every(self, k: int, step: int) -> bool:
         return step == self.plan.loop_settings.num_train_steps or (k > 0 and step % k == 0)
 
     def _metric_window(self, metrics_out, progress, start_step: int) -> metric_writer.MetricWindow:
-        """The metric window of a loop from `start_step`: the run's global batch and the
+        """The metric window of a loop from `start_step`: each step's global batch and the
         shards it is split over (the noise scale's two batch sizes)."""
         plan = self.plan
         return metric_writer.MetricWindow(
             log_every_steps=plan.loop_settings.log_every_steps,
             num_train_steps=plan.loop_settings.num_train_steps,
-            global_batch=plan.data.global_batch_size,
+            batch_of=lambda step: self.schedule.batch_after(step - 1),
             batch_shards=sharding.batch_shards(plan.trainer.mesh),
             guard=self.guard,
             metrics_out=metrics_out,
@@ -199,15 +240,15 @@ class _Run:
                     state, metrics = self.step_fn(state, _global_batch(batch, data_sharding))
                     try:
                         if pending is not None:
-                            window.record(*pending)  # step t-1's metrics, read after dispatching step t
+                            self._record(window, *pending)  # step t-1's metrics, read after dispatching step t
                         pending = (step, metrics)
                         progress.step_done()
                         # The same count in every process, never going back (unlike `step`).
                         preempted = preemption.reached(dispatched)
                         save = preempted or self._every(cadences.checkpoint_every_steps, step)
                         run_eval = not preempted and self._every(cadences.eval_every_steps, step)
-                        if save or run_eval:
-                            window.record(*pending)  # never save or evaluate a bad state
+                        if save or run_eval or self.schedule.decides_after(step):
+                            self._record(window, *pending)  # never save or evaluate a bad state
                             pending = None
                     except loss_guard.BadLoss as bad:
                         pending = None
@@ -236,6 +277,15 @@ class _Run:
             final_step = max(start_step, num_steps)  # a run resumed past its steps: the state's
             run_dir.write_eval_results(self.workdir, final_step, results)
         return results
+
+    def _record(self, window: metric_writer.MetricWindow, step: int, metrics) -> None:
+        """`window.record`s step `step`'s metrics and gives them to the batch schedule,
+        whose decision after it (if any) is written with them and logged in a line."""
+        decision = self.schedule.observe(step, window.record(step, metrics))
+        if decision is not None:
+            window.metrics_out.write(step, decision.metrics())
+            if self.lead:
+                logging.info("%s", decision.line())
 
     def _roll_back(self, bad: loss_guard.BadLoss, window: metric_writer.MetricWindow, progress) -> tuple[int, Any]:
         """`(step, state)` after a bad loss: the newest checkpoint's (or the initial state

@@ -105,8 +105,9 @@ def _host_available_bytes() -> int:
 
 
 def compile_train_step(plan, abstract_state, element_spec) -> tuple[Callable, StepMemory]:
-    """The train step compiled for the global batch (`Trainer.compile_step`), and its
-    memory per device.
+    """The train step compiled for the largest global batch the run reaches (its batch
+    schedule's, `plan.batch_schedule.largest`; `Trainer.compile_step`), and its memory
+    per device: checked before the first step, whichever stage that is.
 
     Args:
       plan: the run's `run_plan.RunPlan`.
@@ -114,15 +115,15 @@ def compile_train_step(plan, abstract_state, element_spec) -> tuple[Callable, St
       element_spec: the input pipeline's `element_spec` (this process's rows).
 
     Returns:
-      `(step, memory)`: `step(state, batch)` is the compiled step (call it as the jitted
-      one); `memory` its per-device need and the device's memory.
+      `(step, memory)`: `step(state, batch)` is the compiled step for that batch (call it
+      as the jitted one); `memory` its per-device need and the device's memory.
 
     Raises:
       ConfigError: the step needs more memory than the device has; the message gives
         both figures and the settings that fit, each with its measured need.
     """
     available, source = device_memory(plan.memory_limit_gib)  # checked before compiling
-    compiled = plan.trainer.compile_step(abstract_state, element_spec)
+    compiled = plan.trainer.compile_step(abstract_state, element_spec, plan.batch_schedule.largest)
     memory = StepMemory(needed_bytes(compiled), available, source)
     if not memory.fits:
         raise ConfigError(_does_not_fit(plan, element_spec, memory))
@@ -138,26 +139,36 @@ def _does_not_fit(plan, element_spec, memory: StepMemory) -> str:
         except ConfigError:
             continue
         _, abstract_state = other.init_state(element_spec)
-        needed = needed_bytes(other.compile_step(abstract_state, element_spec))
+        needed = needed_bytes(other.compile_step(abstract_state, element_spec, plan.batch_schedule.largest))
         flags = " ".join(f"--config.{k}={v}" for k, v in fields.items())
         measured.append((flags, needed))
         if sum(n <= memory.available for _, n in measured) == _SUGGESTIONS:
             break
     fitting = [f"with {flags} it needs {format_bytes(n)}" for flags, n in measured if n <= memory.available]
+    lower = _lower_batch(plan.batch_schedule.kind)
     if fitting:
         fix = "; ".join(fitting)
     elif measured:
         flags, least = min(measured, key=lambda m: m[1])
-        fix = (
-            f"none of the usual fixes is enough (the best: with {flags} it needs "
-            f"{format_bytes(least)}); lower --config.train.global_batch_size"
-        )
+        fix = f"none of the usual fixes is enough (the best: with {flags} it needs {format_bytes(least)}); {lower}"
     else:
-        fix = "the config uses every fix already; lower --config.train.global_batch_size"
+        fix = f"the config uses every fix already; {lower}"
+    schedule = plan.batch_schedule
+    at = "" if schedule.kind == "constant" else f" at the schedule's largest batch ({schedule.largest:,})"
     return (
-        f"The train step needs {format_bytes(memory.needed)} per device, the device has "
+        f"The train step{at} needs {format_bytes(memory.needed)} per device, the device has "
         f"{format_bytes(memory.available)} ({memory.source}); {fix}."
     )
+
+
+def _lower_batch(kind: str) -> str:
+    """How to lower the largest batch of a run's batch schedule of `kind` ("constant",
+    "stages", "noise": `batch_schedule.ScheduleSettings.kind`)."""
+    if kind == "noise":
+        return "lower --config.train.batch_max"
+    if kind == "stages":
+        return "lower the last stages of --config.train.batch_schedule"
+    return "lower --config.train.global_batch_size"
 
 
 def candidates(plan) -> list[dict[str, Any]]:

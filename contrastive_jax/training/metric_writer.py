@@ -12,7 +12,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 import numpy as np
@@ -80,12 +80,13 @@ class MetricWindow:
     on a bad one) and, at a logging step (every `log_every_steps`, and the last of
     `num_train_steps`), writes their means to `metrics_out` (a `MetricWriter`, replaced
     after a rollback) and `progress` (`console.Progress`), with the time per step, the
-    examples per second, the share of the time spent waiting for input and the records
-    skipped.
+    examples per second, the share of the time spent waiting for input, the records
+    skipped and the global batch (`train/global_batch`).
 
     Args:
-      global_batch, batch_shards: the run's global batch and the shards it is split
-        over (the noise scale's two batch sizes).
+      batch_of: the global batch of a step (`batch_of(step)`: the batch schedule's).
+      batch_shards: the shards the batch is split over (with the logging step's global
+        batch, the noise scale's two batch sizes).
       start_step: the step the loop starts after (its first step warms up, untimed).
     """
 
@@ -94,7 +95,7 @@ class MetricWindow:
         *,
         log_every_steps: int,
         num_train_steps: int,
-        global_batch: int,
+        batch_of: Callable[[int], int],
         batch_shards: int,
         guard,
         metrics_out: MetricWriter,
@@ -102,7 +103,7 @@ class MetricWindow:
         start_step: int,
     ):
         self._log_every_steps, self._num_train_steps = log_every_steps, num_train_steps
-        self._global_batch, self._batch_shards = global_batch, batch_shards
+        self._batch_of, self._batch_shards = batch_of, batch_shards
         self._guard, self.metrics_out, self._progress = guard, metrics_out, progress
         self._start_step = start_step
         self._window: list[dict[str, float]] = []
@@ -125,8 +126,9 @@ class MetricWindow:
     def empty(self) -> bool:
         return not self._window
 
-    def record(self, step: int, metrics) -> None:
-        """Fetches a finished step's metrics, raises BadLoss on a bad one, logs every k."""
+    def record(self, step: int, metrics) -> dict[str, float]:
+        """Fetches a finished step's metrics, raises BadLoss on a bad one, logs every k;
+        returns them, as floats."""
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         self._guard.check(step, values)
         self._window.append(values)
@@ -136,10 +138,12 @@ class MetricWindow:
             self._timed_steps += 1
         if step % self._log_every_steps == 0 or step == self._num_train_steps:
             self._log(step)
+        return values
 
     def _log(self, step: int) -> None:
-        window, global_batch = self._window, self._global_batch
+        window, global_batch = self._window, self._batch_of(step)
         scalars = {f"train/{k}": float(np.mean([w[k] for w in window])) for k in window[0]}
+        scalars["train/global_batch"] = global_batch
         elapsed = time.perf_counter() - self._timer_start
         seconds_per_step = elapsed / max(self._timed_steps, 1)
         if noise_scale.SMALL_KEY in window[0]:

@@ -2,6 +2,7 @@
 masked weight decay, global-norm clipping; for fine-tuning, a frozen tower (LiT) and layer-wise learning-rate decay."""
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -13,6 +14,8 @@ from contrastive_jax.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
 SCHEDULES = ("cosine", "constant")
+# The learning rate's factor at a global batch N / N_0 times the first stage's (`rate_factor`).
+LR_SCALING = {"none": lambda ratio: 1.0, "linear": lambda ratio: ratio, "sqrt": math.sqrt}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +34,15 @@ class OptimSettings:
     frozen_tower: str = ""  # "a" or "b": that tower's parameters are not updated; "": none
     layer_decay: float = 1.0  # layer-wise learning-rate decay (`layer_decay_scales`); 1: off
     schedule: str = "cosine"  # after the warmup: "cosine" (to the end) or "constant" (the peak)
+    lr_scaling: str = "none"  # the rate at another global batch (`rate_factor`)
+
+
+def rate_factor(lr_scaling: str, batch: int, first_batch: int) -> float:
+    """The learning rate's factor at a global batch `batch` (`config.optim.lr_scaling`,
+    relative to the first stage's `first_batch`, `config.train.batch_schedule`): "linear"
+    `batch / first_batch` (Goyal et al. 2017), "sqrt" its square root (Krizhevsky 2014;
+    suits Adam), "none" 1. The step scales its update by it (the rate, warm-up included)."""
+    return float(LR_SCALING[lr_scaling](batch / first_batch))
 
 
 def weight_decay_mask(params) -> Any:
@@ -143,6 +155,8 @@ def make_optimizer(
         outside (0, 1].
     """
     schedule = make_schedule(optim, num_train_steps)
+    if optim.lr_scaling not in LR_SCALING:
+        raise ConfigError(f"config.optim.lr_scaling={optim.lr_scaling!r}; use one of {tuple(LR_SCALING)}.")
     wd, mask = optim.weight_decay, weight_decay_mask
     if optim.name == "adamw":
         tx = optax.adamw(schedule, b1=optim.momentum, weight_decay=wd, mask=mask)

@@ -29,6 +29,7 @@ RESUME_FIELDS = (
     "data.seed",
     "data.examples_per_class",
     "train.global_batch_size",
+    "train.batch_schedule",
 )
 
 

@@ -25,7 +25,7 @@ from contrastive_jax.config_lib import group_values, override
 from contrastive_jax.data import settings, writer
 from contrastive_jax.evaluation import evaluator
 from contrastive_jax.models import released, saved_model, two_tower
-from contrastive_jax.training import config_checks, loop, loss_guard, optimizer
+from contrastive_jax.training import batch_schedule, config_checks, loop, loss_guard, optimizer
 from contrastive_jax.training.trainer import GradientSettings, Trainer
 
 
@@ -44,6 +44,7 @@ class RunPlan:
     compute_dtype: str  # the model's activations, a name in two_tower.COMPUTE_DTYPES
     memory_limit_gib: float | None  # one device's memory; None: the device's own (memory_fit)
     saved_model: dict[str, Any] | None  # the model's settings as JSON (saved_model.describe), less the inputs
+    batch_schedule: batch_schedule.ScheduleSettings  # each step's global batch (config.train.batch_schedule)
 
     def variant(self, fields: Mapping[str, Any]) -> "RunPlan":
         """This run with the config `fields` overridden (the memory check's candidates),
@@ -141,6 +142,18 @@ def model_settings(config: ml_collections.ConfigDict, *, learned_bias: bool = Fa
     )
 
 
+def schedule_settings(config: ml_collections.ConfigDict) -> batch_schedule.ScheduleSettings:
+    """`config.train.batch_schedule` and its noise rule's fields, read (`batch_schedule.parse`)."""
+    train = config.train
+    return batch_schedule.parse(
+        train.batch_schedule,
+        train.global_batch_size,
+        noise_factor=train.batch_noise_factor,
+        noise_window_steps=train.batch_noise_window_steps,
+        batch_max=train.batch_max,
+    )
+
+
 def optim_settings(config: ml_collections.ConfigDict) -> optimizer.OptimSettings:
     """`config.optim` as the optimizer's plain values."""
     return optimizer.OptimSettings(**group_values(optimizer.OptimSettings, config.optim))
@@ -192,6 +205,8 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
     loss = losses.registry.get(config.loss.name)
     data, guard, loss_config = data_settings(config), guard_settings(config), loss_settings(config)
     loss_table_size, metadata = config_checks.check(config, loss, sharding.batch_shards(mesh), data, guard, loss_config)
+    schedule = schedule_settings(config)
+    config_checks.check_batch_schedule(config, schedule, loss, loss_config, sharding.batch_shards(mesh), data)
     text_vocab_size = settings.text_vocab_size(data, metadata)
     towers = model_settings(config, learned_bias=loss.learned_bias)
     model, initial_params = _model(towers, data, text_vocab_size)
@@ -204,7 +219,9 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
         global_batch_size=train.global_batch_size,
         seed=config.seed,
         id_keys=metadata.id_keys,
-        gradient=GradientSettings(train.micro_batch_size, train.micro_batch_method, train.log_noise_scale),
+        gradient=GradientSettings(
+            train.micro_batch_size, train.micro_batch_method, train.log_noise_scale, config.optim.lr_scaling
+        ),
         loss_table_size=loss_table_size,
         fsdp_min_bytes=int(config.mesh.fsdp_min_kib * 1024),
         initial_params=initial_params,
@@ -226,6 +243,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
             tokenizer=data.tokenizer,
             text_max_length=data.text_max_length,
         ),
+        batch_schedule=schedule,
     )
 
 

@@ -40,11 +40,14 @@ class TrainState(train_state.TrainState):
 class GradientSettings:
     """How the step takes the gradient of the global loss (`config.train`'s fields, their
     comments in configs/default.py): in one pass (the default), in micro-batches
-    (`micro_batch_size` > 0), or per device to log the noise scale (`log_noise_scale`)."""
+    (`micro_batch_size` > 0), or per device to log the noise scale (`log_noise_scale`);
+    and how its update follows the global batch (`lr_scaling`, `config.optim.lr_scaling`)."""
 
     micro_batch_size: int = 0  # examples per micro-batch over all devices; 0: none
     micro_batch_method: str = "grad_cache"  # a name in grad_cache.MICRO_BATCH_METHODS
     log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
+    lr_scaling: str = "none"  # the rate at a batch N: optimizer.rate_factor(lr_scaling, N, global_batch_size)
+
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -57,7 +60,7 @@ class Trainer:
     optim: optimizer.Optimizer  # the update (`tx`) and its learning-rate schedule
     loss: losses.Loss
     loss_settings: losses.LossSettings
-    global_batch_size: int  # examples per step over all processes (`compile_step`'s batch)
+    global_batch_size: int  # examples per step over all processes (a batch schedule's first stage)
     seed: int  # parameter init and dropout
     id_keys: tuple[str, ...]  # the dataset's id keys, stacked into `groups`
     gradient: GradientSettings = GradientSettings()
@@ -121,13 +124,15 @@ class Trainer:
             donate_argnums=0,
         )
 
-    def compile_step(self, abstract_state: TrainState, element_spec: Mapping[str, Any]) -> jax.stages.Compiled:
-        """`jit_train_step` compiled for a global batch of the input pipeline's
-        `element_spec` (the executable the loop runs; `memory_fit` reads its memory)."""
+    def compile_step(
+        self, abstract_state: TrainState, element_spec: Mapping[str, Any], global_batch: int | None = None
+    ) -> jax.stages.Compiled:
+        """`jit_train_step` compiled for a global batch of `global_batch` examples (None:
+        `global_batch_size`) shaped as the input pipeline's `element_spec` says (the
+        executable the loop runs for that batch; `memory_fit` reads its memory)."""
+        size = self.global_batch_size if global_batch is None else global_batch
         batch = {
-            k: jax.ShapeDtypeStruct(
-                (self.global_batch_size, *v.shape[1:]), v.dtype, sharding=sharding.data_sharding(self.mesh)
-            )
+            k: jax.ShapeDtypeStruct((size, *v.shape[1:]), v.dtype, sharding=sharding.data_sharding(self.mesh))
             for k, v in element_spec.items()
         }
         return self.jit_train_step(abstract_state).lower(abstract_state, batch).compile()
@@ -190,14 +195,27 @@ class Trainer:
             (loss, ((metrics, loss_state), updates)), grads = jax.value_and_grad(full_batch_loss, has_aux=True)(
                 state.params
             )
-        learning_rate = self.optim.schedule(state.step)
-        state = state.apply_gradients(grads=grads, batch_stats=updates.get("batch_stats", {}))
+        state, learning_rate = self._apply_gradients(state, grads, batch["a"].shape[0], updates.get("batch_stats", {}))
         state = state.replace(params=two_tower.clamp_temperature(state.params))
         if self.loss.state is not None and self.loss.state.after_step is not None:
             loss_state = self.loss.state.after_step(loss_state, state.params, self.loss_settings)
         state = state.replace(loss_state=loss_state)
         metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads), learning_rate=learning_rate)
         return state, metrics
+
+    def _apply_gradients(self, state: TrainState, grads, global_batch: int, batch_stats) -> tuple[TrainState, Any]:
+        """`(state after the optimizer's update, the learning rate it took)`: at a global
+        batch of `global_batch` the update is scaled by `optimizer.rate_factor` (the rate's
+        rule, `config.optim.lr_scaling`; the schedule and its warm-up count steps)."""
+        factor = optimizer.rate_factor(self.gradient.lr_scaling, global_batch, self.global_batch_size)
+        learning_rate = self.optim.schedule(state.step) * factor
+        if factor == 1.0:
+            return state.apply_gradients(grads=grads, batch_stats=batch_stats), learning_rate
+        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+        updates = jax.tree.map(lambda u: u * jnp.asarray(factor, u.dtype), updates)
+        params = optax.apply_updates(state.params, updates)
+        state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, batch_stats=batch_stats)
+        return state, learning_rate
 
     def _noise_scale_value_and_grad(self, forward, params, batch):
         """`(loss, metrics, updates, grads)` of the global loss with each device's forward
