@@ -18,6 +18,7 @@ from subprocess_runs import (
     write_config,
 )
 
+from contrastive_jax import run_dir
 from contrastive_jax.config_lib import override
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import distributed, run_plan
@@ -59,6 +60,29 @@ def test_two_processes_train_like_one(processes, load_config, digits_data_dir, t
     assert sorted(os.listdir(workdir)) == sorted(os.listdir(reference))
     assert logged_losses(workdir) == pytest.approx(logged_losses(reference), rel=1e-6)
     # Equal up to the order of float additions: gloo sums across processes in its own order.
+    assert max_difference(saved_params(workdir, 4), saved_params(reference, 4)) < 1e-6
+
+
+@pytest.mark.e2e
+def test_two_processes_train_like_one_across_a_change_of_batch(processes, load_config, digits_data_dir, tmp_path):
+    """A batch schedule of 32 then 64 from step 2 (each process reads half of each stage's
+    batch, from the examples before it): 2 x 4 logs and ends where 1 x 8 does."""
+    fields = tiny_fields(
+        digits_data_dir,
+        train__num_train_steps=4,
+        checkpoint__every_steps=4,
+        train__global_batch_size=32,
+        train__batch_schedule="32@0,64@2",
+    )
+    workdir = str(tmp_path / "two")
+    launched = launch(processes, write_config(tmp_path / "tiny.py", fields), workdir)
+    reference = str(tmp_path / "one")
+    run_plan.train_and_evaluate(override(load_config("default"), fields), reference)
+    for rank, (status, output) in enumerate(processes.wait(p) for p in launched):
+        assert status == 0, f"process {rank}:\n{output[-4000:]}"
+    batches = {m["step"]: m["train/global_batch"] for m in run_dir.read_metrics(workdir) if "train/global_batch" in m}
+    assert batches == {1: 32, 2: 32, 3: 64, 4: 64}
+    assert logged_losses(workdir) == pytest.approx(logged_losses(reference), rel=1e-6)
     assert max_difference(saved_params(workdir, 4), saved_params(reference, 4)) < 1e-6
 
 
