@@ -43,6 +43,8 @@ class LossSettings:
     xbm_memory_size: int
     xbm_warmup_steps: int
     xbm_memory_weight: float | None
+    group_size: int
+    extra_negatives: int
     seed: int
     embed_dim: int
 
@@ -89,11 +91,14 @@ class Loss:
       inputs: the model outputs and data fields (`label`, `groups`, `index`) that `fn`
         reads.
       state: what the loss keeps across steps, or None.
+      options: the settings of `losses.negatives` it takes (`"group_size"`,
+        `"extra_negatives"`); the config door refuses the others when set.
     """
 
     fn: LossFn | StatefulLossFn
     inputs: frozenset[str]
     state: LossState | None = None
+    options: frozenset[str] = frozenset()
 
     @property
     def pairs(self) -> bool:

@@ -25,6 +25,11 @@ reads `state` (this device's part of it: rows of the `LossState.sharded` leaves,
 others whole) and `step`, and returns the new state as a third value. "sogclr" reads
 `index` [B], each example's row in the training split (`input_pipeline.train_dataset`).
 
+"clip" and "infonce" take `group_size` (softmaxes within groups of K consecutive rows
+of the global batch) and `extra_negatives` (rows that are only negatives, embedded
+without gradient by `training.extra_negatives`), "siglip" `group_size`
+(`losses.negatives`; `Loss.options`); the door refuses them for the other losses.
+
 Not registered: `batch_prototype_cross_entropy_loss` needs the number of training
 classes, which label-only losses do not configure.
 """
@@ -69,9 +74,20 @@ def _streaming(c: LossSettings) -> dict[str, Any]:
     }
 
 
-def _streamed_pair_loss(loss_fn, metrics: bool = True, **extra: str) -> Loss:
+def _negatives(o, c: LossSettings, options: frozenset[str]) -> dict[str, Any]:
+    """The `losses.negatives` keywords of a loss taking `options`: `group_size`, and
+    `query_rows` (each device's rows less its share of `extra_negatives`, the last rows:
+    `training.extra_negatives` puts them there) when there are extra negatives."""
+    keywords = {"group_size": c.group_size} if "group_size" in options else {}
+    if "extra_negatives" in options and c.extra_negatives:
+        keywords["query_rows"] = o["za"].shape[0] - c.extra_negatives // jax.lax.axis_size(BATCH_AXES)
+    return keywords
+
+
+def _streamed_pair_loss(loss_fn, metrics: bool = True, options: frozenset[str] = frozenset(), **extra: str) -> Loss:
     """A softmax / sigmoid pair loss with its streaming options; `extra` maps its
-    keyword arguments to the inputs passed to them (SigLIP's `bias="bias"`). With
+    keyword arguments to the inputs passed to them (SigLIP's `bias="bias"`); `options`
+    names the `losses.negatives` settings it takes. With
     `metrics`, the loss returns the in-batch retrieval metrics
     (`losses.contrastive_metrics`) from its own statistics (`return_metrics=True`): no
     N^2 work beyond the loss's forward and backward."""
@@ -84,10 +100,11 @@ def _streamed_pair_loss(loss_fn, metrics: bool = True, **extra: str) -> Loss:
             **_streaming(c),
             **{argument: o[name] for argument, name in extra.items()},
             **({"return_metrics": True} if metrics else {}),
+            **_negatives(o, c, options),
         )
         return result if metrics else (result, {})
 
-    return Loss(fn, frozenset({"za", "zb", "temperature", *extra.values()}))
+    return Loss(fn, frozenset({"za", "zb", "temperature", *extra.values()}), options=options)
 
 
 def _label_loss(value_fn, *outputs: str) -> Loss:
@@ -256,15 +273,18 @@ def _xbm(o, c):
     return loss, {}, {"memory": memory, "labels": labels, "pointer": pointer}
 
 
+_GROUPS_AND_EXTRA = frozenset({"group_size", "extra_negatives"})
 LOSSES: Mapping[str, Loss] = {
-    "clip": _streamed_pair_loss(clip_loss),
+    # group_size: softmaxes within groups of K rows; extra_negatives: rows that are only
+    # negatives (losses.negatives, training.extra_negatives).
+    "clip": _streamed_pair_loss(clip_loss, options=_GROUPS_AND_EXTRA),
     # CLIP with in-batch false negatives (pairs sharing a group id) out of the softmaxes.
     "clip_masking_false_negatives": _streamed_pair_loss(clip_loss, false_negative_ids="groups"),
-    "infonce": _streamed_pair_loss(infonce_loss),
+    "infonce": _streamed_pair_loss(infonce_loss, options=_GROUPS_AND_EXTRA),
     # No in-batch retrieval metrics: NT-Xent's statistics are over its 2N x 2N views
     # matrix, not the a -> b logits, and any other source is another N^2 pass per step.
     "ntxent": _streamed_pair_loss(ntxent_loss, metrics=False),
-    "siglip": _streamed_pair_loss(siglip_loss, bias="bias"),
+    "siglip": _streamed_pair_loss(siglip_loss, options=frozenset({"group_size"}), bias="bias"),
     "npairs": Loss(  # no in-batch metrics, as NT-Xent: they would be another N^2 pass
         lambda o, c: (npairs_loss(o["za"], o["zb"], axis_name=BATCH_AXES), {}),
         frozenset({"za", "zb"}),

@@ -17,7 +17,7 @@ from contrastive_jax import losses
 from contrastive_jax.data import records, settings
 from contrastive_jax.errors import ConfigError, check_divides, check_multiple
 from contrastive_jax.losses.streaming import MATMUL_DTYPES
-from contrastive_jax.training import batch_schedule, grad_cache, loss_guard
+from contrastive_jax.training import batch_schedule, grad_cache, loss_guard, negatives_apart
 
 # Count fields and their least value (every_steps 0: only at the end).
 _COUNTS = {
@@ -59,7 +59,16 @@ def check(
     _check_loss_inputs(loss, config, data, metadata)
     check_multiple(train.global_batch_size, num_devices, "config.train.global_batch_size", "the devices")
     settings.per_process_batch_size(train.global_batch_size, jax.process_count())
-    _check_chunk_size(config.loss, train.global_batch_size, num_devices)
+    plain_step = not (train.micro_batch_size or train.log_noise_scale) and train.batch_schedule == "constant"
+    negatives_apart.check(
+        config.loss.name,
+        loss,
+        loss_settings,
+        global_batch_size=train.global_batch_size,
+        num_devices=num_devices,
+        plain_step=plain_step,
+    )
+    _check_chunk_size(config.loss, train.global_batch_size + config.loss.extra_negatives, num_devices)
     if config.loss.matmul_dtype not in MATMUL_DTYPES:
         raise ConfigError(f"config.loss.matmul_dtype={config.loss.matmul_dtype!r}; use one of {MATMUL_DTYPES}.")
     if config.loss.dcl_weight_gradient and config.loss.dcl_weight_sigma is None:
