@@ -21,7 +21,7 @@ without the other:
   ``2 n (N + M) D`` per device (one pass each, not CLIP's (N + M)^2). The gradient is
   the loss's: the other rows, as negatives, get theirs too; embed them under
   ``jax.lax.stop_gradient`` to spend no backward pass on them (the trainer's
-  ``config.loss.extra_negatives`` does, see :mod:`contrastive_jax.training.extra_negatives`).
+  ``config.loss.extra_negatives`` does, see :mod:`contrastive_jax.training.negatives_apart`).
 """
 
 from __future__ import annotations

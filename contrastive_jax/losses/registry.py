@@ -27,7 +27,7 @@ others whole) and `step`, and returns the new state as a third value. "sogclr" r
 
 "clip" and "infonce" take `group_size` (softmaxes within groups of K consecutive rows
 of the global batch) and `extra_negatives` (rows that are only negatives, embedded
-without gradient by `training.extra_negatives`), "siglip" `group_size`
+without gradient by `training.negatives_apart`), "siglip" `group_size`
 (`losses.negatives`; `Loss.options`); the door refuses them for the other losses.
 
 Not registered: `batch_prototype_cross_entropy_loss` needs the number of training
@@ -77,7 +77,7 @@ def _streaming(c: LossSettings) -> dict[str, Any]:
 def _negatives(o, c: LossSettings, options: frozenset[str]) -> dict[str, Any]:
     """The `losses.negatives` keywords of a loss taking `options`: `group_size`, and
     `query_rows` (each device's rows less its share of `extra_negatives`, the last rows:
-    `training.extra_negatives` puts them there) when there are extra negatives."""
+    `training.negatives_apart` puts them there) when there are extra negatives."""
     keywords = {"group_size": c.group_size} if "group_size" in options else {}
     if "extra_negatives" in options and c.extra_negatives:
         keywords["query_rows"] = o["za"].shape[0] - c.extra_negatives // jax.lax.axis_size(BATCH_AXES)
@@ -276,7 +276,7 @@ def _xbm(o, c):
 _GROUPS_AND_EXTRA = frozenset({"group_size", "extra_negatives"})
 LOSSES: Mapping[str, Loss] = {
     # group_size: softmaxes within groups of K rows; extra_negatives: rows that are only
-    # negatives (losses.negatives, training.extra_negatives).
+    # negatives (losses.negatives, training.negatives_apart).
     "clip": _streamed_pair_loss(clip_loss, options=_GROUPS_AND_EXTRA),
     # CLIP with in-batch false negatives (pairs sharing a group id) out of the softmaxes.
     "clip_masking_false_negatives": _streamed_pair_loss(clip_loss, false_negative_ids="groups"),
