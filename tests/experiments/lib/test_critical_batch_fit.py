@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from experiments.lib import critical_batch_fit as fit
 from experiments.lib import intervals
@@ -111,25 +112,120 @@ def test_saturation_is_the_smallest_n_from_which_none_takes_resolved_more_steps_
 
 
 def test_words_follow_the_interval():
-    resolved = {"b_crit": 2340.4, "low": 1980.0, "high": 2760.2}
-    assert fit.b_crit_words(resolved) == "B_crit = 2,340 [1,980, 2,760] (95% bootstrap over seeds; resolved)"
-    open_ended = {"b_crit": 9000.0, "low": 3000.0, "high": math.inf}
-    assert fit.b_crit_words(open_ended).endswith("[3,000, inf] (95% bootstrap over seeds; not resolved)")
-    assert not fit.resolved(-50.0, 4000.0)
-    one_seed = {"b_crit": 1900.0, "low": 1900.0, "high": 1900.0, "seeds": 1}  # no spread: no interval
-    words = "(95% bootstrap over seeds; not resolved: an N with fewer than 3 seeds)"
+    ends = {"smallest": 512, "largest": 16384}
+    inside = {"b_crit": 2340.4, "low": 1980.0, "high": 2760.2} | ends
+    words = "B_crit = 2,340 [1,980, 2,760] (95% bootstrap over seeds and misfit; resolved: inside N = 512 … 16,384)"
+    assert fit.b_crit_words(inside) == words
+    open_ended = dict(inside, low=3000.0, high=math.inf)
+    assert fit.b_crit_words(open_ended).endswith("[3,000, inf] (95% bootstrap over seeds and misfit; not resolved: "
+                                                 "not inside N = 512 … 16,384)")  # fmt: skip
+    # one meaning: the interval leaves out both ends of the N fitted, not merely 0 and inf
+    assert fit.resolved(inside) and not fit.resolved(dict(inside, low=400.0))
+    assert not fit.resolved(dict(inside, high=16384.0)) and not fit.resolved(dict(inside, low=512.0))
+    one_seed = {"b_crit": 1900.0, "low": 1900.0, "high": 1900.0, "seeds": 1} | ends  # no spread: no interval
+    words = "(95% bootstrap over seeds and misfit; not resolved: an N with fewer than 3 seeds)"
     assert fit.b_crit_words(one_seed).endswith(words)
-    assert fit.b_crit_words(dict(resolved, seeds=2)).endswith(words)  # three distinct means per N: too narrow
-    assert fit.b_crit_words(dict(resolved, seeds=3)).endswith("; resolved)")
+    assert fit.b_crit_words(dict(inside, seeds=2)).endswith(words)  # three distinct means per N: too narrow
+    assert fit.b_crit_words(dict(inside, seeds=3)).endswith("; resolved: inside N = 512 … 16,384)")
 
 
 def test_the_range_table_says_whether_the_ranges_agree():
-    agree = [{"from": 256, "points": 7, "seeds": 3, "b_crit": 2000.0, "low": 1800.0, "high": 2300.0},
-             {"from": 1024, "points": 5, "seeds": 3, "b_crit": 2200.0, "low": 1700.0, "high": 2900.0}]  # fmt: skip
+    ends = {"largest": 16384}
+    agree = [{"from": 256, "points": 7, "seeds": 3, "b_crit": 2000.0, "low": 1800.0, "high": 2300.0, "smallest": 256},
+             {"from": 1024, "points": 5, "seeds": 3, "b_crit": 2200.0, "low": 1700.0, "high": 2900.0,
+              "smallest": 1024}]  # fmt: skip
+    agree = [e | ends for e in agree]
     text = fit.range_table(agree)
-    assert "| 1,024 | 5 | 3 | 2,200 [1,700, 2,900] (95% bootstrap over seeds; resolved) |" in text
+    row = "| 1,024 | 5 | 3 | 2,200 [1,700, 2,900] (95% bootstrap over seeds and misfit; resolved: inside N = 1,024 … "
+    assert row + "16,384) |" in text
     assert text.endswith("The ranges' intervals share a point.\n")
     hangs = [agree[0], dict(agree[1], low=2400.0)]
     assert not fit.ranges_agree(hangs) and "hangs on the range" in fit.range_table(hangs)
     two_seeds = [agree[0], dict(agree[1], seeds=2, low=2400.0)]
     assert fit.range_table(two_seeds).endswith("not compared: an N with fewer than 3 seeds gives no interval.\n")
+
+
+def seeds_about(means, relative, rng, seeds=3):
+    """`{N: [seeds] steps}`: each N's `means` times independent log-normal seed noise."""
+    return {n: list(m * np.exp(relative * rng.standard_normal(seeds))) for n, m in zip(NS, means, strict=True)}
+
+
+def test_lack_of_fit_is_the_chi2_of_the_curve_against_the_seeds_errors():
+    rng = np.random.default_rng(3)
+    bent = seeds_about([s * b for s, b in zip(curve(), (1.2, 0.9, 1.0, 1.1, 0.85, 1.0, 1.1), strict=True)], 0.02, rng)
+    means = np.array([np.mean(bent[n]) for n in NS])
+    errors = np.array([np.std(bent[n], ddof=1) / math.sqrt(3) for n in NS])
+    # golden: the inverse-variance fit's chi^2 is the weighted polynomial fit's in 1/N (numpy's, another route)
+    line = np.polyfit(1 / np.array(NS, float), means, 1, w=1 / errors)
+    golden = float(np.sum(((means - np.polyval(line, 1 / np.array(NS, float))) / errors) ** 2))
+    inverse_variance = fit.weightings(bent)["inverse variance (1 / se²)"]
+    measured = fit.lack_of_fit(bent, inverse_variance)
+    assert measured["chi2"] == pytest.approx(golden, rel=1e-9) and measured["dof"] == 5
+    assert measured["p"] == pytest.approx(stats.chi2.sf(golden, 5))
+    # the relative fit's chi^2 is no smaller than the smallest a curve of this form reaches
+    quoted = fit.lack_of_fit(bent)
+    assert quoted["chi2"] >= measured["chi2"] and quoted["p"] < 1e-6
+    # tau brings the chi^2 with the between-N spread added to its degrees of freedom
+    s_min, e_min = fit._coefficients(NS, means)
+    r = (means - s_min - e_min / np.array(NS)) / means
+    assert np.sum(r**2 / ((errors / means) ** 2 + quoted["between"] ** 2)) == pytest.approx(5)
+    # four N: 2 degrees of freedom, where chi^2's tail is exp(-x / 2)
+    four = {n: bent[n] for n in NS[:4]}
+    assert fit.lack_of_fit(four)["p"] == pytest.approx(math.exp(-fit.lack_of_fit(four)["chi2"] / 2))
+    # on the curve within the seeds' noise: no between-N spread
+    assert fit.lack_of_fit({n: [s * 0.99, s, s * 1.01] for n, s in zip(NS, curve(), strict=True)})["between"] == 0
+    assert math.isnan(fit.lack_of_fit(bent | {512: [300.0]})["p"])  # one seed: no error to judge by
+
+
+def test_the_between_n_spread_recovers_a_known_one():
+    ns = np.geomspace(256, 65536, 40)
+    rng = np.random.default_rng(5)
+    steps = {n: list(S_MIN * (1 + B_CRIT / n) * np.exp(0.2 * rng.standard_normal()) * np.exp(
+        0.005 * rng.standard_normal(3))) for n in ns}  # fmt: skip
+    assert fit.lack_of_fit(steps)["between"] == pytest.approx(0.2, abs=0.06)
+
+
+def test_the_interval_carries_the_misfit_and_covers_the_truth_where_the_seeds_alone_do_not():
+    rng = np.random.default_rng(7)
+    # on the curve, seed noise only: the interval covers the truth, about the seeds-only one
+    on_curve = [fit.bootstrap(seeds_about(curve(), 0.05, rng), resamples=400, seed=i) for i in range(30)]
+    assert np.mean([e["low"] < B_CRIT < e["high"] for e in on_curve]) >= 0.8
+    widths = [(e["high"] - e["low"]) / (e["seeds_high"] - e["seeds_low"]) for e in on_curve]
+    assert 1 <= np.median(widths) < 2
+    # each N bent off the curve by 15% (log-normal), tight seeds: chi^2 large, the seeds'
+    # interval too narrow to hold the truth, the misfit's wide enough
+    bent = []
+    for i in range(30):
+        means = [s * math.exp(0.15 * rng.standard_normal()) for s in curve()]
+        bent.append(fit.bootstrap(seeds_about(means, 0.01, rng), resamples=400, seed=i))
+    assert np.median([e["p"] for e in bent]) < 1e-6
+    assert np.median([(e["high"] - e["low"]) / (e["seeds_high"] - e["seeds_low"]) for e in bent]) > 3
+    assert np.mean([e["seeds_low"] < B_CRIT < e["seeds_high"] for e in bent]) < 0.5
+    assert np.mean([e["low"] < B_CRIT < e["high"] for e in bent]) >= 0.8
+
+
+def test_the_weighting_table_refits_each_weighting_and_each_n_left_out():
+    exact = {n: [s * 0.97, s, s * 1.03] for n, s in zip(NS, curve(), strict=True)}  # means on the curve
+    for name, fitter in fit.weightings(exact).items():
+        assert fit._curve(*fitter(NS, [np.mean(exact[n]) for n in NS]))[1] == pytest.approx(B_CRIT, rel=1e-6), name
+    text = fit.weighting_table(exact, resamples=50)
+    assert text.count("\n| ") == 4 + 7  # four weightings, each of the 7 N left out
+    assert "| N = 256 left out | 6 | 2,000 [" in text and "(resolved: inside N = 512 … 16,384) | 0 (4) |" in text
+    assert "| unweighted | 7 | 2,000 [" in text
+    # unweighted chases the smallest N: 10% off there moves it more than the relative fit
+    steps = curve()
+    steps[0] *= 1.1
+    unweighted = fit.weightings(exact)["unweighted"]
+    relative_shift = abs(fit.fit(NS, steps)[1] - B_CRIT)
+    assert abs(fit._curve(*unweighted(NS, steps))[1] - B_CRIT) > 2 * relative_shift
+    assert fit._curve(*fit._log_coefficients(NS, curve()))[1] == pytest.approx(B_CRIT, rel=1e-6)
+
+
+def test_halving_words_test_s_n_against_twice_s_2n():
+    seeds = lambda mean: [mean - 3.0, mean, mean + 3.0]  # noqa: E731
+    steps = {512: seeds(500), 1024: seeds(200), 2048: seeds(100), 8192: seeds(60)}
+    words = fit.halving_words(steps)
+    contrast, low, high = intervals.welch_contrast([steps[512], steps[1024]], [1.0, -2.0])
+    assert contrast == pytest.approx(100)
+    assert f"512 → 1,024 +100 [{low:+.0f}, {high:+.0f}], resolved; 1,024 → 2,048 +0 [" in words
+    assert "1,024 → 2,048 +0 [" in words and "], not resolved." in words and "8,192" not in words
