@@ -273,3 +273,35 @@ def test_the_memory_check_refuses_an_unreachable_last_stage_before_step_1(config
     message = str(refused.value)
     assert message.startswith("The train step at the schedule's largest batch (1,024) needs"), message
     assert "\n" not in message and not os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+
+
+@pytest.mark.slow
+def test_grad_cache_and_fsdp_take_every_stage(config, tmp_path):
+    """32 then 64 from step 2, in micro-batches of 16 with the parameters split 2 ways:
+    the plain data-parallel run's losses and parameters (grad_cache is exact; no dropout,
+    whose masks are drawn per micro-batch)."""
+    fields = {"train.batch_schedule": "32@0,64@2", "train.num_train_steps": 4, "model.dropout_rate": 0.0}
+    config = override(config, fields)
+    plain, cached = str(tmp_path / "plain"), str(tmp_path / "cached")
+    run_plan.train_and_evaluate(config, plain)
+    run_plan.train_and_evaluate(override(config, {"train.micro_batch_size": 16, "mesh.fsdp": 2}), cached)
+    assert logged(cached, "train/global_batch") == {1: 32, 2: 32, 3: 64, 4: 64}
+    assert logged(cached, "train/loss") == pytest.approx(logged(plain, "train/loss"), rel=1e-5)
+    chex.assert_trees_all_close(saved_state(cached, 4)["params"], saved_state(plain, 4)["params"], atol=2e-6)
+
+
+@pytest.mark.slow
+def test_a_queue_goes_on_across_a_change_and_resumes_bitwise(config, tmp_path, monkeypatch):
+    """MoCo's queue of 128 keys under 32 then 64 from step 4 (128 examples in: the pointer
+    at a multiple of 64): killed before step 7, resumed from 4, bitwise the straight run."""
+    queue = {"loss.name": "moco_queue", "loss.queue_size": 128, "loss.queue_momentum": 0.9, "loss.chunk_size": 32}
+    config = override(config, queue | {"train.batch_schedule": "32@0,64@4", "train.num_train_steps": 8})
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    run_plan.train_and_evaluate(config, straight)
+    assert all(np.isfinite(v) for v in logged(straight, "train/loss").values())
+    crash_at(monkeypatch, 7)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_plan.train_and_evaluate(config, resumed)
+    monkeypatch.setattr(loop, "_global_batch", REAL_GLOBAL_BATCH)
+    run_plan.train_and_evaluate(config, resumed)
+    chex.assert_trees_all_equal(saved_state(straight, 8), saved_state(resumed, 8))
