@@ -4,6 +4,8 @@ all N + M rows, written here by hand (the towers applied to each device's rows, 
 extra rows under stop_gradient); with M = 0 the step is the one without the hook, bit
 for bit; `config.loss.group_size` reaches the kernel; the door refuses what cannot run."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +15,7 @@ from contrastive_jax import losses, sharding
 from contrastive_jax.config_lib import override
 from contrastive_jax.data import input_pipeline
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training import negatives_apart
+from contrastive_jax.training import negatives_apart, run_plan
 from contrastive_jax.training.run_plan import build, data_settings
 
 N, M = 16, 16  # the optimizer's batch, the extra negatives
@@ -112,3 +114,15 @@ def test_the_door_refuses_in_one_line(config, fields, message):
     with pytest.raises(ConfigError, match=message) as error:
         build(override(config, fields), sharding.make_mesh(8))
     assert "\n" not in str(error.value)
+
+
+def test_a_run_with_extra_negatives_trains_and_logs_its_batches(config, tmp_path):
+    """The loop runs the hook: three steps of N + M = 32 examples read (the stream's and
+    the compiled step's batch), the loss finite."""
+    fields = {"loss.extra_negatives": M, "train.num_train_steps": 3, "checkpoint.every_steps": 0}
+    results = run_plan.train_and_evaluate(override(config, fields), str(tmp_path))
+    assert results
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in logged if "train/loss" in r]
+    assert len(steps) == 3 and all(np.isfinite(r["train/loss"]) for r in steps)
+    assert {r["train/global_batch"] for r in steps} == {N + M}  # the rows read a step
