@@ -38,7 +38,7 @@ def loss_examples(global_batch: int, dim: int, seed: int = 0):
     Embeddings ``[N, D]`` are random unit vectors; labels ``[N]`` are sorted, so they
     are unevenly spread over devices (some devices see one class only). The positive
     ids ``[N, 2]`` are the labels and, on every third row, a second id (``-1``, padding,
-    elsewhere). The queue and
+    elsewhere); the groups (``group_size``) hold 8 rows. The queue and
     the memory hold ``2N`` rows; the memory's last quarter is empty (label -1); for XBM's
     two-term form it holds the batch from row ``3N/2`` on (``enqueued_at``), wrapping.
     """
@@ -77,6 +77,9 @@ def loss_examples(global_batch: int, dim: int, seed: int = 0):
             (a, b, ids),
             {"temperature": 0.1, "bias": -10.0},
         ),
+        # Groups of 8 rows: over 2 of 8 devices, 4 of 4, 8 of 2, a quarter of one.
+        "clip_groups": (losses.clip_loss, (a, b), {"temperature": 0.07, "group_size": 8}),
+        "siglip_groups": (losses.siglip_loss, (a, b), {"temperature": 0.1, "bias": -10.0, "group_size": 8}),
         "ntxent": (losses.ntxent_loss, (a, b), {"temperature": 0.2}),
         "npairs": (losses.npairs_loss, (a, b), {"l2_reg": 0.002}),
         "supcon": (losses.supcon_loss, (a, labels), {"temperature": 0.1}),
