@@ -4,7 +4,8 @@ is the same from a config.
 
     <workdir>/checkpoints --resume.restore_latest--> state and its step s
     batch_numbering.BatchNumbering(plan.data).stream_after(s) --> this process's rows of each batch
-    memory_fit.compile_train_step: compiled once; its memory per device checked (or exit 2)
+    memory_fit.compile_train_step: compiled for the largest batch; its memory per device checked (or exit 2)
+    CompiledSteps: compiled once per global batch (config.train.batch_schedule's stages, batch_schedule)
     Trainer.train_step (that executable): forward, loss over the global batch in shard_map, optax
     every k steps: metrics.jsonl / TensorBoard (metric_writer), a checkpoint, evaluator.evaluation
 
