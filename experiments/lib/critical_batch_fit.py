@@ -320,9 +320,12 @@ def lack_of_fit_words(entry: Mapping[str, float]) -> str:
 def weighting_table(steps_by_n: Mapping[int, Sequence[float]], **bootstrap_args) -> str:
     """The markdown table of ``B_crit`` by weighting (`weightings`) over every N, then with
     each N left out (relative residuals, while three N or more remain): each fit's estimate
-    with `bootstrap`'s interval (misfit included), its chi^2 and verdict."""
+    with `bootstrap`'s interval (misfit included), its chi^2 and verdict; a line instead
+    while an N has fewer than `MIN_SEEDS` seeds."""
     from experiments.lib import sweep
 
+    if min(map(len, steps_by_n.values())) < MIN_SEEDS:
+        return f"Not tabled: an N with fewer than {MIN_SEEDS} seeds gives no interval.\n"
     fits = [(name, steps_by_n, fitter) for name, fitter in weightings(steps_by_n).items()]
     if len(steps_by_n) > 3:
         fits += [(f"N = {n:,} left out", {m: s for m, s in steps_by_n.items() if m != n}, _coefficients)

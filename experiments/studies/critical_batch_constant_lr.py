@@ -51,7 +51,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -335,73 +335,140 @@ def summary(
     targets: Sequence[float],
     starts: Sequence[int],
     noise: Mapping[str, Mapping[str, Any]] | None = None,
+    train_size: int = target_steps.FIT_PAIRS,
 ) -> str:
-    """The markdown report: per target, each N's steps at every rate, the best, and B_crit
-    over every N with its bootstrap interval (and the N whose best rate is at the edge of
-    those every seed ran) beside the fit-range table; with `noise`
-    (`noise_scales`), its table and its comparison with the highest target's B_crit
-    (`noise_against_b_crit`)."""
+    """The markdown report: per target, `target_section`; for the highest target with a
+    fit, B_crit by weighting and with each N left out (`critical_batch_fit.weighting_table`);
+    the data each N saw and its censored runs (`reuse_table`, epochs of `train_size`
+    pairs); with `noise` (`noise_scales`), its table and its comparison with the highest
+    target's B_crit (`noise_against_b_crit`)."""
     text = f"# The critical batch on cmudict, constant rate after {WARMUP_STEPS} warmup steps, {len(records)} runs\n"
     text += (
         "\nSteps: mean ± the 95% t-interval's half-width over the seeds run (count in brackets); "
-        "`-`: a seed missed the target. Rate step k: peak rate 1e-3 · 2^(k/2).\n"
+        "`-`: a seed missed the target. Rate step k: peak rate 1e-3 · 2^(k/2). B_crit's interval: "
+        "`critical_batch_fit.bootstrap` (the seeds resampled within each N, each N's mean times "
+        "1 + tau z for the curve's misfit tau); resolved: the interval lies inside the N fitted.\n"
     )
-    ks = sorted({r["rate_step"] for r in records})
-    headline = None  # the highest target's fit over every N, and the runs that reach that target
+    headline = None  # the highest target's fit over every N, its steps per seed, and the runs that reach it
     for target in targets:
-        best = best_by_n(records, target)
-        reached = target_steps.reached_steps(records, target)
-        rows = []
-        for n in sorted({r["batch_size"] for r in records}):
-            cells = []
-            for k in ks:
-                by_seed = reached.get((n, 2 ** (k / 2)), {})
-                count = f" ({len(by_seed)})" if by_seed else ""
-                cells.append(intervals.mean_and_interval(list(by_seed.values())) + count)
-            entry = best.get(n)
-            if entry:
-                k = rate_step_of(entry["lr_factor"])
-                cells += [f"{entry['steps']:.0f} at k={k}" + (" (edge)" if entry["edge"] else ""), entry["seeds"]]
-            else:
-                cells += ["not reached", "-"]
-            rows.append([f"{n:,}", *cells])
-        text += f"\n## Steps to validation R@1 {target:g} (mean of both directions)\n\n"
-        text += sweep.markdown_table(rows, ["N", *(f"k={k}" for k in ks), "best", "seeds"])
-        fits = b_crit_entries(best, starts)
+        section, fits = target_section(records, target, starts)
+        text += section
         if fits:
-            steps_by_n = target_steps.steps_by_seed(best)
-            text += (
-                f"\nS(N) = S_min (1 + B_crit / N) over N from {fits[0]['from']:,} "
-                f"({fits[0]['points']} N): {critical_batch_fit.b_crit_words(fits[0])}, "
-                f"S_min = {fits[0]['s_min']:.0f} steps. "
-                f"{critical_batch_fit.misses_words(steps_by_n)} {critical_batch_fit.saturation_words(steps_by_n)}\n\n"
-            )
-            if edges := [f"{n:,}" for n, entry in sorted(best.items()) if entry["edge"]]:
-                text += (
-                    f"The best rate is at the edge of those every seed ran at N = {', '.join(edges)}: a rate "
-                    "beyond it may reach the target sooner, so the fit rests on upper bounds there.\n\n"
-                )
-            text += critical_batch_fit.range_table(fits)
-            reaching = {(n, f, seed) for (n, f), by_seed in reached.items() for seed, s in by_seed.items() if s}
-            headline = (target, fits[0], reaching)
+            best = best_by_n(records, target)
+            reaching = {
+                (r["batch_size"], r["lr_factor"], r["seed"]): target_steps.validation_curve(r)
+                for r in records
+                if target_steps.steps_to_target(target_steps.validation_curve(r), target) is not None
+            }
+            headline = (target, fits[0], reaching, target_steps.steps_by_seed(best))
+    if headline:
+        target, _, _, steps_by_n = headline
+        text += (
+            f"\n## B_crit at R@1 {target:g} by weighting and with each N left out\n\n"
+            + critical_batch_fit.weighting_table(steps_by_n)
+        )
+    text += reuse_table(records, targets, train_size)
     if noise:
-        text += noise_table(noise) + (noise_against_b_crit(noise, *headline) if headline else "")
+        text += noise_table(noise) + (noise_against_b_crit(noise, *headline[:3]) if headline else "")
     return text
+
+
+def target_section(
+    records: Sequence[Mapping[str, Any]], target: float, starts: Sequence[int]
+) -> tuple[str, list[dict[str, float]]]:
+    """One target's part of the report and its fits (`b_crit_entries`): each N's steps at
+    every rate and the best; B_crit over every N with its interval, the lack of fit, the
+    misses, S_N - 2 S_2N and the saturation; the N whose best rate is at the edge of
+    those every seed ran; the fit-range table."""
+    best = best_by_n(records, target)
+    reached = target_steps.reached_steps(records, target)
+    ks = sorted({r["rate_step"] for r in records})
+    rows = []
+    for n in sorted({r["batch_size"] for r in records}):
+        cells = []
+        for k in ks:
+            by_seed = reached.get((n, 2 ** (k / 2)), {})
+            count = f" ({len(by_seed)})" if by_seed else ""
+            cells.append(intervals.mean_and_interval(list(by_seed.values())) + count)
+        entry = best.get(n)
+        if entry:
+            k = rate_step_of(entry["lr_factor"])
+            cells += [f"{entry['steps']:.0f} at k={k}" + (" (edge)" if entry["edge"] else ""), entry["seeds"]]
+        else:
+            cells += ["not reached", "-"]
+        rows.append([f"{n:,}", *cells])
+    text = f"\n## Steps to validation R@1 {target:g} (mean of both directions)\n\n"
+    text += sweep.markdown_table(rows, ["N", *(f"k={k}" for k in ks), "best", "seeds"])
+    fits = b_crit_entries(best, starts)
+    if not fits:
+        return text, fits
+    steps_by_n = target_steps.steps_by_seed(best)
+    text += (
+        f"\nS(N) = S_min (1 + B_crit / N) over N from {fits[0]['from']:,} "
+        f"({fits[0]['points']} N): {critical_batch_fit.b_crit_words(fits[0])}, "
+        f"S_min = {fits[0]['s_min']:.0f} steps. {critical_batch_fit.lack_of_fit_words(fits[0])} "
+        f"{critical_batch_fit.misses_words(steps_by_n)} {critical_batch_fit.halving_words(steps_by_n)} "
+        f"{critical_batch_fit.saturation_words(steps_by_n)}\n\n"
+    )
+    if edges := [f"{n:,}" for n, entry in sorted(best.items()) if entry["edge"]]:
+        text += (
+            f"The best rate is at the edge of those every seed ran at N = {', '.join(edges)}: a rate "
+            "beyond it may reach the target sooner, so the fit rests on upper bounds there.\n\n"
+        )
+    return text + critical_batch_fit.range_table(fits), fits
+
+
+def reuse_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float], train_size: int) -> str:
+    """The data each N saw and the runs the cap censored, at the highest of `targets`: per
+    N, one batch's share of the `train_size` pairs, the cap, the runs, those that reach
+    the target, stopped without it on patience or at the cap (censored: their steps to it
+    unknown), the best rate's epochs to it (`best_by_n`), and the peak validation R@1 of
+    the runs at the rates every seed ran (min–max); then the targets below every such
+    peak, the ones a plateau cannot set."""
+    target = targets[-1]
+    best = best_by_n(records, target)
+    rows, peaks = [], {}
+    for n in sorted({r["batch_size"] for r in records}):
+        runs = [r for r in records if r["batch_size"] == n]
+        curves = {r["name"]: target_steps.validation_curve(r) for r in runs}
+        missed = [r for r in runs if target_steps.steps_to_target(curves[r["name"]], target) is None]
+        censored = [r for r in missed if curves[r["name"]][-1, 0] >= r["max_steps"]]
+        seeds = {k: {r["seed"] for r in runs if r["rate_step"] == k} for k in {r["rate_step"] for r in runs}}
+        full = [r for r in runs if len(seeds[r["rate_step"]]) == max(map(len, seeds.values()))]
+        peaks[n] = [float(curves[r["name"]][:, 1].max()) for r in full]
+        epochs = f"{best[n]['steps'] * n / train_size:.1f}" if n in best else "-"
+        rows.append([f"{n:,}", f"{100 * n / train_size:.1f}%", f"{runs[0]['max_steps']:,}", len(runs),
+                     len(runs) - len(missed), len(missed) - len(censored),
+                     ", ".join(f"k={r['rate_step']} s{r['seed']}" for r in censored) or "0", epochs,
+                     f"{min(peaks[n]):.3f}–{max(peaks[n]):.3f}"])  # fmt: skip
+    header = ["N", "batch / split", "cap (steps)", "runs", f"reach {target:g}", "stopped on patience",
+              "censored at the cap", f"epochs to {target:g} (best rate)", "peak R@1, rates every seed ran"]  # fmt: skip
+    lowest = min(min(p) for p in peaks.values())
+    below = [f"{t:g}" for t in targets if t < lowest]
+    return (
+        f"\n## Data seen and censored runs per N (R@1 {target:g}; {train_size:,} training pairs)\n\n"
+        + sweep.markdown_table(rows, header)
+        + f"\nTargets below every N's lowest peak ({lowest:.3f}, runs at the rates every seed ran): "
+        f"{', '.join(below) or 'none'}. A run stops after the segment that reaches R@1 {target:g}, so an N "
+        "whose runs all reach it has a peak, not a measured plateau.\n"
+    )
 
 
 def noise_against_b_crit(
     noise: Mapping[str, Mapping[str, Any]],
     target: float,
     fit: Mapping[str, float],
-    reaching: Set[tuple[int, float, int]] = frozenset(),
+    reaching: Mapping[tuple[int, float, int], np.ndarray] | None = None,
 ) -> str:
     """Each N's noise scale at its last measured step (per seed) against B_crit's
     interval at `target` (`fit`, `critical_batch_fit.bootstrap`'s): for B_simple and
     B_adam, "overlaps" when the two 95% intervals share a point, else "apart" ("not
     compared" while B_crit has no interval, `critical_batch_fit.has_interval`); then,
-    over the runs in `reaching` (`(N, lr_factor, seed)` of the runs that reach `target`:
-    their last step is at or just past it), the geometric mean of those last values with
-    its 95% t-interval over the runs (`intervals.geometric_interval`), set against it too."""
+    over the runs in `reaching` (`{(N, lr_factor, seed): validation curve}` of the runs
+    that reach `target`), the validation R@1 at those last steps (the runs' ends) and
+    the noise scale averaged within each N first (the geometric mean of its runs), then
+    over the N, with its 95% t-interval over the N (`intervals.geometric_interval`), set
+    against B_crit too."""
     last = {}
     for entry in noise.values():
         key = (entry["batch_size"], entry["seed"])
@@ -425,26 +492,29 @@ def noise_against_b_crit(
         'scale ("overlaps": the two 95% intervals share a point):\n\n'
         + sweep.markdown_table(rows, ["run's N", "seed", "step", "B_simple [95%]", "B_adam [95%]"])
     )
+    reaching = reaching or {}
     pooled = [e for e in last.values() if (e["batch_size"], e["lr_factor"], e["seed"]) in reaching]
-    if len(pooled) < 2:
+    by_n = sorted({e["batch_size"] for e in pooled})
+    if len(by_n) < 2:
         return text
     words = []
     for form, name in (("sgd", "B_simple"), ("adam", "B_adam")):
-        values = [e[form]["b_simple"] for e in pooled]
-        if min(values) <= 0:
+        values = [[e[form]["b_simple"] for e in pooled if e["batch_size"] == n] for n in by_n]
+        if min(map(min, values)) <= 0:
             words.append(f"{name} not pooled (an estimate is not positive)")
             continue
-        center, low, high = intervals.geometric_interval(values)
+        center, low, high = intervals.geometric_interval([intervals.geometric_interval(v)[0] for v in values])
         words.append(f"{name} {center:,.0f} [{low:,.0f}, {high:,.0f}], {verdict(low, high)}")
-    batch_sizes = ", ".join(f"{n:,}" for n in sorted({e["batch_size"] for e in pooled}))
+    r_at_end = [np.interp(e["step"], *reaching[(e["batch_size"], e["lr_factor"], e["seed"])].T) for e in pooled]
     return text + (
-        f"\nOver the {len(pooled)} runs that reach R@1 {target:g} (N = {batch_sizes}; "
-        f"each at its last measured step, at or just past the target), the geometric mean with its 95% "
-        f"t-interval over the runs: {'; '.join(words)}.\n"
+        f"\nOver the {len(pooled)} runs that reach R@1 {target:g} (N = {', '.join(f'{n:,}' for n in by_n)}), each "
+        f"at its last measured step, the run's end, where its validation R@1 is {min(r_at_end):.3f}–"
+        f"{max(r_at_end):.3f}: averaged within each N first (the geometric mean of its runs), then over the "
+        f"{len(by_n)} N with its 95% t-interval over the N: {'; '.join(words)}.\n"
     )
 
 
-def write_partial(records: Sequence[Mapping[str, Any]], out: Path, targets, starts) -> None:
+def write_partial(records: Sequence[Mapping[str, Any]], out: Path, targets, starts, train_size: int) -> None:
     """`results.{json,csv}` and `summary.md` of the runs finished so far, between stages
     (a kill loses no finished run's record): `records` over the committed records of
     the same names, the committed ones of runs not visited yet kept."""
@@ -452,7 +522,7 @@ def write_partial(records: Sequence[Mapping[str, Any]], out: Path, targets, star
     sweep.write_results(list(merged.values()), out)
     noise_file = out / "noise.json"
     noise = json.loads(noise_file.read_text()) if noise_file.exists() else None
-    (out / "summary.md").write_text(summary(list(merged.values()), targets, starts, noise))
+    (out / "summary.md").write_text(summary(list(merged.values()), targets, starts, noise, train_size))
 
 
 def run(args) -> list[dict]:
@@ -474,15 +544,15 @@ def run(args) -> list[dict]:
     records = []
     for n in args.batch_sizes:
         records += tune(base, n, args.seeds[0], args.targets, args.out, run_args, grid_args, args.max_tuning_rates)
-        write_partial(records, args.out, args.targets, starts)
+        write_partial(records, args.out, args.targets, starts, args.train_size)
     tuned = tuned_steps(records, args.seeds[0], args.targets)
     for seed in args.seeds[1:]:
         records += sweep.run_grid(base, seed_runs(tuned, [seed], **run_args), args.out, **grid_args)
-        write_partial(records, args.out, args.targets, starts)
+        write_partial(records, args.out, args.targets, starts, args.train_size)
     while runs := edge_runs(records, args.seeds, target, args.max_tuning_rates, **run_args):
         grown = sweep.run_grid(base, runs, args.out, **grid_args)
         records = list(({r["name"]: r for r in records} | {r["name"]: r for r in grown}).values())
-        write_partial(records, args.out, args.targets, starts)
+        write_partial(records, args.out, args.targets, starts, args.train_size)
         if len(grown) < len(runs):  # the budget left a run unstarted
             break
     sweep.write_results(records, args.out)
@@ -495,7 +565,7 @@ def run(args) -> list[dict]:
         sweep.save(figures | fit_figure(records, args.targets, starts), args.out)
         measured = [study_run(n, k, seed, **run_args) for seed in args.seeds[:NOISE_SEEDS] for n, k in chosen.items()]
         noise = noise_scales(base, measured, args.out, args, grid_args["deadline"])
-    (args.out / "summary.md").write_text(summary(records, args.targets, starts, noise))
+    (args.out / "summary.md").write_text(summary(records, args.targets, starts, noise, args.train_size))
     print(f"wrote {args.out}")
     return records
 

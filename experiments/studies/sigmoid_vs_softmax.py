@@ -306,6 +306,7 @@ def summary(records: Sequence[Mapping[str, Any]], limits: Mapping[str, Any]) -> 
             diff = difference(*([r[metric] for r in by_seed[loss].values()] for loss in LOSSES))
             per_direction.append([f"{n:,}", metric, intervals.difference_cell(*diff), intervals.verdict(*diff[1:])])
     text += "\n## Findings\n\n" + ("".join(f"- {f}\n" for f in findings) or "None yet: no N has two seeds of both.\n")
+    text += caveats(ns, limits)
     header = ["N", "CLIP setting", "SigLIP setting", "CLIP R@1", "SigLIP R@1", "seeds (CLIP / SigLIP)"]
     header += ["SigLIP − CLIP [95% Welch]", "verdict", "tuned at a grid's edge"]
     text += (
@@ -324,6 +325,23 @@ def summary(records: Sequence[Mapping[str, Any]], limits: Mapping[str, Any]) -> 
     )
     text += sweep.markdown_table(grids, ["N", "loss", "rate", "initial temperature", "initial bias", "status", "edge"])
     return text
+
+
+def caveats(ns: Sequence[int], limits: Mapping[str, Any]) -> str:
+    """What the comparison does not control yet, said beside its findings: one validation
+    split for tuning and comparing, CLIP's temperature learned but not tuned, and the
+    steps each N gets at a fixed number of epochs (`study_run`'s count)."""
+    if not ns:
+        return ""
+    steps = ", ".join(f"{math.ceil(limits['epochs'] * limits['train_size'] / n):,} at N = {n:,}" for n in ns)
+    return (
+        "\n## What these findings do not control\n\n"
+        "- Tuned and compared on the same validation split (the comparison's seeds are fresh, the split is "
+        "not); the test split is not read.\n"
+        "- CLIP's temperature is learned from 0.07 and not tuned; SigLIP's initial temperature and bias are.\n"
+        f"- Every run trains {limits['epochs']:g} epochs, so a larger N takes fewer steps ({steps}): how each "
+        "loss's R@1 moves with N is partly a step count; no step-matched run is here.\n"
+    )
 
 
 def _axis_in_progress(tuned: Tuning) -> str:

@@ -219,6 +219,8 @@ def test_the_weighting_table_refits_each_weighting_and_each_n_left_out():
     relative_shift = abs(fit.fit(NS, steps)[1] - B_CRIT)
     assert abs(fit._curve(*unweighted(NS, steps))[1] - B_CRIT) > 2 * relative_shift
     assert fit._curve(*fit._log_coefficients(NS, curve()))[1] == pytest.approx(B_CRIT, rel=1e-6)
+    two_seeds = {n: steps[:2] for n, steps in exact.items()}
+    assert fit.weighting_table(two_seeds) == "Not tabled: an N with fewer than 3 seeds gives no interval.\n"
 
 
 def test_halving_words_test_s_n_against_twice_s_2n():

@@ -4,6 +4,7 @@ end (each run stops at its target or cap; a rerun trains nothing)."""
 
 import argparse
 import json
+import math
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ def record(n, k, seed, values, every=10):
     curve = [[every * (i + 1), v] for i, v in enumerate(values)]
     curves = {"eval/a_to_b/R@1": curve, "eval/b_to_a/R@1": curve}
     return {"name": f"n{n}_k{k}_s{seed}", "batch_size": n, "rate_step": k, "lr_factor": 2 ** (k / 2), "seed": seed,
-            "curves": curves}  # fmt: skip
+            "curves": curves, "max_steps": 10**6}  # fmt: skip
 
 
 def test_runs_hold_a_constant_rate_after_fixed_warmup_steps_and_segment_by_evaluations():
@@ -96,19 +97,26 @@ def test_every_seed_runs_the_rate_beyond_a_best_at_the_edge_of_the_rates_every_s
 def test_summary_quotes_each_targets_b_crit_interval_and_the_fit_range_table():
     rng = np.random.default_rng(0)
     records = []
-    for n in (256, 512, 1024, 2048):
+    for n in (256, 512, 1024, 2048, 4096):
         steps = 40 * (1 + 2000 / n)
         for seed in (0, 1, 2):
             s = steps * np.exp(0.03 * rng.standard_normal())
             records.append(record(n, 2, seed, [0.0, 0.88], every=round(s / 2)))  # reaches 0.88 at `s`
     text = study.summary(records, [0.88], [256, 512, 1024])
     assert "| 256 | " in text and "(3) | " in text
-    assert "S(N) = S_min (1 + B_crit / N) over N from 256 (4 N): B_crit = " in text
+    assert "S(N) = S_min (1 + B_crit / N) over N from 256 (5 N): B_crit = " in text
     line = next(line for line in text.splitlines() if line.startswith("S(N)"))
-    assert line.count("95% bootstrap") == 1 and "95% bootstrap over seeds; resolved" in line
-    assert "S_min = " in line and " steps. The fitted curve passes " in line  # critical_batch_fit.misses_words
+    assert (
+        line.count("95% bootstrap") == 1
+        and "95% bootstrap over seeds and misfit; resolved: inside N = 256 … 4,096" in line
+    )
+    assert " Lack of fit: χ² = " in line and "(the seeds alone give [" in line  # critical_batch_fit.lack_of_fit_words
+    assert " Faster than 1/N, S_N − 2 S_2N " in line and "256 → 512 " in line  # critical_batch_fit.halving_words
+    assert "## B_crit at R@1 0.88 by weighting and with each N left out" in text and "| N = 512 left out | 4 | " in text
+    assert "## Data seen and censored runs per N (R@1 0.88; 108,000 training pairs)" in text
+    assert "S_min = " in line and "]). The fitted curve passes " in line  # critical_batch_fit.misses_words
     assert " Without a curve" in line  # critical_batch_fit.saturation_words
-    assert "| 512 | 3 | 3 | " in text and "| 1,024 | 2 | 3 | " in text
+    assert "| 512 | 4 | 3 | " in text and "| 1,024 | 3 | 3 | " in text
     assert "at the edge" not in text
     slower = [dict(r, name=r["name"].replace("k2", "k1"), rate_step=1, lr_factor=2**0.5) for r in records[3:6]]
     for r in slower:  # N = 512 at k = 1 reaches 0.88 one evaluation later: its best (k = 2) is the top
@@ -184,30 +192,54 @@ def test_the_last_noise_scale_of_each_run_is_set_against_b_crit_with_words():
         "n256_k2_s0@512": {**run, "step": 512, "sgd": form(9e4, 8e4, 1e5), "adam": form(50, 40, 60)},
         "n256_k2_s0@1024": {**run, "step": 1024, "sgd": form(2500, 1900, 3100), "adam": form(300, 250, 400)},
     }
-    fit = {"b_crit": 2400.0, "low": 2000.0, "high": 2900.0}
+    fit = {"b_crit": 2400.0, "low": 2000.0, "high": 2900.0, "smallest": 256, "largest": 4096}
     text = study.noise_against_b_crit(noise, 0.86, fit)
-    assert "Against B_crit = 2,400 [2,000, 2,900] (95% bootstrap over seeds; resolved) at R@1 0.86" in text
+    head = (
+        "Against B_crit = 2,400 [2,000, 2,900] (95% bootstrap over seeds and misfit; resolved: inside N = 256 … 4,096)"
+    )
+    assert head + " at R@1 0.86" in text
     assert "| 256 | 0 | 1024 | 2,500 [1,900, 3,100], overlaps | 300 [250, 400], apart |" in text
     assert "| 512 |" not in text  # the last checkpoint only
     unresolved = study.noise_against_b_crit(noise, 0.86, dict(fit, seeds=2))
     assert "| 256 | 0 | 1024 | 2,500 [1,900, 3,100], not compared | 300 [250, 400], not compared |" in unresolved
     assert "Over the" not in text  # no run named as reaching the target
-    # pooled over the runs that reach the target, each at its last step: the geometric mean
-    # of 2,500, 1,600 and 4,000 (about 2,520) with the t-interval of their logs over three runs
+    # averaged within each N first, each run at its last step: N = 256's one run (2,500) and
+    # N = 512's two (the geometric mean of 1,600 and 4,000: 2,530), then over the two N
     at_512 = {"batch_size": 512, "lr_factor": 4.0, "step": 64}
     noise |= {
         "n512_k4_s0@64": {**at_512, "seed": 0, "sgd": form(1600, 1, 2), "adam": form(20, 1, 2)},
         "n512_k4_s1@64": {**at_512, "seed": 1, "sgd": form(4000, 1, 2), "adam": form(-5, 1, 2)},
         "n1024_k4_s0@32": {**at_512, "batch_size": 1024, "seed": 0, "sgd": form(1, 1, 2), "adam": form(1, 1, 2)},
     }
-    reaching = {(256, 2.0, 0), (512, 4.0, 0), (512, 4.0, 1), (1024, 2.0, 0)}  # 1,024 reached at another rate
-    center, low, high = intervals.geometric_interval([2500, 1600, 4000])
+    ramp = lambda last, end: np.array([[0.0, 0.0], [last / 2, end + 0.05], [last, end]])  # noqa: E731  (past its peak)
+    reaching = {(256, 2.0, 0): ramp(1024, 0.871), (512, 4.0, 0): ramp(64, 0.9), (512, 4.0, 1): ramp(256, 0.86),
+                (1024, 2.0, 0): ramp(32, 0.9)}  # 1,024 reached at another rate  # fmt: skip
+    center, low, high = intervals.geometric_interval([2500, math.sqrt(1600 * 4000)])
     pooled = study.noise_against_b_crit(noise, 0.86, fit, reaching)
     assert pooled.endswith(
-        "\nOver the 3 runs that reach R@1 0.86 (N = 256, 512; each at its last measured step, at or just past the "
-        f"target), the geometric mean with its 95% t-interval over the runs: B_simple {center:,.0f} [{low:,.0f}, "
-        f"{high:,.0f}], overlaps; B_adam not pooled (an estimate is not positive).\n"
-    )
+        "\nOver the 3 runs that reach R@1 0.86 (N = 256, 512), each at its last measured step, the run's end, where "
+        "its validation R@1 is 0.455–0.900: averaged within each N first (the geometric mean of its runs), then over "
+        f"the 2 N with its 95% t-interval over the N: B_simple {center:,.0f} [{low:,.0f}, {high:,.0f}], overlaps; "
+        "B_adam not pooled (an estimate is not positive).\n"
+    )  # N = 512, seed 1: step 64 is halfway up its ramp to 0.91 at step 128, 0.455
+
+
+def test_the_reuse_table_gives_epochs_censored_runs_and_the_targets_under_every_peak():
+    def capped(n, k, seed, values, every, cap):
+        return record(n, k, seed, values, every) | {"max_steps": cap}
+
+    records = [
+        capped(256, 1, 0, [0.5, 0.873, 0.86], 100, 1000),  # a plateau under 0.88: stopped on patience
+        capped(256, 1, 1, [0.5, 0.889], 100, 1000),  # reaches 0.88 at step 199.4
+        capped(256, 2, 0, [0.5, 0.86, 0.87], 500, 1500),  # the cap: censored (its peak, 0.870, not among all seeds)
+        capped(1024, 3, 0, [0.6, 0.9], 10, 1000),  # reaches 0.88 at step 19.3
+        capped(1024, 3, 1, [0.6, 0.9], 20, 1000),  # at step 38.7
+    ]
+    text = study.reuse_table(records, [0.80, 0.86, 0.88], 2048)
+    assert "| 256 | 12.5% | 1,000 | 3 | 1 | 1 | k=2 s0 | - | 0.873–0.889 |" in text  # k=2: seed 0 only
+    epochs = (19.333 + 38.667) / 2 * 1024 / 2048
+    assert f"| 1,024 | 50.0% | 1,000 | 2 | 2 | 0 | 0 | {epochs:.1f} | 0.900–0.900 |" in text
+    assert "Targets below every N's lowest peak (0.873, runs at the rates every seed ran): 0.8, 0.86." in text
 
 
 def test_a_step_the_run_did_not_keep_is_replayed_to_the_runs_own_state(tiny_config, tmp_path):
@@ -269,7 +301,7 @@ def test_the_noise_stage_returns_its_runs_entries_and_keeps_the_rest_cached(tiny
 def test_partial_results_keep_the_committed_runs_not_visited_yet(tmp_path):
     earlier = [record(256, 2, 0, [0.7, 0.9]), record(512, 3, 0, [0.8, 0.9])]
     sweep.write_results(earlier, tmp_path)
-    study.write_partial([record(256, 2, 0, [0.75, 0.9]), record(256, 3, 0, [0.9])], tmp_path, [0.88], [256])
+    study.write_partial([record(256, 2, 0, [0.75, 0.9]), record(256, 3, 0, [0.9])], tmp_path, [0.88], [256], 1024)
     written = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())}
     assert sorted(written) == ["n256_k2_s0", "n256_k3_s0", "n512_k3_s0"]
     assert written["n256_k2_s0"]["curves"]["eval/a_to_b/R@1"][0][1] == 0.75  # the new record wins

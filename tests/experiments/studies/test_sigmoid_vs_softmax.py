@@ -4,6 +4,7 @@ bias, the comparison's seeds, the verdict words from the interval, and --quick e
 (a rerun and --hours 0 train nothing and write the same report)."""
 
 import json
+import math
 
 import pytest
 
@@ -207,3 +208,13 @@ def test_quick_tunes_compares_and_resumes_without_training(tmp_path, cmudict_dat
         out = capsys.readouterr().out
         assert "training" not in out and out.count("finished earlier") == 14
         assert (tmp_path / "summary.md").read_text() == summary
+
+
+def test_the_report_says_what_its_findings_do_not_control():
+    text = study.summary(comparison_records([0.80, 0.81], [0.82, 0.83]), LIMITS)
+    steps = math.ceil(LIMITS["epochs"] * LIMITS["train_size"] / 256)
+    assert "\n## What these findings do not control\n\n- Tuned and compared on the same validation split" in text
+    temperature = "- CLIP's temperature is learned from 0.07 and not tuned; SigLIP's initial temperature and bias are."
+    assert temperature + "\n" in text
+    assert f"a larger N takes fewer steps ({steps:,} at N = 256): how each loss's R@1 moves with N" in text
+    assert text.index("## Findings") < text.index("## What these findings") < text.index("## Final validation")
