@@ -444,17 +444,7 @@ QUOTED_FIGURES = [
     ),
     (
         "docs/batch_size_study.md",
-        "1. **B_crit at R@1 0.88 is 2,157 [2,013, 2,296] fitted over every N that reaches it",
-        RESULTS + "critical_batch_constant_lr/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
         "at 2,048 it gives 133 steps against 113 ± 14; at 16,384 73 against 85 ± 10",
-        RESULTS + "critical_batch_constant_lr/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "fitted from 1,024 up it gives 1,374 [1,260, 1,484]",
         RESULTS + "critical_batch_constant_lr/summary.md",
     ),
     ("docs/batch_size_study.md", "(470 ± 137 → 188 ± 6, 2.5× fewer", RESULTS + "critical_batch_constant_lr/summary.md"),
@@ -469,16 +459,6 @@ QUOTED_FIGURES = [
         RESULTS + "critical_batch_constant_lr/summary.md",
     ),
     ("docs/batch_size_study.md", "(4,096: +4.5 [−4.1, +13.1])", RESULTS + "critical_batch_constant_lr/summary.md"),
-    (
-        "docs/batch_size_study.md",
-        "B_simple is 1,292 [850, 1,963] (geometric",
-        RESULTS + "critical_batch_constant_lr/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "B_adam is 4,340 [2,570, 7,330], apart above B_crit",
-        RESULTS + "critical_batch_constant_lr/summary.md",
-    ),
     (
         "docs/batch_size_study.md",
         "539 [489, 598] and 1,213 [1,044, 1,395]",
@@ -522,6 +502,156 @@ QUOTED_FIGURES = [
         RESULTS + "sigmoid_vs_softmax/summary.md",
     ),
     ("docs/batch_size_study.md", "(0.883, 0.870, 0.884, 0.864 at k = 3", RESULTS + "sigmoid_vs_softmax/summary.md"),
+    (
+        "docs/batch_size_study.md",
+        "R@1 0.187 ± 0.025 at N = 16, 0.428 ± 0.003 at 1024",
+        RESULTS + "batch_size_sweep/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "N = 1024, linear rate: 0.863 ± 0.002 against 0.831 ± 0.002 at 256",
+        RESULTS + "batch_size_sweep_cmudict/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "CLIP 1,024 − CLIP 256: +0.0084 [+0.0037, +0.0130] test R@1",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "DCL 256 − CLIP 256: +0.0115 [+0.0071, +0.0159] test R@1",
+        RESULTS + "critical_batch_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "2,157 [965, 4,460] | resolved (inside N = 512 … 16,384), but the estimate moves from 1,374 to 4,863",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "χ² = 314 on 4 degrees of freedom (p = 1.0e-66) | no: the interval above carries a between-N misfit of 18.7%",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| 2,048 takes +28.2 [+16.9, +39.5] steps more than 16,384; 4,096 +4.5 [−4.1, +13.1] |",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| S_512 − 2 S_1,024 = +95 [−41, +231] steps | not resolved |",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| N = 256's runs peak at 0.873–0.889 |",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(the 0.88 fit starts at 512); 0.80–0.86 lie below every N's peak",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| N = 16,384 reaches 0.88 after 12.9 epochs, each batch 15.2% of the split |",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(N = 256, k = 2, seed 0; 16,384, k = 9, seed 0)",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| B_simple 1,330 [782, 2,261], B_adam 4,239 [2,063, 8,711] |",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| SigLIP − CLIP +0.0551 [+0.0487, +0.0616] at N = 64, −0.0070 [−0.0124, −0.0016] at 1,024 |",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "untuned, 6,750 → 422 steps | 118 |",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "1. **B_crit at R@1 0.88 is 2,157 [965, 4,460]: resolved as this page uses the word",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "χ² = 314 on 4 degrees of freedom (p = 1.0e-66) against the seeds' errors of 1–7% per N",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "the seeds alone give [2,013, 2,296], too narrow",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "2,088 [329, 9,635] with inverse-variance weights (not resolved), 4,863 [708, inf] unweighted",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "2,373 [1,225, 4,335] on log residuals; without N = 512, 1,374 [819, 2,121]",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "without any other one N, 2,048–2,752",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(1,024 → 2,048: −38 [−64, −12])",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "B_crit 1,199 [622, 2,124] at 0.80 … 2,145 [356, 7,753] at 0.86",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(χ² 435–2,087 on 5 degrees of freedom)",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "B_simple is 1,330 [782, 2,261] and B_adam 4,239 [2,063, 8,711]",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "the runs' validation R@1 is 0.871–0.896",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "had fallen back from 0.882 to 0.871",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "reaches 0.88 after 12.9 epochs (8,192: 6.7;",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "is 15.2% of the 108,000 training pairs",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(6,750 at N = 64, 3,375 at N = 128, 1,688 at N = 256, 844 at N = 512, 422 at N = 1,024)",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
     ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]
