@@ -229,7 +229,7 @@ def _jax_point(step: JaxStep, spec: dict, *, largest: bool = False) -> dict:
 
     first_loss = float(step())
     seconds = _timed(step, spec["repeats"])
-    batch = step.run.data.global_batch_size
+    batch = step.run.global_batch_size
     _, peak = _device_memory()
     return {
         "batch": batch,
@@ -487,7 +487,7 @@ def step_parts(run, state, batch, repeats: int, *, compiled_step=None) -> dict:
         return run.global_loss(batched, shared, data)[0]
 
     def update(grads, opt_state, params):
-        updates, opt_state = run.tx.update(grads, opt_state, params)
+        updates, opt_state = run.optim.tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
     parts = {
