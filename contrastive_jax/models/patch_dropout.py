@@ -35,6 +35,11 @@ class PatchDropout:
     rate: float = 0.0
     until_step: int = 0
 
+    @property
+    def staged(self) -> bool:
+        """Whether patches are dropped in the first steps only (then unmasked tuning)."""
+        return self.rate > 0 and self.until_step > 0
+
     def __post_init__(self):
         if not 0.0 <= self.rate < 1.0:
             raise ConfigError(

@@ -15,7 +15,7 @@ from contrastive_jax import sharding
 from contrastive_jax.config_lib import override
 from contrastive_jax.data import input_pipeline
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.models import patch_dropout, saved_model, two_tower
+from contrastive_jax.models import encoders, patch_dropout, saved_model, two_tower
 from contrastive_jax.models.released import big_vision_layout, open_clip_layout
 from contrastive_jax.models.transformer import TowerSettings
 from contrastive_jax.training import run_plan
@@ -93,6 +93,15 @@ def spied(seen, rate=0.5):
         return patch_dropout.drop_patches(x, patch_dropout.row_keys(0, 0, x.shape[0]), rate=rate, num_prefix=num_prefix)
 
     return drop
+
+
+def test_the_projects_vit_drops_after_its_position_embedding_keeping_its_class_token():
+    vit = encoders.ViT(16, 1, 2, 32, 2)
+    images = jax.random.uniform(jax.random.key(1), (4, 8, 8, 1))
+    variables = vit.init(jax.random.key(0), images)
+    seen = []
+    vit.apply(variables, images, train=True, drop_patches=spied(seen))
+    assert seen == [(1 + 16, 1)]
 
 
 TOWER = TowerSettings(width=16, depth=1, num_heads=2, mlp_dim=32)
