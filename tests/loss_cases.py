@@ -1,10 +1,13 @@
 """The tests' loss cases and helpers: one small example of every loss that takes
 ``axis_name`` (:func:`loss_examples`), its sharded and single-device values side by side
-(:func:`compare_with_single_device`), and float64 in a scope (:func:`enable_x64`, the
-references' precision)."""
+(:func:`compare_with_single_device`), float64 in a scope (:func:`enable_x64`, the
+references' precision) and a kernel's value and gradients against a reference's
+(:func:`assert_matches`)."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from contrastive_jax import losses
 from contrastive_jax.sharding import shard_loss
@@ -32,13 +35,24 @@ def with_positive_ids(loss_fn, **options):
     return fn
 
 
+def with_hard_negatives(loss_fn):
+    """``loss_fn(a, b, hard, **hyperparameters)``: ``loss_fn`` with its ``hard_negatives``
+    positional, so that ``shard_loss`` splits them with their rows."""
+
+    def fn(a, b, hard, **hyperparameters):
+        return loss_fn(a, b, hard_negatives=hard, **hyperparameters)
+
+    return fn
+
+
 def loss_examples(global_batch: int, dim: int, seed: int = 0):
     """``{name: (loss_fn, arrays, hyperparameters)}`` for every loss taking ``axis_name``.
 
     Embeddings ``[N, D]`` are random unit vectors; labels ``[N]`` are sorted, so they
     are unevenly spread over devices (some devices see one class only). The positive
     ids ``[N, 2]`` are the labels and, on every third row, a second id (``-1``, padding,
-    elsewhere); the groups (``group_size``) hold 8 rows. The queue and
+    elsewhere); the groups (``group_size``) hold 8 rows; each pair has 2 hard negatives
+    (``hard_negatives`` [N, 2, D], the queue's first 2N rows). The queue and
     the memory hold ``2N`` rows; the memory's last quarter is empty (label -1); for XBM's
     two-term form it holds the batch from row ``3N/2`` on (``enqueued_at``), wrapping.
     """
@@ -57,6 +71,7 @@ def loss_examples(global_batch: int, dim: int, seed: int = 0):
     enqueued = (queue.at[slots].set(a), memory_labels.at[slots].set(labels))
     rows = jnp.arange(global_batch)
     ids = jnp.stack([labels, jnp.where(rows % 3 == 0, rows % 4, -1)], axis=1)
+    hard = queue.reshape(global_batch, 2, dim)
     return {
         "infonce": (losses.infonce_loss, (a, b), {"temperature": 0.1}),
         "clip": (losses.clip_loss, (a, b), {"temperature": 0.07}),
@@ -80,6 +95,12 @@ def loss_examples(global_batch: int, dim: int, seed: int = 0):
         # Groups of 8 rows: over 2 of 8 devices, 4 of 4, 8 of 2, a quarter of one.
         "clip_groups": (losses.clip_loss, (a, b), {"temperature": 0.07, "group_size": 8}),
         "siglip_groups": (losses.siglip_loss, (a, b), {"temperature": 0.1, "bias": -10.0, "group_size": 8}),
+        "clip_hard_negatives": (with_hard_negatives(losses.clip_loss), (a, b, hard), {"temperature": 0.07}),
+        "siglip_hard_negatives": (
+            with_hard_negatives(losses.siglip_loss),
+            (a, b, hard),
+            {"temperature": 0.1, "bias": -10.0},
+        ),
         "ntxent": (losses.ntxent_loss, (a, b), {"temperature": 0.2}),
         "npairs": (losses.npairs_loss, (a, b), {"l2_reg": 0.002}),
         "supcon": (losses.supcon_loss, (a, labels), {"temperature": 0.1}),
@@ -137,6 +158,15 @@ def compare_with_single_device(loss_fn, arrays, hyperparameters, mesh):
     single_value, single_grad = jax.jit(jax.value_and_grad(single))(arrays[0])
     sharded_value, sharded_grad = jax.jit(jax.value_and_grad(sharded))(arrays[0])
     return float(single_value), float(sharded_value), float(jnp.max(jnp.abs(single_grad - sharded_grad)))
+
+
+def assert_matches(got, want):
+    """``got`` and ``want``, each ``(value, gradients)``, agree: the value to 1e-5
+    relative, each gradient to 2e-5 of its largest entry (float32 against float64)."""
+    (value, grads), (want_value, want_grads) = got, want
+    assert float(value) == pytest.approx(want_value, rel=1e-5)
+    for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=2e-5 * max(np.max(np.abs(w)), 1.0))
 
 
 def enable_x64():

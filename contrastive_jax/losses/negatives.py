@@ -27,6 +27,7 @@ without the other:
 from __future__ import annotations
 
 from contrastive_jax.losses import _common, logit_stats, pairs
+from contrastive_jax.losses import hard_negatives as hard
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 
 # Each query row's softmax over every column.
@@ -49,19 +50,23 @@ def check(local_batch: int, axis_name, *, group_size, query_rows, ids_given: boo
     return group_size or 0
 
 
-def queries_against_all(spec: PairSpec, x, y, query_rows, *, temperature, axis_name, streaming, aux_spec):
+def queries_against_all(
+    spec: PairSpec, x, y, query_rows, *, temperature, axis_name, streaming, aux_spec, hard_negatives=None
+):
     """``pair_total`` of the first ``query_rows`` rows of ``x`` [B, D] (all of them when
-    None) against every device's ``y`` [B, D], ids by global row; and the query rows'
-    pair logits ``[n]`` against their own ``y`` rows: ``(total, row_lse, aux,
+    None) against every device's ``y`` [B, D] (and ``hard_negatives`` [B, M, D]: see
+    :mod:`~contrastive_jax.losses.hard_negatives`), ids by global row; and the query
+    rows' pair logits ``[n]`` against their own ``y`` rows: ``(total, row_lse, aux,
     positive)``."""
     ids = pairs.local_ids(x.shape[0], axis_name)
     n = x.shape[0] if query_rows is None else query_rows
+    columns, column_ids = hard.columns(y, hard_negatives, ids)
     total, row_lse, aux = logit_stats.pair_total(
         spec,
         x[:n],
-        y,
+        columns,
         RowIds(ids[:n], None),
-        RowIds(ids, None),
+        column_ids,
         temperature=temperature,
         axis_name=axis_name,
         streaming=streaming,

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax.losses import _common, logit_stats, negatives, pairs
+from contrastive_jax.losses import hard_negatives as hard
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 
 
@@ -40,6 +41,7 @@ def siglip_loss(
     return_metrics: bool = False,
     positive_ids: jax.Array | None = None,
     group_size: int | None = None,
+    hard_negatives: jax.Array | None = None,
 ):
     """SigLIP pairwise sigmoid loss (Zhai et al. 2023).
 
@@ -73,6 +75,9 @@ def siglip_loss(
       group_size: K dividing N: each row's sum runs over its group's K columns (rows
         ``g K`` to ``g K + K - 1`` of the global batch); None or 0: all N
         (:mod:`~contrastive_jax.losses.negatives`).
+      hard_negatives: ``[B, M, D]``: M more b's of each pair, every one a negative pair
+        (label -1) of every row, all devices' N M of them summed in each row
+        (:mod:`~contrastive_jax.losses.hard_negatives`), or None.
 
     Returns:
       Scalar: ``-sum_j log sigmoid(z_ij * logit_ij)``, summed over all N columns and
@@ -103,13 +108,15 @@ def siglip_loss(
         pairs.check_ids(positive_ids, a.shape[0], "positive_ids")
     ids_given = positive_ids is not None
     group_size = negatives.check(a.shape[0], axis_name, group_size=group_size, query_rows=None, ids_given=ids_given)
+    hard.check(hard_negatives, a, others=bool(group_size) or ids_given)
     ids = RowIds(pairs.local_ids(a.shape[0], axis_name), positive_ids)
+    columns, column_ids = hard.columns(b, hard_negatives, ids.index)
     total, _, aux = logit_stats.pair_total(
         _SIGLIP._replace(group_size=group_size),
         a,
-        b,
+        columns,
         ids,
-        ids,
+        column_ids._replace(label=positive_ids),
         temperature=temperature,
         bias=bias,
         axis_name=axis_name,
@@ -119,12 +126,13 @@ def siglip_loss(
     loss = _common.global_mean(jnp.full((a.shape[0],), -total / a.shape[0]), axis_name)
 
     def metrics():
-        without_bias = aux._replace(
-            row_lse=aux.row_lse - bias,
-            row_best_negative=aux.row_best_negative - bias,
-            col_best_negative=aux.col_best_negative - bias,
+        own = hard.own_columns(aux, a.shape[0])  # the b's columns
+        without_bias = own._replace(
+            row_lse=own.row_lse - bias,
+            row_best_negative=own.row_best_negative - bias,
+            col_best_negative=own.col_best_negative - bias,
         )
         positive = pairs.paired_logits(a, b, temperature)
-        return pairs.retrieval_metrics(a, b, without_bias, positive, temperature, axis_name)
+        return pairs.retrieval_metrics(a, columns, without_bias, positive, temperature, axis_name)
 
     return pairs.with_metrics(loss, metrics, return_metrics)

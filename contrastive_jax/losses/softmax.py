@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax.losses import _common, logit_stats, negatives, pairs
+from contrastive_jax.losses import hard_negatives as hard
 from contrastive_jax.losses import positives as several
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 
@@ -58,6 +59,7 @@ def infonce_loss(
     positives: str = "mean_log_prob",
     group_size: int | None = None,
     query_rows: int | None = None,
+    hard_negatives: jax.Array | None = None,
 ):
     """One-directional InfoNCE: the positive of query i is key i, all other keys negative.
 
@@ -94,6 +96,8 @@ def infonce_loss(
         + K - 1`` of the global batch); None or 0: all N (:mod:`~contrastive_jax.losses.negatives`).
       query_rows: n: only the first n of each device's rows are queries, against every
         device's keys (the mean over the query rows); None: all.
+      hard_negatives: ``[B, M, D]``: M more keys of each pair, in every query's softmax
+        (all devices' N M of them; :mod:`~contrastive_jax.losses.hard_negatives`), or None.
 
     Returns:
       Scalar: mean over the global batch of ``-log softmax(q_i . K / T)_i``; with
@@ -121,6 +125,8 @@ def infonce_loss(
     group_size = negatives.check(
         queries.shape[0], axis_name, group_size=group_size, query_rows=query_rows, ids_given=positive_ids is not None
     )
+    others = bool(group_size) or query_rows is not None or positive_ids is not None
+    hard.check(hard_negatives, queries, others=others)
     streaming = Streaming(chunk_size, collective, matmul_dtype)
     if positive_ids is not None:
         return several.softmax_with_positives(
@@ -137,13 +143,13 @@ def infonce_loss(
         axis_name=axis_name,
         streaming=streaming,
         aux_spec=aux_spec,
+        hard_negatives=hard_negatives,
     )
     # The total spread evenly over the query rows: only its sum enters the mean.
     loss = _common.global_mean(total / positive.shape[0] - positive, axis_name)
-    queries = queries[: positive.shape[0]]
-    metrics = lambda: pairs.retrieval_metrics(  # noqa: E731
-        queries, keys, aux._replace(row_lse=row_lse), positive, temperature, axis_name
-    )
+    queries, keys = queries[: positive.shape[0]], hard.pool(keys, hard_negatives)
+    aux = hard.own_columns(aux._replace(row_lse=row_lse), positive.shape[0])  # the query rows' own keys
+    metrics = lambda: pairs.retrieval_metrics(queries, keys, aux, positive, temperature, axis_name)  # noqa: E731
     return pairs.with_metrics(loss, metrics, return_metrics)
 
 
@@ -212,6 +218,7 @@ def clip_loss(
     positives: str = "mean_log_prob",
     group_size: int | None = None,
     query_rows: int | None = None,
+    hard_negatives: jax.Array | None = None,
 ):
     """Symmetric CLIP / CLAP loss over the N x N similarity ``a @ b.T / temperature``.
 
@@ -261,6 +268,8 @@ def clip_loss(
       query_rows: n: only the first n of each device's pairs are rows of the softmaxes
         (both directions), each against all N columns of the other side; the mean over
         the query rows. None: all.
+      hard_negatives: ``[B, M, D]``: M more b's of each pair, in every a -> b softmax (all
+        devices' N M of them), not in b -> a (:mod:`~contrastive_jax.losses.hard_negatives`).
 
     Returns:
       Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch (both
@@ -299,6 +308,7 @@ def clip_loss(
     group_size = negatives.check(
         a.shape[0], axis_name, group_size=group_size, query_rows=query_rows, ids_given=ids_given
     )
+    hard.check(hard_negatives, a, others=bool(group_size) or query_rows is not None or ids_given)
     streaming = Streaming(chunk_size, collective, matmul_dtype)
     if query_rows is not None:
         return negatives.clip_with_queries(a, b, query_rows, temperature, axis_name, streaming, return_metrics)
@@ -312,19 +322,21 @@ def clip_loss(
     spec = _ROWS_AND_COLUMNS._replace(
         best=return_metrics, exclude_shared_label=false_negative_ids is not None, group_size=group_size
     )
+    columns, column_ids = hard.columns(b, hard_negatives, ids.index)
     stats = logit_stats.pair_stats(
         spec,
         a,
-        b,
+        columns,
         ids,
-        ids,
+        column_ids._replace(label=false_negative_ids),
         temperature=temperature,
         axis_name=axis_name,
         streaming=streaming,
     )
+    stats = hard.own_columns(stats, a.shape[0])  # b -> a: the b's columns only
     positive = pairs.paired_logits(a, b, temperature)
     loss = _common.global_mean(0.5 * (stats.row_lse + stats.col_lse) - positive, axis_name)
-    metrics = lambda: pairs.retrieval_metrics(a, b, stats, positive, temperature, axis_name)  # noqa: E731
+    metrics = lambda: pairs.retrieval_metrics(a, columns, stats, positive, temperature, axis_name)  # noqa: E731
     return pairs.with_metrics(loss, metrics, return_metrics)
 
 

@@ -10,11 +10,13 @@ local index would pair rows of different devices), K = 16 spans 4 devices. The
 references group the concatenated global batch, so a wrong offset gives another loss.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from loss_cases import MODES, enable_x64
+from loss_cases import MODES, assert_matches, enable_x64
 
 from contrastive_jax import losses, sharding
 
@@ -78,13 +80,6 @@ def reference_value_and_grads(reference, extra):
         params = (np.float64(TEMPERATURE), *(np.float64(v) for v in extra.values()))
         value, grads = jax.value_and_grad(lambda a, b, p: reference(a, b, *p), argnums=(0, 1, 2))(a, b, params)
         return float(value), jax.tree.map(np.asarray, grads)
-
-
-def assert_matches(got, want):
-    (value, grads), (want_value, want_grads) = got, want
-    assert float(value) == pytest.approx(want_value, rel=1e-5)
-    for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
-        np.testing.assert_allclose(g, w, rtol=0, atol=2e-5 * max(np.max(np.abs(w)), 1.0))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -162,6 +157,24 @@ def test_all_rows_queries_is_the_plain_loss_with_its_metrics(name):
     want = kernel(a, b, temperature=TEMPERATURE, return_metrics=True)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("num_devices", [None, 8])
+def test_infonce_query_rows_return_their_metrics(num_devices):
+    """InfoNCE with query rows and metrics (the trainer's "infonce" with extra negatives):
+    the metrics score the query rows, b -> a each query row's own key against the query
+    rows (it failed on [n] positives against [B] column statistics)."""
+    kernel = functools.partial(losses.infonce_loss, return_metrics=True)
+    if num_devices is not None:
+        kernel = sharding.shard_loss(kernel, sharding.make_mesh(num_devices))
+    a, b = embeddings(0), embeddings(1)
+    per_device = 3 if num_devices else 24
+    queries = np.arange(N) % 4 < 3 if num_devices else np.arange(N) < 24
+    loss, metrics = jax.jit(lambda a, b: kernel(a, b, temperature=TEMPERATURE, query_rows=per_device))(a, b)
+    assert float(loss) == pytest.approx(reference_value_and_grads(query_reference("infonce", queries), {})[0], rel=1e-5)
+    logits = np.asarray(a @ b.T)[np.ix_(queries, queries)]
+    right = logits.diagonal() > np.max(np.where(np.eye(len(logits), dtype=bool), -np.inf, logits), axis=0)
+    assert float(metrics["accuracy_b_to_a"]) == pytest.approx(np.mean(right))
 
 
 @pytest.mark.parametrize(
