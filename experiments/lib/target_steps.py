@@ -54,24 +54,25 @@ def steps_to_target(curve: np.ndarray, target: float) -> float | None:
 
 
 def reached_steps(
-    records: Sequence[Mapping[str, Any]], target: float, *, clip: bool = True
+    records: Sequence[Mapping[str, Any]], target: float, *, clip: bool = True, by: str = "batch_size"
 ) -> dict[tuple[int, float], dict[int, float | None]]:
     """`{(N, factor): {seed: steps to target or None}}` over the CLIP runs (`clip=False`:
-    the DCL control's)."""
+    the DCL control's); N is the records' field `by` (a study whose setting is not the
+    batch, e.g. the negatives, passes its own)."""
     reached: dict[tuple[int, float], dict[int, float | None]] = {}
     for record in (r for r in records if is_clip(r) == clip):
-        key = (record["batch_size"], record["lr_factor"])
+        key = (record[by], record["lr_factor"])
         reached.setdefault(key, {})[record["seed"]] = steps_to_target(validation_curve(record), target)
     return reached
 
 
-def best_runs(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, dict[str, Any]]:
+def best_runs(records: Sequence[Mapping[str, Any]], target: float, by: str = "batch_size") -> dict[int, dict[str, Any]]:
     """Per N, the learning rate whose CLIP runs reach `target` in the fewest steps, mean
     over seeds, among the rates run with every seed that N has (means over the same
     seeds); a rate that misses in a seed is out: `{N: {"lr_factor", "steps", "seeds",
     "std", "interval", "by_seed", "edge"}}` (`interval`: the 95% t-interval's half-width;
-    `edge`: the factor is the grid's smallest or largest)."""
-    reached = reached_steps(records, target)
+    `edge`: the factor is the grid's smallest or largest); N: the records' field `by`."""
+    reached = reached_steps(records, target, by=by)
     factors = sorted({factor for _, factor in reached})
     seeds_at = {}
     for (n, _), by_seed in reached.items():

@@ -47,161 +47,64 @@ Run (from the repository root; rerun the same command to go on):
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from contrastive_jax import run_dir
 from contrastive_jax.config_lib import load_config, override
-from experiments.lib import critical_batch_fit, intervals, replicates, sweep, target_steps
-from experiments.lib.rate_grid import first_rate_step, learning_rate, rate_step_of, step_beyond_edge
+from experiments.lib import constant_rate, critical_batch_fit, intervals, sweep, target_steps
+from experiments.lib.constant_rate import (  # noqa: F401  (the protocol, moved to lib; tests reach it here)
+    EVAL_EXAMPLES,
+    MAX_EPOCHS,
+    MAX_TUNING_RATES,
+    PATIENCE_EVALS,
+    SEGMENT_EVALS,
+    WARMUP_STEPS,
+    best_by_n,
+    best_tuning_run,
+    finished,
+    next_rate_step,
+    rank,
+    study_run,
+    tuned_steps,
+    workdir_curve,
+)
+from experiments.lib.noise_stage import (  # noqa: F401
+    NOISE_DATA_SEED,
+    measured_steps,
+    noise_against_b_crit,
+    noise_at,
+    noise_scales,
+    noise_table,
+    replicate_starts,
+)
+from experiments.lib.rate_grid import first_rate_step, rate_step_of
 
 BATCH_SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
 SEEDS = (0, 1, 2)
 TARGETS = (0.80, 0.82, 0.84, 0.86, 0.88)  # validation R@1, mean of both directions; the last stops a run
-WARMUP_STEPS = 20  # the same at every N
-EVAL_EXAMPLES = 32_768  # validation every this many training examples (at least every step)
-SEGMENT_EVALS = 4  # evaluations per training segment (the stop is checked between segments)
-PATIENCE_EVALS = 12  # no new best validation R@1 in this many evaluations: the run stops
-MAX_TUNING_RATES = 6  # rate steps tuned per N at most
-MAX_EPOCHS = 16.0  # the cap
 FIT_STARTS = (256, 512, 1024)  # the fit-range table: every N from each of these up
 NOISE_BATCH = 1024  # n of the replicate noise scale (and n / 4)
 REPLICATES = 16  # independent batches at each of n and n / 4
 NOISE_POINTS = 4  # steps measured along each run, spread evenly, the last included
 NOISE_SEEDS = 2  # the first seeds at each N's chosen rate
-NOISE_DATA_SEED = 1_000  # + the run's seed: the replicates' stream, not the one trained on
-
-
-def study_run(
-    n: int, rate_step: int, seed: int, *, train_size: int, max_epochs: float, eval_examples: int
-) -> sweep.Run:
-    """The run at N = `n`, rate step `rate_step` and `seed`: constant rate after
-    `WARMUP_STEPS`, validated every `eval_examples` training examples (at least every
-    step), capped at `max_epochs` epochs of `train_size` pairs, every segment's
-    checkpoint kept (the noise scale is measured along the run)."""
-    every = max(1, round(eval_examples / n))
-    cap = math.ceil(max_epochs * train_size / n)
-    rate = learning_rate(rate_step)
-    overrides = {
-        "seed": seed,
-        "data.seed": seed,
-        "train.global_batch_size": n,
-        "train.num_train_steps": cap,
-        "train.log_every_steps": every,
-        "optim.schedule": "constant",
-        "optim.warmup_steps": WARMUP_STEPS,
-        "optim.learning_rate": rate,
-        "eval.every_steps": every,
-        "checkpoint.every_steps": every * SEGMENT_EVALS,
-        "checkpoint.max_to_keep": 1_000,
-    }
-    tags = {"batch_size": n, "rate_step": rate_step, "lr_factor": 2 ** (rate_step / 2), "seed": seed}
-    return sweep.Run(f"n{n}_k{rate_step}_s{seed}", tags | {"learning_rate": rate, "max_steps": cap}, overrides)
-
-
-def finished(curve: np.ndarray, target: float, patience: int = PATIENCE_EVALS) -> bool:
-    """Whether a run with validation `curve` (`[[step, R@1], ...]`) may stop: it reached
-    `target`, or its last `patience` evaluations hold no new best."""
-    values = curve[:, 1]
-    reached = len(values) and values.max() >= target
-    stalled = len(values) > patience and values[-patience:].max() <= values[:-patience].max()
-    return bool(reached or stalled)
-
-
-def workdir_curve(workdir: Path) -> np.ndarray:
-    """The validation curve (`target_steps.validation_curve`'s) logged so far in `workdir`."""
-    history = run_dir.metrics_by_step(workdir)
-    curves = {
-        f"eval/{m}": [[step, values[f"eval/{m}"]] for step, values in history.items() if f"eval/{m}" in values]
-        for m in target_steps.METRICS
-    }
-    if not curves[f"eval/{target_steps.METRICS[0]}"]:
-        return np.zeros((0, 2))
-    return target_steps.validation_curve({"curves": curves})
-
-
-def rank(record: Mapping[str, Any], target: float) -> tuple[float, float]:
-    """A tuning run's sort key: steps to `target` (inf on a miss), then minus its best R@1."""
-    curve = target_steps.validation_curve(record)
-    steps = target_steps.steps_to_target(curve, target)
-    return (math.inf if steps is None else steps, -float(curve[:, 1].max()))
-
-
-def best_tuning_run(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> Mapping[str, Any]:
-    """The best of one N's tuning runs `records`: the fewest steps (`rank`) to the highest
-    of `targets` that one of them reaches (a constant rate may plateau under the highest
-    everywhere at an N; none reached: the best R@1)."""
-    curves = [target_steps.validation_curve(r) for r in records]
-    reached = [t for t in targets if any(curve[:, 1].max() >= t for curve in curves)]
-    target = max(reached, default=targets[0])
-    return min(records, key=lambda r: rank(r, target))
-
-
-def next_rate_step(records: Sequence[Mapping[str, Any]], targets: Sequence[float]) -> int | None:
-    """The rate step to tune next at one N from its tuning runs `records`: None when the
-    best (`best_tuning_run`) is inside the steps run, else the neighbour beyond it."""
-    return step_beyond_edge((r["rate_step"] for r in records), best_tuning_run(records, targets)["rate_step"])
-
-
-def tune(base, n: int, seed: int, targets, out: Path, run_args, grid_args, most: int) -> list[dict]:
-    """The tuning runs at N = `n` on `seed`: the three steps around `first_rate_step`,
-    then the neighbour beyond the best (`best_tuning_run`) while it is at an edge, up to
-    `most` rates (stops early when the budget leaves a run unstarted)."""
-    k0 = first_rate_step(n)
-    runs = [study_run(n, k, seed, **run_args) for k in (k0 - 1, k0, k0 + 1)]
-    while True:
-        records = sweep.run_grid(base, runs, out, **grid_args)
-        step = next_rate_step(records, targets) if len(records) == len(runs) else None
-        if step is None or len(runs) >= most:
-            return records
-        runs.append(study_run(n, step, seed, **run_args))
-
-
-def tuned_steps(records: Sequence[Mapping[str, Any]], seed: int, targets: Sequence[float]) -> dict[int, int]:
-    """`{N: rate step}`: each N's best tuning run on `seed` (`best_tuning_run`)."""
-    by_n: dict[int, list] = {}
-    for record in (r for r in records if r["seed"] == seed):
-        by_n.setdefault(record["batch_size"], []).append(record)
-    return {n: best_tuning_run(rs, targets)["rate_step"] for n, rs in sorted(by_n.items())}
 
 
 def seed_runs(tuned: Mapping[int, int], seeds: Sequence[int], **run_args) -> list[sweep.Run]:
-    """Seed by seed, each N's tuned rate step and both its neighbours."""
-    return [study_run(n, k + d, seed, **run_args) for seed in seeds for n, k in tuned.items() for d in (-1, 0, 1)]
-
-
-def best_by_n(records: Sequence[Mapping[str, Any]], target: float) -> dict[int, dict[str, Any]]:
-    """`target_steps.best_runs` (the fewest mean steps among the rates run with every seed an
-    N has) with `rate_steps` added (the rate steps run with every seed, a miss included)
-    and `edge` redone per N: the best is the smallest or largest of those."""
-    best = target_steps.best_runs(records, target)
-    reached = target_steps.reached_steps(records, target)
-    for n, entry in best.items():
-        full = sorted(f for (m, f), by_seed in reached.items() if m == n and len(by_seed) == entry["seeds"])
-        entry["rate_steps"] = [rate_step_of(f) for f in full]
-        entry["edge"] = len(full) > 1 and entry["lr_factor"] in (full[0], full[-1])
-    return best
+    """`constant_rate.seed_runs` of `study_run` with `run_args`."""
+    return constant_rate.seed_runs(tuned, seeds, functools.partial(study_run, **run_args))
 
 
 def edge_runs(
     records: Sequence[Mapping[str, Any]], seeds: Sequence[int], target: float, most: int, **run_args
 ) -> list[sweep.Run]:
-    """The seeds stage's grid grown as the tuning grows seed 0's: every one of `seeds` at
-    the rate step beyond each N's best at `target` (`best_by_n`) where that best is at
-    the edge of the rates every seed ran, while fewer than `most` of those."""
-    runs = []
-    for n, entry in best_by_n(records, target).items():
-        if entry["edge"] and len(entry["rate_steps"]) < most:
-            step = step_beyond_edge(entry["rate_steps"], rate_step_of(entry["lr_factor"]))
-            runs += [study_run(n, step, seed, **run_args) for seed in seeds]
-    return runs
+    """`constant_rate.edge_runs` of `study_run` with `run_args`."""
+    return constant_rate.edge_runs(records, seeds, target, most, functools.partial(study_run, **run_args))
 
 
 def b_crit_entries(best: Mapping[int, Mapping[str, Any]], starts: Sequence[int]) -> list[dict[str, float]]:
@@ -237,97 +140,6 @@ def fit_figure(records: Sequence[Mapping[str, Any]], targets: Sequence[float], s
     sweep.log_spaced_ticks(axis, sorted({r["batch_size"] for r in records}))
     axis.legend(fontsize=7)
     return {"b_crit_fit": fig}
-
-
-def replicate_starts(count: int) -> tuple[int, int]:
-    """The stream steps where the `count` replicates at n and those at n / 4 start: the
-    examples ``[0, count n)`` and ``[count n, count n + count n / 4)`` of an epoch, disjoint
-    (the cosine study started both at 0, so the quarter batches were the first big ones cut
-    in four)."""
-    return 0, 4 * count
-
-
-def measured_steps(last: int, points: int) -> list[int]:
-    """The steps 1/points, 2/points, ..., all of a run's `last` (rounded; fewer where two
-    fractions round to one step)."""
-    return sorted({round(last * j / points) for j in range(1, points + 1)} - {0})
-
-
-def noise_at(config, workdir: Path, step: int, n: int, count: int, resamples: int) -> dict[str, dict]:
-    """`{"sgd": ..., "adam": ...}`: `noise_scale.compare` (with `resamples` bootstrap
-    draws) at the checkpoint of `step` in `workdir` of the run of `config`, of the plain
-    gradients and of the same divided by AdamW's denominator there
-    (`noise_scale.adam_preconditioned`); the replicates from a stream of their own
-    (``data.seed``: `NOISE_DATA_SEED` + the run's), not the one the run trained on."""
-    from contrastive_jax.training import noise_scale
-
-    stream = override(config, {"data.seed": NOISE_DATA_SEED + config.data.seed})
-    big_start, small_start = replicate_starts(count)
-    at_n, state = replicates.gradients(stream, str(workdir), n, count, step=step, start_step=big_start)
-    at_quarter, _ = replicates.gradients(stream, str(workdir), n // 4, count, step=step, start_step=small_start)
-    adam = [[noise_scale.adam_preconditioned(g, state.opt_state) for g in side] for side in (at_n, at_quarter)]
-    return {
-        "sgd": noise_scale.compare(at_n, at_quarter, n, resamples=resamples),
-        "adam": noise_scale.compare(*adam, n, resamples=resamples),
-    }
-
-
-def noise_scales(base, runs: Sequence[sweep.Run], out: Path, args, deadline: float | None) -> dict[str, dict]:
-    """`noise_at` at `args.noise_points` steps evenly along each of `runs` (`measured_steps`;
-    a step the run did not keep is replayed from its checkpoint before, `replicates.replayed`),
-    cached in `out/noise.json` entry by entry: a rerun measures only what is new; a run
-    without its workdir, read from the committed results, is skipped with a line.
-    Returns the entries of `runs` only (the cache keeps a run no longer chosen)."""
-    cache_file = out / "noise.json"
-    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
-    for run in runs:
-        workdir = out / "runs" / run.name
-        if not (workdir / run_dir.CHECKPOINTS).is_dir():
-            print(f"[noise] {run.name}: no checkpoints in {workdir}", flush=True)
-            continue
-        config = override(base, run.overrides)
-        for step in measured_steps(replicates.kept_steps(str(workdir))[-1], args.noise_points):
-            key = f"{run.name}@{step}"
-            if key in cache or (deadline is not None and time.monotonic() > deadline):
-                continue
-            print(f"[noise] {key}: {args.replicates} replicates at {args.noise_batch} and at {args.noise_batch // 4}")
-            with tempfile.TemporaryDirectory() as scratch:
-                state_dir = Path(replicates.replayed(config, str(workdir), step, scratch))
-                resamples = intervals.BOOTSTRAP_RESAMPLES
-                measured = noise_at(config, state_dir, step, args.noise_batch, args.replicates, resamples)
-            cache[key] = {**run.tags, "step": step, "n": args.noise_batch, **measured}
-            cache_file.write_text(json.dumps(cache, indent=1))
-    names = {run.name for run in runs}
-    return {key: entry for key, entry in cache.items() if key.split("@")[0] in names}
-
-
-def noise_table(noise: Mapping[str, Mapping[str, Any]]) -> str:
-    """The noise section of the report: per run and step measured, B_simple and B_adam, the
-    variance ratio and the bias, each with its 95% bootstrap interval over replicates."""
-
-    def cell(entry, key, fmt):
-        low, high = entry[f"{key}_interval"]
-        return f"{entry[key]:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
-
-    rows = [
-        [
-            f"{e['batch_size']:,}",
-            e["seed"],
-            e["step"],
-            cell(e["sgd"], "b_simple", ",.0f"),
-            cell(e["adam"], "b_simple", ",.0f"),
-            cell(e["sgd"], "variance_ratio", ".2f"),
-            cell(e["sgd"], "bias_over_g", "+.2f"),
-        ]
-        for e in sorted(noise.values(), key=lambda e: (e["batch_size"], e["seed"], e["step"]))
-    ]
-    header = ["run's N", "seed", "step", "B_simple (SGD)", "B_adam", "tr Cov(n/4) / tr Cov(n)", "bias² / \\|E g\\|²"]
-    n = next(iter(noise.values()))["n"]
-    return (
-        f"\n## The replicate noise scale along each N's chosen run (n = {n:,} and {n // 4:,}, disjoint batches)\n\n"
-        "Each value with its 95% bootstrap interval over the replicates. B_adam: the gradient divided by "
-        "AdamW's sqrt(v_hat) + eps at that step.\n\n" + sweep.markdown_table(rows, header)
-    )
 
 
 def summary(
@@ -454,66 +266,6 @@ def reuse_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float], 
     )
 
 
-def noise_against_b_crit(
-    noise: Mapping[str, Mapping[str, Any]],
-    target: float,
-    fit: Mapping[str, float],
-    reaching: Mapping[tuple[int, float, int], np.ndarray] | None = None,
-) -> str:
-    """Each N's noise scale at its last measured step (per seed) against B_crit's
-    interval at `target` (`fit`, `critical_batch_fit.bootstrap`'s): for B_simple and
-    B_adam, "overlaps" when the two 95% intervals share a point, else "apart" ("not
-    compared" while B_crit has no interval, `critical_batch_fit.has_interval`); then,
-    over the runs in `reaching` (`{(N, lr_factor, seed): validation curve}` of the runs
-    that reach `target`), the validation R@1 at those last steps (the runs' ends) and
-    the noise scale averaged within each N first (the geometric mean of its runs), then
-    over the N, with its 95% t-interval over the N (`intervals.geometric_interval`), set
-    against B_crit too."""
-    last = {}
-    for entry in noise.values():
-        key = (entry["batch_size"], entry["seed"])
-        if key not in last or entry["step"] > last[key]["step"]:
-            last[key] = entry
-
-    def verdict(low, high):
-        if not critical_batch_fit.has_interval(fit):
-            return "not compared"
-        return "overlaps" if low <= fit["high"] and fit["low"] <= high else "apart"
-
-    def compared(form):
-        low, high = form["b_simple_interval"]
-        return f"{form['b_simple']:,.0f} [{low:,.0f}, {high:,.0f}], {verdict(low, high)}"
-
-    rows = [
-        [f"{n:,}", seed, e["step"], compared(e["sgd"]), compared(e["adam"])] for (n, seed), e in sorted(last.items())
-    ]
-    text = (
-        f"\nAgainst {critical_batch_fit.b_crit_words(fit)} at R@1 {target:g}, each run's last measured noise "
-        'scale ("overlaps": the two 95% intervals share a point):\n\n'
-        + sweep.markdown_table(rows, ["run's N", "seed", "step", "B_simple [95%]", "B_adam [95%]"])
-    )
-    reaching = reaching or {}
-    pooled = [e for e in last.values() if (e["batch_size"], e["lr_factor"], e["seed"]) in reaching]
-    by_n = sorted({e["batch_size"] for e in pooled})
-    if len(by_n) < 2:
-        return text
-    words = []
-    for form, name in (("sgd", "B_simple"), ("adam", "B_adam")):
-        values = [[e[form]["b_simple"] for e in pooled if e["batch_size"] == n] for n in by_n]
-        if min(map(min, values)) <= 0:
-            words.append(f"{name} not pooled (an estimate is not positive)")
-            continue
-        center, low, high = intervals.geometric_interval([intervals.geometric_interval(v)[0] for v in values])
-        words.append(f"{name} {center:,.0f} [{low:,.0f}, {high:,.0f}], {verdict(low, high)}")
-    r_at_end = [np.interp(e["step"], *reaching[(e["batch_size"], e["lr_factor"], e["seed"])].T) for e in pooled]
-    return text + (
-        f"\nOver the {len(pooled)} runs that reach R@1 {target:g} (N = {', '.join(f'{n:,}' for n in by_n)}), each "
-        f"at its last measured step, the run's end, where its validation R@1 is {min(r_at_end):.3f}–"
-        f"{max(r_at_end):.3f}: averaged within each N first (the geometric mean of its runs), then over the "
-        f"{len(by_n)} N with its 95% t-interval over the N: {'; '.join(words)}.\n"
-    )
-
-
 def write_partial(records: Sequence[Mapping[str, Any]], out: Path, targets, starts, train_size: int) -> None:
     """`results.{json,csv}` and `summary.md` of the runs finished so far, between stages
     (a kill loses no finished run's record): `records` over the committed records of
@@ -541,20 +293,12 @@ def run(args) -> list[dict]:
         "stop_when": lambda workdir: finished(workdir_curve(workdir), target),
     }
     starts = args.batch_sizes[: len(FIT_STARTS)]  # the full grid: FIT_STARTS
-    records = []
-    for n in args.batch_sizes:
-        records += tune(base, n, args.seeds[0], args.targets, args.out, run_args, grid_args, args.max_tuning_rates)
-        write_partial(records, args.out, args.targets, starts, args.train_size)
-    tuned = tuned_steps(records, args.seeds[0], args.targets)
-    for seed in args.seeds[1:]:
-        records += sweep.run_grid(base, seed_runs(tuned, [seed], **run_args), args.out, **grid_args)
-        write_partial(records, args.out, args.targets, starts, args.train_size)
-    while runs := edge_runs(records, args.seeds, target, args.max_tuning_rates, **run_args):
-        grown = sweep.run_grid(base, runs, args.out, **grid_args)
-        records = list(({r["name"]: r for r in records} | {r["name"]: r for r in grown}).values())
-        write_partial(records, args.out, args.targets, starts, args.train_size)
-        if len(grown) < len(runs):  # the budget left a run unstarted
-            break
+    records, tuned = constant_rate.run_stages(
+        base, args.batch_sizes, args.seeds, args.targets, args.out,
+        make_run=functools.partial(study_run, **run_args), first_step=first_rate_step, grid_args=grid_args,
+        most=args.max_tuning_rates,
+        write_partial=lambda records: write_partial(records, args.out, args.targets, starts, args.train_size),
+    )  # fmt: skip
     sweep.write_results(records, args.out)
     noise = {}
     if records:
