@@ -3,7 +3,8 @@
 The table of losses is `losses.registry`.
 
 Model outputs (see `two_tower.TwoTower`): `za`, `zb` [B, D] L2-normalised; `logits` [B, C]
-(classifier head); `temperature`, `bias` scalars and `proxies` [C, D] (replicated). From
+(classifier head); `temperature`, `bias` scalars and `proxies` [C, D] (replicated);
+`hard_negatives` [B, M, D], the b tower's embeddings of a batch's `negatives`. From
 the data: `label` [B] int; `groups` [B, K] int (the dataset's id keys); `index` [B].
 """
 
@@ -92,7 +93,9 @@ class Loss:
         reads.
       state: what the loss keeps across steps, or None.
       options: the settings of `losses.negatives` it takes (`"group_size"`,
-        `"extra_negatives"`); the config door refuses the others when set.
+        `"extra_negatives"`), and `"hard_negatives"` (`losses.hard_negatives`: it reads
+        the output `hard_negatives` [B, M, D] when there is one); the config door
+        refuses the others when set.
     """
 
     fn: LossFn | StatefulLossFn

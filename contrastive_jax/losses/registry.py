@@ -28,7 +28,10 @@ others whole) and `step`, and returns the new state as a third value. "sogclr" r
 "clip" and "infonce" take `group_size` (softmaxes within groups of K consecutive rows
 of the global batch) and `extra_negatives` (rows that are only negatives, embedded
 without gradient by `training.negatives_apart`), "siglip" `group_size`
-(`losses.negatives`; `Loss.options`); the door refuses them for the other losses.
+(`losses.negatives`; `Loss.options`); the door refuses them for the other losses. The
+three also take `hard_negatives` (`losses.hard_negatives`): when the outputs hold
+`hard_negatives` [B, M, D] (the b tower's embeddings of a batch's `negatives`), they
+join the a -> b pool.
 
 Not registered: `batch_prototype_cross_entropy_loss` needs the number of training
 classes, which label-only losses do not configure.
@@ -77,8 +80,11 @@ def _streaming(c: LossSettings) -> dict[str, Any]:
 def _negatives(o, c: LossSettings, options: frozenset[str]) -> dict[str, Any]:
     """The `losses.negatives` keywords of a loss taking `options`: `group_size`, and
     `query_rows` (each device's rows less its share of `extra_negatives`, the last rows:
-    `training.negatives_apart` puts them there) when there are extra negatives."""
+    `training.negatives_apart` puts them there) when there are extra negatives; and
+    `hard_negatives` [B, M, D] when the outputs `o` hold them."""
     keywords = {"group_size": c.group_size} if "group_size" in options else {}
+    if "hard_negatives" in options and "hard_negatives" in o:
+        keywords["hard_negatives"] = o["hard_negatives"]
     if "extra_negatives" in options and c.extra_negatives:
         keywords["query_rows"] = o["za"].shape[0] - c.extra_negatives // jax.lax.axis_size(BATCH_AXES)
     return keywords
@@ -273,18 +279,19 @@ def _xbm(o, c):
     return loss, {}, {"memory": memory, "labels": labels, "pointer": pointer}
 
 
-_GROUPS_AND_EXTRA = frozenset({"group_size", "extra_negatives"})
+_SOFTMAX_OPTIONS = frozenset({"group_size", "extra_negatives", "hard_negatives"})
 LOSSES: Mapping[str, Loss] = {
     # group_size: softmaxes within groups of K rows; extra_negatives: rows that are only
-    # negatives (losses.negatives, training.negatives_apart).
-    "clip": _streamed_pair_loss(clip_loss, options=_GROUPS_AND_EXTRA),
+    # negatives (losses.negatives, training.negatives_apart); hard_negatives: each pair's
+    # M negatives of the b side in the a -> b pool (losses.hard_negatives).
+    "clip": _streamed_pair_loss(clip_loss, options=_SOFTMAX_OPTIONS),
     # CLIP with in-batch false negatives (pairs sharing a group id) out of the softmaxes.
     "clip_masking_false_negatives": _streamed_pair_loss(clip_loss, false_negative_ids="groups"),
-    "infonce": _streamed_pair_loss(infonce_loss, options=_GROUPS_AND_EXTRA),
+    "infonce": _streamed_pair_loss(infonce_loss, options=_SOFTMAX_OPTIONS),
     # No in-batch retrieval metrics: NT-Xent's statistics are over its 2N x 2N views
     # matrix, not the a -> b logits, and any other source is another N^2 pass per step.
     "ntxent": _streamed_pair_loss(ntxent_loss, metrics=False),
-    "siglip": _streamed_pair_loss(siglip_loss, options=frozenset({"group_size"}), bias="bias"),
+    "siglip": _streamed_pair_loss(siglip_loss, options=frozenset({"group_size", "hard_negatives"}), bias="bias"),
     "npairs": Loss(  # no in-batch metrics, as NT-Xent: they would be another N^2 pass
         lambda o, c: (npairs_loss(o["za"], o["zb"], axis_name=BATCH_AXES), {}),
         frozenset({"za", "zb"}),

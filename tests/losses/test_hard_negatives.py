@@ -17,9 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 from loss_cases import MODES, assert_matches, enable_x64, with_hard_negatives
 
 from contrastive_jax import losses, sharding
+from contrastive_jax.config_lib import load_config
+from contrastive_jax.training import run_plan
 
 N, D = 32, 8
 TEMPERATURE = 0.1
@@ -173,3 +176,28 @@ def test_bad_options_are_one_line(options, message):
     a, b, _ = inputs(1)
     with pytest.raises(ValueError, match=message):
         losses.clip_loss(a, b, temperature=TEMPERATURE, **options)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_registry_passes_the_outputs_hard_negatives(name):
+    """`losses.LOSSES[name]` lists the option and hands the outputs' `hard_negatives` to
+    its kernel, on 8 devices: the reference's loss; without them, the plain loss."""
+    assert "hard_negatives" in losses.LOSSES[name].options
+    settings = run_plan.loss_settings(load_config("default"))
+    a, b, hard = inputs(3)
+    shared = {"temperature": jnp.float32(TEMPERATURE), "bias": jnp.float32(BIAS)}
+
+    def registered(outputs):
+        fn = lambda o: losses.LOSSES[name].fn({**o, **shared}, settings)[0]  # noqa: E731
+        spec = P(sharding.BATCH_AXES)
+        return jax.jit(jax.shard_map(fn, mesh=sharding.make_mesh(8), in_specs=(spec,), out_specs=P()))(outputs)
+
+    want, _ = reference_value_and_grads(name, 3)
+    assert float(registered({"za": a, "zb": b, "hard_negatives": hard})) == pytest.approx(want, rel=1e-5)
+    plain = CASES[name][0](a, b, temperature=TEMPERATURE, **CASES[name][1])
+    assert float(registered({"za": a, "zb": b})) == pytest.approx(float(plain), rel=1e-5)
+
+
+def test_only_the_pair_softmax_and_sigmoid_losses_take_hard_negatives():
+    takes = sorted(name for name, loss in losses.LOSSES.items() if "hard_negatives" in loss.options)
+    assert takes == ["clip", "infonce", "siglip"]
