@@ -98,10 +98,20 @@ class BatchNumbering:
         self._data, self._skipped, self._nan_batches = data, skipped, nan_batches
         self._process_index, self._process_count = process_index, process_count
         self._stages = Stages(((0, data.global_batch_size),)) if stages is None else stages
+        self._mixture = None  # a mixture's `mixture.Mixture`, once `epochs_through` needs it
 
     def first_batch(self, step: int) -> int:
         """The number of the batch the step after `step` reads."""
         return batch_number(step + 1, self._skipped)
+
+    def epochs_through(self, step: int) -> dict[str, float]:
+        """`{"train/epoch/<set>": epochs}`: how much of each set of a mixture the batches up
+        to step `step`'s have read (the skipped ones included); {} for one record set."""
+        if not self._data.mixture_records:
+            return {}
+        if self._mixture is None:
+            self._mixture = input_pipeline.source_mixture(self._data, input_pipeline.training_sources(self._data))
+        return self._mixture.epochs(self._stages.examples_before(batch_number(step, self._skipped)))
 
     def stream_after(self, step: int) -> input_pipeline.TrainStream:
         """The stream from the batch the step after `step` reads, no batch left out."""

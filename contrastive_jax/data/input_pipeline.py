@@ -44,6 +44,7 @@ import jax
 import numpy as np
 from absl import flags
 
+from contrastive_jax.data import mixture as mixing
 from contrastive_jax.data import reader, records, settings
 from contrastive_jax.data.settings import DataSettings, per_process_batch_size
 from contrastive_jax.errors import ConfigError
@@ -74,16 +75,17 @@ class TrainStream:
     ):
         size = data.global_batch_size if global_batch_size is None else global_batch_size
         batch_size = per_process_batch_size(size, process_count)
-        examples = reader.Examples(data, settings.open_metadata(data), data.train_split, data.train_class_range)
-        if data.task != "labeled" and size > len(examples):
-            field = "global_batch_size" if size == data.global_batch_size else "batch_schedule's stage"
-            raise ConfigError(
-                f"config.train.{field}={size} is larger than the {len(examples)} examples of split "
-                f"{data.train_split!r}, so a batch would repeat examples (false negatives); lower it."
-            )
+        sources = training_sources(data)
+        mixture = source_mixture(data, sources)
+        if data.task != "labeled":
+            _check_batch_within_sets(data, size, sources)
         rows = slice(process_index * batch_size, (process_index + 1) * batch_size)
         offset = start_step * size if start_example is None else start_example
-        self.reader = reader.BatchReader(examples, rows, size=size, first_example=offset, first_batch=start_step)
+        self.reader = reader.BatchReader(
+            sources, rows, size=size, first_example=offset, first_batch=start_step, mixture=mixture
+        )
+        self.mixture = mixture  # None: one record set
+        examples = sources[0]
         self.data, self.start_step = data, start_step
         visit = self.reader.visits(start_step)[0]
         first, _ = examples.inputs_or_replacement(0, visit, examples.read([0])[0])
@@ -110,6 +112,22 @@ class TrainStream:
                 grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=prefetch)
             )
         return _one_line_errors(iter(batches))
+
+
+def _check_batch_within_sets(data: DataSettings, size: int, sources: list[reader.Examples]) -> None:
+    """ConfigError when a batch of `size` would hold an example twice: more rows of a set
+    (its share of the mixture, rounded up) than its training split has."""
+    weights = np.asarray(data.mixture_weights or (1.0,), np.float64)
+    for source, weight in zip(sources, weights / weights.sum()):
+        if (rows := int(np.ceil(size * weight))) > len(source):
+            field = "global_batch_size" if size == data.global_batch_size else "batch_schedule's stage"
+            share = (
+                f"draws {rows} rows a batch from {source.data.display_name}, more" if len(sources) > 1 else "is larger"
+            )
+            raise ConfigError(
+                f"config.train.{field}={size} {share} than the {len(source)} examples of split "
+                f"{data.train_split!r}, so a batch would repeat examples (false negatives); lower it."
+            )
 
 
 def _one_line_errors(batches: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
@@ -156,10 +174,28 @@ def train_dataset(
     )
 
 
+def training_sources(data: DataSettings) -> list[reader.Examples]:
+    """The training split (in `data.train_class_range`) of each record set the stream
+    reads (`settings.training_sets`: a mixture's, or the one)."""
+    return [
+        reader.Examples(one, settings.open_metadata(one), data.train_split, data.train_class_range)
+        for one in settings.training_sets(data)
+    ]
+
+
+def source_mixture(data: DataSettings, sources: list[reader.Examples]) -> mixing.Mixture | None:
+    """The mixture of `data.mixture_records` (`sources`: their `training_sources`); None
+    for one record set."""
+    if not data.mixture_records:
+        return None
+    names = [mixing.source_name(directory) for directory in data.mixture_records]
+    return mixing.Mixture(data.mixture_weights, [len(source) for source in sources], names)
+
+
 def train_split_size(data: DataSettings) -> int:
-    """The number of examples of `data.train_split` (in `data.train_class_range`)."""
-    metadata = settings.open_metadata(data)
-    return len(reader.Examples(data, metadata, data.train_split, data.train_class_range))
+    """The number of examples of `data.train_split` (in `data.train_class_range`), in
+    every set of a mixture together (the `index` the batches number them by)."""
+    return sum(map(len, training_sources(data)))
 
 
 def num_examples(arrays: dict[str, np.ndarray]) -> int:

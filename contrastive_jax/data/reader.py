@@ -9,18 +9,21 @@ Every random choice is a counter-based draw (`stateless_random`) keyed by
 `config.data.seed` and the row's position in the stream (`step * N + k` for a constant
 batch N; the examples before the step + k under a batch schedule), so a batch is a pure
 function of the seed and the examples consumed before it, whatever the number of
-processes or workers.
+processes or workers. A mixture of record sets (`mixture.Mixture`) gives each position
+its set and the set's own position, from which the set's epochs are read.
 """
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
 from contrastive_jax.data import images, records, stateless_random, tokenizers
+from contrastive_jax.data.mixture import Mixture
 from contrastive_jax.data.records import DataError
 from contrastive_jax.data.settings import DataSettings, augments
 
-# Independent random streams of `config.data.seed` (the epochs' orders use _ORDER + epoch).
+# Independent random streams of `config.data.seed` (set s's epochs' orders use _ORDER (s + 1) + epoch).
 _CLASSES, _AUGMENT, _CAPTION, _NOISE, _ORDER = 1, 2, 3, 4, 1 << 32
 _VIEWS = 2
 # A record that cannot be read is replaced by the next readable one (on_bad_record="skip").
@@ -156,40 +159,57 @@ def stack(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 class BatchReader:
     """`reader(step)`: this process's rows `rows` of global batch `step`, as NumPy arrays
-    [B, ...] with `index` (each example's number in the split) and, under
-    `on_bad_record="skip"`, `skipped_records` (the count passed over; the loop pops it).
+    [B, ...] with `index` (each example's number in the sets' training splits, one after
+    the other) and, under `on_bad_record="skip"`, `skipped_records` (the count passed
+    over; the loop pops it).
 
     Batches of `size` examples each; batch `first_batch` starts at stream position
-    `first_example`, each after it `size` further on."""
+    `first_example`, each after it `size` further on. `sources`: the record sets read,
+    one, or a mixture's, each position's set and own position given by `mixture`."""
 
-    def __init__(self, examples: Examples, rows: slice, *, size: int, first_example: int, first_batch: int):
-        self.examples = examples
+    def __init__(
+        self,
+        sources: Sequence[Examples],
+        rows: slice,
+        *,
+        size: int,
+        first_example: int,
+        first_batch: int,
+        mixture: Mixture | None = None,
+    ):
+        self.sources, self.examples, self.mixture = tuple(sources), sources[0], mixture
+        self.offsets = np.cumsum([0, *map(len, sources)])  # int64 [S + 1]: each set's first `index`
         self.rows = rows
-        data = examples.data
+        data = self.examples.data
         self.size, self.seed = size, data.seed
         self.first_example, self.first_batch = first_example, first_batch
         self.members = None
         if data.task == "labeled":
-            self.members = _class_members(examples.labels(), self.size, data.examples_per_class)
+            self.members = _class_members(self.examples.labels(), self.size, data.examples_per_class)
 
     def positions(self, step: int) -> np.ndarray:
         """int64 [rows]: the stream positions of this process's rows of batch `step`."""
         return self.first_example + (step - self.first_batch) * self.size + np.arange(self.size)[self.rows]
 
     def indices(self, step: int) -> np.ndarray:
-        """int64 [rows]: the examples of this process's rows of batch `step`."""
+        """int64 [rows]: the examples of this process's rows of batch `step` (numbered
+        through the sets one after the other: set s's from `offsets[s]`)."""
         if self.members is not None:  # N / m classes, m distinct examples of each
             m = self.examples.data.examples_per_class
             draw = np.random.default_rng(np.random.SeedSequence([self.seed, _CLASSES, step]))
             chosen = draw.permutation(len(self.members))[: self.size // m]
             picked = np.concatenate([draw.choice(self.members[c], m, replace=False) for c in chosen])
             return picked[self.rows]
-        # Element i is at position i mod n of epoch i // n's permutation.
-        positions, n = self.positions(step), len(self.examples)
+        positions = self.positions(step)
+        sets, own = (np.zeros_like(positions), positions) if self.mixture is None else self.mixture.locate(positions)
+        # A set's own element j is at position j mod n of its epoch j // n's permutation.
         out = np.empty(len(positions), np.int64)
-        for epoch in np.unique(positions // n):
-            where = positions // n == epoch
-            out[where] = stateless_random.permute(positions[where] % n, n, self.seed, _ORDER + int(epoch))
+        for s in np.unique(sets):
+            n, epochs = len(self.sources[s]), own // len(self.sources[s])
+            for epoch in np.unique(epochs[sets == s]):
+                where = (sets == s) & (epochs == epoch)
+                stream = _ORDER * (int(s) + 1) + int(epoch)
+                out[where] = self.offsets[s] + stateless_random.permute(own[where] % n, n, self.seed, stream)
         return out
 
     def visits(self, step: int) -> list[Visit]:
@@ -201,12 +221,25 @@ class BatchReader:
         captions = stateless_random.uniform(self.seed, _CAPTION, positions)
         return [Visit(d, float(c)) for d, c in zip(draws, captions)]
 
+    def _read(self, indices: np.ndarray) -> list[tuple[Examples, int, bytes]]:
+        """`(set, its example, the record's bytes)` of each example of `indices` (int64 [k]):
+        one read per set."""
+        sets = np.searchsorted(self.offsets, indices, side="right") - 1
+        out: list = [None] * len(indices)
+        for s in np.unique(sets):
+            where = np.flatnonzero(sets == s)
+            own = indices[where] - self.offsets[s]
+            for k, i, record in zip(where, own, self.sources[s].read(own)):
+                out[k] = (self.sources[s], int(i), record)
+        return out
+
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         indices, visits = self.indices(step), self.visits(step)
         rows, skipped = [], 0
-        for i, visit, record in zip(indices, visits, self.examples.read(indices)):
-            inputs, passed = self.examples.inputs_or_replacement(int(i), visit, record)
-            rows.append(inputs | {"index": np.int32((i + passed) % len(self.examples))})
+        for index, visit, (source, i, record) in zip(indices, visits, self._read(indices)):
+            inputs, passed = source.inputs_or_replacement(i, visit, record)
+            number = index - i + (i + passed) % len(source)  # its set's first index + the example read
+            rows.append(inputs | {"index": np.int32(number)})
             skipped += passed
         batch = self._photometric(stack(rows), step, visits)
         if self.examples.data.on_bad_record == "skip":

@@ -12,12 +12,16 @@ settings the pipeline cannot serve, with one line naming the fix.
 """
 
 import dataclasses
+import math
 import os
 
 from contrastive_jax.data import records
+from contrastive_jax.data.mixture import source_name
 from contrastive_jax.errors import ConfigError, check_multiple
 
 TASKS = ("pairs", "views", "labeled")
+# What the record sets of a mixture share (their metadata's fields of these names).
+MIXED_ALIKE = ("fields", "id_keys", "match_keys", "image_channels", "num_classes", "class_names", "sequence_vocab_size")
 BAD_RECORD_POLICIES = ("stop", "skip")
 # The built-in datasets: `config.data.name` -> the writer's source. Their records are
 # written once per version of the writer's generator (the directory names the version).
@@ -46,7 +50,9 @@ class DataSettings:
     """What the input pipeline reads and how, as plain values: `run_plan.build` reads them
     from the config once (`run_plan.data_settings`). Each field is `config.data.<name>` (its comment
     in configs/default.py says what it does), but for `global_batch_size`
-    (`config.train.global_batch_size`: the rows of a step's batch)."""
+    (`config.train.global_batch_size`: the rows of a step's batch), `records` (the first set
+    of `config.data.records`: evaluation reads its splits) and `mixture_records` (all of
+    them when they are mixed, `mixture.py`; (): `records` or the built-in set alone)."""
 
     name: str | None
     records: str | None
@@ -64,11 +70,19 @@ class DataSettings:
     prefetch_batches: int
     on_bad_record: str
     augment: Augment
+    mixture_records: tuple[str, ...] = ()
+    mixture_weights: tuple[float, ...] = ()
 
     @property
     def display_name(self) -> str:
         """Names the dataset in messages (its built-in name or its records directory)."""
         return self.name if self.records is None else self.records
+
+
+def training_sets(data: DataSettings) -> tuple[DataSettings, ...]:
+    """The settings of each record set the training stream reads: a mixture's sets, each
+    as `records`, or `data` alone."""
+    return tuple(dataclasses.replace(data, records=directory) for directory in data.mixture_records) or (data,)
 
 
 def builtin_records(name: str, data_dir: str | None) -> str:
@@ -124,7 +138,8 @@ def check_data_config(data: DataSettings) -> records.Metadata:
     or bad-record policy, no record set, a "labeled" batch that is not whole classes of
     `examples_per_class`, a split the set lacks, and settings a sequence-pair dataset
     cannot use (another task, image augmentations, a `text_max_length` that would
-    truncate). Returns the record set's metadata."""
+    truncate), and a mixture whose sets cannot mix (`_check_mixture`). Returns the (first)
+    record set's metadata."""
     if data.task not in TASKS:
         raise ConfigError(f"config.data.task={data.task!r} is not a task; use one of {TASKS}.")
     if data.on_bad_record not in BAD_RECORD_POLICIES:
@@ -146,6 +161,8 @@ def check_data_config(data: DataSettings) -> records.Metadata:
         )
     metadata = open_metadata(data)
     metadata.split(records.parse_split(data.train_split)[0])
+    if data.mixture_records or data.mixture_weights:
+        _check_mixture(data, metadata)
     if metadata.has("sequence"):
         _check_sequence_pairs(data, metadata)
     if data.task in ("views", "labeled") or metadata.has("captions"):
@@ -158,6 +175,41 @@ def check_data_config(data: DataSettings) -> records.Metadata:
             f"config.data.task='labeled' needs labels but {data.display_name} has none; use task 'pairs' or 'views'."
         )
     return metadata
+
+
+def _check_mixture(data: DataSettings, first: records.Metadata) -> None:
+    """ConfigError unless `config.data.mixture_weights` weighs each set of
+    `config.data.records` (> 0), the sets have distinct names and the training split, and
+    they hold the same kind of records (`MIXED_ALIKE`), so that their rows stack."""
+    sets, weights = data.mixture_records, data.mixture_weights
+    if len(weights) != len(sets):
+        raise ConfigError(
+            f"config.data.mixture_weights={tuple(weights)} needs one weight per record set of config.data.records "
+            f"({len(sets)}: {', '.join(sets) or 'none'}); e.g. --config.data.records=data/a,data/b "
+            "--config.data.mixture_weights=0.7,0.3."
+        )
+    if not all(math.isfinite(w) and w > 0 for w in weights):
+        raise ConfigError(f"config.data.mixture_weights={tuple(weights)}: each weight must be > 0.")
+    if data.task == "labeled":
+        raise ConfigError("config.data.task='labeled' draws whole classes from one record set; give one set.")
+    names = [source_name(directory) for directory in sets]
+    if len(set(names)) < len(names):
+        raise ConfigError(
+            f"the record sets {sets} share a name (their metrics' name); give their folders distinct names."
+        )
+    if len(sets) > 1 and first.has("image") and data.image_size is None:
+        raise ConfigError("a mixture's images are stacked in one batch: set config.data.image_size.")
+    for other in training_sets(data)[1:]:
+        metadata = open_metadata(other)
+        metadata.split(records.parse_split(data.train_split)[0])
+        for field in MIXED_ALIKE:
+            if getattr(metadata, field) != getattr(first, field):
+                raise ConfigError(
+                    f"the record set {other.records} cannot mix with {first.directory}: its {field} is "
+                    f"{getattr(metadata, field)!r}, not {getattr(first, field)!r}; mix sets of one kind of record."
+                )
+        if metadata.has("sequence"):
+            _check_sequence_pairs(other, metadata)
 
 
 def _check_sequence_pairs(data: DataSettings, metadata: records.Metadata) -> None:

@@ -280,9 +280,13 @@ class _Run:
         return results
 
     def _record(self, window: metric_writer.MetricWindow, step: int, metrics) -> None:
-        """`window.record`s step `step`'s metrics and gives them to the batch schedule,
-        whose decision after it (if any) is written with them and logged in a line."""
-        decision = self.schedule.observe(step, window.record(step, metrics))
+        """`window.record`s step `step`'s metrics (at a logging step, with a mixture's
+        epochs per set) and gives them to the batch schedule, whose decision after it (if
+        any) is written with them and logged in a line."""
+        values = window.record(step, metrics)
+        if window.empty and (epochs := self.numbering.epochs_through(step)):  # logged: a mixture's epochs too
+            window.metrics_out.write(step, epochs)
+        decision = self.schedule.observe(step, values)
         if decision is not None:
             window.metrics_out.write(step, decision.metrics())
             if self.lead:

@@ -23,6 +23,7 @@ RESUME_FIELDS = (
     "seed",
     "data.name",
     "data.records",
+    "data.mixture_weights",
     "data.train_split",
     "data.train_class_range",
     "data.task",
