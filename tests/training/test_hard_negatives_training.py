@@ -1,0 +1,104 @@
+"""The trainer's side of `losses.hard_negatives` (`training.hard_negatives`): a step whose
+batch holds `negatives` [N, M, ...] takes the gradient of the loss with the b tower's
+embeddings of them in the a -> b pool, written here by hand (the towers and
+`TwoTower.embed` applied to the global batch, the kernel on one device); a batch
+without them is the plain step, bit for bit; the door refuses what cannot take them."""
+
+import jax
+import numpy as np
+import pytest
+from test_negatives_apart_training import config  # noqa: F401  (the fixture: SGD at rate 1, no dropout)
+
+from contrastive_jax import losses, sharding
+from contrastive_jax.config_lib import override
+from contrastive_jax.data import input_pipeline
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.training import hard_negatives, run_plan
+from contrastive_jax.training.run_plan import build, data_settings
+
+M = 2  # hard negatives a row; the batch is the fixture's N = 16
+
+
+def with_negatives(batch, count):
+    """The batch with `negatives` [N, count, ...]: row i's are the b's of rows i + 1, ...,
+    i + count (other pairs' b inputs, as a mined negative is some other item)."""
+    b = np.asarray(batch["b"])
+    negatives = [np.roll(b, -k, axis=0)[:, None] for k in range(1, count + 1)]
+    return dict(batch, negatives=np.concatenate([b[:, None][:, :0], *negatives], axis=1))
+
+
+def one_step(config, num_devices, count):
+    """`(trainer, state before, batch, state after, metrics)` of one jitted step whose
+    batch holds `count` negatives a row (None: no `negatives`)."""
+    trainer = build(config, sharding.make_mesh(num_devices)).trainer
+    ds = input_pipeline.train_dataset(data_settings(config))
+    init, abstract = trainer.init_state(ds.element_spec)
+    batch = jax.device_get(next(iter(ds)))
+    if count is not None:
+        batch = with_negatives(batch, count)
+    before = jax.device_get(init())
+    after, metrics = trainer.jit_train_step(abstract)(init(), batch)
+    return trainer, before, batch, jax.device_get(after), jax.device_get(metrics)
+
+
+def reference_loss(model, params, batch_stats, batch, kernel, extra):
+    """The loss on one device: the towers on the global batch, `embed(..., "b")` on the
+    N M negatives, the kernel with `hard_negatives` [N, M, D]."""
+    variables = {"params": params, "batch_stats": batch_stats}
+    outputs = model.apply(variables, batch["a"], batch["b"])
+    negatives = batch["negatives"]
+    z = model.apply(variables, negatives.reshape(-1, *negatives.shape[2:]), "b", method="embed")
+    hard = z.reshape(*negatives.shape[:2], -1)
+    return kernel(
+        outputs["za"],
+        outputs["zb"],
+        temperature=outputs["temperature"],
+        hard_negatives=hard,
+        **{k: outputs[k] for k in extra},
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "num_devices"),
+    [("clip", 1), ("clip", 8), ("siglip", 8)],
+)
+def test_a_step_with_hard_negatives_has_the_hand_computed_gradient(config, name, num_devices):
+    trainer, before, batch, after, metrics = one_step(override(config, {"loss.name": name}), num_devices, M)
+    kernel, extra = {"clip": (losses.clip_loss, ()), "siglip": (losses.siglip_loss, ("bias",))}[name]
+    value, grads = jax.value_and_grad(reference_loss, argnums=1)(
+        trainer.model, before.params, before.batch_stats, batch, kernel, extra
+    )
+    assert float(metrics["loss"]) == pytest.approx(float(value), rel=1e-5)
+    step = jax.tree.map(lambda new, old: old - new, after.params, before.params)  # SGD at rate 1
+    for got, want in zip(jax.tree.leaves(step), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_without_negatives_the_step_is_the_plain_one(config, monkeypatch):
+    """No `negatives` and M = 0 leave the step as it is without the hook, bit for bit."""
+    results = [one_step(config, 8, count)[3:] for count in (None, 0)]
+    monkeypatch.setattr(hard_negatives, "embed", lambda apply_fn, variables, batch, batched, rng: batched)
+    results.append(one_step(config, 8, None)[3:])
+    want = jax.tree.leaves((results[2][0].params, results[2][1]))
+    for after, metrics in results[:2]:
+        for got, expected in zip(jax.tree.leaves((after.params, metrics)), want, strict=True):
+            np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"loss.name": "ntxent"}, r"name='ntxent' cannot take them; use one of \['clip', 'infonce', 'siglip'\]"),
+        ({"loss.extra_negatives": 8}, "config.loss.extra_negatives=0"),
+        ({"loss.group_size": 4}, "config.loss.group_size=0"),
+        ({"train.micro_batch_size": 8}, "micro_batch_size=0"),
+    ],
+)
+def test_the_door_refuses_what_cannot_take_them(config, fields, message):
+    config = override(config, fields)
+    loss = losses.LOSSES[config.loss.name]
+    settings = run_plan.loss_settings(config)
+    plain_step = not config.train.micro_batch_size
+    with pytest.raises(ConfigError, match=message):
+        hard_negatives.check(config.loss.name, loss, settings, has_negatives=True, plain_step=plain_step)
+    hard_negatives.check(config.loss.name, loss, settings, has_negatives=False, plain_step=plain_step)
