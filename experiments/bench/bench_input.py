@@ -2,6 +2,7 @@
 
     python -m experiments.bench.bench_input            # about 15 minutes on 2 cores
     python -m experiments.bench.bench_input --quick    # a smaller run (a minute or two)
+    python -m experiments.bench.bench_input --mixture-only   # mixed / single-set rate alone
 
 Throughput, images/s to 224 x 224 and to 64 x 64 after JPEG decode + random resized crop
 (scale 0.08-1) + flip, from JPEGs of 256-500 px a side (generated `shapes` pictures with
@@ -13,6 +14,10 @@ a texture, quality 90):
 * `pipeline`: `input_pipeline.train_dataset` on a record set of those JPEGs (written by
   `write_records` from a CSV), 2 grain workers, image-text pairs (a caption drawn and
   tokenized per row);
+* `mixed`: the pipeline on a mixture of two record sets (the set and a copy of it, in
+  another directory, weights 0.7 / 0.3), timed alternately with `pipeline`:
+  `mixed_over_single` is the cost of the mixing alone (goal >= 0.95; `--mixture-only`
+  measures only this);
 * `tf_data`: the tf.data pipeline this replaced, on the same JPEG bytes in memory:
   `tf.io.decode_jpeg`, `tf.image.stateless_sample_distorted_bounding_box` + resize +
   flip (the old `input_pipeline._augment`), AUTOTUNE parallelism (needs the tfds extra).
@@ -32,6 +37,7 @@ Writes `experiments/results/bench_input/results.json` and `results.md`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import multiprocessing
@@ -39,6 +45,7 @@ import os
 import pathlib
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -142,6 +149,25 @@ def pipeline(records_dir: str, size: int, num_batches: int, workers: int = 2) ->
 
     batches = iter(input_pipeline.train_dataset(_settings(records_dir, size, workers)))
     return _images_per_second(batches, num_batches)
+
+
+def mixture_rates(records_dir: str, size: int, num_batches: int, workers: int = 2, rounds: int = 2) -> dict:
+    """Images/s of `pipeline` and of the pipeline on a mixture of the record set and a copy
+    of it (`<records_dir>_b`, weights 0.7 / 0.3), each the median of `rounds` runs taken
+    alternately (the machine's load shared), and their ratio, `mixed_over_single`."""
+    from contrastive_jax.data import input_pipeline
+
+    copy = f"{records_dir}_b"
+    if not os.path.exists(copy):
+        shutil.copytree(records_dir, copy)
+    single = _settings(records_dir, size, workers)
+    mixed = dataclasses.replace(single, mixture_records=(records_dir, copy), mixture_weights=(0.7, 0.3))
+    rates = {"pipeline": [], "mixed": []}
+    for _ in range(rounds):
+        for name, data in (("pipeline", single), ("mixed", mixed)):
+            rates[name].append(_images_per_second(iter(input_pipeline.train_dataset(data)), num_batches))
+    out = {name: float(np.median(values)) for name, values in rates.items()}
+    return out | {"mixed_over_single": out["mixed"] / out["pipeline"]}
 
 
 def tf_data(jpegs: list[bytes], size: int, num_batches: int) -> float | None:
@@ -268,6 +294,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer images and batches, 0.1 / 0.5 GB sets")
     parser.add_argument("--training", action="store_true", help="also the input-wait share of two training runs")
+    parser.add_argument("--mixture-only", action="store_true", help="only the mixed / single-set rate")
     args = parser.parse_args()
     num_images, num_batches = (256, 8) if args.quick else (1024, 40)
     sizes_gb = (0.1, 0.5) if args.quick else (0.5, 8.0)
@@ -281,20 +308,25 @@ def main() -> None:
         records_dir, written = write_record_set(jpegs, pathlib.Path(tmp))
         results["writer_images_per_second"] = written
         for size in SIZES:
-            row = {
+            row = mixture_rates(records_dir, size, num_batches)
+            print(f"{size} px, mixture: {json.dumps(row)}", flush=True)
+            if args.mixture_only:
+                results["throughput"][f"{size}px"] = row
+                continue
+            row |= {
                 "limit": limit(jpegs, size),
                 "limit_full_decode": limit(jpegs, size, draft=False),
-                "pipeline": pipeline(records_dir, size, num_batches),
                 "tf_data": tf_data(jpegs, size, num_batches),
             }
             row["pipeline_over_limit"] = row["pipeline"] / row["limit"]
             row["pipeline_over_tf_data"] = row["tf_data"] and row["pipeline"] / row["tf_data"]
             results["throughput"][f"{size}px"] = row
             print(f"{size} px: {json.dumps(row)}", flush=True)
-        results["scale"] = scale(jpegs, pathlib.Path(tmp), sizes_gb, num_batches)
+        if not args.mixture_only:
+            results["scale"] = scale(jpegs, pathlib.Path(tmp), sizes_gb, num_batches)
         if args.training:
             results["training"] = training(pathlib.Path(tmp))
-    out = RESULTS / ("quick" if args.quick else "")
+    out = RESULTS / ("quick" if args.quick else "") / ("mixture" if args.mixture_only else "")
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "results.md").write_text(report(results))
@@ -309,27 +341,24 @@ def report(results: dict) -> str:
         f"batches of {results['source']['batch']}, {results['machine']['cpus']} CPUs "
         f"(load before: {results['machine']['load_before'][0]:.2f}).",
         "",
-        "| output | limit (2 procs) | limit, full decode | pipeline (2 workers) | tf.data | pipeline / limit |"
-        " pipeline / tf.data |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for size, row in results["throughput"].items():
-        tf_cell = f"{row['tf_data']:.0f}" if row["tf_data"] else "n/a"
-        ratio = f"{row['pipeline_over_tf_data']:.2f}" if row["tf_data"] else "n/a"
-        lines.append(
-            f"| {size} | {row['limit']:.0f} | {row['limit_full_decode']:.0f} | {row['pipeline']:.0f} | {tf_cell} "
-            f"| {row['pipeline_over_limit']:.2f} | {ratio} |"
-        )
+    rows = results["throughput"]
+    if all("limit" in row for row in rows.values()):
+        lines += _throughput_table(rows)
+    lines += ["| output | pipeline (one set) | mixed (two sets, 0.7 / 0.3) | mixed / one set |", "|---|---|---|---|"]
+    for size, row in rows.items():
+        lines.append(f"| {size} | {row['pipeline']:.0f} | {row['mixed']:.0f} | {row['mixed_over_single']:.2f} |")
     lines += ["", f"Writer (`write_records`, csv, 2 workers): {results['writer_images_per_second']:.0f} images/s.", ""]
-    lines += [
-        "| record set | on disk | first batch (s) | peak RSS, trainer (MiB) | workers (MiB) |",
-        "|---|---|---|---|---|",
-    ]
-    for name, row in results["scale"].items():
-        lines.append(
-            f"| {name} | {row['gib_on_disk']:.2f} GiB | {row['seconds_to_first_batch']:.2f} | "
-            f"{row['peak_rss_mib']:.0f} | {row['workers_rss_mib']:.0f} |"
-        )
+    if "scale" in results:
+        lines += [
+            "| record set | on disk | first batch (s) | peak RSS, trainer (MiB) | workers (MiB) |",
+            "|---|---|---|---|---|",
+        ]
+        for name, row in results["scale"].items():
+            lines.append(
+                f"| {name} | {row['gib_on_disk']:.2f} GiB | {row['seconds_to_first_batch']:.2f} | "
+                f"{row['peak_rss_mib']:.0f} | {row['workers_rss_mib']:.0f} |"
+            )
     if "training" in results:
         lines += ["", "| training run | input wait, mean | max | examples/s |", "|---|---|---|---|"]
         for name, row in results["training"].items():
@@ -338,6 +367,23 @@ def report(results: dict) -> str:
                 f"| {row['examples_per_second']:.0f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _throughput_table(rows: dict) -> list[str]:
+    """The table of each output size's rates: the limit, the pipeline, tf.data."""
+    lines = [
+        "| output | limit (2 procs) | limit, full decode | pipeline (2 workers) | tf.data | pipeline / limit |"
+        " pipeline / tf.data |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size, row in rows.items():
+        tf_cell = f"{row['tf_data']:.0f}" if row["tf_data"] else "n/a"
+        ratio = f"{row['pipeline_over_tf_data']:.2f}" if row["tf_data"] else "n/a"
+        lines.append(
+            f"| {size} | {row['limit']:.0f} | {row['limit_full_decode']:.0f} | {row['pipeline']:.0f} | {tf_cell} "
+            f"| {row['pipeline_over_limit']:.2f} | {ratio} |"
+        )
+    return [*lines, ""]
 
 
 if __name__ == "__main__":
