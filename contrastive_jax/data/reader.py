@@ -119,6 +119,8 @@ class Examples:
             if not captions or not all(c.strip() for c in captions):
                 raise ValueError("an empty caption")
             chosen = 0 if visit is None else int(visit.caption * len(captions))
+            if visit is not None and meta.has("negatives"):  # training: the hard negatives' tokens [M, L]
+                out["negatives"] = self.tokenizer.encode_batch(example["negatives"], data.text_max_length)
             return out | {"a": views[0], "b": self.tokenizer.encode(captions[chosen], data.text_max_length)}
         if data.task == "pairs":  # an image alone: its top and bottom halves
             half = views[0].shape[0] // 2

@@ -15,6 +15,7 @@ split's records all have the same ones, listed in the metadata)::
     label      int        a class id in [0, num_classes) (its name: `Metadata.class_names`)
     text       str        a text paired with `sequence` (cmudict: the spelling)
     sequence   [int]      class ids paired with `text` (cmudict: the phonemes)
+    negatives  [str]      the pair's M hard-negative texts (the same M in every record)
     <id key>   int        the dataset's grouping ids (`Metadata.id_keys`)
 
 The writer (`write_records`) writes shards under temporary names and renames each when
@@ -39,7 +40,7 @@ FORMAT = "contrastive_jax.records"  # the format's name in metadata.json (the mo
 VERSION = 1
 METADATA_FILE = "metadata.json"
 SHARD_SUFFIX = ".array_record"
-FIELDS = ("image", "captions", "label", "text", "sequence")
+FIELDS = ("image", "captions", "label", "text", "sequence", "negatives")
 
 
 class DataError(ConfigError):

@@ -4,14 +4,18 @@ embeddings of them in the a -> b pool, written here by hand (the towers and
 `TwoTower.embed` applied to the global batch, the kernel on one device); a batch
 without them is the plain step, bit for bit; the door refuses what cannot take them."""
 
+import csv
+import json
+
 import jax
 import numpy as np
 import pytest
+from PIL import Image
 from test_negatives_apart_training import config  # noqa: F401  (the fixture: SGD at rate 1, no dropout)
 
-from contrastive_jax import losses, sharding
+from contrastive_jax import losses, sharding, write_records
 from contrastive_jax.config_lib import override
-from contrastive_jax.data import input_pipeline
+from contrastive_jax.data import input_pipeline, records
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import hard_negatives, run_plan
 from contrastive_jax.training.run_plan import build, data_settings
@@ -102,3 +106,48 @@ def test_the_door_refuses_what_cannot_take_them(config, fields, message):
     with pytest.raises(ConfigError, match=message):
         hard_negatives.check(config.loss.name, loss, settings, has_negatives=True, plain_step=plain_step)
     hard_negatives.check(config.loss.name, loss, settings, has_negatives=False, plain_step=plain_step)
+
+
+def write_table(tmp_path, kind, rows):
+    """A CSV or JSONL table of (image, captions, negatives) rows, 8 coloured PNGs."""
+    (tmp_path / "img").mkdir(exist_ok=True)
+    for k in range(8):
+        Image.new("RGB", (16, 16), (30 * k, 200 - 20 * k, 90)).save(tmp_path / "img" / f"{k}.png")
+    table = tmp_path / f"pairs.{kind}"
+    if kind == "csv":
+        with open(table, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["image", "captions", "negatives"])  # two JSON lists
+            writer.writerows(
+                [image, json.dumps(captions), json.dumps(negatives)] for image, captions, negatives in rows
+            )
+    else:
+        lines = [json.dumps({"image": i, "captions": c, "negatives": n}) for i, c, n in rows]
+        table.write_text("\n".join(lines) + "\n")
+    return table
+
+
+def negatives_row(k):
+    return (f"img/{k % 8}.png", [f"picture {k}"], [f"not picture {k}", f"nor {k + 1}"])
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_a_tables_negatives_reach_the_batch_and_the_step(config, tmp_path, kind):
+    """`negatives` in a CSV (a JSON list) or JSONL table: written to the records (a row
+    with another count left out), read back as tokens [N, M, L] in each row's order, and
+    trained on by clip; refused for a loss that cannot take them."""
+    rows = [negatives_row(k) for k in range(40)]
+    rows[5] = (rows[5][0], rows[5][1], ["only one"])
+    write_records.write(f"{kind}:{write_table(tmp_path, kind, rows)}", str(tmp_path / "out"), max_bad=0.1)
+    metadata = records.read_metadata(str(tmp_path / "out"))
+    assert metadata.fields == ("image", "captions", "negatives") and metadata.splits["train"].num_records == 39
+    fields = {"data.records": str(tmp_path / "out"), "data.task": "pairs", "data.image_size": 16}
+    config = override(config, fields | {"data.text_max_length": 16, "eval.split": "train"})
+    trainer, before, batch, after, metrics = one_step(config, 8, None)
+    kept = [row for k, row in enumerate(rows) if k != 5]
+    want = [kept[i][2] for i in np.asarray(batch["index"])]
+    tokenizer = input_pipeline.training_sources(data_settings(config))[0].tokenizer
+    np.testing.assert_array_equal(batch["negatives"], [tokenizer.encode_batch(n, 16) for n in want])
+    assert np.isfinite(metrics["loss"])
+    with pytest.raises(ConfigError, match="cannot take them"):
+        build(override(config, {"loss.name": "ntxent"}), sharding.make_mesh(8))

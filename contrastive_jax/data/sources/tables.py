@@ -1,6 +1,11 @@
-"""CSV and JSONL tables of (image path, caption(s)[, label]) rows (`csv:FILE`,
+"""CSV and JSONL tables of (image path, caption(s)[, label][, negatives]) rows (`csv:FILE`,
 `jsonl:FILE`), read as streams: once to index them (a byte offset every `INDEX_EVERY`
-rows), then each range from the nearest offset."""
+rows), then each range from the nearest offset.
+
+`negatives` (a JSON list in a CSV cell, a list in JSONL) holds a row's hard-negative
+texts, M of them in every row (M is the first row's; a row with another count, or an
+empty text, is a bad input), written to the records' `negatives` field
+(`losses.hard_negatives`)."""
 
 import collections
 import csv
@@ -24,17 +29,24 @@ class TableSource(FileSource):
         self.header: list[str] = []
         self.offsets: list[tuple[int, int]] = []  # (byte offset, row number) of rows 0, INDEX_EVERY, ...
         self.labels, self.size, has_image = collections.Counter(), 0, False
+        self.num_negatives = 0  # M: the first row's count of hard negatives (0: none)
         for offset, number, row in self._rows(None):
             if self.size % INDEX_EVERY == 0:
                 self.offsets.append((offset, number))
             self.size += 1
             if isinstance(row, dict):
                 has_image = has_image or "image" in row
+                self.num_negatives = self.num_negatives or _count(row.get("negatives"))
                 if (label := label_value(row.get("label"))) is not None:
                     self.labels[label] += 1
         if not has_image:
             raise ConfigError(f"--source={kind}:{path} has no rows with an `image` column; see --help.")
         self.has_label = bool(self.labels)
+
+    @property
+    def info(self) -> dict:
+        fields = super().info["fields"]
+        return {"fields": fields + (("negatives",) if self.num_negatives else ())}
 
     def _lines(self, f, offset: int) -> Iterator[tuple[int, str]]:
         """(byte offset after it, text) of each line of `f` from `offset`."""
@@ -91,7 +103,18 @@ class TableSource(FileSource):
             image = row.get("image") or ""
             where = f"{self.path} {place} {number} ({image})"
             data = read_bytes(os.path.join(folder, image)) if image else None
-            yield caption_example(data, row["captions"], label_value(row.get("label")), where, labels=self._labels)
+            example = caption_example(data, row["captions"], label_value(row.get("label")), where, labels=self._labels)
+            yield self._with_negatives(example, row.get("negatives"), where)
+
+    def _with_negatives(self, example: dict | BadInput, negatives, where: str) -> dict | BadInput:
+        """`example` with the row's `negatives` (M texts) when the table has them, or why not."""
+        if not self.num_negatives or isinstance(example, BadInput):
+            return example
+        if not isinstance(negatives, list) or not all(isinstance(t, str) and t.strip() for t in negatives):
+            return BadInput(where, f"its negatives are not a list of texts ({negatives!r:.80})")
+        if len(negatives) != self.num_negatives:
+            return BadInput(where, f"{len(negatives)} negatives; the table's rows have {self.num_negatives}")
+        return example | {"negatives": negatives}
 
 
 def _csv_row(header: list[str], values: list[str]) -> dict | str:
@@ -101,6 +124,11 @@ def _csv_row(header: list[str], values: list[str]) -> dict | str:
     for name, value in zip(header, values):
         if name == "caption":
             row["captions"].append(value)
+        elif name == "negatives":
+            try:
+                row[name] = json.loads(value) if value.strip() else []
+            except json.JSONDecodeError as e:
+                return f"its negatives are not a JSON list ({e})"
         elif name == "captions":
             try:
                 value = json.loads(value)
@@ -110,6 +138,11 @@ def _csv_row(header: list[str], values: list[str]) -> dict | str:
         else:
             row[name] = value
     return row
+
+
+def _count(negatives) -> int:
+    """The number of hard negatives a row holds (0 unless a list)."""
+    return len(negatives) if isinstance(negatives, list) else 0
 
 
 def _jsonl_row(line: str) -> dict | str:
