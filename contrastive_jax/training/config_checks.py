@@ -17,7 +17,7 @@ from contrastive_jax import losses
 from contrastive_jax.data import records, settings
 from contrastive_jax.errors import ConfigError, check_divides, check_multiple
 from contrastive_jax.losses.streaming import MATMUL_DTYPES
-from contrastive_jax.training import batch_schedule, grad_cache, hard_negatives, loss_guard, negatives_apart
+from contrastive_jax.training import batch_schedule, grad_cache, loss_guard, negative_inputs, negatives_apart
 
 # Count fields and their least value (every_steps 0: only at the end).
 _COUNTS = {
@@ -69,7 +69,7 @@ def check(
         plain_step=plain_step,
     )
     has_negatives = metadata.has("negatives")
-    hard_negatives.check(config.loss.name, loss, loss_settings, has_negatives=has_negatives, plain_step=plain_step)
+    negative_inputs.check(config.loss.name, loss, loss_settings, has_negatives=has_negatives, plain_step=plain_step)
     _check_chunk_size(config.loss, train.global_batch_size + config.loss.extra_negatives, num_devices)
     if config.loss.matmul_dtype not in MATMUL_DTYPES:
         raise ConfigError(f"config.loss.matmul_dtype={config.loss.matmul_dtype!r}; use one of {MATMUL_DTYPES}.")

@@ -1,4 +1,4 @@
-"""The trainer's side of `losses.hard_negatives` (`training.hard_negatives`): a step whose
+"""The trainer's side of `losses.hard_negatives` (`training.negative_inputs`): a step whose
 batch holds `negatives` [N, M, ...] takes the gradient of the loss with the b tower's
 embeddings of them in the a -> b pool, written here by hand (the towers and
 `TwoTower.embed` applied to the global batch, the kernel on one device); a batch
@@ -17,7 +17,7 @@ from contrastive_jax import losses, sharding, write_records
 from contrastive_jax.config_lib import override
 from contrastive_jax.data import input_pipeline, records
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training import hard_negatives, run_plan
+from contrastive_jax.training import negative_inputs, run_plan
 from contrastive_jax.training.run_plan import build, data_settings
 
 M = 2  # hard negatives a row; the batch is the fixture's N = 16
@@ -81,7 +81,7 @@ def test_a_step_with_hard_negatives_has_the_hand_computed_gradient(config, name,
 def test_without_negatives_the_step_is_the_plain_one(config, monkeypatch):
     """No `negatives` and M = 0 leave the step as it is without the hook, bit for bit."""
     results = [one_step(config, 8, count)[3:] for count in (None, 0)]
-    monkeypatch.setattr(hard_negatives, "embed", lambda apply_fn, variables, batch, batched, rng: batched)
+    monkeypatch.setattr(negative_inputs, "embed", lambda apply_fn, variables, batch, batched, rng: batched)
     results.append(one_step(config, 8, None)[3:])
     want = jax.tree.leaves((results[2][0].params, results[2][1]))
     for after, metrics in results[:2]:
@@ -104,8 +104,8 @@ def test_the_door_refuses_what_cannot_take_them(config, fields, message):
     settings = run_plan.loss_settings(config)
     plain_step = not config.train.micro_batch_size
     with pytest.raises(ConfigError, match=message):
-        hard_negatives.check(config.loss.name, loss, settings, has_negatives=True, plain_step=plain_step)
-    hard_negatives.check(config.loss.name, loss, settings, has_negatives=False, plain_step=plain_step)
+        negative_inputs.check(config.loss.name, loss, settings, has_negatives=True, plain_step=plain_step)
+    negative_inputs.check(config.loss.name, loss, settings, has_negatives=False, plain_step=plain_step)
 
 
 def write_table(tmp_path, kind, rows):
