@@ -115,14 +115,17 @@ class TrainStream:
 
 
 def _check_batch_within_sets(data: DataSettings, size: int, sources: list[reader.Examples]) -> None:
-    """ConfigError when a batch of `size` would hold an example twice: more rows of a set
-    (its share of the mixture, rounded up) than its training split has."""
+    """ConfigError when a batch of `size` rows (`size / captions_per_image` examples) would
+    hold an example twice: more of a set's (its share of the mixture, rounded up) than its
+    training split has."""
     weights = np.asarray(data.mixture_weights or (1.0,), np.float64)
     for source, weight in zip(sources, weights / weights.sum()):
-        if (rows := int(np.ceil(size * weight))) > len(source):
+        if (drawn := int(np.ceil(size // data.captions_per_image * weight))) > len(source):
             field = "global_batch_size" if size == data.global_batch_size else "batch_schedule's stage"
             share = (
-                f"draws {rows} rows a batch from {source.data.display_name}, more" if len(sources) > 1 else "is larger"
+                f"draws {drawn} examples a batch from {source.data.display_name}, more"
+                if len(sources) > 1
+                else "is larger"
             )
             raise ConfigError(
                 f"config.train.{field}={size} {share} than the {len(source)} examples of split "

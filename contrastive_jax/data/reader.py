@@ -37,7 +37,8 @@ class Visit:
     the first caption)."""
 
     draws: np.ndarray  # float64 [_VIEWS, images.NUM_DRAWS]: crops, flips, jitter
-    caption: float  # uniform in [0, 1): which caption
+    caption: float  # uniform in [0, 1): which caption (the image's first, of `captions_per_image`)
+    slot: int = 0  # which of the image's `captions_per_image` rows: the caption `slot` after that one
 
 
 class Examples:
@@ -118,7 +119,7 @@ class Examples:
             captions = example["captions"]
             if not captions or not all(c.strip() for c in captions):
                 raise ValueError("an empty caption")
-            chosen = 0 if visit is None else int(visit.caption * len(captions))
+            chosen = 0 if visit is None else (int(visit.caption * len(captions)) + visit.slot) % len(captions)
             if visit is not None and meta.has("negatives"):  # training: the hard negatives' tokens [M, L]
                 out["negatives"] = self.tokenizer.encode_batch(example["negatives"], data.text_max_length)
             return out | {"a": views[0], "b": self.tokenizer.encode(captions[chosen], data.text_max_length)}
@@ -193,6 +194,12 @@ class BatchReader:
         """int64 [rows]: the stream positions of this process's rows of batch `step`."""
         return self.first_example + (step - self.first_batch) * self.size + np.arange(self.size)[self.rows]
 
+    def image_positions(self, step: int) -> np.ndarray:
+        """int64 [rows]: the position of each row's example in the stream of examples: its
+        stream position, or with k = `captions_per_image` > 1 that // k (an image's k rows,
+        its k captions, share its example, its augmentation and its `index`)."""
+        return self.positions(step) // self.examples.data.captions_per_image
+
     def indices(self, step: int) -> np.ndarray:
         """int64 [rows]: the examples of this process's rows of batch `step` (numbered
         through the sets one after the other: set s's from `offsets[s]`)."""
@@ -202,7 +209,7 @@ class BatchReader:
             chosen = draw.permutation(len(self.members))[: self.size // m]
             picked = np.concatenate([draw.choice(self.members[c], m, replace=False) for c in chosen])
             return picked[self.rows]
-        positions = self.positions(step)
+        positions = self.image_positions(step)
         sets, own = (np.zeros_like(positions), positions) if self.mixture is None else self.mixture.locate(positions)
         # A set's own element j is at position j mod n of its epoch j // n's permutation.
         out = np.empty(len(positions), np.int64)
@@ -216,12 +223,12 @@ class BatchReader:
 
     def visits(self, step: int) -> list[Visit]:
         """The random draws of this process's rows of batch `step`: each row's
-        augmentation draws [_VIEWS, images.NUM_DRAWS] and caption draw."""
-        positions = self.positions(step)
+        augmentation draws [_VIEWS, images.NUM_DRAWS], caption draw and caption slot."""
+        positions, k = self.image_positions(step), self.examples.data.captions_per_image
         counters = positions[:, None] * (_VIEWS * images.NUM_DRAWS) + np.arange(_VIEWS * images.NUM_DRAWS)
         draws = stateless_random.uniform(self.seed, _AUGMENT, counters).reshape(len(positions), _VIEWS, -1)
         captions = stateless_random.uniform(self.seed, _CAPTION, positions)
-        return [Visit(d, float(c)) for d, c in zip(draws, captions)]
+        return [Visit(d, float(c), int(p % k)) for d, c, p in zip(draws, captions, self.positions(step))]
 
     def _read(self, indices: np.ndarray) -> list[tuple[Examples, int, bytes]]:
         """`(set, its example, the record's bytes)` of each example of `indices` (int64 [k]):
@@ -261,7 +268,7 @@ class BatchReader:
         data = self.examples.data
         if not self.changes_colours:
             return batch
-        positions, draws = self.positions(step).astype(np.uint64), np.stack([visit.draws for visit in visits])
+        positions, draws = self.image_positions(step).astype(np.uint64), np.stack([visit.draws for visit in visits])
         for stream, key in enumerate(k for k in ("a", "b") if k in batch and batch[k].dtype == np.uint8):
             size = int(np.prod(batch[key].shape[1:]))
             noise = None

@@ -72,6 +72,7 @@ class DataSettings:
     augment: Augment
     mixture_records: tuple[str, ...] = ()
     mixture_weights: tuple[float, ...] = ()
+    captions_per_image: int = 1
 
     @property
     def display_name(self) -> str:
@@ -163,6 +164,8 @@ def check_data_config(data: DataSettings) -> records.Metadata:
     metadata.split(records.parse_split(data.train_split)[0])
     if data.mixture_records or data.mixture_weights:
         _check_mixture(data, metadata)
+    if data.captions_per_image != 1:
+        _check_captions_per_image(data, metadata)
     if metadata.has("sequence"):
         _check_sequence_pairs(data, metadata)
     if data.task in ("views", "labeled") or metadata.has("captions"):
@@ -210,6 +213,20 @@ def _check_mixture(data: DataSettings, first: records.Metadata) -> None:
                 )
         if metadata.has("sequence"):
             _check_sequence_pairs(other, metadata)
+
+
+def _check_captions_per_image(data: DataSettings, metadata: records.Metadata) -> None:
+    """ConfigError unless k = `captions_per_image` is >= 1, for image-caption pairs, and
+    divides the global batch (an image's k rows in one batch)."""
+    k = data.captions_per_image
+    if k < 1:
+        raise ConfigError(f"config.data.captions_per_image={k} must be >= 1 (1: one caption drawn per visit).")
+    if data.task != "pairs" or not metadata.has("captions"):
+        raise ConfigError(
+            f"config.data.captions_per_image={k} puts several captions of an image in a batch: it needs "
+            f"task 'pairs' on captioned images ({data.display_name}, task {data.task!r}); set it to 1."
+        )
+    check_multiple(data.global_batch_size, k, "config.train.global_batch_size", "config.data.captions_per_image")
 
 
 def _check_sequence_pairs(data: DataSettings, metadata: records.Metadata) -> None:

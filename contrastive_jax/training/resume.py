@@ -24,6 +24,7 @@ RESUME_FIELDS = (
     "data.name",
     "data.records",
     "data.mixture_weights",
+    "data.captions_per_image",
     "data.train_split",
     "data.train_class_range",
     "data.task",

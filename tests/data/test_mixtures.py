@@ -167,7 +167,7 @@ def test_the_command_line_and_a_python_config_give_one_mixture(mixed):
         ({"set": {"fields": ("image",)}}, r"c cannot mix with \S+/a: its fields is \('image',\), not \('image', 'c"),
         ({"set": {"id_keys": ("group",)}}, r"c cannot mix with \S+/a: its fields is \('image', 'captions', 'group'\)"),
         ({"same_name": True}, r"share a name \(their metrics' name\); give their folders distinct names"),
-        ({"global_batch_size": 100}, r"global_batch_size=100 draws 50 rows a batch from \S+/a, more than the 40 "),
+        ({"global_batch_size": 100}, r"global_batch_size=100 draws 50 examples a batch from \S+/a, more than the 40 "),
     ],
 )
 def test_sets_that_cannot_mix_are_refused_in_one_line(mixed, tmp_path, change, message):
