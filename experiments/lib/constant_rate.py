@@ -211,3 +211,34 @@ def run_stages(
         if len(grown) < len(runs):  # the budget left a run unstarted
             break
     return records, tuned
+
+
+def setup(args) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """`(base config, run arguments, run_grid arguments)` of a constant-rate study's
+    `args`: `configs/cmudict_clip.py` on the `fit` split validated on `validation`
+    (`--quick`: slices of both), `study_run`'s `train_size`, `max_epochs` and
+    `eval_examples`, and `sweep.run_grid`'s curves, deadline (`--hours`) and stop (the
+    highest of `args.targets` reached, or patience: `finished`)."""
+    from contrastive_jax.config_lib import load_config, override
+
+    base = override(
+        load_config("cmudict_clip"),
+        {**target_steps.SPLITS, **(target_steps.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
+    )
+    target = args.targets[-1]
+    run_args = {"train_size": args.train_size, "max_epochs": args.max_epochs, "eval_examples": args.eval_examples}
+    grid_args = {
+        "curve_keys": target_steps.CURVES,
+        "deadline": sweep.deadline(args.hours),
+        "stop_when": lambda workdir: finished(workdir_curve(workdir), target),
+    }
+    return base, run_args, grid_args
+
+
+def check_args(parser, args) -> None:
+    """`parser.error` for what no constant-rate study takes: `--steps` (each run trains to
+    its target or its cap), targets out of increasing order (the last stops each run)."""
+    if args.steps is not None:
+        parser.error("--steps: each run trains to its target or its cap; pass --max-epochs.")
+    if sorted(args.targets) != list(args.targets):
+        parser.error(f"--targets {args.targets}: give them in increasing order (the last stops each run).")

@@ -1,6 +1,7 @@
 """Gradient replicates at a checkpoint, for the replicate noise scale
 (`contrastive_jax.training.noise_scale.compare`): `count` gradients of the global-batch
-loss, each of its own global batch (its own negatives), at one saved state of a run;
+loss, each of its own global batch (its own negatives; with extra negatives, its own
+extra rows), at one saved state of a run;
 and that state at a step the run did not keep (`replayed`).
 """
 
@@ -19,12 +20,15 @@ def gradients(
     """`(grads, state)`: `count` gradients of the global-batch loss at the checkpoint of
     `step` in `workdir` (None: the newest), each of an independent global batch of `n`
     examples (steps `start_step`, `start_step + 1`, ... of a stream of that batch size:
-    disjoint examples within an epoch, each batch its own negatives), and that state."""
+    disjoint examples within an epoch, each batch its own negatives), and that state.
+    With `config.loss.extra_negatives` M, each batch reads n + M examples, the last M / d
+    of each device's rows embedded without gradient (`negatives_apart.embed`, as the
+    trainer does): the gradient is the n rows' loss against all n + M columns."""
     import jax
 
     from contrastive_jax import run_dir, sharding
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training import checkpoint, run_plan, trainer
+    from contrastive_jax.training import checkpoint, negatives_apart, run_plan, trainer
 
     plan = run_plan.build(override(config, {"train.global_batch_size": n, "train.micro_batch_size": 0}))
     run = plan.trainer
@@ -36,11 +40,15 @@ def gradients(
     finally:
         ckpt.close()
 
-    def loss(params, batch):
+    def forward(params, inputs, _):
         variables = {"params": params, "batch_stats": state.batch_stats}
-        outputs = state.apply_fn(variables, batch["a"], batch.get("b"), train=False)
+        outputs = state.apply_fn(variables, inputs["a"], inputs.get("b"), train=False)
         batched = {k: v for k, v in outputs.items() if k in trainer.BATCHED_OUTPUTS}
         shared = {k: v for k, v in outputs.items() if k not in trainer.BATCHED_OUTPUTS}
+        return batched, shared, {}
+
+    def loss(params, batch):
+        batched, shared, _ = negatives_apart.embed(forward, params, batch, run.loss_settings, run.mesh)
         return run.global_loss(batched, shared, run.loss_data(batch), state.loss_state, state.step)[0]
 
     grad = jax.jit(jax.grad(loss))

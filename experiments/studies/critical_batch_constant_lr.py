@@ -56,7 +56,6 @@ from typing import Any
 
 import numpy as np
 
-from contrastive_jax.config_lib import load_config, override
 from experiments.lib import constant_rate, critical_batch_fit, intervals, sweep, target_steps
 from experiments.lib.constant_rate import (  # noqa: F401  (the protocol, moved to lib; tests reach it here)
     EVAL_EXAMPLES,
@@ -281,17 +280,8 @@ def run(args) -> list[dict]:
     """Tunes each N on the first seed, then the other seeds at the tuned rate and its
     neighbours, and every seed beyond an edge best (`edge_runs`; finished runs skipped),
     and writes results, the figures, the noise scales and the summary."""
-    base = override(
-        load_config("cmudict_clip"),
-        {**target_steps.SPLITS, **(target_steps.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
-    )
+    base, run_args, grid_args = constant_rate.setup(args)
     target = args.targets[-1]
-    run_args = {"train_size": args.train_size, "max_epochs": args.max_epochs, "eval_examples": args.eval_examples}
-    grid_args = {
-        "curve_keys": target_steps.CURVES,
-        "deadline": sweep.deadline(args.hours),
-        "stop_when": lambda workdir: finished(workdir_curve(workdir), target),
-    }
     starts = args.batch_sizes[: len(FIT_STARTS)]  # the full grid: FIT_STARTS
     records, tuned = constant_rate.run_stages(
         base, args.batch_sizes, args.seeds, args.targets, args.out,
@@ -354,10 +344,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--noise-points", type=int, help=f"steps measured along each run (default {NOISE_POINTS})")
     sweep.add_hours_option(parser)
     args = sweep.resolve(parser.parse_args(argv), "critical_batch_constant_lr", FULL, QUICK)
-    if args.steps is not None:
-        parser.error("--steps: each run trains to its target or its cap; pass --max-epochs.")
-    if sorted(args.targets) != list(args.targets):
-        parser.error(f"--targets {args.targets}: give them in increasing order (the last stops each run).")
+    constant_rate.check_args(parser, args)
     if args.noise_batch % 4 or args.replicates * args.noise_batch * 5 // 4 > args.train_size:
         parser.error(
             f"--noise-batch {args.noise_batch} --replicates {args.replicates}: n must divide by 4, and the "

@@ -1,0 +1,371 @@
+"""More negatives or less noise? Two arms that move one of what a larger batch brings and
+hold the other (issue 56, items 1-3), under the constant-rate protocol of
+`critical_batch_constant_lr` (`constant_rate`: `configs/cmudict_clip.py` on cmudict's
+`fit` split, a warmup of `WARMUP_STEPS` steps then a constant rate on the sqrt(2) grid
+tuned per setting, validation R@1 every `EVAL_EXAMPLES` examples, `PATIENCE_EVALS`,
+the cap of `MAX_EPOCHS` epochs, every seed at the tuned rate and its neighbours, edge runs).
+
+* **fixed K** (the negatives held, the batch grown): CLIP within disjoint groups of
+  `GROUP_SIZE` = K global rows (`config.loss.group_size`), each row against its group's K
+  columns, while the optimizer batch N grows over `FIXED_K_BATCHES`. The rate's first
+  step is the square-root rule's at N (`rate_grid.first_rate_step`). B_crit is fitted
+  over its N (`critical_batch_fit`, the bootstrap with the curve's misfit and the
+  weighting table): with the negatives fixed, does S(N) still bend at a knee, and where?
+* **fixed N** (the batch held, the negatives grown): N = `FIXED_BATCH` gradient rows and
+  M = C - N extra rows a step embedded without gradient, only negatives
+  (`config.loss.extra_negatives`, `training.negatives_apart`), so each row's softmax runs
+  over C = N + M columns for C in `FIXED_N_NEGATIVES` (M = 0 ... 7,680). The rate's first
+  step is N's, whatever M. Do more negatives at a fixed N buy steps? (Welch's difference
+  of the steps at the fewest and the most negatives.)
+
+The records' setting: N (field `batch_size`) in the fixed-K arm, the negatives C (field
+`negatives`) in the fixed-N arm; both arms tag `batch_size` (the optimizer's N),
+`negatives` and their option (`group_size` or `extra_negatives`). The K = 512, N = 512
+run of the fixed-K arm and the M = 0 run of the fixed-N arm are the plain CLIP run at
+N = 512 (a group of N rows is the whole batch); each arm runs its own.
+
+**Targets** `TARGETS`: validation R@1 0.80, 0.82, 0.84, 0.86, the last stopping a run.
+The constant-rate study's runs peak at 0.873-0.889 at N = 256 and stop at 0.882-0.896
+at N = 512 (the smallest setting here), so 0.80-0.86 lie below every N's peak there
+(`docs/batch_size_study.md`), while 0.88, its highest, sits at the small N's plateau,
+where steps to a target blow up at the rate's noise floor rather than the batch's. Both
+arms start at the plain N = 512 run; K = 512 groups and extra negatives at N = 512 are
+not expected to lower that plateau by 0.02 (the report's peaks say whether they did).
+
+**The noise stage**: the replicate noise scale (B_simple, B_adam; `noise_stage`) at
+`NOISE_POINTS` steps along each setting's chosen run on the first `NOISE_SEEDS` seeds,
+`REPLICATES` batches at n and n / 4, with the run's own loss. Fixed K: n = 4K and n / 4
+= K, whatever N: a replicate's gradient is the mean of its n / K groups' gradients, each
+group an independent unit of K examples, so B_simple's estimate (in examples) does not
+depend on n once both hold whole groups, and 16 of each fit in one epoch at every N.
+Fixed N: n = N, the run's own batch, and n / 4, each replicate batch filled with extra
+negatives to the run's C rows (`noise_stage.noise_at`'s `columns`): every query row's
+loss is the run's. At C = 8,192 the 2 x 16 batches of C rows read more than an epoch:
+the stream's next epoch (its own order) goes on, so those batches are draws of the split,
+not disjoint ones.
+
+The report (`summary.md`; each arm's runs in `<arm>/results.{json,csv}`, its noise in
+`<arm>/noise.json`; `steps_to_target.png`): per arm and target each setting's best rate
+and steps (mean, 95% t over the seeds); fixed K: B_crit over every N with its interval
+(misfit included), the lack of fit and, at the highest target with a fit, B_crit by
+weighting and with each N left out; fixed N: the steps at the fewest negatives less those
+at the most, with Welch's 95% interval; each arm's noise table, the fixed-K arm's set
+against its B_crit.
+
+Run (from the repository root; rerun the same command to go on):
+  .venv/bin/python -m experiments.studies.negatives_vs_noise --hours 8   # no run starts after 8 h
+  .venv/bin/python -m experiments.studies.negatives_vs_noise --hours 0   # the report from what finished
+  .venv/bin/python -m experiments.studies.negatives_vs_noise --quick     # CI: slices of the data
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from experiments.lib import constant_rate, critical_batch_fit, intervals, noise_stage, sweep, target_steps
+from experiments.lib.constant_rate import MAX_EPOCHS, MAX_TUNING_RATES, WARMUP_STEPS
+from experiments.lib.rate_grid import first_rate_step, rate_step_of
+
+GROUP_SIZE = 512  # K of the fixed-K arm
+FIXED_K_BATCHES = (512, 1024, 2048, 4096, 8192, 16384)  # its optimizer batches N
+FIXED_BATCH = 512  # N of the fixed-N arm
+FIXED_N_NEGATIVES = (512, 1024, 2048, 4096, 8192)  # its columns N + M (M = 0 ... 7,680)
+SEEDS = (0, 1, 2)
+TARGETS = (0.80, 0.82, 0.84, 0.86)  # validation R@1, mean of both directions; the last stops a run
+EVAL_EXAMPLES = constant_rate.EVAL_EXAMPLES
+REPLICATES = 16  # independent batches at each of n and n / 4
+NOISE_POINTS = 4  # steps measured along each run, spread evenly, the last included
+NOISE_SEEDS = 3  # the first seeds at each setting's chosen rate
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm: its name (its results' folder), the records' field its settings are
+    values of (`by`: `batch_size` or `negatives`), the settings, and K (fixed K: the
+    groups) or N (fixed N: the optimizer's batch)."""
+
+    name: str
+    by: str
+    settings: tuple[int, ...]
+    group_size: int = 0
+    batch_size: int = 0
+
+    def batch_of(self, setting: int) -> int:
+        """The optimizer's batch N at `setting`."""
+        return setting if self.by == "batch_size" else self.batch_size
+
+    def run(self, setting: int, rate_step: int, seed: int, **run_args) -> sweep.Run:
+        """`constant_rate.study_run` at this arm's N for `setting`, with its loss option
+        (`loss.group_size` K, or `loss.extra_negatives` M = C - N) in its overrides and
+        tags, and `negatives` (the columns of each row's softmax: K or C) tagged."""
+        n = self.batch_of(setting)
+        plain = constant_rate.study_run(n, rate_step, seed, **run_args)
+        if self.by == "batch_size":
+            option, value, negatives, label = "group_size", self.group_size, self.group_size, f"g{self.group_size}"
+        else:
+            option, value, negatives, label = "extra_negatives", setting - n, setting, f"m{setting - n}"
+        tags = {**plain.tags, option: value, "negatives": negatives}
+        return sweep.Run(f"n{n}_{label}_k{rate_step}_s{seed}", tags, {**plain.overrides, f"loss.{option}": value})
+
+    def title(self) -> str:
+        """The arm in a line: what it holds and the settings it grows."""
+        settings = ", ".join(f"{s:,}" for s in self.settings)
+        if self.by == "batch_size":
+            return f"Fixed K = {self.group_size:,} negatives, N = {settings}"
+        return f"Fixed N = {self.batch_size:,}, negatives N + M = {settings}"
+
+    def replicate_rows(self, run: sweep.Run) -> tuple[int, int | None]:
+        """The noise stage's `(n, columns)` for `run`: fixed K, n = 4K (n / 4 = one group);
+        fixed N, the run's N, each replicate batch filled to its N + M rows."""
+        if self.by == "batch_size":
+            return 4 * self.group_size, None
+        return run.tags["batch_size"], run.tags["negatives"]
+
+
+def arms(args) -> tuple[Arm, Arm]:
+    """The fixed-K and fixed-N arms of `args`."""
+    return (
+        Arm("fixed_k", "batch_size", tuple(args.fixed_k_batches), group_size=args.group_size),
+        Arm("fixed_n", "negatives", tuple(args.fixed_n_negatives), batch_size=args.fixed_batch),
+    )
+
+
+def steps_table(records: Sequence[Mapping[str, Any]], target: float, arm: Arm) -> str:
+    """Per setting of `arm`, its best rate step at `target` among those every seed ran
+    (`constant_rate.best_by_n`, marked at the edge), its steps (mean [95% t] over the
+    seeds) and the seeds; a setting none of whose rates reached it in every seed: not reached."""
+    best = constant_rate.best_by_n(records, target, arm.by)
+    rows = []
+    for setting in sorted({r[arm.by] for r in records}):
+        entry = best.get(setting)
+        if entry is None:
+            rows.append([f"{setting:,}", f"{arm.batch_of(setting):,}", "-", "not reached", "-"])
+            continue
+        steps = list(entry["by_seed"].values())
+        k = f"{rate_step_of(entry['lr_factor'])}" + (" (edge)" if entry["edge"] else "")
+        rows.append(
+            [f"{setting:,}", f"{arm.batch_of(setting):,}", k, intervals.mean_and_interval(steps), entry["seeds"]]
+        )
+    label = "N" if arm.by == "batch_size" else "negatives N + M"
+    return sweep.markdown_table(rows, [label, "optimizer batch N", "best rate step k", "steps (mean ± 95% t)", "seeds"])
+
+
+def fixed_k_section(records: Sequence[Mapping[str, Any]], target: float) -> tuple[str, dict | None]:
+    """The fixed-K arm's words at `target`: B_crit over every N (`critical_batch_fit`'s
+    bootstrap, the misfit included) with the lack of fit and S_N - 2 S_2N; and the fit
+    (None where fewer than the fit's N reach it)."""
+    steps_by_n = target_steps.steps_by_seed(constant_rate.best_by_n(records, target))
+    fits = critical_batch_fit.fit_ranges(steps_by_n, sorted(steps_by_n)[:1])
+    if not fits:
+        return "", None
+    fit = fits[0]
+    return (
+        f"\nS(N) = S_min (1 + B_crit / N) over N from {fit['from']:,} ({fit['points']} N), K = "
+        f"{records[0]['group_size']:,} negatives: {critical_batch_fit.b_crit_words(fit)}, S_min = "
+        f"{fit['s_min']:.0f} steps. {critical_batch_fit.lack_of_fit_words(fit)} "
+        f"{critical_batch_fit.halving_words(steps_by_n)}\n"
+    ), fit
+
+
+def fixed_n_contrast(records: Sequence[Mapping[str, Any]], target: float) -> str:
+    """The fixed-N arm's answer at `target`: the steps at the fewest negatives less those at
+    the most (their best rates, `constant_rate.best_by_n`), with Welch's 95% interval over
+    the seeds and `intervals.verdict` (positive: more negatives reach it in fewer steps)."""
+    best = constant_rate.best_by_n(records, target, "negatives")
+    if len(best) < 2:
+        return ""
+    fewest, most = min(best), max(best)
+    difference, low, high = intervals.welch_interval(
+        list(best[fewest]["by_seed"].values()), list(best[most]["by_seed"].values())
+    )
+    bounds = "[n/a]" if low != low else f"[{low:+,.0f}, {high:+,.0f}]"
+    return (
+        f"\nSteps at {fewest:,} negatives less steps at {most:,} (N = {records[0]['batch_size']:,} both): "
+        f"{difference:+,.0f} {bounds} (Welch, 95%), {intervals.verdict(low, high)}.\n"
+    )
+
+
+def steps_figure(by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], targets: Sequence[float]) -> dict:
+    """`steps_to_target`: per arm a panel of each target's best steps (mean, 95% t over
+    the seeds) against the arm's setting, log-log, the dotted line perfect scaling from
+    the smallest setting."""
+    fig, axes = sweep.new_figure("steps to a validation R@1 target, rate tuned per setting", ncols=len(by_arm))
+    for axis, (arm, records) in zip(axes, by_arm.items(), strict=True):
+        for target, color in zip(targets, sweep.colors(len(targets), "viridis"), strict=True):
+            best = constant_rate.best_by_n(records, target, arm.by)
+            if not best:
+                continue
+            xs = sorted(best)
+            steps = [best[x]["steps"] for x in xs]
+            axis.errorbar(xs, steps, yerr=target_steps.error_bars(best, xs), marker="o", capsize=3, color=color,
+                          label=f"R@1 {target:.2f}")  # fmt: skip
+            axis.plot(xs, [steps[0] * xs[0] / x for x in xs], ls=":", color=color)
+        if records:
+            sweep.log_spaced_ticks(axis, sorted({r[arm.by] for r in records}))
+            axis.legend(fontsize=7)
+        label = (f"optimizer batch N (groups of K = {arm.group_size:,})" if arm.by == "batch_size"
+                 else f"negatives N + M (N = {arm.batch_size:,})")  # fmt: skip
+        axis.set(xlabel=label, ylabel="steps (dotted: perfect scaling)", yscale="log", title=arm.name)
+    return {"steps_to_target": fig}
+
+
+def arm_summary(arm: Arm, records: Sequence[Mapping[str, Any]], targets: Sequence[float], noise) -> str:
+    """One arm's part of the report (`module docstring`): per target its steps table and
+    its fit (fixed K) or its contrast (fixed N); the weighting table at the highest
+    target with a fit; its noise table, the fixed-K arm's against its B_crit."""
+    text = f"\n## {arm.title()} ({len(records)} runs)\n"
+    if not records:
+        return text + "\nNo run finished yet.\n"
+    headline = None
+    for target in targets:
+        text += f"\n### Steps to validation R@1 {target:g}\n\n" + steps_table(records, target, arm)
+        if arm.by == "negatives":
+            text += fixed_n_contrast(records, target)
+            continue
+        words, fit = fixed_k_section(records, target)
+        text += words
+        headline = (target, fit) if fit else headline
+    if headline:
+        steps_by_n = target_steps.steps_by_seed(constant_rate.best_by_n(records, headline[0]))
+        text += (f"\n### B_crit at R@1 {headline[0]:g} by weighting and with each N left out\n\n"
+                 + critical_batch_fit.weighting_table(steps_by_n))  # fmt: skip
+    if noise:
+        label = "run's N" if arm.by == "batch_size" else "run's N + M"
+        text += noise_stage.noise_table(noise, arm.by, label).replace("\n## ", "\n### ")
+        if headline:
+            reaching = {
+                (r["batch_size"], r["lr_factor"], r["seed"]): target_steps.validation_curve(r)
+                for r in records
+                if target_steps.steps_to_target(target_steps.validation_curve(r), headline[0]) is not None
+            }
+            text += noise_stage.noise_against_b_crit(noise, *headline, reaching)
+    return text
+
+
+def summary(by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], targets: Sequence[float], noise_by_arm) -> str:
+    """The markdown report: the protocol in a line, then each arm's `arm_summary`."""
+    text = (
+        f"# More negatives or less noise: two arms on cmudict, constant rate after {WARMUP_STEPS} warmup steps\n\n"
+        "Steps: mean ± the 95% t-interval's half-width over the seeds, at each setting's best rate step k "
+        "(peak rate 1e-3 · 2^(k/2)) among those every seed ran; (edge): the best is the smallest or largest of "
+        "those. B_crit's interval: `critical_batch_fit.bootstrap` (the seeds resampled within each N, each N's "
+        "mean times 1 + tau z for the curve's misfit tau); resolved: the interval lies inside the N fitted. "
+        "A difference is resolved when its 95% interval leaves out 0.\n"
+    )
+    for arm, records in by_arm.items():
+        text += arm_summary(arm, records, targets, noise_by_arm.get(arm))
+    return text
+
+
+def read_noise(arm_out) -> dict:
+    """The arm's cached noise entries (`noise.json`; none yet: {})."""
+    import json
+
+    path = arm_out / "noise.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_partial(arm: Arm, records: Sequence[Mapping[str, Any]], args) -> None:
+    """The arm's `results.{json,csv}` of the runs finished so far, between stages:
+    `records` over the committed records of the same names (the committed ones of runs
+    not visited yet kept)."""
+    out = args.out / arm.name
+    sweep.write_results(list((sweep.committed_records(out) | {r["name"]: r for r in records}).values()), out)
+
+
+def run(args) -> dict[str, list[dict]]:
+    """Each arm's stages (`constant_rate.run_stages`; finished runs skipped), then each
+    arm's noise stage on its chosen runs, the figure and the summary. Returns each arm's
+    records by its name."""
+    base, run_args, grid_args = constant_rate.setup(args)
+    target = args.targets[-1]
+    by_arm, noise_by_arm = {}, {}
+    for arm in arms(args):
+        make_run = functools.partial(arm.run, **run_args)
+        by_arm[arm], tuned = constant_rate.run_stages(
+            base, arm.settings, args.seeds, args.targets, args.out / arm.name, make_run=make_run,
+            first_step=lambda setting, arm=arm: first_rate_step(arm.batch_of(setting)), grid_args=grid_args,
+            most=args.max_tuning_rates, write_partial=functools.partial(write_partial, arm, args=args), by=arm.by,
+        )  # fmt: skip
+        sweep.write_results(by_arm[arm], args.out / arm.name)
+        best = constant_rate.best_by_n(by_arm[arm], target, arm.by)
+        chosen = {s: rate_step_of(best[s]["lr_factor"]) if s in best else k for s, k in tuned.items()}
+        measured = [make_run(s, k, seed) for seed in args.seeds[: args.noise_seeds] for s, k in chosen.items()]
+        noise_by_arm[arm] = noise_stage.noise_scales(
+            base, measured, args.out / arm.name, args, grid_args["deadline"], arm.replicate_rows
+        )
+    sweep.save(steps_figure(by_arm, args.targets), args.out)
+    (args.out / "summary.md").write_text(summary(by_arm, args.targets, noise_by_arm))
+    print(f"wrote {args.out}")
+    return {arm.name: records for arm, records in by_arm.items()}
+
+
+FULL = dict(
+    group_size=GROUP_SIZE,
+    fixed_k_batches=list(FIXED_K_BATCHES),
+    fixed_batch=FIXED_BATCH,
+    fixed_n_negatives=list(FIXED_N_NEGATIVES),
+    seeds=list(SEEDS),
+    targets=list(TARGETS),
+    train_size=target_steps.FIT_PAIRS,
+    max_epochs=MAX_EPOCHS,
+    eval_examples=EVAL_EXAMPLES,
+    max_tuning_rates=MAX_TUNING_RATES,
+    replicates=REPLICATES,
+    noise_points=NOISE_POINTS,
+    noise_seeds=NOISE_SEEDS,
+)
+# --quick: 1,024 training pairs, 256 validation pairs; fixed K: groups of 32, N = 32 and 64;
+# fixed N: N = 64, negatives 64 and 128; at most 2 epochs, validation every 256 examples,
+# 3 rates tuned (no edge runs), 2 seeds, 4 replicates at 2 steps of each run on the first seed.
+QUICK = dict(
+    group_size=32,
+    fixed_k_batches=[32, 64],
+    fixed_batch=64,
+    fixed_n_negatives=[64, 128],
+    seeds=[0, 1],
+    targets=[0.005, 0.01],
+    train_size=1024,
+    max_epochs=2.0,
+    eval_examples=256,
+    max_tuning_rates=3,
+    replicates=4,
+    noise_points=2,
+    noise_seeds=1,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
+    parser = sweep.argument_parser(__doc__.splitlines()[0])
+    parser.add_argument("--group-size", type=int, help=f"K of the fixed-K arm (default {GROUP_SIZE})")
+    parser.add_argument("--fixed-k-batches", type=sweep.int_list, help="the fixed-K arm's optimizer batches N")
+    parser.add_argument("--fixed-batch", type=int, help=f"N of the fixed-N arm (default {FIXED_BATCH})")
+    parser.add_argument("--fixed-n-negatives", type=sweep.int_list, help="the fixed-N arm's negatives N + M")
+    parser.add_argument("--targets", type=sweep.float_list, help="validation R@1 targets (the last stops a run)")
+    parser.add_argument("--max-epochs", type=float, help=f"each run's cap (default {MAX_EPOCHS:g})")
+    parser.add_argument("--eval-examples", type=int, help=f"examples between validations (default {EVAL_EXAMPLES:,})")
+    parser.add_argument("--max-tuning-rates", type=int, help=f"rates tuned per setting at most ({MAX_TUNING_RATES})")
+    parser.add_argument("--replicates", type=int, help=f"independent batches at n and n / 4 (default {REPLICATES})")
+    parser.add_argument("--noise-points", type=int, help=f"steps measured along each run (default {NOISE_POINTS})")
+    parser.add_argument("--noise-seeds", type=int, help=f"seeds measured at each setting (default {NOISE_SEEDS})")
+    sweep.add_hours_option(parser)
+    args = sweep.resolve(parser.parse_args(argv), "negatives_vs_noise", FULL, QUICK)
+    constant_rate.check_args(parser, args)
+    if any(n % args.group_size for n in args.fixed_k_batches) or min(args.fixed_n_negatives) < args.fixed_batch:
+        parser.error(
+            f"--group-size {args.group_size} must divide every --fixed-k-batches {args.fixed_k_batches}, and "
+            f"--fixed-n-negatives {args.fixed_n_negatives} be at least --fixed-batch {args.fixed_batch} (M >= 0)."
+        )
+    if args.replicates * 5 * args.group_size > args.train_size:
+        parser.error(
+            f"--replicates {args.replicates}: the fixed-K arm's {args.replicates} x (4K + K) replicate examples "
+            f"(K = {args.group_size}) must fit in one epoch of {args.train_size:,}."
+        )
+    return run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""experiments/studies/negatives_vs_noise.py: each arm's runs (group_size / extra_negatives,
+the optimizer batch, the rate), the protocol keyed by the arm's setting, the noise stage's
+replicates with the run's own loss, the report's fit and Welch contrast, and --quick end
+to end (both arms; a rerun trains nothing)."""
+
+import argparse
+import functools
+import json
+
+import numpy as np
+import pytest
+
+from experiments.lib import constant_rate, noise_stage, replicates, target_steps
+from experiments.studies import negatives_vs_noise as study
+
+RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
+FIXED_K, FIXED_N = study.arms(argparse.Namespace(**study.FULL))
+
+
+def record(arm, setting, k, seed, reached_at, top=0.9):
+    """The record of `arm`'s run at `setting`, rate step `k`, `seed`, whose validation R@1
+    rises linearly to `top` at step `reached_at`."""
+    run = arm.run(setting, k, seed, **RUN_ARGS)
+    curve = [[step, top * step / reached_at] for step in (reached_at / 2, reached_at)]
+    return {"name": run.name, **run.tags, "curves": {f"eval/{m}": curve for m in target_steps.METRICS}}
+
+
+def test_each_arm_runs_its_loss_option_at_its_batch_and_rate(load_config):
+    """Fixed K: groups of 512 at N; fixed N: N = 512 and M = C - 512 extra negatives,
+    tagged with C; both at the constant-rate protocol's rate, warmup and cadence, and the
+    fixed-N arm's first rate step is N's whatever M."""
+    from contrastive_jax.config_lib import override
+
+    grouped = FIXED_K.run(4096, 7, 1, **RUN_ARGS)
+    plain = constant_rate.study_run(4096, 7, 1, **RUN_ARGS)
+    assert grouped.name == "n4096_g512_k7_s1"
+    assert grouped.overrides == {**plain.overrides, "loss.group_size": 512}
+    assert grouped.tags == {**plain.tags, "group_size": 512, "negatives": 512}
+    extra = FIXED_N.run(2048, 4, 2, **RUN_ARGS)
+    assert extra.name == "n512_m1536_k4_s2"
+    assert extra.overrides == {**constant_rate.study_run(512, 4, 2, **RUN_ARGS).overrides, "loss.extra_negatives": 1536}
+    assert (extra.tags["batch_size"], extra.tags["extra_negatives"], extra.tags["negatives"]) == (512, 1536, 2048)
+    config = override(load_config("cmudict_clip"), extra.overrides)
+    assert (config.train.global_batch_size, config.loss.extra_negatives, config.loss.group_size) == (512, 1536, 0)
+    assert config.optim.learning_rate == pytest.approx(1e-3 * 2**2) and config.optim.schedule == "constant"
+    assert [FIXED_N.batch_of(c) for c in FIXED_N.settings] == [512] * 5
+    assert [FIXED_K.batch_of(n) for n in FIXED_K.settings] == list(study.FIXED_K_BATCHES)
+    assert FIXED_K.replicate_rows(grouped) == (2048, None)  # n = 4K, n / 4 = one group
+    assert FIXED_N.replicate_rows(extra) == (512, 2048)  # the run's N, filled to its N + M columns
+
+
+def test_the_protocol_tunes_and_ranks_each_setting_of_the_arms_field(rising_record):
+    """The fixed-N arm's settings share one batch_size: tuned_steps and best_by_n group by
+    `negatives`, each its own best. (Mutation: reached_steps keyed by batch_size whatever
+    `by` merges them: red.)"""
+    records = [record(FIXED_N, 512, k, 0, {2: 900, 3: 800, 4: 850}[k]) for k in (2, 3, 4)]
+    records += [record(FIXED_N, 8192, k, 0, {2: 700, 3: 750, 4: 600}[k]) for k in (2, 3, 4)]
+    assert constant_rate.tuned_steps(records, 0, [0.86], by="negatives") == {512: 3, 8192: 4}
+    best = constant_rate.best_by_n(records, 0.86, "negatives")
+    assert (best[512]["steps"], best[8192]["steps"]) == pytest.approx((800 * 0.86 / 0.9, 600 * 0.86 / 0.9))
+    assert best[8192]["edge"] and not best[512]["edge"]
+    grown = constant_rate.edge_runs(records, [0, 1], 0.86, 6, functools.partial(FIXED_N.run, **RUN_ARGS), "negatives")
+    assert [r.name for r in grown] == ["n512_m7680_k5_s0", "n512_m7680_k5_s1"]
+
+
+def test_the_fixed_n_contrast_is_welchs_difference_of_the_fewest_and_most_negatives():
+    """Steps at 512 negatives less those at 8,192, Welch over 3 seeds each. (Mutation: the
+    most less the fewest: red.)"""
+    fewest, most = [1000.0, 1100.0, 1200.0], [700.0, 760.0, 820.0]
+    records = [record(FIXED_N, 512, 3, s, v / 0.86 * 0.9) for s, v in enumerate(fewest)]
+    records += [record(FIXED_N, 8192, 3, s, v / 0.86 * 0.9) for s, v in enumerate(most)]
+    from experiments.lib import intervals
+
+    difference, low, high = intervals.welch_interval(fewest, most)
+    text = study.fixed_n_contrast(records, 0.86)
+    assert f"Steps at 512 negatives less steps at 8,192 (N = 512 both): {difference:+,.0f} " in text
+    assert f"[{low:+,.0f}, {high:+,.0f}] (Welch, 95%), resolved." in text and difference == pytest.approx(340)
+    table = study.steps_table(records, 0.86, FIXED_N)
+    assert "| 8,192 | 512 | 3 | 760 ± " in table
+
+
+def test_the_fixed_k_report_fits_b_crit_with_the_misfit_and_the_weighting_table():
+    """S(N) = S_min (1 + B_crit / N) through the fixed-K arm's best steps, B_crit near the
+    curve's, its interval, lack of fit and the weighting table at the highest target."""
+    curve = {n: 1000 * (1 + 2000 / n) for n in study.FIXED_K_BATCHES}
+    records = [record(FIXED_K, n, 5, s, curve[n] * (1 + 0.02 * (s - 1)) / 0.86 * 0.9)
+               for n in study.FIXED_K_BATCHES for s in range(3)]  # fmt: skip
+    words, fit = study.fixed_k_section(records, 0.86)
+    assert fit["b_crit"] == pytest.approx(2000, rel=0.05) and "K = 512 negatives" in words
+    text = study.summary({FIXED_K: records, FIXED_N: []}, [0.86], {})
+    assert "B_crit at R@1 0.86 by weighting and with each N left out" in text
+    assert "chi^2" in text.replace("χ²", "chi^2") or "lack of fit" in text.lower()
+    assert "No run finished yet." in text
+
+
+def test_noise_replicates_fill_each_batch_to_the_runs_columns(monkeypatch):
+    """With columns C the replicates at n and at n / 4 each read C rows: C - n and
+    C - n / 4 extra negatives, from stream steps 0 and `count` (both streams C rows a
+    step). (Mutation: C - n on both sides: red.)"""
+    from contrastive_jax.training import noise_scale
+
+    calls = []
+
+    def fake_gradients(config, workdir, n, count, *, step, start_step):
+        calls.append((n, config.loss.extra_negatives, start_step, config.data.seed))
+        rng = np.random.default_rng(len(calls))
+        return [{"w": rng.normal(size=8) + 1} for _ in range(count)], argparse.Namespace(opt_state=None)
+
+    monkeypatch.setattr(replicates, "gradients", fake_gradients)
+    monkeypatch.setattr(noise_scale, "adam_preconditioned", lambda g, opt_state: g)
+    from contrastive_jax.config_lib import load_config, override
+
+    config = override(load_config("cmudict_clip"), FIXED_N.run(2048, 3, 1, **RUN_ARGS).overrides)
+    measured = noise_stage.noise_at(config, "unused", 8, 512, 4, 50, columns=2048)
+    assert calls == [(512, 1536, 0, noise_stage.NOISE_DATA_SEED + 1), (128, 1920, 4, noise_stage.NOISE_DATA_SEED + 1)]
+    assert set(measured) == {"sgd", "adam"}
+    calls.clear()
+    noise_stage.noise_at(config, "unused", 8, 512, 4, 50)  # no columns: the config's own M, quarter from 4 x count
+    assert [(n, m, start) for n, m, start, _ in calls] == [(512, 1536, 0), (128, 1536, 16)]
+
+
+def test_replicate_gradients_embed_the_extra_rows_without_gradient(tiny_config, tmp_path):
+    """`replicates.gradients` with M extra negatives = the gradient of the global loss with
+    each device's last M / d rows' embeddings stopped (the trainer's step). (Mutation:
+    the towers applied to every row with the parameters, as before: red.)"""
+    import jax
+
+    from contrastive_jax import sharding
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.data import input_pipeline
+    from contrastive_jax.training import run_plan, trainer
+
+    config = override(tiny_config, {"train.num_train_steps": 1, "loss.extra_negatives": 16})
+    run_plan.train_and_evaluate(config, str(tmp_path))
+    (grad,), state = replicates.gradients(config, str(tmp_path), 32, 1)
+    plan = run_plan.build(override(config, {"train.global_batch_size": 32}))
+    run = plan.trainer
+    batch = jax.device_put(dict(next(iter(input_pipeline.train_dataset(plan.data)))),
+                           sharding.data_sharding(run.mesh))  # fmt: skip
+    shards = sharding.batch_shards(run.mesh)
+    extra = (np.arange(48) % (48 // shards)) >= 32 // shards  # each device's last 16 / d rows
+
+    def loss(params):
+        variables = {"params": params, "batch_stats": state.batch_stats}
+        outputs = state.apply_fn(variables, batch["a"], batch.get("b"), train=False)
+        batched = {k: v for k, v in outputs.items() if k in trainer.BATCHED_OUTPUTS}
+        batched = {k: jax.numpy.where(extra[:, None], jax.lax.stop_gradient(v), v) for k, v in batched.items()}
+        shared = {k: v for k, v in outputs.items() if k not in trainer.BATCHED_OUTPUTS}
+        return run.global_loss(batched, shared, run.loss_data(batch), state.loss_state, state.step)[0]
+
+    expected = jax.grad(loss)(state.params)
+    for got_leaf, expected_leaf in zip(jax.tree.leaves(grad), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(got_leaf, expected_leaf, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_settings_are_one_clear_error(capsys):
+    for argv, words in (
+        (["--quick", "--fixed-k-batches", "48"], "must divide every --fixed-k-batches"),
+        (["--quick", "--fixed-n-negatives", "32"], "be at least --fixed-batch 64"),
+        (["--quick", "--replicates", "64"], "must fit in one epoch"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            study.main(argv)
+        assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_quick_runs_both_arms_their_noise_and_the_report_and_resumes(tmp_path, cmudict_data_dir, capsys):
+    args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
+    by_arm = study.main(args)
+    quick_k, quick_n = study.arms(argparse.Namespace(**study.QUICK))
+    for r in by_arm["fixed_k"]:
+        assert (r["group_size"], r["negatives"]) == (32, 32) and r["batch_size"] in (32, 64)
+        config = json.loads((tmp_path / "fixed_k" / "runs" / r["name"] / "config.json").read_text())
+        assert (config["loss"]["group_size"], config["train"]["global_batch_size"]) == (32, r["batch_size"])
+    for r in by_arm["fixed_n"]:
+        assert r["batch_size"] == 64 and r["extra_negatives"] == r["negatives"] - 64 and r["negatives"] in (64, 128)
+        config = json.loads((tmp_path / "fixed_n" / "runs" / r["name"] / "config.json").read_text())
+        assert config["loss"]["extra_negatives"] == r["extra_negatives"]
+        assert config["optim"]["learning_rate"] == pytest.approx(r["learning_rate"])
+    for arm in (quick_k, quick_n):  # seed 1 ran the tuned rate and its neighbours at every setting
+        records = by_arm[arm.name]
+        assert {r[arm.by] for r in records if r["seed"] == 1} == set(arm.settings)
+        noise = json.loads((tmp_path / arm.name / "noise.json").read_text())
+        assert {e[arm.by] for e in noise.values()} == set(arm.settings)
+        assert all(e.get("columns") == (e["negatives"] if arm is quick_n else None) for e in noise.values())
+        assert all(e["n"] == (64 if arm is quick_n else 128) for e in noise.values())
+    summary = (tmp_path / "summary.md").read_text()
+    assert (
+        "## Fixed K = 32 negatives, N = 32, 64" in summary and "## Fixed N = 64, negatives N + M = 64, 128" in summary
+    )
+    assert "S(N) = S_min (1 + B_crit / N)" in summary and "Steps at 64 negatives less steps at 128" in summary
+    assert (tmp_path / "steps_to_target.png").stat().st_size > 0
+    capsys.readouterr()
+    assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(by_arm))
+    out = capsys.readouterr().out
+    assert "training" not in out and "[noise] " not in out
