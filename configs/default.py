@@ -27,7 +27,14 @@ def get_config() -> ml_collections.ConfigDict:
     # records on first use under data_dir), or your own record set (data.records, written by
     # `python -m contrastive_jax.write_records`; docs/own_data.md).
     data.name = "sklearn_digits"  # A built-in dataset (data/settings.py: BUILTIN); ignored with data.records.
-    data.records = ml_collections.config_dict.placeholder(str)  # A record set's directory; None: data.name.
+    # Several ("data/a,data/b", or a tuple) are mixed by data.mixture_weights (docs/own_data.md);
+    # evaluation reads the first's splits.
+    data.records = ml_collections.config_dict.placeholder(object)  # A record set's directory; None: data.name.
+    data.mixture_weights = ()  # One weight per set of data.records (e.g. 0.7,0.3); (): one set, unweighted.
+    # Task "pairs" on captioned images: k rows per image in a batch, each with another of its
+    # captions (the image and its augmentation repeated, its `index` the rows' positive id;
+    # k divides the global batch). 1: one caption drawn per visit.
+    data.captions_per_image = 1  # k.
     data.data_dir = ml_collections.config_dict.placeholder(str)  # Built-in sets' records' dir; None: ~/.cache/
     data.task = "pairs"  # "pairs" (two halves / image-text), "views" (SimCLR), "labeled".
     data.train_split = "train"  # Split used for training ("a+b": both).
@@ -55,6 +62,11 @@ def get_config() -> ml_collections.ConfigDict:
     model.encoder_dim = 256  # Output width of the "mlp" / "cnn" / text encoders.
     model.text_num_layers = 4  # Depth of the "text_transformer" encoder.
     model.patch_size = 16  # ViT patch size in pixels (4 suits 32x32 images).
+    # Patch dropout (FLIP, Li et al. 2023; open_clip's `patch_dropout`): a ViT tower keeps
+    # max(1, int(P * (1 - p))) of its P patches while training, and its class token; never at
+    # evaluation, in `trained` or an export. A row's patches: a function of (seed, step, row).
+    model.patch_dropout = 0.0  # p, the fraction of patch tokens dropped; 0: none.
+    model.patch_dropout_until_step = 0  # Dropped before this step, all kept from it (FLIP's tuning); 0: throughout.
     model.dropout_rate = 0.1  # Dropout in the MLP encoder and transformers.
     model.projection_hidden_dims = ()  # Hidden widths of the projection head; (): linear.
     model.embed_dim = 64  # Width of the L2-normalised embedding the loss sees.
@@ -99,6 +111,12 @@ def get_config() -> ml_collections.ConfigDict:
     # "xbm": None: batch and memory pooled in one loss; lambda (1.0 in the paper's code):
     # loss(batch) + lambda loss(batch vs memory), the batch enqueued first.
     loss.xbm_memory_weight = ml_collections.config_dict.placeholder(float)  # None or lambda >= 0.
+    # Negatives and batch apart (docs/losses.md). "clip", "infonce", "siglip": each row's softmax
+    # within its group of K consecutive rows of the global batch (K divides N); 0: the whole batch.
+    loss.group_size = 0  # K: the negatives fixed while N grows.
+    # "clip", "infonce": M more rows a step that are only negatives (embedded without gradient;
+    # the stream reads N + M, the optimizer's batch is N); M divides over the devices. 0: none.
+    loss.extra_negatives = 0  # M: the negatives grown while N stays.
 
     config.optim = optim = ml_collections.ConfigDict()
     optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".

@@ -111,6 +111,7 @@ def check_batch_schedule(
     parts = {"the devices": num_devices, "the processes": jax.process_count()}
     parts["config.train.micro_batch_size"] = train.micro_batch_size or 1
     parts["config.data.examples_per_class"] = config.data.examples_per_class if config.data.task == "labeled" else 1
+    parts["config.data.captions_per_image"] = data.captions_per_image  # an image's rows in one batch
     chunk = config.loss.chunk_size
     if isinstance(chunk, int) and not isinstance(chunk, bool):
         parts["config.loss.chunk_size"] = chunk * (num_devices if config.loss.collective == "ring" else 1)

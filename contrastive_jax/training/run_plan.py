@@ -109,10 +109,18 @@ def write_builtin_records(config: ml_collections.ConfigDict) -> str | None:
 def data_settings(config: ml_collections.ConfigDict) -> settings.DataSettings:
     """`config.data` (and the global batch size) as the input pipeline's plain values."""
     data = config.data
-    besides = {"global_batch_size", "augment", "train_class_range"}
+    besides = {"global_batch_size", "augment", "train_class_range", "records", "mixture_records", "mixture_weights"}
+    besides |= {"captions_per_image"}
+    sets = tuple(data.records.split(",") if isinstance(data.records, str) else data.records or ())
+    weights = tuple(data.get("mixture_weights", ()))  # a run saved before mixtures has none
     return settings.DataSettings(
         **group_values(settings.DataSettings, data, besides=besides),
-        global_batch_size=config.train.global_batch_size,
+        records=sets[0] if sets else None,  # a mixture's first set: evaluation reads its splits
+        mixture_records=sets if len(sets) > 1 or weights else (),
+        mixture_weights=weights,
+        captions_per_image=data.get("captions_per_image", 1),  # a run saved before it has none
+        # The rows read a step; a run saved before extra negatives (`TrainedModel.data`) has none.
+        global_batch_size=config.train.global_batch_size + config.loss.get("extra_negatives", 0),
         train_class_range=_optional_tuple(data.train_class_range),
         augment=settings.Augment(**data.augment.to_dict()),
     )
@@ -147,7 +155,7 @@ def schedule_settings(config: ml_collections.ConfigDict) -> batch_schedule.Sched
     train = config.train
     return batch_schedule.parse(
         train.batch_schedule,
-        train.global_batch_size,
+        train.global_batch_size + config.loss.extra_negatives,  # the rows read a step (constant with extra negatives)
         noise_factor=train.batch_noise_factor,
         noise_window_steps=train.batch_noise_window_steps,
         batch_max=train.batch_max,
@@ -216,7 +224,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
         optimizer.make_optimizer(optim_settings(config), train.num_train_steps, model.TOWER_PARAMS),
         loss,
         loss_config,
-        global_batch_size=train.global_batch_size,
+        global_batch_size=train.global_batch_size + config.loss.extra_negatives,  # the data batch's rows
         seed=config.seed,
         id_keys=metadata.id_keys,
         gradient=GradientSettings(
@@ -262,4 +270,4 @@ def _model(towers: two_tower.ModelSettings, data: settings.DataSettings, text_vo
         embed_dim=towers.embed_dim,
         learned_bias=towers.bias_init is not None,
     )
-    return loaded.model.clone(options=options), loaded.params
+    return loaded.model.clone(options=options, patch_dropout=two_tower.patch_dropout_of(towers)), loaded.params

@@ -20,9 +20,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses, sharding
-from contrastive_jax.models import two_tower
+from contrastive_jax.models import patch_dropout, two_tower
 from contrastive_jax.sharding import BATCH_AXES
-from contrastive_jax.training import grad_cache, noise_scale, optimizer
+from contrastive_jax.training import grad_cache, negative_inputs, negatives_apart, noise_scale, optimizer
 
 # Model outputs with a batch dimension (split over the mesh); the rest are replicated.
 BATCHED_OUTPUTS = ("za", "zb", "logits")
@@ -47,7 +47,6 @@ class GradientSettings:
     micro_batch_method: str = "grad_cache"  # a name in grad_cache.MICRO_BATCH_METHODS
     log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
     lr_scaling: str = "none"  # the rate at a batch N: optimizer.rate_factor(lr_scaling, N, global_batch_size)
-
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -137,7 +136,9 @@ class Trainer:
         }
         return self.jit_train_step(abstract_state).lower(abstract_state, batch).compile()
 
-    def train_step(self, state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+    def train_step(
+        self, state: TrainState, batch: dict[str, jax.Array], masked: bool | None = None
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
         """One optimizer step on a global batch (`a` [N, ...], optional `b`, `label` [N]).
 
         With `config.train.micro_batch_size` m > 0 the batch is embedded in N / m
@@ -146,12 +147,18 @@ class Trainer:
         micro-batches' own losses (fewer negatives: a different objective).
 
         Pure: dropout randomness is `fold_in(fold_in(key(seed), state.step), micro_index)`,
-        so a resumed run repeats an uninterrupted one. A loss with state
+        so a resumed run repeats an uninterrupted one. Patch dropout (the model's
+        `patch_dropout`) keeps the tokens of the keys `patch_dropout.row_keys(seed,
+        state.step, global row)`, the same whatever the micro-batches and devices; with
+        an `until_step`, a `lax.cond` runs the masked step before it, the unmasked one
+        after (`masked`: that branch alone). A loss with state
         (`losses.LossState`) updates `state.loss_state` once, from the whole batch. Returns the new state and scalar
         metrics (`loss`, `grad_norm`, `learning_rate`, `temperature`, the loss's own).
         """
+        if masked is None and self.model.patch_dropout.staged:
+            return self._masked_until(state, batch)
         rng = jax.random.fold_in(jax.random.key(self.seed), state.step)
-        batch = self._with_momentum_keys(state, batch)
+        batch = self._with_patch_keys(state.step, self._with_momentum_keys(state, batch), masked)
 
         def forward(params, inputs, micro_index):
             outputs, updates = state.apply_fn(
@@ -161,6 +168,7 @@ class Trainer:
                 train=True,
                 rngs={"dropout": jax.random.fold_in(rng, micro_index)},
                 mutable=["batch_stats"],
+                patch_keys=inputs.get("patch_keys"),
             )
             batched = {k: v for k, v in outputs.items() if k in BATCHED_OUTPUTS}
             shared = {k: v for k, v in outputs.items() if k not in BATCHED_OUTPUTS}
@@ -188,7 +196,9 @@ class Trainer:
         else:
 
             def full_batch_loss(params):
-                batched, shared, updates = forward(params, batch, 0)
+                batched, shared, updates = negatives_apart.embed(forward, params, batch, self.loss_settings, self.mesh)
+                variables = {"params": params, "batch_stats": state.batch_stats}
+                batched = negative_inputs.embed(state.apply_fn, variables, batch, batched, rng)
                 loss, aux = loss_of_outputs(batched, shared, batch)
                 return loss, (aux, updates)
 
@@ -216,6 +226,19 @@ class Trainer:
         params = optax.apply_updates(state.params, updates)
         state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, batch_stats=batch_stats)
         return state, learning_rate
+
+    def _masked_until(self, state: TrainState, batch: dict[str, jax.Array]):
+        """`train_step` with patch dropout before `patch_dropout.until_step`, every patch
+        kept from it on (FLIP's unmasked tuning): one program, a `lax.cond` on the step."""
+        masked_step, unmasked_step = (functools.partial(self.train_step, masked=m) for m in (True, False))
+        return jax.lax.cond(state.step < self.model.patch_dropout.until_step, masked_step, unmasked_step, state, batch)
+
+    def _with_patch_keys(self, step, batch: dict[str, jax.Array], masked: bool | None) -> dict[str, jax.Array]:
+        """The batch with `patch_keys` [N] (`patch_dropout.row_keys` of the global rows at
+        `step`) when the model drops patches in this step; else as it is."""
+        if not self.model.patch_dropout.rate or masked is False:
+            return batch
+        return dict(batch, patch_keys=patch_dropout.row_keys(self.seed, step, batch["a"].shape[0]))
 
     def _noise_scale_value_and_grad(self, forward, params, batch):
         """`(loss, metrics, updates, grads)` of the global loss with each device's forward
