@@ -8,9 +8,13 @@ the gradient divided by AdamW's ``sqrt(v_hat) + eps`` at that checkpoint (``B_ad
 cached entry by entry in `noise.json`, tabled (`noise_table`) and set against B_crit
 (`noise_against_b_crit`).
 
-With `columns` C (a run with extra negatives, `config.loss.extra_negatives`), every
-replicate batch holds C rows: its n (or n / 4) gradient rows and C - n (C - n / 4) extra
-negatives, so every query row's loss is the run's (the same N + M columns).
+With `quarter_queries` (a run with extra negatives, `config.loss.extra_negatives`), the
+n / 4 side is not batches of n / 4 but the run's own batches (n gradient rows, its M extra
+negatives) of which a quarter of the rows are the loss's queries: every query's loss, its
+columns and which of them carry gradient, are the run's; only the number of queries
+averaged changes. (Batches of n / 4 filled with extra rows to N + M columns keep each
+query's softmax but give gradient to a quarter of the columns: at M = 0 the --quick run
+read a bias of 56 |E g|^2.)
 """
 
 from __future__ import annotations
@@ -47,24 +51,25 @@ def measured_steps(last: int, points: int) -> list[int]:
 
 
 def noise_at(
-    config, workdir: Path, step: int, n: int, count: int, resamples: int, columns: int | None = None
+    config, workdir: Path, step: int, n: int, count: int, resamples: int, quarter_queries: bool = False
 ) -> dict[str, dict]:
     """`{"sgd": ..., "adam": ...}`: `noise_scale.compare` (with `resamples` bootstrap
     draws) at the checkpoint of `step` in `workdir` of the run of `config`, of the plain
     gradients and of the same divided by AdamW's denominator there
     (`noise_scale.adam_preconditioned`); the replicates from a stream of their own
     (``data.seed``: `NOISE_DATA_SEED` + the run's), not the one the run trained on. With
-    `columns`, each replicate batch is filled to `columns` rows with extra negatives."""
+    `quarter_queries`, the n / 4 side is batches of n (and the run's extra negatives) of
+    which the first quarter of each device's rows are the queries (`replicates.gradients`'
+    `queries`): each query's loss is the run's, against the run's own columns."""
     from contrastive_jax.training import noise_scale
 
     stream = override(config, {"data.seed": NOISE_DATA_SEED + config.data.seed})
-
-    def side(rows):  # the config of the replicates with `rows` gradient rows
-        return stream if columns is None else override(stream, {"loss.extra_negatives": columns - rows})
-
-    big_start, small_start = replicate_starts(count, 4 if columns is None else 1)
-    at_n, state = replicates.gradients(side(n), str(workdir), n, count, step=step, start_step=big_start)
-    at_quarter, _ = replicates.gradients(side(n // 4), str(workdir), n // 4, count, step=step, start_step=small_start)
+    quarter = {"n": n, "queries": n // 4} if quarter_queries else {"n": n // 4}
+    big_start, small_start = replicate_starts(count, 1 if quarter_queries else 4)
+    at_n, state = replicates.gradients(stream, str(workdir), n, count, step=step, start_step=big_start)
+    at_quarter, _ = replicates.gradients(
+        stream, str(workdir), count=count, step=step, start_step=small_start, **quarter
+    )
     adam = [[noise_scale.adam_preconditioned(g, state.opt_state) for g in grads] for grads in (at_n, at_quarter)]
     return {
         "sgd": noise_scale.compare(at_n, at_quarter, n, resamples=resamples),
@@ -78,14 +83,14 @@ def noise_scales(
     out: Path,
     args,
     deadline: float | None,
-    replicate_rows: Callable[[sweep.Run], tuple[int, int | None]] | None = None,
+    replicate_rows: Callable[[sweep.Run], tuple[int, bool]] | None = None,
 ) -> dict[str, dict]:
     """`noise_at` at `args.noise_points` steps evenly along each of `runs` (`measured_steps`;
     a step the run did not keep is replayed from its checkpoint before, `replicates.replayed`),
     `args.replicates` batches at n and n / 4, cached in `out/noise.json` entry by entry: a
     rerun measures only what is new; a run without its workdir, read from the committed
-    results, is skipped with a line. `replicate_rows(run)`: `(n, columns)` (None: n =
-    `args.noise_batch`, no columns). Returns the entries of `runs` only (the cache keeps
+    results, is skipped with a line. `replicate_rows(run)`: `(n, quarter_queries)`
+    (`noise_at`'s; None: `args.noise_batch`, batches of n / 4). Returns the entries of `runs` only (the cache keeps
     a run no longer chosen)."""
     cache_file = out / "noise.json"
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
@@ -95,7 +100,7 @@ def noise_scales(
             print(f"[noise] {run.name}: no checkpoints in {workdir}", flush=True)
             continue
         config = override(base, run.overrides)
-        n, columns = replicate_rows(run) if replicate_rows else (args.noise_batch, None)
+        n, quarter_queries = replicate_rows(run) if replicate_rows else (args.noise_batch, False)
         for step in measured_steps(replicates.kept_steps(str(workdir))[-1], args.noise_points):
             key = f"{run.name}@{step}"
             if key in cache or (deadline is not None and time.monotonic() > deadline):
@@ -104,8 +109,9 @@ def noise_scales(
             with tempfile.TemporaryDirectory() as scratch:
                 state_dir = Path(replicates.replayed(config, str(workdir), step, scratch))
                 resamples = intervals.BOOTSTRAP_RESAMPLES
-                measured = noise_at(config, state_dir, step, n, args.replicates, resamples, columns)
-            cache[key] = {**run.tags, "step": step, "n": n, **({"columns": columns} if columns else {}), **measured}
+                measured = noise_at(config, state_dir, step, n, args.replicates, resamples, quarter_queries)
+            quarter = {"quarter": "queries"} if quarter_queries else {}
+            cache[key] = {**run.tags, "step": step, "n": n, **quarter, **measured}
             cache_file.write_text(json.dumps(cache, indent=1))
     names = {run.name for run in runs}
     return {key: entry for key, entry in cache.items() if key.split("@")[0] in names}

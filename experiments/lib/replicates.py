@@ -7,6 +7,7 @@ and that state at a step the run did not keep (`replayed`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from typing import Any
@@ -15,7 +16,7 @@ from contrastive_jax.config_lib import override
 
 
 def gradients(
-    config, workdir: str, n: int, count: int, *, step: int | None = None, start_step: int = 0
+    config, workdir: str, n: int, count: int, *, step: int | None = None, start_step: int = 0, queries: int = 0
 ) -> tuple[list[Any], Any]:
     """`(grads, state)`: `count` gradients of the global-batch loss at the checkpoint of
     `step` in `workdir` (None: the newest), each of an independent global batch of `n`
@@ -23,7 +24,10 @@ def gradients(
     disjoint examples within an epoch, each batch its own negatives), and that state.
     With `config.loss.extra_negatives` M, each batch reads n + M examples, the last M / d
     of each device's rows embedded without gradient (`negatives_apart.embed`, as the
-    trainer does): the gradient is the n rows' loss against all n + M columns."""
+    trainer does): the gradient is the n rows' loss against all n + M columns. With
+    `queries` q (0: n), only the first q / d of each device's n / d gradient rows are the
+    loss's queries; every row stays a column, the n gradient rows with their gradient:
+    the gradient of q examples' losses against the batch's own columns."""
     import jax
 
     from contrastive_jax import run_dir, sharding
@@ -47,9 +51,13 @@ def gradients(
         shared = {k: v for k, v in outputs.items() if k not in trainer.BATCHED_OUTPUTS}
         return batched, shared, {}
 
+    # The loss with q queries: the rows past them counted with the extra rows (as queries, not in embed).
+    settings = dataclasses.replace(run.loss_settings, extra_negatives=run.loss_settings.extra_negatives + n - queries)
+    scored = dataclasses.replace(run, loss_settings=settings) if queries else run
+
     def loss(params, batch):
         batched, shared, _ = negatives_apart.embed(forward, params, batch, run.loss_settings, run.mesh)
-        return run.global_loss(batched, shared, run.loss_data(batch), state.loss_state, state.step)[0]
+        return scored.global_loss(batched, shared, run.loss_data(batch), state.loss_state, state.step)[0]
 
     grad = jax.jit(jax.grad(loss))
     grads = []

@@ -38,11 +38,12 @@ not expected to lower that plateau by 0.02 (the report's peaks say whether they 
 = K, whatever N: a replicate's gradient is the mean of its n / K groups' gradients, each
 group an independent unit of K examples, so B_simple's estimate (in examples) does not
 depend on n once both hold whole groups, and 16 of each fit in one epoch at every N.
-Fixed N: n = N, the run's own batch, and n / 4, each replicate batch filled with extra
-negatives to the run's C rows (`noise_stage.noise_at`'s `columns`): every query row's
-loss is the run's. At C = 8,192 the 2 x 16 batches of C rows read more than an epoch:
-the stream's next epoch (its own order) goes on, so those batches are draws of the split,
-not disjoint ones.
+Fixed N: n = N, the run's own batches, and its n / 4 side the same batches (N rows and the
+run's M extra) with a quarter of the rows as queries (`noise_stage.noise_at`'s
+`quarter_queries`): each query's loss, its N + M columns and which of them carry gradient
+are the run's; only the number of queries averaged changes. At C = 8,192 the 2 x 16
+batches of C rows read more than an epoch: the stream's next epoch (its own order) goes
+on, so those batches are draws of the split, not disjoint ones.
 
 The report (`summary.md`; each arm's runs in `<arm>/results.{json,csv}`, its noise in
 `<arm>/noise.json`; `steps_to_target.png`): per arm and target each setting's best rate
@@ -117,12 +118,12 @@ class Arm:
             return f"Fixed K = {self.group_size:,} negatives, N = {settings}"
         return f"Fixed N = {self.batch_size:,}, negatives N + M = {settings}"
 
-    def replicate_rows(self, run: sweep.Run) -> tuple[int, int | None]:
-        """The noise stage's `(n, columns)` for `run`: fixed K, n = 4K (n / 4 = one group);
-        fixed N, the run's N, each replicate batch filled to its N + M rows."""
+    def replicate_rows(self, run: sweep.Run) -> tuple[int, bool]:
+        """The noise stage's `(n, quarter_queries)` for `run`: fixed K, n = 4K and batches of
+        n / 4 = one group; fixed N, the run's N and a quarter of its batches' rows as queries."""
         if self.by == "batch_size":
-            return 4 * self.group_size, None
-        return run.tags["batch_size"], run.tags["negatives"]
+            return 4 * self.group_size, False
+        return run.tags["batch_size"], True
 
 
 def arms(args) -> tuple[Arm, Arm]:

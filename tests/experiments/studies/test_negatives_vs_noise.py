@@ -45,8 +45,8 @@ def test_each_arm_runs_its_loss_option_at_its_batch_and_rate(load_config):
     assert config.optim.learning_rate == pytest.approx(1e-3 * 2**2) and config.optim.schedule == "constant"
     assert [FIXED_N.batch_of(c) for c in FIXED_N.settings] == [512] * 5
     assert [FIXED_K.batch_of(n) for n in FIXED_K.settings] == list(study.FIXED_K_BATCHES)
-    assert FIXED_K.replicate_rows(grouped) == (2048, None)  # n = 4K, n / 4 = one group
-    assert FIXED_N.replicate_rows(extra) == (512, 2048)  # the run's N, filled to its N + M columns
+    assert FIXED_K.replicate_rows(grouped) == (2048, False)  # n = 4K, n / 4 = one group
+    assert FIXED_N.replicate_rows(extra) == (512, True)  # the run's N, a quarter of its rows as queries
 
 
 def test_the_protocol_tunes_and_ranks_each_setting_of_the_arms_field(rising_record):
@@ -93,16 +93,16 @@ def test_the_fixed_k_report_fits_b_crit_with_the_misfit_and_the_weighting_table(
     assert "No run finished yet." in text
 
 
-def test_noise_replicates_fill_each_batch_to_the_runs_columns(monkeypatch):
-    """With columns C the replicates at n and at n / 4 each read C rows: C - n and
-    C - n / 4 extra negatives, from stream steps 0 and `count` (both streams C rows a
-    step). (Mutation: C - n on both sides: red.)"""
+def test_noise_replicates_at_a_quarter_score_a_quarter_of_the_runs_own_batches(monkeypatch):
+    """With `quarter_queries` both sides read the run's N + M rows a step (stream steps 0
+    and `count`), the n / 4 side with N / 4 queries; without, batches of n / 4 from
+    4 x `count`. (Mutation: the quarter side's batches of n / 4: red.)"""
     from contrastive_jax.training import noise_scale
 
     calls = []
 
-    def fake_gradients(config, workdir, n, count, *, step, start_step):
-        calls.append((n, config.loss.extra_negatives, start_step, config.data.seed))
+    def fake_gradients(config, workdir, n, count, *, step, start_step, queries=0):
+        calls.append((n, queries, config.loss.extra_negatives, start_step, config.data.seed))
         rng = np.random.default_rng(len(calls))
         return [{"w": rng.normal(size=8) + 1} for _ in range(count)], argparse.Namespace(opt_state=None)
 
@@ -111,42 +111,45 @@ def test_noise_replicates_fill_each_batch_to_the_runs_columns(monkeypatch):
     from contrastive_jax.config_lib import load_config, override
 
     config = override(load_config("cmudict_clip"), FIXED_N.run(2048, 3, 1, **RUN_ARGS).overrides)
-    measured = noise_stage.noise_at(config, "unused", 8, 512, 4, 50, columns=2048)
-    assert calls == [(512, 1536, 0, noise_stage.NOISE_DATA_SEED + 1), (128, 1920, 4, noise_stage.NOISE_DATA_SEED + 1)]
+    measured = noise_stage.noise_at(config, "unused", 8, 512, 4, 50, quarter_queries=True)
+    seed = noise_stage.NOISE_DATA_SEED + 1
+    assert calls == [(512, 0, 1536, 0, seed), (512, 128, 1536, 4, seed)]
     assert set(measured) == {"sgd", "adam"}
     calls.clear()
-    noise_stage.noise_at(config, "unused", 8, 512, 4, 50)  # no columns: the config's own M, quarter from 4 x count
-    assert [(n, m, start) for n, m, start, _ in calls] == [(512, 1536, 0), (128, 1536, 16)]
+    noise_stage.noise_at(config, "unused", 8, 512, 4, 50)
+    assert [call[:4] for call in calls] == [(512, 0, 1536, 0), (128, 0, 1536, 16)]
 
 
 def test_replicate_gradients_embed_the_extra_rows_without_gradient(tiny_config, tmp_path):
-    """`replicates.gradients` with M extra negatives = the gradient of the global loss with
-    each device's last M / d rows' embeddings stopped (the trainer's step). (Mutation:
-    the towers applied to every row with the parameters, as before: red.)"""
+    """`replicates.gradients` with M = 16 extra negatives and q = 16 of n = 32 rows as
+    queries = the gradient of CLIP written by hand: each device's first q / d rows as
+    queries against all 48 columns, the last M / d rows' embeddings stopped (the trainer's
+    step). (Mutations, each red: the towers applied to every row with the parameters, as
+    before `negatives_apart.embed`; every gradient row a query whatever q.)"""
     import jax
+    import jax.numpy as jnp
 
     from contrastive_jax import sharding
     from contrastive_jax.config_lib import override
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training import run_plan, trainer
+    from contrastive_jax.training import run_plan
 
     config = override(tiny_config, {"train.num_train_steps": 1, "loss.extra_negatives": 16})
     run_plan.train_and_evaluate(config, str(tmp_path))
-    (grad,), state = replicates.gradients(config, str(tmp_path), 32, 1)
+    (grad,), state = replicates.gradients(config, str(tmp_path), 32, 1, queries=16)
     plan = run_plan.build(override(config, {"train.global_batch_size": 32}))
-    run = plan.trainer
-    batch = jax.device_put(dict(next(iter(input_pipeline.train_dataset(plan.data)))),
-                           sharding.data_sharding(run.mesh))  # fmt: skip
-    shards = sharding.batch_shards(run.mesh)
-    extra = (np.arange(48) % (48 // shards)) >= 32 // shards  # each device's last 16 / d rows
+    mesh = plan.trainer.mesh
+    batch = jax.device_put(dict(next(iter(input_pipeline.train_dataset(plan.data)))), sharding.data_sharding(mesh))
+    per_device = 48 // sharding.batch_shards(mesh)
+    extra = (np.arange(48) % per_device) >= 32 // sharding.batch_shards(mesh)  # each device's last 16 / d rows
+    queries = (np.arange(48) % per_device) < 16 // sharding.batch_shards(mesh)
 
     def loss(params):
         variables = {"params": params, "batch_stats": state.batch_stats}
-        outputs = state.apply_fn(variables, batch["a"], batch.get("b"), train=False)
-        batched = {k: v for k, v in outputs.items() if k in trainer.BATCHED_OUTPUTS}
-        batched = {k: jax.numpy.where(extra[:, None], jax.lax.stop_gradient(v), v) for k, v in batched.items()}
-        shared = {k: v for k, v in outputs.items() if k not in trainer.BATCHED_OUTPUTS}
-        return run.global_loss(batched, shared, run.loss_data(batch), state.loss_state, state.step)[0]
+        out = state.apply_fn(variables, batch["a"], batch.get("b"), train=False)
+        za, zb = (jnp.where(extra[:, None], jax.lax.stop_gradient(out[k]), out[k]) for k in ("za", "zb"))
+        log_p = lambda x, y: jnp.diagonal(jax.nn.log_softmax(x @ y.T / out["temperature"], axis=1))  # noqa: E731
+        return -jnp.sum(jnp.where(queries, log_p(za, zb) + log_p(zb, za), 0.0)) / (2 * 16)
 
     expected = jax.grad(loss)(state.params)
     for got_leaf, expected_leaf in zip(jax.tree.leaves(grad), jax.tree.leaves(expected), strict=True):
@@ -183,7 +186,7 @@ def test_quick_runs_both_arms_their_noise_and_the_report_and_resumes(tmp_path, c
         assert {r[arm.by] for r in records if r["seed"] == 1} == set(arm.settings)
         noise = json.loads((tmp_path / arm.name / "noise.json").read_text())
         assert {e[arm.by] for e in noise.values()} == set(arm.settings)
-        assert all(e.get("columns") == (e["negatives"] if arm is quick_n else None) for e in noise.values())
+        assert all(e.get("quarter") == ("queries" if arm is quick_n else None) for e in noise.values())
         assert all(e["n"] == (64 if arm is quick_n else 128) for e in noise.values())
     summary = (tmp_path / "summary.md").read_text()
     assert (
