@@ -213,6 +213,50 @@ def run_stages(
     return records, tuned
 
 
+def reuse_table(
+    records: Sequence[Mapping[str, Any]],
+    targets: Sequence[float],
+    train_size: int,
+    by: str = "batch_size",
+    label: str = "N",
+) -> str:
+    """The data each N saw and the runs the cap censored, at the highest of `targets`: per
+    setting (a value of field `by`, headed `label`), one optimizer batch's share of the
+    `train_size` pairs, the cap, the runs, those that reach the target, stopped without
+    it on patience or at the cap (censored: their steps to it unknown), the best rate's
+    epochs to it (`best_by_n`; optimizer batches), and the peak validation R@1 of the runs
+    at the rates every seed ran (min–max); then the targets below every such peak, the
+    ones a plateau cannot set."""
+    target = targets[-1]
+    best = best_by_n(records, target, by)
+    rows, peaks = [], {}
+    for setting in sorted({r[by] for r in records}):
+        runs = [r for r in records if r[by] == setting]
+        n = runs[0]["batch_size"]
+        curves = {r["name"]: target_steps.validation_curve(r) for r in runs}
+        missed = [r for r in runs if target_steps.steps_to_target(curves[r["name"]], target) is None]
+        censored = [r for r in missed if curves[r["name"]][-1, 0] >= r["max_steps"]]
+        seeds = {k: {r["seed"] for r in runs if r["rate_step"] == k} for k in {r["rate_step"] for r in runs}}
+        full = [r for r in runs if len(seeds[r["rate_step"]]) == max(map(len, seeds.values()))]
+        peaks[setting] = [float(curves[r["name"]][:, 1].max()) for r in full]
+        epochs = f"{best[setting]['steps'] * n / train_size:.1f}" if setting in best else "-"
+        rows.append([f"{setting:,}", f"{100 * n / train_size:.1f}%", f"{runs[0]['max_steps']:,}", len(runs),
+                     len(runs) - len(missed), len(missed) - len(censored),
+                     ", ".join(f"k={r['rate_step']} s{r['seed']}" for r in censored) or "0", epochs,
+                     f"{min(peaks[setting]):.3f}–{max(peaks[setting]):.3f}"])  # fmt: skip
+    header = [label, "batch / split", "cap (steps)", "runs", f"reach {target:g}", "stopped on patience",
+              "censored at the cap", f"epochs to {target:g} (best rate)", "peak R@1, rates every seed ran"]  # fmt: skip
+    lowest = min(min(p) for p in peaks.values())
+    below = [f"{t:g}" for t in targets if t < lowest]
+    return (
+        f"\n## Data seen and censored runs per N (R@1 {target:g}; {train_size:,} training pairs)\n\n"
+        + sweep.markdown_table(rows, header)
+        + f"\nTargets below every N's lowest peak ({lowest:.3f}, runs at the rates every seed ran): "
+        f"{', '.join(below) or 'none'}. A run stops after the segment that reaches R@1 {target:g}, so an N "
+        "whose runs all reach it has a peak, not a measured plateau.\n"
+    )
+
+
 def setup(args) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """`(base config, run arguments, run_grid arguments)` of a constant-rate study's
     `args`: `configs/cmudict_clip.py` on the `fit` split validated on `validation`

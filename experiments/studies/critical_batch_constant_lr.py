@@ -69,6 +69,7 @@ from experiments.lib.constant_rate import (  # noqa: F401  (the protocol, moved 
     finished,
     next_rate_step,
     rank,
+    reuse_table,
     study_run,
     tuned_steps,
     workdir_curve,
@@ -227,42 +228,6 @@ def target_section(
             "beyond it may reach the target sooner, so the fit rests on upper bounds there.\n\n"
         )
     return text + critical_batch_fit.range_table(fits), fits
-
-
-def reuse_table(records: Sequence[Mapping[str, Any]], targets: Sequence[float], train_size: int) -> str:
-    """The data each N saw and the runs the cap censored, at the highest of `targets`: per
-    N, one batch's share of the `train_size` pairs, the cap, the runs, those that reach
-    the target, stopped without it on patience or at the cap (censored: their steps to it
-    unknown), the best rate's epochs to it (`best_by_n`), and the peak validation R@1 of
-    the runs at the rates every seed ran (min–max); then the targets below every such
-    peak, the ones a plateau cannot set."""
-    target = targets[-1]
-    best = best_by_n(records, target)
-    rows, peaks = [], {}
-    for n in sorted({r["batch_size"] for r in records}):
-        runs = [r for r in records if r["batch_size"] == n]
-        curves = {r["name"]: target_steps.validation_curve(r) for r in runs}
-        missed = [r for r in runs if target_steps.steps_to_target(curves[r["name"]], target) is None]
-        censored = [r for r in missed if curves[r["name"]][-1, 0] >= r["max_steps"]]
-        seeds = {k: {r["seed"] for r in runs if r["rate_step"] == k} for k in {r["rate_step"] for r in runs}}
-        full = [r for r in runs if len(seeds[r["rate_step"]]) == max(map(len, seeds.values()))]
-        peaks[n] = [float(curves[r["name"]][:, 1].max()) for r in full]
-        epochs = f"{best[n]['steps'] * n / train_size:.1f}" if n in best else "-"
-        rows.append([f"{n:,}", f"{100 * n / train_size:.1f}%", f"{runs[0]['max_steps']:,}", len(runs),
-                     len(runs) - len(missed), len(missed) - len(censored),
-                     ", ".join(f"k={r['rate_step']} s{r['seed']}" for r in censored) or "0", epochs,
-                     f"{min(peaks[n]):.3f}–{max(peaks[n]):.3f}"])  # fmt: skip
-    header = ["N", "batch / split", "cap (steps)", "runs", f"reach {target:g}", "stopped on patience",
-              "censored at the cap", f"epochs to {target:g} (best rate)", "peak R@1, rates every seed ran"]  # fmt: skip
-    lowest = min(min(p) for p in peaks.values())
-    below = [f"{t:g}" for t in targets if t < lowest]
-    return (
-        f"\n## Data seen and censored runs per N (R@1 {target:g}; {train_size:,} training pairs)\n\n"
-        + sweep.markdown_table(rows, header)
-        + f"\nTargets below every N's lowest peak ({lowest:.3f}, runs at the rates every seed ran): "
-        f"{', '.join(below) or 'none'}. A run stops after the segment that reaches R@1 {target:g}, so an N "
-        "whose runs all reach it has a peak, not a measured plateau.\n"
-    )
 
 
 def write_partial(records: Sequence[Mapping[str, Any]], out: Path, targets, starts, train_size: int) -> None:

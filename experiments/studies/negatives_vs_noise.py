@@ -213,10 +213,14 @@ def steps_figure(by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], targets: Seq
     return {"steps_to_target": fig}
 
 
-def arm_summary(arm: Arm, records: Sequence[Mapping[str, Any]], targets: Sequence[float], noise) -> str:
+def arm_summary(
+    arm: Arm, records: Sequence[Mapping[str, Any]], targets: Sequence[float], noise, train_size: int
+) -> str:
     """One arm's part of the report (`module docstring`): per target its steps table and
     its fit (fixed K) or its contrast (fixed N); the weighting table at the highest
-    target with a fit; its noise table, the fixed-K arm's against its B_crit."""
+    target with a fit; the data each setting saw and its censored runs
+    (`constant_rate.reuse_table`, epochs of `train_size` pairs); its noise table, the
+    fixed-K arm's against its B_crit."""
     text = f"\n## {arm.title()} ({len(records)} runs)\n"
     if not records:
         return text + "\nNo run finished yet.\n"
@@ -233,8 +237,12 @@ def arm_summary(arm: Arm, records: Sequence[Mapping[str, Any]], targets: Sequenc
         steps_by_n = target_steps.steps_by_seed(constant_rate.best_by_n(records, headline[0]))
         text += (f"\n### B_crit at R@1 {headline[0]:g} by weighting and with each N left out\n\n"
                  + critical_batch_fit.weighting_table(steps_by_n))  # fmt: skip
+    label = "N" if arm.by == "batch_size" else "N + M"
+    text += constant_rate.reuse_table(records, targets, train_size, arm.by, label).replace("\n## ", "\n### ")
+    if arm.by == "negatives":
+        text += "\nEach step reads N + M pairs of the stream; the epochs and the cap count the N trained on.\n"
     if noise:
-        label = "run's N" if arm.by == "batch_size" else "run's N + M"
+        label = f"run's {label}"
         text += noise_stage.noise_table(noise, arm.by, label).replace("\n## ", "\n### ")
         if headline:
             reaching = {
@@ -246,7 +254,9 @@ def arm_summary(arm: Arm, records: Sequence[Mapping[str, Any]], targets: Sequenc
     return text
 
 
-def summary(by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], targets: Sequence[float], noise_by_arm) -> str:
+def summary(
+    by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], targets: Sequence[float], noise_by_arm, train_size: int
+) -> str:
     """The markdown report: the protocol in a line, then each arm's `arm_summary`."""
     text = (
         f"# More negatives or less noise: two arms on cmudict, constant rate after {WARMUP_STEPS} warmup steps\n\n"
@@ -257,7 +267,7 @@ def summary(by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], targets: Sequence
         "A difference is resolved when its 95% interval leaves out 0.\n"
     )
     for arm, records in by_arm.items():
-        text += arm_summary(arm, records, targets, noise_by_arm.get(arm))
+        text += arm_summary(arm, records, targets, noise_by_arm.get(arm), train_size)
     return text
 
 
@@ -299,7 +309,7 @@ def run(args) -> dict[str, list[dict]]:
             base, measured, args.out / arm.name, args, grid_args["deadline"], arm.replicate_rows
         )
     sweep.save(steps_figure(by_arm, args.targets), args.out)
-    (args.out / "summary.md").write_text(summary(by_arm, args.targets, noise_by_arm))
+    (args.out / "summary.md").write_text(summary(by_arm, args.targets, noise_by_arm, args.train_size))
     print(f"wrote {args.out}")
     return {arm.name: records for arm, records in by_arm.items()}
 

@@ -77,6 +77,10 @@ def test_the_fixed_n_contrast_is_welchs_difference_of_the_fewest_and_most_negati
     assert f"[{low:+,.0f}, {high:+,.0f}] (Welch, 95%), resolved." in text and difference == pytest.approx(340)
     table = study.steps_table(records, 0.86, FIXED_N)
     assert "| 8,192 | 512 | 3 | 760 ± " in table
+    # the data seen per setting: the optimizer's 512 a step at every C (mutation: grouped by batch_size: red)
+    reuse = constant_rate.reuse_table(records, [0.86], 108_000, "negatives", "N + M")
+    assert "| N + M | batch / split |" in reuse and "| 512 | 0.5% | 3,375 | 3 | 3 |" in reuse
+    assert "| 8,192 | 0.5% | 3,375 | 3 | 3 | 0 | 0 | 3.6 |" in reuse
 
 
 def test_the_fixed_k_report_fits_b_crit_with_the_misfit_and_the_weighting_table():
@@ -87,10 +91,11 @@ def test_the_fixed_k_report_fits_b_crit_with_the_misfit_and_the_weighting_table(
                for n in study.FIXED_K_BATCHES for s in range(3)]  # fmt: skip
     words, fit = study.fixed_k_section(records, 0.86)
     assert fit["b_crit"] == pytest.approx(2000, rel=0.05) and "K = 512 negatives" in words
-    text = study.summary({FIXED_K: records, FIXED_N: []}, [0.86], {})
+    text = study.summary({FIXED_K: records, FIXED_N: []}, [0.86], {}, 108_000)
     assert "B_crit at R@1 0.86 by weighting and with each N left out" in text
     assert "chi^2" in text.replace("χ²", "chi^2") or "lack of fit" in text.lower()
     assert "No run finished yet." in text
+    assert "Targets below every N's lowest peak (0.900" in text and "| 16,384 | 15.2% | " in text
 
 
 def test_noise_replicates_at_a_quarter_score_a_quarter_of_the_runs_own_batches(monkeypatch):
