@@ -41,7 +41,7 @@ depend on n once both hold whole groups, and 16 of each fit in one epoch at ever
 Fixed N: n = N, the run's own batches, and its n / 4 side the same batches (N rows and the
 run's M extra) with a quarter of the rows as queries (`noise_stage.noise_at`'s
 `quarter_queries`): each query's loss, its N + M columns and which of them carry gradient
-are the run's; only the number of queries averaged changes. At C = 8,192 the 2 x 16
+are the run's; only the number of queries averaged changes. At C >= 4,096 the 2 x 16
 batches of C rows read more than an epoch: the stream's next epoch (its own order) goes
 on, so those batches are draws of the split, not disjoint ones.
 
@@ -50,8 +50,9 @@ The report (`summary.md`; each arm's runs in `<arm>/results.{json,csv}`, its noi
 and steps (mean, 95% t over the seeds); fixed K: B_crit over every N with its interval
 (misfit included), the lack of fit and, at the highest target with a fit, B_crit by
 weighting and with each N left out; fixed N: the steps at the fewest negatives less those
-at the most, with Welch's 95% interval; each arm's noise table, the fixed-K arm's set
-against its B_crit.
+at the most, with Welch's 95% interval; per setting the data seen, the censored runs and
+the targets below every setting's peak (`constant_rate.reuse_table`); each arm's noise
+table, the fixed-K arm's set against its B_crit.
 
 Run (from the repository root; rerun the same command to go on):
   .venv/bin/python -m experiments.studies.negatives_vs_noise --hours 8   # no run starts after 8 h
@@ -269,14 +270,6 @@ def summary(
     for arm, records in by_arm.items():
         text += arm_summary(arm, records, targets, noise_by_arm.get(arm), train_size)
     return text
-
-
-def read_noise(arm_out) -> dict:
-    """The arm's cached noise entries (`noise.json`; none yet: {})."""
-    import json
-
-    path = arm_out / "noise.json"
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def write_partial(arm: Arm, records: Sequence[Mapping[str, Any]], args) -> None:
