@@ -40,14 +40,15 @@ Files and TFDS write one split per command (`--split`, default "train"); run it 
 with another split and the same DIR to add one (the metadata lists both). Image files are
 stored as they are; every image is decoded once, as the reader decodes it, to check it.
 A bad input (an image that is missing or does not decode, an empty caption, a label that
-is not an id or a known name, a row that does not parse) is reported on its own line as
-it is found (the first 20; the rest are counted), left out, and counted in the metadata
+is not an id or a known name, a row that does not parse) is reported on its own line as it
+is found (the first 20; the rest are counted), left out, and counted in the metadata
 (`source.skipped`, the first reasons in `source.skipped_first`). More than `--max-bad` of
 a split's inputs bad (a fraction, default 0.01) stops the command at once (exit status 2)
-with the most common cause and the first five, and none of that split is kept. Shards (independent ranges of the source) are
-written in parallel by `--workers` processes; each is renamed into place when whole, and a
-rerun of the same command keeps the shards already written, so an interrupted command is
-resumed by running it again. The metadata is written last.
+with the most common cause and the first five, and none of that split is kept. Shards
+(independent ranges of the source) are written in parallel by `--workers` processes; each
+is renamed into place when whole, and a rerun of the same command keeps the shards already
+written, so an interrupted command is resumed by running it again. The metadata is written
+last.
 """
 
 import sys
