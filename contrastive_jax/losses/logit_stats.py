@@ -151,7 +151,9 @@ def _columns_over_devices(col: Running, setup: _Setup, local_cols: int, axis_nam
         col = Running(
             lse=_logsumexp_over_devices(col.lse, axis_name),
             best_negative=best_negative,
-            sums=jax.lax.psum(col.sums, axis_name),
+            # One psum per sum: JAX 0.7.2 cannot transpose a single psum of several
+            # operands when some (the positives' counts) do not depend on the inputs.
+            sums={name: jax.lax.psum(s, axis_name) for name, s in col.sums.items()},
             positive_lse=_logsumexp_over_devices(col.positive_lse, axis_name),
         )
     start = _common.row_offset(local_cols, axis_name)
