@@ -80,6 +80,7 @@ class Metadata:
       image_channels: 1 (grey) or 3 (RGB): what every image is converted to.
       sequence_vocab_size: `sequence` ids are in [0, sequence_vocab_size); 0 when none.
       max_text_length: the longest `text` in bytes / `sequence` in ids (0 for captions).
+      num_negatives: M, each record's count of hard-negative texts (`negatives`); 0 when none.
       source: how the set was written (the writer's command and source), for the record.
     """
 
@@ -93,6 +94,7 @@ class Metadata:
     image_channels: int = 3
     sequence_vocab_size: int = 0
     max_text_length: int = 0
+    num_negatives: int = 0
     source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

@@ -21,7 +21,16 @@ from contrastive_jax.errors import ConfigError, check_multiple
 
 TASKS = ("pairs", "views", "labeled")
 # What the record sets of a mixture share (their metadata's fields of these names).
-MIXED_ALIKE = ("fields", "id_keys", "match_keys", "image_channels", "num_classes", "class_names", "sequence_vocab_size")
+MIXED_ALIKE = (
+    "fields",
+    "id_keys",
+    "match_keys",
+    "image_channels",
+    "num_classes",
+    "class_names",
+    "sequence_vocab_size",
+    "num_negatives",
+)
 BAD_RECORD_POLICIES = ("stop", "skip")
 # The built-in datasets: `config.data.name` -> the writer's source. Their records are
 # written once per version of the writer's generator (the directory names the version).
@@ -205,6 +214,12 @@ def _check_mixture(data: DataSettings, first: records.Metadata) -> None:
     for other in training_sets(data)[1:]:
         metadata = open_metadata(other)
         metadata.split(records.parse_split(data.train_split)[0])
+        if metadata.num_negatives != first.num_negatives:
+            raise ConfigError(
+                f"the record set {other.records} holds {metadata.num_negatives} hard negatives per record and "
+                f"{first.directory} {first.num_negatives}: every row of a batch takes the same M; mix sets "
+                "written with the same number of negatives (or none), or train on one."
+            )
         for field in MIXED_ALIKE:
             if getattr(metadata, field) != getattr(first, field):
                 raise ConfigError(

@@ -359,6 +359,11 @@ def write(
             f"{out} holds records with the fields {existing.fields}, these have {tuple(source.info['fields'])}; "
             "write them to another --out."
         )
+    if existing and existing.num_negatives != source.info.get("num_negatives", 0):
+        raise ConfigError(
+            f"{out} holds records with {existing.num_negatives} hard negatives each, these have "
+            f"{source.info.get('num_negatives', 0)}; write them to another --out."
+        )
     what = {"spec": source_spec, **source.options}  # what decides the records (a rerun keeps shards alike)
     command = _command(source_spec, out, split, shards, workers, source.options | {"max_bad": max_bad})
     splits, summaries = (dict(existing.splits), dict(existing.source.get("splits", {}))) if existing else ({}, {})
@@ -429,6 +434,7 @@ def _merged(existing: records.Metadata | None, out: str, splits, info: dict, sou
         image_channels=max(info.get("image_channels", 3), existing.image_channels if existing else 0),
         sequence_vocab_size=largest("sequence_vocab_size"),
         max_text_length=largest("max_text_length"),
+        num_negatives=info.get("num_negatives", 0),
         source=source | _with_totals(source["splits"]),
     )
 

@@ -16,14 +16,16 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.run_plan import data_settings
 
 
-def write_set(directory, num, *, first=0, mode="RGB", fields=("image", "captions"), id_keys=()):
+def write_set(directory, num, *, first=0, mode="RGB", fields=("image", "captions"), id_keys=(), negatives=0):
     """A record set of `num` solid-colour 10 px PNGs (colour from `first + i`), two captions
-    each, in two shards of split "train" (and a "test" split of 4)."""
+    each (and `negatives` hard-negative texts), in two shards of split "train" (and a
+    "test" split of 4)."""
 
     def example(i):
         buffer = io.BytesIO()
         Image.new(mode, (10, 10), (i * 7 % 256, i * 13 % 256, 50) if mode == "RGB" else i % 256).save(buffer, "PNG")
         values = {"image": buffer.getvalue(), "captions": [f"colour {i}", f"the {i}th colour"]}
+        values["negatives"] = [f"not colour {i + k}" for k in range(1, negatives + 1)]
         return {k: v for k, v in values.items() if k in fields} | dict.fromkeys(id_keys, i)
 
     directory.mkdir(parents=True)
@@ -35,8 +37,11 @@ def write_set(directory, num, *, first=0, mode="RGB", fields=("image", "captions
             records.write_shard(str(directory / shard), [example(i) for i in part])
         splits[split] = records.Split(tuple(shards), tuple(len(h) for h in halves))
     channels = 1 if mode == "L" else 3
+    fields = (*fields, *(("negatives",) if negatives else ()), *id_keys)
     records.write_metadata(
-        records.Metadata(str(directory), splits, (*fields, *id_keys), tuple(id_keys), image_channels=channels)
+        records.Metadata(
+            str(directory), splits, fields, tuple(id_keys), image_channels=channels, num_negatives=negatives
+        )
     )
     return str(directory)
 
@@ -166,6 +171,7 @@ def test_the_command_line_and_a_python_config_give_one_mixture(mixed):
         ({"set": {"mode": "L"}}, r"c cannot mix with \S+/a: its image_channels is 1, not 3"),
         ({"set": {"fields": ("image",)}}, r"c cannot mix with \S+/a: its fields is \('image',\), not \('image', 'c"),
         ({"set": {"id_keys": ("group",)}}, r"c cannot mix with \S+/a: its fields is \('image', 'captions', 'group'\)"),
+        ({"set": {"negatives": 2}}, r"c holds 2 hard negatives per record and \S+/a 0: every row of a batch takes"),
         ({"same_name": True}, r"share a name \(their metrics' name\); give their folders distinct names"),
         ({"global_batch_size": 100}, r"global_batch_size=100 draws 50 examples a batch from \S+/a, more than the 40 "),
     ],

@@ -109,12 +109,16 @@ def test_the_door_refuses_what_cannot_take_them(config, fields, message):
 
 
 def write_table(tmp_path, kind, rows):
-    """A CSV or JSONL table of (image, captions, negatives) rows, 8 coloured PNGs."""
+    """A CSV, JSONL or Parquet table of (image, captions, negatives) rows, 8 coloured PNGs."""
     (tmp_path / "img").mkdir(exist_ok=True)
     for k in range(8):
         Image.new("RGB", (16, 16), (30 * k, 200 - 20 * k, 90)).save(tmp_path / "img" / f"{k}.png")
     table = tmp_path / f"pairs.{kind}"
-    if kind == "csv":
+    if kind == "parquet":
+        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        columns = dict(zip(("image", "captions", "negatives"), map(list, zip(*rows))))
+        pq.write_table(pa.table(columns), table, row_group_size=16)  # three row groups
+    elif kind == "csv":
         with open(table, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["image", "captions", "negatives"])  # two JSON lists
@@ -131,9 +135,9 @@ def negatives_row(k):
     return (f"img/{k % 8}.png", [f"picture {k}"], [f"not picture {k}", f"nor {k + 1}"])
 
 
-@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "parquet"])
 def test_a_tables_negatives_reach_the_batch_and_the_step(config, tmp_path, kind):
-    """`negatives` in a CSV (a JSON list) or JSONL table: written to the records (a row
+    """`negatives` in a CSV (a JSON list), JSONL or Parquet (a list column) table: written to the records (a row
     with another count left out), read back as tokens [N, M, L] in each row's order, and
     trained on by clip; refused for a loss that cannot take them."""
     rows = [negatives_row(k) for k in range(40)]
@@ -141,6 +145,7 @@ def test_a_tables_negatives_reach_the_batch_and_the_step(config, tmp_path, kind)
     write_records.write(f"{kind}:{write_table(tmp_path, kind, rows)}", str(tmp_path / "out"), max_bad=0.1)
     metadata = records.read_metadata(str(tmp_path / "out"))
     assert metadata.fields == ("image", "captions", "negatives") and metadata.splits["train"].num_records == 39
+    assert metadata.num_negatives == M
     fields = {"data.records": str(tmp_path / "out"), "data.task": "pairs", "data.image_size": 16}
     config = override(config, fields | {"data.text_max_length": 16, "eval.split": "train"})
     trainer, before, batch, after, metrics = one_step(config, 8, None)
@@ -151,3 +156,15 @@ def test_a_tables_negatives_reach_the_batch_and_the_step(config, tmp_path, kind)
     assert np.isfinite(metrics["loss"])
     with pytest.raises(ConfigError, match="cannot take them"):
         build(override(config, {"loss.name": "ntxent"}), sharding.make_mesh(8))
+
+
+def test_a_split_with_another_count_of_negatives_is_not_added_to_a_record_set(tmp_path):
+    """Every record of a set holds the same M: a split with another M (or none) goes to
+    another folder, refused in one line before a record is written."""
+    write_records.write(
+        f"csv:{write_table(tmp_path, 'csv', [negatives_row(k) for k in range(8)])}", str(tmp_path / "out")
+    )
+    fewer = [(image, captions, negatives[:1]) for image, captions, negatives in map(negatives_row, range(8))]
+    with pytest.raises(ConfigError, match=r"holds records with 2 hard negatives each, these have 1; write them"):
+        write_records.write(f"jsonl:{write_table(tmp_path, 'jsonl', fewer)}", str(tmp_path / "out"), split="test")
+    assert sorted(records.read_metadata(str(tmp_path / "out")).splits) == ["train"]

@@ -106,6 +106,7 @@ class FileSource:
     labels: collections.Counter
     size: int
     class_labels: ClassLabels = ClassLabels()
+    num_negatives: int = 0  # M: each input's hard-negative texts (0: none; `with_negatives`)
 
     def numbered(self, class_labels: ClassLabels) -> "FileSource":
         """This source, its labels numbered by `class_labels` (a copy)."""
@@ -123,7 +124,21 @@ class FileSource:
     @property
     def info(self) -> dict:
         captions = ("captions",) if self.has_captions else ()
-        return {"fields": ("image", *captions, *(("label",) if self.has_label else ()))}
+        fields = ("image", *captions, *(("label",) if self.has_label else ()))
+        if self.num_negatives:
+            return {"fields": (*fields, "negatives"), "num_negatives": self.num_negatives}
+        return {"fields": fields}
+
+    def with_negatives(self, example: dict | BadInput, negatives, where: str) -> dict | BadInput:
+        """`example` with its input's `negatives` (`num_negatives` texts) when the source
+        has them, or why not (another count, an empty text, not a list of texts)."""
+        if not self.num_negatives or isinstance(example, BadInput):
+            return example
+        if not isinstance(negatives, list) or not all(isinstance(t, str) and t.strip() for t in negatives):
+            return BadInput(where, f"its negatives are not a list of texts ({negatives!r:.80})")
+        if len(negatives) != self.num_negatives:
+            return BadInput(where, f"{len(negatives)} negatives; the source's inputs have {self.num_negatives}")
+        return example | {"negatives": negatives}
 
     def num_examples(self, split: str) -> int:
         return self.size

@@ -21,8 +21,10 @@ class ParquetSource(FileSource):
     file's bytes, a path (relative to the file's folder, or absolute), or Hugging Face's
     `{"bytes", "path"}` struct; the caption column a string or a list of them; the label
     column (optional) an int or a class name (ints with a Hugging Face `ClassLabel`'s names
-    in the schema's metadata: those names are kept). `columns`: (image, caption, label) names,
-    None for each to take the first of `IMAGE_COLUMNS`, `CAPTION_COLUMNS`, "label"."""
+    in the schema's metadata: those names are kept); a `negatives` column (optional) a list
+    of the row's M hard-negative texts, M the first row's (`FileSource.with_negatives`).
+    `columns`: (image, caption, label) names, None for each to take the first of
+    `IMAGE_COLUMNS`, `CAPTION_COLUMNS`, "label"."""
 
     IMAGE_COLUMNS = ("image", "jpg", "png", "webp")
     CAPTION_COLUMNS = ("caption", "captions", "text")
@@ -58,6 +60,9 @@ class ParquetSource(FileSource):
         self.class_names = tuple(label_feature.get("names", ())) if label_feature.get("_type") == "ClassLabel" else ()
         self.rows = [pq.ParquetFile(p).metadata.num_rows for p in self.paths]
         self.size, self.has_label = sum(self.rows), self.label_column is not None
+        if "negatives" in schema.names and self.size:
+            first = next(pq.ParquetFile(self.paths[0]).iter_batches(batch_size=1, columns=["negatives"]))
+            self.num_negatives = len(first.column(0).to_pylist()[0] or ())
         self.labels = collections.Counter()
         if self.has_label:
             for path in self.paths:
@@ -73,6 +78,7 @@ class ParquetSource(FileSource):
     def examples(self, split: str, start: int, stop: int) -> Iterator[dict | BadInput]:
         pq = _pyarrow_parquet(self.paths[0])
         columns = [self.image_column, self.caption_column, *([self.label_column] if self.has_label else [])]
+        columns += ["negatives"] if self.num_negatives else []
         first = 0
         for path, rows in zip(self.paths, self.rows):
             begin, end = max(start - first, 0), min(stop - first, rows)
@@ -101,7 +107,8 @@ class ParquetSource(FileSource):
             where += f" ({image})"
             image = read_bytes(os.path.join(os.path.dirname(path), image))
         label = label_value(row[self.label_column]) if self.has_label else None
-        return caption_example(image, row[self.caption_column], label, where, labels=self._labels)
+        example = caption_example(image, row[self.caption_column], label, where, labels=self._labels)
+        return self.with_negatives(example, row.get("negatives"), where)
 
 
 def _pyarrow_parquet(files: str):

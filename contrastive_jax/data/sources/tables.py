@@ -43,11 +43,6 @@ class TableSource(FileSource):
             raise ConfigError(f"--source={kind}:{path} has no rows with an `image` column; see --help.")
         self.has_label = bool(self.labels)
 
-    @property
-    def info(self) -> dict:
-        fields = super().info["fields"]
-        return {"fields": fields + (("negatives",) if self.num_negatives else ())}
-
     def _lines(self, f, offset: int) -> Iterator[tuple[int, str]]:
         """(byte offset after it, text) of each line of `f` from `offset`."""
         f.seek(offset)
@@ -104,17 +99,7 @@ class TableSource(FileSource):
             where = f"{self.path} {place} {number} ({image})"
             data = read_bytes(os.path.join(folder, image)) if image else None
             example = caption_example(data, row["captions"], label_value(row.get("label")), where, labels=self._labels)
-            yield self._with_negatives(example, row.get("negatives"), where)
-
-    def _with_negatives(self, example: dict | BadInput, negatives, where: str) -> dict | BadInput:
-        """`example` with the row's `negatives` (M texts) when the table has them, or why not."""
-        if not self.num_negatives or isinstance(example, BadInput):
-            return example
-        if not isinstance(negatives, list) or not all(isinstance(t, str) and t.strip() for t in negatives):
-            return BadInput(where, f"its negatives are not a list of texts ({negatives!r:.80})")
-        if len(negatives) != self.num_negatives:
-            return BadInput(where, f"{len(negatives)} negatives; the table's rows have {self.num_negatives}")
-        return example | {"negatives": negatives}
+            yield self.with_negatives(example, row.get("negatives"), where)
 
 
 def _csv_row(header: list[str], values: list[str]) -> dict | str:
