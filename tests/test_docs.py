@@ -652,6 +652,10 @@ QUOTED_FIGURES = [
         "(6,750 at N = 64, 3,375 at N = 128, 1,688 at N = 256, 844 at N = 512, 422 at N = 1,024)",
         RESULTS + "sigmoid_vs_softmax/summary.md",
     ),
+    ("docs/performance.md", "| 0.5 | 14.8 s | 0.365 |", RESULTS + "bench_patch_dropout/cpu_batch32/results.md"),
+    ("docs/performance.md", "| 0.75 | 7.9 s | 0.195 |", RESULTS + "bench_patch_dropout/cpu_batch32/results.md"),
+    ("docs/own_data.md", "0.96× at 64 px (2,167 against 2,261", RESULTS + "bench_input/mixture/results.md"),
+    ("docs/own_data.md", "1.15× at 224 px (1,011 against 878)", RESULTS + "bench_input/mixture/results.md"),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
     ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]
