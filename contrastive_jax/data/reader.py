@@ -114,6 +114,9 @@ class Examples:
         image = images.decode(example["image"], meta.image_channels, data.image_size)
         views = [self._view(image, visit, v) for v in range(_VIEWS if data.task == "views" and visit else 1)]
         if data.task == "views":
+            if visit is not None and meta.has("negatives"):  # training: the hard negatives, cropped as b [M, H, W, C]
+                decoded = (images.decode(n, meta.image_channels, data.image_size) for n in example["negatives"])
+                out["negatives"] = np.stack([self._view(negative, visit, 1) for negative in decoded])
             return out | dict(zip(("a", "b"), views))
         if data.task == "pairs" and meta.has("captions"):
             captions = example["captions"]
@@ -264,19 +267,25 @@ class BatchReader:
     def _photometric(self, batch: dict[str, np.ndarray], step: int, visits: list[Visit]) -> dict[str, np.ndarray]:
         """The batch with its images' colour jitter and pixel noise (`images.photometric`,
         float32), when the augmentation has any; else the images stay uint8. Image `key`
-        of the row at position p gets noise draws (p, pixel) of its own stream."""
+        of the row at position p gets noise draws (p, pixel) of its own stream; its j-th of
+        M hard-negative images (p M + j, pixel) of theirs, and the b view's jitter."""
         data = self.examples.data
         if not self.changes_colours:
             return batch
         positions, draws = self.image_positions(step).astype(np.uint64), np.stack([visit.draws for visit in visits])
-        for stream, key in enumerate(k for k in ("a", "b") if k in batch and batch[k].dtype == np.uint8):
-            size = int(np.prod(batch[key].shape[1:]))
+        for stream, key in enumerate(k for k in ("a", "b", "negatives") if k in batch and batch[k].dtype == np.uint8):
+            shape = batch[key].shape  # hard negatives: [N, M, H, W, C], M images a row
+            pictures = batch[key].reshape(-1, *shape[-3:])
+            copies = len(pictures) // len(positions)
+            size = int(np.prod(pictures.shape[1:]))
             noise = None
             if data.augment.noise_std > 0:
-                counters = positions[:, None] * np.uint64(size) + np.arange(size, dtype=np.uint64)
-                noise = stateless_random.normal(self.seed, _NOISE + stream, counters).reshape(batch[key].shape)
-            view = stream if data.task == "views" else 0  # the halves of one image: its draws
-            batch[key] = images.photometric(batch[key], data.augment, draws[:, view], noise)
+                ids = (positions[:, None] * np.uint64(copies) + np.arange(copies, dtype=np.uint64)).ravel()
+                counters = ids[:, None] * np.uint64(size) + np.arange(size, dtype=np.uint64)
+                noise = stateless_random.normal(self.seed, _NOISE + stream, counters).reshape(pictures.shape)
+            view = min(stream, 1) if data.task == "views" else 0  # halves of one image: its draws; negatives: b's
+            view_draws = np.repeat(draws[:, view], copies, axis=0)
+            batch[key] = images.photometric(pictures, data.augment, view_draws, noise).reshape(shape)
         return batch
 
 

@@ -177,6 +177,12 @@ def check_data_config(data: DataSettings) -> records.Metadata:
         _check_captions_per_image(data, metadata)
     if metadata.has("sequence"):
         _check_sequence_pairs(data, metadata)
+    if metadata.has("negatives") and data.task != (task := "pairs" if metadata.has("captions") else "views"):
+        kind = "texts: the captions'" if task == "pairs" else "images: the second view's"
+        raise ConfigError(
+            f"{data.display_name}'s hard negatives are {kind} negatives; they need config.data.task={task!r}, "
+            f"not {data.task!r}."
+        )
     if data.task in ("views", "labeled") or metadata.has("captions"):
         if not metadata.has("image"):
             raise ConfigError(

@@ -168,3 +168,49 @@ def test_a_split_with_another_count_of_negatives_is_not_added_to_a_record_set(tm
     with pytest.raises(ConfigError, match=r"holds records with 2 hard negatives each, these have 1; write them"):
         write_records.write(f"jsonl:{write_table(tmp_path, 'jsonl', fewer)}", str(tmp_path / "out"), split="test")
     assert sorted(records.read_metadata(str(tmp_path / "out")).splits) == ["train"]
+
+
+COLOURS = [(30 * k, 200 - 20 * k, 90) for k in range(8)]
+
+
+def write_image_table(tmp_path, rows):
+    """A CSV of images alone (no captions): (image, negatives) rows of 8 solid-colour PNGs'
+    paths, so a crop or flip of any of them is that colour."""
+    (tmp_path / "img").mkdir(exist_ok=True)
+    for k, colour in enumerate(COLOURS):
+        Image.new("RGB", (16, 16), colour).save(tmp_path / "img" / f"{k}.png")
+    with open(tmp_path / "images.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["image", "negatives"])
+        writer.writerows([f"img/{k}.png", json.dumps([f"img/{n}.png" for n in negatives])] for k, negatives in rows)
+    return tmp_path / "images.csv"
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.4])
+def test_an_image_sets_negatives_are_images_of_the_second_view(config, tmp_path, jitter):
+    """In a table without captions (an image-image set, task "views"), `negatives` are
+    image paths: written as the images' bytes (a missing one leaves its row out), read
+    back as [N, M, H, W, C] pictures in each row's order (cropped and jittered as the
+    row's b view: float32 with colour jitter), and trained on by clip; task "pairs" on
+    them is refused in one line."""
+    rows = [(k % 8, [(k + 1) % 8, (k + 3) % 8]) for k in range(40)]
+    rows[7] = (rows[7][0], [1, 99])  # img/99.png does not exist
+    write_records.write(f"csv:{write_image_table(tmp_path, rows)}", str(tmp_path / "out"), max_bad=0.1)
+    metadata = records.read_metadata(str(tmp_path / "out"))
+    assert metadata.fields == ("image", "negatives") and metadata.num_negatives == M
+    assert metadata.splits["train"].num_records == 39
+    fields = {"data.records": str(tmp_path / "out"), "data.task": "views", "data.image_size": 16}
+    fields |= {"data.augment.color_jitter": jitter, "data.augment.noise_std": 0.0, "eval.split": "train"}
+    config = override(config, fields)
+    trainer, before, batch, after, metrics = one_step(config, 8, None)
+    assert batch["negatives"].shape == (16, M, 16, 16, 3)
+    assert batch["negatives"].dtype == (np.float32 if jitter else np.uint8)
+    if not jitter:
+        kept = [row for k, row in enumerate(rows) if k != 7]
+        want = [[COLOURS[n] for n in kept[i][1]] for i in np.asarray(batch["index"])]
+        np.testing.assert_array_equal(
+            batch["negatives"], np.broadcast_to(np.array(want)[:, :, None, None], (16, M, 16, 16, 3))
+        )
+    assert np.isfinite(metrics["loss"])
+    with pytest.raises(ConfigError, match=r"hard negatives are images: .* need config.data.task='views', not 'pairs'"):
+        build(override(config, {"data.task": "pairs"}), sharding.make_mesh(8))

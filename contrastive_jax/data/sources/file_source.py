@@ -7,6 +7,7 @@ import collections
 import copy
 import dataclasses
 import functools
+import os
 import re
 
 from contrastive_jax.data import images
@@ -70,12 +71,19 @@ def caption_example(image: bytes | None, captions, label, where: str, *, labels:
         label = labels.id(label)
         if isinstance(label, str):
             return BadInput(where, label)
+    if (why := _undecodable(image)) is not None:
+        return BadInput(where, f"the image does not decode ({why})")
+    example = {"image": image} | ({"captions": captions} if captions is not None else {})
+    return example if labels is None else example | {"label": label}
+
+
+def _undecodable(image: bytes) -> str | None:
+    """Why an image file's bytes do not decode as the reader decodes them; None if they do."""
     try:
         images.decode(image, 3).load()
     except (ValueError, OSError) as e:
-        return BadInput(where, f"the image does not decode ({e})")
-    example = {"image": image} | ({"captions": captions} if captions is not None else {})
-    return example if labels is None else example | {"label": label}
+        return str(e)
+    return None
 
 
 def read_bytes(path: str) -> bytes | None:
@@ -129,16 +137,25 @@ class FileSource:
             return {"fields": (*fields, "negatives"), "num_negatives": self.num_negatives}
         return {"fields": fields}
 
-    def with_negatives(self, example: dict | BadInput, negatives, where: str) -> dict | BadInput:
-        """`example` with its input's `negatives` (`num_negatives` texts) when the source
-        has them, or why not (another count, an empty text, not a list of texts)."""
+    def with_negatives(self, example: dict | BadInput, negatives, where: str, folder: str = "") -> dict | BadInput:
+        """`example` with its input's `negatives` when the source has them: `num_negatives`
+        texts, or with no captions (an image-image set) the bytes of `num_negatives` image
+        files, their paths relative to `folder`; or why not (another count, an empty
+        text, not a list of texts, an image missing or not decoding)."""
         if not self.num_negatives or isinstance(example, BadInput):
             return example
         if not isinstance(negatives, list) or not all(isinstance(t, str) and t.strip() for t in negatives):
             return BadInput(where, f"its negatives are not a list of texts ({negatives!r:.80})")
         if len(negatives) != self.num_negatives:
             return BadInput(where, f"{len(negatives)} negatives; the source's inputs have {self.num_negatives}")
-        return example | {"negatives": negatives}
+        if self.has_captions:
+            return example | {"negatives": negatives}
+        files = [read_bytes(os.path.join(folder, path)) for path in negatives]
+        for path, image in zip(negatives, files):
+            if image is None or (why := _undecodable(image)) is not None:
+                problem = "is missing" if image is None else f"does not decode ({why})"
+                return BadInput(where, f"its negative {path} {problem}")
+        return example | {"negatives": files}
 
     def num_examples(self, split: str) -> int:
         return self.size

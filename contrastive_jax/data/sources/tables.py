@@ -3,9 +3,10 @@
 rows), then each range from the nearest offset.
 
 `negatives` (a JSON list in a CSV cell, a list in JSONL) holds a row's hard-negative
-texts, M of them in every row (M is the first row's; a row with another count, or an
-empty text, is a bad input), written to the records' `negatives` field
-(`losses.hard_negatives`)."""
+texts, or in a table without captions (images alone) the paths of its hard-negative
+images, M of them in every row (M is the first row's; a row with another count, an
+empty text or an image that does not decode is a bad input), written to the records'
+`negatives` field (`losses.hard_negatives`)."""
 
 import collections
 import csv
@@ -20,7 +21,9 @@ INDEX_EVERY = 1024  # a table's rows between two indexed byte offsets
 
 
 class TableSource(FileSource):
-    """A CSV or JSONL file of (image path, caption(s)[, label]) rows, read as a stream."""
+    """A CSV or JSONL file of (image path, caption(s)[, label][, negatives]) rows, read as
+    a stream; without a caption in any row, a set of images alone (`has_captions` False:
+    tasks "views" and "labeled"), whose `negatives` are image paths."""
 
     def __init__(self, path: str, split: str, kind: str):
         if not os.path.isfile(path):
@@ -29,13 +32,14 @@ class TableSource(FileSource):
         self.header: list[str] = []
         self.offsets: list[tuple[int, int]] = []  # (byte offset, row number) of rows 0, INDEX_EVERY, ...
         self.labels, self.size, has_image = collections.Counter(), 0, False
-        self.num_negatives = 0  # M: the first row's count of hard negatives (0: none)
+        self.num_negatives, self.has_captions = 0, False  # M: the first row's count (0: none)
         for offset, number, row in self._rows(None):
             if self.size % INDEX_EVERY == 0:
                 self.offsets.append((offset, number))
             self.size += 1
             if isinstance(row, dict):
                 has_image = has_image or "image" in row
+                self.has_captions = self.has_captions or bool(row["captions"])
                 self.num_negatives = self.num_negatives or _count(row.get("negatives"))
                 if (label := label_value(row.get("label"))) is not None:
                     self.labels[label] += 1
@@ -98,8 +102,9 @@ class TableSource(FileSource):
             image = row.get("image") or ""
             where = f"{self.path} {place} {number} ({image})"
             data = read_bytes(os.path.join(folder, image)) if image else None
-            example = caption_example(data, row["captions"], label_value(row.get("label")), where, labels=self._labels)
-            yield self.with_negatives(example, row.get("negatives"), where)
+            captions = row["captions"] if self.has_captions else None
+            example = caption_example(data, captions, label_value(row.get("label")), where, labels=self._labels)
+            yield self.with_negatives(example, row.get("negatives"), where, folder)
 
 
 def _csv_row(header: list[str], values: list[str]) -> dict | str:
