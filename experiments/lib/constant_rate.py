@@ -38,6 +38,15 @@ SEGMENT_EVALS = 4  # evaluations per training segment (the stop is checked betwe
 PATIENCE_EVALS = 12  # no new best validation R@1 in this many evaluations: the run stops
 MAX_TUNING_RATES = 6  # rate steps tuned per N at most
 MAX_EPOCHS = 16.0  # the cap
+# The protocol's options (`add_options`) at their full values and at --quick's (1,024
+# training pairs, at most 2 epochs, validation every 256 examples, 3 rates tuned).
+PROTOCOL = dict(
+    train_size=target_steps.FIT_PAIRS,
+    max_epochs=MAX_EPOCHS,
+    eval_examples=EVAL_EXAMPLES,
+    max_tuning_rates=MAX_TUNING_RATES,
+)
+QUICK_PROTOCOL = dict(train_size=1024, max_epochs=2.0, eval_examples=256, max_tuning_rates=3)
 
 
 def study_run(
@@ -277,6 +286,16 @@ def setup(args) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         "stop_when": lambda workdir: finished(workdir_curve(workdir), target),
     }
     return base, run_args, grid_args
+
+
+def add_options(parser) -> None:
+    """The options of a constant-rate study's protocol: --targets, --max-epochs,
+    --eval-examples, --max-tuning-rates and --hours (`sweep.add_hours_option`)."""
+    parser.add_argument("--targets", type=sweep.float_list, help="validation R@1 targets (the last stops a run)")
+    parser.add_argument("--max-epochs", type=float, help=f"each run's cap (default {MAX_EPOCHS:g})")
+    parser.add_argument("--eval-examples", type=int, help=f"examples between validations (default {EVAL_EXAMPLES:,})")
+    parser.add_argument("--max-tuning-rates", type=int, help=f"rates tuned per setting at most ({MAX_TUNING_RATES})")
+    sweep.add_hours_option(parser)
 
 
 def check_args(parser, args) -> None:
