@@ -332,7 +332,7 @@ def curves_figure(constants, by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], 
     ns |= {min(best, key=lambda n, best=best: best[n]["steps"]) for best in constant.values() if best}
     groups = {f"constant N = {n:,}": (n, constant["steps"].get(n), constants) for n in sorted(ns)}
     groups |= {arm.name: (arm.start, measured(rs, target)["steps"].get(arm.start), rs) for arm, rs in by_arm.items()}
-    for (label, (n, entry, records)), color in zip(groups.items(), sweep.colors(len(groups), "plasma"), strict=True):
+    for (label, (n, entry, records)), color in zip(groups.items(), sweep.colors(len(groups) + 1, "plasma")[:-1]):
         if entry is None:
             continue
         runs = [r for r in records if (r["batch_size"], r["lr_factor"]) == (n, entry["lr_factor"])]
@@ -342,7 +342,12 @@ def curves_figure(constants, by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], 
                 axis.plot(xy[:, 0], xy[:, 1], color=color, lw=1.5 if "arm" in record else 0.8,
                           label=f"{label}, k={rate_step_of(entry['lr_factor'])}" if i == 0 else None)  # fmt: skip
     for axis, x in zip(axes, ("steps", "training examples"), strict=True):
-        axis.set(xlabel=x, ylabel="validation R@1 (mean of both directions)", xscale="log", ylim=(0.5, None))
+        axis.set(
+            xlabel=x,
+            ylabel="validation R@1 (mean of both directions)",
+            xscale="log",
+            ylim=(max(0.0, target - 0.36), None),
+        )
         axis.axhline(target, color="grey", ls=":", lw=0.8)
     axes[0].legend(fontsize=7)
     return {"curves": fig}
