@@ -11,11 +11,12 @@ The arms (`config.train.batch_schedule`, `training/batch_schedule.py`), both fro
 * **stages** `STAGES` = ``512@0,2048@32,4096@64``: 512 for steps 1-32, 2,048 for 33-64,
   4,096 from step 65 on. Chosen from the constant-rate study's own runs
   (`experiments/results/critical_batch_constant_lr/`): through the warmup a larger batch
-  buys nothing (R@1 at step 16 is 0.16-0.24 from N = 2,048 to 16,384), and the replicate
-  noise scale a quarter of the way is B_simple 47-174 (below 512); Adam's B_adam measured
-  along the 2,048 and 4,096 runs is 322-733 at steps 24-32, 731-2,541 at steps 48-64 and
-  1,312-3,505 from step 72, so each stage's batch is about B_adam at its first step; and
-  the last stage stops where a larger batch stops buying steps (between 2,048 and 4,096).
+  buys nothing (R@1 at step 16 is 0.12-0.24 at the best rates from N = 2,048 to 16,384),
+  and the replicate noise scale a quarter of the way is B_simple 47-174 (below 512); Adam's
+  B_adam measured along the 2,048 and 4,096 runs is 322-733 at steps 24-32, 731-2,541 at
+  steps 48-64 and 1,312-11,003 from step 72, so each stage's batch is about B_adam at its
+  first step (the last a floor); and the last stage stops where a larger batch stops
+  buying steps (between 2,048 and 4,096).
 * **noise** (`"noise"`): start at 512, and after every `NOISE_WINDOW_STEPS` = 16 steps double
   the batch when the in-training B_simple over those steps exceeds `NOISE_FACTOR` = 1 x N,
   up to `BATCH_MAX` = 4,096 (the stages' last). The rule keeps N between B_simple and
@@ -63,7 +64,7 @@ the constants' data seen and the targets below every peak; R@1 against steps and
 examples at each best rate.
 
 Run (from the repository root; rerun the same command to go on):
-  .venv/bin/python -m experiments.studies.batch_schedule --hours 4   # no run starts after 4 h
+  .venv/bin/python -m experiments.studies.batch_schedule --hours 3   # no run starts after 3 h
   .venv/bin/python -m experiments.studies.batch_schedule --hours 0   # the report from what finished
   .venv/bin/python -m experiments.studies.batch_schedule --quick     # CI: slices of the data
 """
