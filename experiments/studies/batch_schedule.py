@@ -95,7 +95,7 @@ SEEDS = (0, 1, 2)
 TARGETS = (0.80, 0.82, 0.84, 0.86)  # validation R@1, mean of both directions; the last stops a run
 CONSTANT_RESULTS = RESULTS / "critical_batch_constant_lr"  # the constant batches' committed records
 DECISIONS = "batch/next_global_batch"  # a noise decision's batch after its step (metrics.jsonl)
-CURVES = (*target_steps.CURVES, "train/global_batch", DECISIONS)
+CURVES = (*target_steps.CURVES, "train/global_batch", DECISIONS, "batch/noise_scale")  # and each decision's B_simple
 
 
 def stage_list(schedule: str) -> list[tuple[int, int]]:
@@ -232,7 +232,7 @@ def target_section(constants, by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]],
         rows.append([f"constant N = {n:,}", *measure_cells(constant, n)])
     arm_best = {arm: measured(records, target) for arm, records in by_arm.items()}
     for arm, best in arm_best.items():
-        rows.append([arm.title(), *measure_cells(best, arm.start)])
+        rows.append([arm.title(), *(measure_cells(best, arm.start) if by_arm[arm] else ["-", "no run yet", "", "-"])])
     header = ["arm", "rate step k (steps; examples)", "steps", "examples (thousands)", "seeds"]
     text = f"\n## Validation R@1 {target:g}\n\n" + sweep.markdown_table(rows, header)
     if not all(constant.values()):
@@ -245,7 +245,7 @@ def target_section(constants, by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]],
             entry = best[key].get(arm.start)
             ours = list(entry["by_seed"].values()) if entry else None
             theirs = list(constant[key][fewest[key]]["by_seed"].values())
-            cells.append(ratio_cell(ours, theirs) if ours else "not reached")
+            cells.append(ratio_cell(ours, theirs) if ours else "not reached" if by_arm[arm] else "no run yet")
         rows.append(cells)
     header = ["arm", f"steps / N = {fewest['steps']:,}'s (the fewest steps)",
               f"examples / N = {fewest['examples']:,}'s (the fewest examples)"]  # fmt: skip
