@@ -34,11 +34,14 @@ constant study's tuned steps rise about one sqrt(2) step per doubling of N (k = 
 steps per doubling would put 4,096 at k = 9, the worst rate tried at 8,192. The warmup
 counts steps and is not restarted by a change.
 
-**Cadence and cap.** An arm's runs are validated every round(`EVAL_EXAMPLES` / 4,096) = 8
-steps, the constant 4,096 runs' cadence: at the last batch every 32,768 examples as the
-constant runs, earlier stages more often (a finer grid for the same interpolation). The
-stages' cap is the step at which they have read `MAX_EPOCHS` epochs; the noise arm's is
-that of N = 512 (the most steps it can need).
+**Cadence, patience and cap.** An arm's runs are validated every round(`EVAL_EXAMPLES` /
+4,096) = 8 steps, the constant 4,096 runs' cadence: at the last batch every 32,768
+examples as the constant runs, earlier stages more often (a finer grid for the same
+interpolation). A run stops on patience after 8 x `PATIENCE_EVALS` = 96 evaluations
+without a new best (`Arm.patience`): N = 512's patience in examples while at 512, so a
+noise run that stays there is not stopped sooner than the constant 512 runs; longer at a
+larger batch. The stages' cap is the step at which they have read `MAX_EPOCHS` epochs;
+the noise arm's is that of N = 512 (the most steps it can need).
 
 **The constant batches are not rerun**: the committed records of `critical_batch_constant_lr`
 (`CONSTANT_RESULTS`, seeds 0, 1, 2 at every N) ran this protocol (`constant_rate.study_run`:
@@ -155,6 +158,19 @@ class Arm:
     def largest(self) -> int:
         """The largest batch the schedule can reach."""
         return self.batch_max if self.schedule == "noise" else max(n for _, n in stage_list(self.schedule))
+
+    @property
+    def patience(self) -> int:
+        """Evaluations without a new best that stop a run: `PATIENCE_EVALS` at the first
+        batch's cadence (validation every `eval_examples` / first batch steps), in examples
+        while at that batch; longer after (the arms are validated `largest` / first batch
+        times as often)."""
+        return PATIENCE_EVALS * self.largest // self.start
+
+    def stops(self, curve: np.ndarray, target: float) -> bool:
+        """Whether a run of this arm with validation `curve` may stop: it reached `target`,
+        or its last `patience` evaluations hold no new best (`constant_rate.finished`)."""
+        return constant_rate.finished(curve, target, self.patience)
 
     def cap(self, max_epochs: float, train_size: int) -> int:
         """The run's cap in steps: the stages' step at `max_epochs` epochs of `train_size`
@@ -385,9 +401,10 @@ def run(args) -> dict[str, list[dict]]:
     done = list(constants) if args.constant_batches else []  # the constants run here are this study's records
     by_arm = {}
     for arm in arms(args):
+        stop_when = lambda workdir, arm=arm: arm.stops(constant_rate.workdir_curve(workdir), args.targets[-1])  # noqa: E731
         by_arm[arm], _ = constant_rate.run_stages(
             base, [arm.start], args.seeds, args.targets, args.out, make_run=functools.partial(arm.run, **run_args),
-            first_step=first_rate_step, grid_args=grid_args, most=args.max_tuning_rates,
+            first_step=first_rate_step, grid_args={**grid_args, "stop_when": stop_when}, most=args.max_tuning_rates,
             write_partial=lambda records, done=tuple(done): write_partial([*done, *records], args.out),
         )  # fmt: skip
         done += by_arm[arm]

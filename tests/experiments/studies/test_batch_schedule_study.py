@@ -48,6 +48,24 @@ def test_each_arm_s_schedule_rate_rule_and_cadence_reach_the_config(load_config)
     )
 
 
+def test_an_arm_s_patience_is_the_first_batch_s_in_examples():
+    """Validated 8 times as often as N = 512's constant runs, an arm waits 8 x 12
+    evaluations without a new best before it stops. (Mutation: PATIENCE_EVALS
+    evaluations: red.)"""
+    assert STAGES.patience == NOISE.patience == 8 * constant_rate.PATIENCE_EVALS
+
+    def stalled(flat):  # R@1 up to 0.85 at the 10th evaluation, then `flat` evaluations at 0.84
+        values = [0.085 * (i + 1) for i in range(10)] + [0.84] * flat
+        return np.array([[8 * (i + 1), v] for i, v in enumerate(values)])
+
+    assert not STAGES.stops(stalled(95), 0.86) and STAGES.stops(stalled(96), 0.86)
+    assert (
+        constant_rate.finished(stalled(12), 0.86)
+        and STAGES.stops(stalled(0), 0.85)
+        and not STAGES.stops(stalled(0)[:9], 0.85)
+    )
+
+
 def test_examples_follow_each_run_s_stages():
     """Examples by step = the trainer's `Stages.examples_before`; a noise run's stages from
     its logged decisions; a constant N's one stage. (Mutations, each red: a stage's steps
