@@ -23,16 +23,20 @@ from contrastive_jax.training.run_plan import data_settings
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits", "dml_digits_xbm")
 REAL_DATA_CONFIGS = ("simclr_cifar10", "clip_coco", "siglip_coco", "dml_cub_ce")
-SHAPES_CONFIGS = ("clip_shapes", "flip_clip")
+SHAPES_CONFIGS = ("clip_shapes", "flip_clip", "recipes_several_positives")
 DATA_DIR_FIXTURES = {"sklearn_digits": "digits_data_dir", "cmudict": "cmudict_data_dir", "shapes": "shapes_data_dir"}
 CMUDICT_CONFIGS = ("cmudict_clip", "cmudict_dcl", "cmudict_sogclr", "cmudict_moco_queue")
 # Start from a released checkpoint, which the tests write: built and run in test_finetune.
 FINETUNE_CONFIGS = ("finetune_clip", "finetune_siglip")
-BUILT_HERE = sorted(set(CONFIGS) - set(FINETUNE_CONFIGS))
+# Read record sets the tests write (a table with hard negatives, two sets mixed): built and
+# run in test_recipes.
+RECORDS_CONFIGS = ("recipes_hard_negatives", "recipes_mixture")
+BUILT_HERE = sorted(set(CONFIGS) - set(FINETUNE_CONFIGS) - set(RECORDS_CONFIGS))
 
 
 def test_the_expected_configs_exist():
-    assert set(CONFIGS) == set(DIGITS_CONFIGS + REAL_DATA_CONFIGS + CMUDICT_CONFIGS + SHAPES_CONFIGS + FINETUNE_CONFIGS)
+    groups = DIGITS_CONFIGS + REAL_DATA_CONFIGS + CMUDICT_CONFIGS + SHAPES_CONFIGS + FINETUNE_CONFIGS + RECORDS_CONFIGS
+    assert set(CONFIGS) == set(groups)
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -94,8 +94,9 @@ class Loss:
       state: what the loss keeps across steps, or None.
       options: the settings of `losses.negatives` it takes (`"group_size"`,
         `"extra_negatives"`), and `"hard_negatives"` (`losses.hard_negatives`: it reads
-        the output `hard_negatives` [B, M, D] when there is one); the config door
-        refuses the others when set.
+        the output `hard_negatives` [B, M, D] when there is one), and `"positive_ids"`
+        (it reads `index` as the pairs' positive ids, for
+        `config.data.captions_per_image` > 1); the config door refuses the others when set.
     """
 
     fn: LossFn | StatefulLossFn

@@ -33,10 +33,19 @@ three also take `hard_negatives` (`losses.hard_negatives`): when the outputs hol
 `hard_negatives` [B, M, D] (the b tower's embeddings of a batch's `negatives`), they
 join the a -> b pool.
 
+Several positives (`losses.positives`): "clip_several_positives" (SupCon's mean form),
+"clip_several_positives_log_sum" (MIL-NCE's log-sum form) and "siglip_several_positives"
+read `index` [B] as `positive_ids`, so the k rows of one image that
+`config.data.captions_per_image = k` puts in a batch (each with the image's index) are
+positives of each other; with all indices distinct each is its plain loss. They take the
+option "positive_ids"; the door refuses k > 1 with a loss that does not (its k pairs of
+an image would be negatives of each other).
+
 Not registered: `batch_prototype_cross_entropy_loss` needs the number of training
 classes, which label-only losses do not configure.
 """
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -280,6 +289,8 @@ def _xbm(o, c):
 
 
 _SOFTMAX_OPTIONS = frozenset({"group_size", "extra_negatives", "hard_negatives"})
+# The pairs sharing an `index` (an image's k captions, config.data.captions_per_image) are positives.
+_POSITIVES = frozenset({"positive_ids"})
 LOSSES: Mapping[str, Loss] = {
     # group_size: softmaxes within groups of K rows; extra_negatives: rows that are only
     # negatives (losses.negatives, training.negatives_apart); hard_negatives: each pair's
@@ -292,6 +303,12 @@ LOSSES: Mapping[str, Loss] = {
     # matrix, not the a -> b logits, and any other source is another N^2 pass per step.
     "ntxent": _streamed_pair_loss(ntxent_loss, metrics=False),
     "siglip": _streamed_pair_loss(siglip_loss, options=frozenset({"group_size", "hard_negatives"}), bias="bias"),
+    # Several positives (losses.positives): the pairs of one image, by their `index`.
+    "clip_several_positives": _streamed_pair_loss(clip_loss, options=_POSITIVES, positive_ids="index"),
+    "clip_several_positives_log_sum": _streamed_pair_loss(
+        functools.partial(clip_loss, positives="log_sum"), options=_POSITIVES, positive_ids="index"
+    ),
+    "siglip_several_positives": _streamed_pair_loss(siglip_loss, options=_POSITIVES, bias="bias", positive_ids="index"),
     "npairs": Loss(  # no in-batch metrics, as NT-Xent: they would be another N^2 pass
         lambda o, c: (npairs_loss(o["za"], o["zb"], axis_name=BATCH_AXES), {}),
         frozenset({"za", "zb"}),

@@ -173,7 +173,8 @@ def random_outputs(num_examples, num_classes=5, dim=16, seed=0):
     labels = jnp.sort(jax.random.randint(keys[4], (num_examples,), 0, num_classes))
     # pairs 2k, 2k + 1 share a word id; every 7th shares a pronunciation id
     groups = jnp.stack([jnp.arange(num_examples) // 2, jnp.arange(num_examples) % 7], axis=1)
-    return outputs, {"label": labels, "groups": groups}
+    # pairs 4k to 4k + 3 share an index (an image's captions: the several-positives losses)
+    return outputs, {"label": labels, "groups": groups, "index": jnp.arange(num_examples) // 4}
 
 
 # One of each kind runs by default (the library's sharded tests cover the kernels); all with -m slow.

@@ -1,0 +1,216 @@
+"""The recipes of `docs/recipes.md`: each recipe's config trains a few steps at tiny size
+(the towers, batch and steps shrunk; on the generated `shapes` records, or tables written
+here); an image's captions reach the several-positives losses as positives; a batch of
+several captions per image is refused with a loss that would count them as negatives;
+and the figures the page quotes are those of the result files it cites."""
+
+import csv
+import dataclasses
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+from test_configs import RECORDS_CONFIGS, load_on_local_data
+from test_docs import _collapsed, _numbers, read
+
+from contrastive_jax import losses, run_dir, sharding, write_records
+from contrastive_jax.config_lib import override
+from contrastive_jax.data import input_pipeline, mixture, records, settings
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.training import run_plan
+from contrastive_jax.training.run_plan import build, data_settings
+
+# Every recipe at tiny size: the recipe's loss, optimizer and data fields, small towers.
+TINY = {
+    "data.image_size": 32,
+    "data.text_max_length": 32,
+    "data.num_workers": 0,
+    "model.encoder_a": "vit_tiny",
+    "model.patch_size": 8,  # 16 patches of 32 px
+    "model.encoder_dim": 32,
+    "model.text_num_layers": 1,
+    "model.embed_dim": 16,
+    "model.compute_dtype": "float32",
+    "train.global_batch_size": 16,
+    "train.num_train_steps": 2,
+    "train.log_every_steps": 1,
+    "optim.warmup_steps": 1,
+    "eval.every_steps": 0,
+    "eval.linear_probe": False,
+    "eval.knn_k": 0,
+    "checkpoint.every_steps": 2,
+}
+SEVERAL_POSITIVES = ("clip_several_positives", "clip_several_positives_log_sum", "siglip_several_positives")
+
+
+def tiny(load_config, request, name, **fields):
+    """Config `name` at tiny size on the `shapes` records (`test_configs.load_on_local_data`)."""
+    return override(load_on_local_data(load_config, request, name), TINY | fields)
+
+
+def one_step(config, num_devices):
+    """`(trainer, state before, batch, metrics)` of one jitted step on the stream's first batch."""
+    trainer = build(config, sharding.make_mesh(num_devices)).trainer
+    ds = input_pipeline.train_dataset(data_settings(config))
+    init, abstract = trainer.init_state(ds.element_spec)
+    batch = jax.device_get(next(iter(ds)))
+    before = jax.device_get(init())
+    _, metrics = trainer.jit_train_step(abstract)(init(), batch)
+    return trainer, before, batch, jax.device_get(metrics)
+
+
+def kernel_call(name, za, zb, temperature, bias, **ids):
+    """The loss library's kernel behind registry entry `name`, on one device."""
+    if name.startswith("siglip"):
+        return losses.siglip_loss(za, zb, temperature=temperature, bias=bias, **ids)
+    form = {"positives": "log_sum"} if name.endswith("log_sum") and ids else {}
+    return losses.clip_loss(za, zb, temperature=temperature, **ids, **form)
+
+
+@pytest.mark.parametrize("name", SEVERAL_POSITIVES)
+def test_the_entries_pass_the_index_as_positive_ids_over_the_global_batch(tiny_config, name):
+    """On 8 devices, each entry is its kernel on one device with `index` as `positive_ids`
+    (ids shared by rows on different devices), which is not the plain loss."""
+    keys = jax.random.split(jax.random.key(0), 2)
+    za = losses.l2_normalize(jax.random.normal(keys[0], (32, 8)))
+    zb = losses.l2_normalize(za + jax.random.normal(keys[1], (32, 8)))
+    index = (np.arange(32) * 5) % 12  # row r and r + 12 share an id
+    trainer = build(tiny_config, sharding.make_mesh(8)).trainer
+    trainer = dataclasses.replace(trainer, loss=losses.LOSSES[name])
+    shared = {"temperature": np.float32(0.2), "bias": np.float32(-2.0)}
+    got = trainer.global_loss({"za": za, "zb": zb}, shared, {"index": index})[0]
+    want = kernel_call(name, za, zb, **shared, positive_ids=index)
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+    assert abs(float(want) - float(kernel_call(name, za, zb, **shared))) > 1e-3
+
+
+def test_the_mean_form_is_clip_when_an_images_rows_are_one_embedding():
+    """With the k rows of an image holding one image embedding (the image and its
+    augmentation repeated, no dropout), SupCon's mean form is plain CLIP, value and
+    gradient; the log-sum form and SigLIP's +1 labels are not."""
+    keys = jax.random.split(jax.random.key(1), 2)
+    za = jnp.repeat(losses.l2_normalize(jax.random.normal(keys[0], (4, 8))), 4, axis=0)  # 4 images x 4 rows
+    zb = losses.l2_normalize(jax.random.normal(keys[1], (16, 8)))
+    ids = np.repeat(np.arange(4), 4)
+
+    def value(images, zb, **keywords):
+        return losses.clip_loss(jnp.repeat(images, 4, axis=0), zb, temperature=0.1, **keywords)
+
+    images = za[::4]
+    mean, plain = (jax.value_and_grad(value, argnums=(0, 1)) for _ in range(2))
+    (v_mean, g_mean), (v_plain, g_plain) = mean(images, zb, positive_ids=ids), plain(images, zb)
+    assert float(v_mean) == pytest.approx(float(v_plain), rel=1e-6)
+    for got, want in zip(g_mean, g_plain):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    log_sum = value(images, zb, positive_ids=ids, positives="log_sum")
+    siglip = losses.siglip_loss(za, zb, temperature=0.1, bias=-2.0, positive_ids=ids)
+    assert abs(float(log_sum) - float(v_plain)) > 1e-2
+    assert abs(float(siglip) - float(losses.siglip_loss(za, zb, temperature=0.1, bias=-2.0))) > 1e-2
+
+
+def test_a_step_with_4_captions_a_picture_has_the_kernels_loss(load_config, request):
+    """4 captions a picture (N = 16: 4 pictures) through the trainer on 8 devices: the
+    step's loss is the log-sum kernel's with the pictures' indices as `positive_ids`,
+    computed on one device from the towers' outputs."""
+    fields = {"loss.name": "clip_several_positives_log_sum", "model.encoder_a": "cnn", "model.cnn_features": (8,)}
+    config = tiny(load_config, request, "recipes_several_positives", **fields)
+    trainer, before, batch, metrics = one_step(config, 8)
+    index = batch["index"]
+    assert len(set(index)) == 4 and (index.reshape(4, 4) == index[::4, None]).all()
+    outputs = trainer.model.apply({"params": before.params, "batch_stats": before.batch_stats}, batch["a"], batch["b"])
+    want = kernel_call(config.loss.name, outputs["za"], outputs["zb"], outputs["temperature"], None, positive_ids=index)
+    assert float(metrics["loss"]) == pytest.approx(float(want), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip", "infonce"])
+def test_several_captions_need_a_loss_reading_positive_ids(load_config, request, name):
+    config = tiny(load_config, request, "recipes_several_positives", **{"loss.name": name})
+    with pytest.raises(ConfigError, match=rf"captions_per_image=4 .*loss\.name='{name}' would count") as error:
+        build(config, sharding.make_mesh(8))
+    message = str(error.value)
+    assert "\n" not in message and f"use one of {sorted(SEVERAL_POSITIVES)}" in message
+    assert sorted(k for k, v in losses.LOSSES.items() if "positive_ids" in v.options) == sorted(SEVERAL_POSITIVES)
+    build(override(config, {"data.captions_per_image": 1}), sharding.make_mesh(8))  # one caption: any loss
+
+
+def write_negatives_table(directory, num=48, m=2):
+    """A CSV of `num` rows over 8 solid-colour PNGs: captions naming the row, and `m`
+    negatives naming other rows."""
+    (directory / "img").mkdir(parents=True)
+    for k in range(8):
+        Image.new("RGB", (16, 16), (30 * k, 200 - 20 * k, 90)).save(directory / "img" / f"{k}.png")
+    with open(directory / "pairs.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["image", "captions", "negatives"])
+        for k in range(num):
+            negatives = [f"picture {(k + j) % num}" for j in range(1, m + 1)]
+            writer.writerow([f"img/{k % 8}.png", json.dumps([f"picture {k}"]), json.dumps(negatives)])
+    out = str(directory / "hard_negatives")
+    write_records.write(f"csv:{directory / 'pairs.csv'}", out)
+    return out
+
+
+def recipe_data(name, shapes_data_dir, tmp_path):
+    """The fields pointing recipe `name` at data written here, where it reads a record set."""
+    if name == "recipes_hard_negatives":
+        out = write_negatives_table(tmp_path / "table")
+        return {"data.records": out, "eval.split": "train", "data.image_size": 16}
+    if name == "recipes_mixture":
+        shapes = settings.builtin_records("shapes", shapes_data_dir)
+        copy = shutil.copytree(shapes, tmp_path / "shapes_b")
+        return {"data.records": f"{shapes},{copy}"}
+    return {}
+
+
+RECIPES = (
+    "clip_coco",
+    "siglip_coco",
+    "flip_clip",
+    "recipes_several_positives",
+    "recipes_hard_negatives",
+    "recipes_mixture",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_trains_at_tiny_size(load_config, request, shapes_data_dir, tmp_path, name):
+    """Two steps and the evaluation of each recipe's config (FLIP's: one masked step, one
+    unmasked); a mixture logs both sets' epochs, the hard-negative records hold their M = 2."""
+    if name in RECORDS_CONFIGS:
+        config = override(load_config(name), TINY | recipe_data(name, shapes_data_dir, tmp_path))
+    else:
+        config = tiny(load_config, request, name)
+    if name == "flip_clip":
+        config = override(config, {"model.patch_dropout_until_step": 1})  # step 0 masked, step 1 not
+    workdir = str(tmp_path / "run")
+    results = run_plan.train_and_evaluate(config, workdir)
+    assert results and all(np.isfinite(v) for v in results.values())
+    logged = [m for m in run_dir.read_metrics(workdir) if "train/loss" in m]
+    assert [m["step"] for m in logged] == [1, 2] and all(np.isfinite(m["train/loss"]) for m in logged)
+    if name == "recipes_mixture":
+        sets = [mixture.source_name(d) for d in config.data.records.split(",")]
+        epochs = {k for m in run_dir.read_metrics(workdir) for k in m if k.startswith("train/epoch/")}
+        assert epochs == {f"train/epoch/{s}" for s in sets} and sets[1] == "shapes_b"
+    if name == "recipes_hard_negatives":
+        assert records.read_metadata(config.data.records).num_negatives == 2
+
+
+# (quoted figure, the committed result file it comes from), as tests/test_docs.py checks its pages.
+RESULTS = "experiments/results/"
+QUOTED = []
+
+
+@pytest.mark.parametrize("quoted, source", QUOTED)
+def test_the_pages_figures_are_in_their_result_files(quoted, source):
+    text = read("docs/recipes.md")
+    assert _collapsed(quoted) in _collapsed(text) and (source in text or os.path.dirname(source) + "/" in text)
+    found = [float(n) for n in _numbers(read(source).replace(",", ""))]
+    for number in _numbers(quoted.replace(",", "")):
+        decimals = len(number.split(".")[1]) if "." in number else 0
+        assert any(round(f, decimals) == float(number) for f in found), f"{number} not in {source}"
