@@ -54,14 +54,15 @@ def tiny(load_config, request, name, **fields):
 
 
 def one_step(config, num_devices):
-    """`(trainer, state before, batch, metrics)` of one jitted step on the stream's first batch."""
+    """`(trainer, state before, batch, metrics, state after)` of one jitted step on the
+    stream's first batch."""
     trainer = build(config, sharding.make_mesh(num_devices)).trainer
     ds = input_pipeline.train_dataset(data_settings(config))
     init, abstract = trainer.init_state(ds.element_spec)
     batch = jax.device_get(next(iter(ds)))
     before = jax.device_get(init())
-    _, metrics = trainer.jit_train_step(abstract)(init(), batch)
-    return trainer, before, batch, jax.device_get(metrics)
+    after, metrics = trainer.jit_train_step(abstract)(init(), batch)
+    return trainer, before, batch, jax.device_get(metrics), jax.device_get(after)
 
 
 def kernel_call(name, za, zb, temperature, bias, **ids):
@@ -119,7 +120,7 @@ def test_a_step_with_4_captions_a_picture_has_the_kernels_loss(load_config, requ
     computed on one device from the towers' outputs."""
     fields = {"loss.name": "clip_several_positives_log_sum", "model.encoder_a": "cnn", "model.cnn_features": (8,)}
     config = tiny(load_config, request, "recipes_several_positives", **fields)
-    trainer, before, batch, metrics = one_step(config, 8)
+    trainer, before, batch, metrics, _ = one_step(config, 8)
     index = batch["index"]
     assert len(set(index)) == 4 and (index.reshape(4, 4) == index[::4, None]).all()
     outputs = trainer.model.apply({"params": before.params, "batch_stats": before.batch_stats}, batch["a"], batch["b"])
@@ -136,6 +137,23 @@ def test_several_captions_need_a_loss_reading_positive_ids(load_config, request,
     assert "\n" not in message and f"use one of {sorted(SEVERAL_POSITIVES)}" in message
     assert sorted(k for k, v in losses.LOSSES.items() if "positive_ids" in v.options) == sorted(SEVERAL_POSITIVES)
     build(override(config, {"data.captions_per_image": 1}), sharding.make_mesh(8))  # one caption: any loss
+
+
+def test_lit_on_the_generated_set_locks_a_random_image_tower(load_config, request):
+    """LiT's flag without a released tower (`clip_shapes` with `optim.frozen_tower=a`): a
+    step leaves every parameter of the image tower as initialised and moves the text
+    tower's (the mechanics of the recipe, not the recipe: docs/recipes.md)."""
+    fields = {"optim.frozen_tower": "a", "optim.warmup_steps": 0, "model.encoder_a": "cnn", "model.cnn_features": (8,)}
+    trainer, before, _, metrics, after = one_step(tiny(load_config, request, "clip_shapes", **fields), 8)
+    assert np.isfinite(metrics["loss"])
+    frozen = {name for name in before.params if name.endswith("_a")}
+    assert frozen and set(before.params) - frozen
+    for name in before.params:
+        moved = [
+            np.abs(x - y).max()
+            for x, y in zip(jax.tree.leaves(after.params[name]), jax.tree.leaves(before.params[name]))
+        ]
+        assert (max(moved) == 0) == (name in frozen), name
 
 
 def write_negatives_table(directory, num=48, m=2):
