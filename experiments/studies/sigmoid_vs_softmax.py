@@ -1,476 +1,444 @@
-"""Sigmoid against softmax at small batch: SigLIP against CLIP at N = 64 … 1,024, each tuned per N.
-
-Each loss is tuned per N on validation (its peak rate; SigLIP also its initial temperature
-and bias), then the two are compared over fresh seeds with a 95% Welch interval.
+"""Sigmoid against softmax at small batch: SigLIP against CLIP at N = 64 … 1,024, each tuned per N,
+in two arms: epoch-matched and step-matched.
 
 The epoch-budget study found "SigLIP leads CLIP at 256 and lags at 4,096" with CLIP's
 rate rule for both and SigLIP from its paper's start only; here each loss gets its own
 tuning at each N. Every run trains `configs/cmudict_clip.py` (two 1-D CNN towers, the
 loss over the global batch on 8 simulated CPU devices) on cmudict's `fit` split
-(108,000 pairs) for the same `EPOCHS` epochs at every N and for both losses (the same
-examples seen: at each N the two runs differ in their loss alone), AdamW with a warmup of
-`WARMUP_EPOCHS` epochs and a cosine to 0 at the end, and evaluates R@1 both ways on
-`validation` (13,490 pairs; the test split is never read) `EVALS` times along the run.
-The measure: validation R@1 at the end, the mean of both directions.
+(108,000 pairs), AdamW with a warmup of a sixteenth of its steps and a cosine to 0 at
+the end, evaluating R@1 both ways on `validation` (13,490 pairs) `EVALS` times along the
+run. Two arms, each N in both:
 
-Stages, N by N (a session cut short leaves whole N's with their comparison):
+* **epoch-matched**: `EPOCHS` epochs at every N (6,750 steps at N = 64 … 422 at 1,024);
+* **step-matched**: every N trains `matched_steps` steps, the steps N = `STEP_MATCHED_N`
+  gets at `EPOCHS` epochs (844: twice N = 1,024's 422), so N = 64 sees half an epoch and
+  N = 1,024 eight. At N = 512 the arms' runs are the same runs, trained once.
 
-1. **tuning**, on the first seed, one axis at a time, each on a grid around a start:
-   the three steps ``s - 1, s, s + 1``, then the neighbour beyond the best while the best
-   is at the edge of the steps run and fewer than the axis's cap ran (`next_on_axis`):
+Stages, N by N and arm by arm (a session cut short leaves whole N's):
+
+1. **tuning**, on the first seed, by the final validation R@1 (the test split is never
+   read here), one axis at a time, each on a grid around a start: the three steps
+   ``s - 1, s, s + 1``, then the neighbour beyond the best while the best is at the edge
+   of the steps run and fewer than the axis's cap ran (`next_on_axis`):
 
    * the peak rate, for each loss: rate step k, ``1e-3 * 2 ** (k / 2)`` (the sqrt(2)
-     grid `rate_grid` it shares with `critical_batch_constant_lr`, centred on the
-     square-root rule `first_rate_step`), at most `MAX_RATES` rates; SigLIP at its paper's start
-     (t' = log 10: temperature 0.1; bias -10; Zhai et al. 2023);
-   * SigLIP's initial temperature at its tuned rate: ``0.1 * 2 ** -j`` (step j; 0 the
-     paper's), at most `MAX_INIT_VALUES`;
+     grid `rate_grid`, centred on the square-root rule `first_rate_step`), at most
+     `MAX_RATES` rates; CLIP from its config's temperature 0.07, SigLIP at its paper's
+     start (t' = log 10: temperature 0.1; bias -10; Zhai et al. 2023);
+   * each loss's initial (learned) temperature at its tuned rate: ``T * 2 ** -j`` (T 0.07
+     for CLIP, 0.1 for SigLIP; step j), at most `MAX_INIT_VALUES`;
    * SigLIP's initial bias at its tuned rate and temperature: ``-10 + 5 j``, at most
      `MAX_INIT_VALUES`.
-
-   CLIP keeps its config's learned temperature from 0.07. The best is the highest final
-   validation R@1; one pass, each axis at the others' tuned values.
 2. **seeds**: both losses at their tuned setting on every other seed (by default 1-5,
-   fresh: the tuning seed is left out of the comparison, so the loss with more settings
-   tried gains nothing from picking its luckiest seed).
+   fresh: the tuning seed is left out of the comparison), each run's final checkpoint
+   then scored on the test split (`TEST_SPLIT`), R@1 per query both ways
+   (`query_hits.cached_hits`, cached in `final.json`, computed at the end of the run
+   while its checkpoint is on disk).
 
-The report (`summary.md`, `results.{json,csv}`; `r1_vs_batch.png` once an N is
-compared): per N each loss's tuned setting and its seed-0 grid, flagged where the tuned value is at the edge of the
-steps run (the cap stopped the extension); final validation R@1 mean ± the 95%
-t-interval over the seeds; SigLIP − CLIP with its 95% Welch interval and the verdict it
-allows (`intervals.verdict`); one finding per N, its interval in the same sentence.
-Every run's record is written as it finishes; the report is regenerated from whatever is
-complete (an N whose tuning is unfinished shows its grid so far).
+The report (`results.{json,csv}`, `final.json`; per arm `epoch_matched/` and
+`step_matched/`: `summary.md`, `r1_vs_batch.png`): per N each loss's tuned setting and its
+seed-0 validation grid, flagged where the tuned value is at the edge of the steps run;
+test R@1 mean ± the 95% t-interval over the seeds; SigLIP − CLIP in test R@1 (the mean of
+both directions) with a 95% interval over the seeds and the test queries
+(`seeds_and_queries`) and its verdict (`intervals.verdict`);
+one finding per N. Every run's record is written as it finishes; the report is
+regenerated from whatever is complete.
 
 Run (from the repository root; rerun the same command to go on):
   .venv/bin/python -m experiments.studies.sigmoid_vs_softmax --hours 3   # no run starts after 3 h
   .venv/bin/python -m experiments.studies.sigmoid_vs_softmax --hours 0   # the report from what finished
   .venv/bin/python -m experiments.studies.sigmoid_vs_softmax --quick     # CI: slices of the data
+The results go to `experiments/results/sigmoid_vs_softmax/v2/`; the folder above holds the
+earlier design's (tuned and compared on validation, CLIP's temperature untuned, one arm).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from contrastive_jax.config_lib import load_config, override
-from experiments.lib import intervals, rate_grid, sweep, target_steps
+from experiments.lib import intervals, query_hits, sweep, target_steps
+from experiments.studies import sigmoid_vs_softmax_grid as grid
 
-BATCH_SIZES = (64, 128, 256, 512, 1024)
-SEEDS = (0, 1, 2, 3, 4, 5)  # the first tunes; the others compare
-EPOCHS = 4.0  # every N and both losses: N = 1,024 gets 422 steps, N = 64 6,750
-WARMUP_EPOCHS = 0.25
-EVALS = 4  # validation this many times along a run, the last at the end
-LOSSES = ("clip", "siglip")
-LABELS = {"clip": "CLIP", "siglip": "SigLIP"}
-MAX_RATES = 5  # rate steps tuned per N and loss at most
-MAX_INIT_VALUES = 4  # SigLIP's initial temperatures (and biases) tuned per N at most
-CLIP_TEMPERATURE = 0.07  # CLIP's initial (learned) temperature: the config's
-SIGLIP_TEMPERATURE, SIGLIP_BIAS = 0.1, -10.0  # SigLIP's paper: t' = log 10, b = -10
-BIAS_STEP = 5.0  # bias step j: SIGLIP_BIAS + BIAS_STEP * j
 # A run's time, from the calibration runs on the shared 2-core machine (load average 9-15:
 # the constant-rate study's run and tests beside them): seed 0's first tuning run took
 # 165 and 199 s at N = 64 (6,750 steps), 156 and 159 s at N = 1,024 (422 steps), so about
 # this many seconds per epoch of `fit` (the steps, any N) and per run (compilation,
-# evaluations, checkpoints): 180 s at 4 epochs.
+# evaluations, checkpoints, the test split's hits): 180 s at 4 epochs.
 SECONDS_PER_EPOCH = 40.0
 SECONDS_PER_RUN_OVERHEAD = 20.0
-AXES = {"clip": ("rate_step",), "siglip": ("rate_step", "temperature_step", "bias_step")}
-AXIS_NAMES = {"rate_step": "rate", "temperature_step": "temperature", "bias_step": "bias"}
+RESULTS_NAME = "sigmoid_vs_softmax/v2"  # the earlier design's results are in the folder above
 
 
-def temperature_init(step: int) -> float:
-    """SigLIP's initial temperature at temperature step `step`: ``0.1 * 2 ** -step``."""
-    return SIGLIP_TEMPERATURE * 2.0**-step
+def unit_counts(seeds: Sequence[int], max_rates: int, max_init_values: int) -> tuple[int, int]:
+    """`(fewest, most)` runs at one N and step count: per loss 3 to `max_rates` rates, then 2
+    to `max_init_values - 1` new runs per other axis (the start shared with the axis
+    before: CLIP's temperature, SigLIP's temperature and bias); then each loss on every
+    seed but the first."""
+    axes = sum(len(grid.AXES[loss]) - 1 for loss in grid.LOSSES)
+    compared = len(grid.LOSSES) * (len(seeds) - 1)
+    fewest = 3 * len(grid.LOSSES) + 2 * axes + compared
+    return fewest, max_rates * len(grid.LOSSES) + (max_init_values - 1) * axes + compared
 
 
-def bias_init(step: int) -> float:
-    """SigLIP's initial bias at bias step `step`: ``-10 + 5 step``."""
-    return SIGLIP_BIAS + BIAS_STEP * step
+def budget(batch_sizes: Sequence[int], limits: Mapping[str, Any]) -> tuple[int, int, float, float]:
+    """`(fewest runs, most runs, fewest hours, most hours)` of the study: `unit_counts` at
+    every N and step count of `grid.units` (a shared one counted once), each run's time
+    `run_minutes` at its epochs."""
+    fewest, most = unit_counts(limits["seeds"], limits["max_rates"], limits["max_init_values"])
+    minutes = [run_minutes(steps * n / limits["train_size"]) for n, steps, _ in grid.units(batch_sizes, limits)]
+    return fewest * len(minutes), most * len(minutes), fewest * sum(minutes) / 60, most * sum(minutes) / 60
 
 
-def start_setting(loss: str, n: int) -> dict[str, int]:
-    """Where `loss`'s tuning at N = `n` starts: the square-root rule's rate step
-    (`rate_grid.first_rate_step`), SigLIP at its paper's start."""
-    return {axis: rate_grid.first_rate_step(n) if axis == "rate_step" else 0 for axis in AXES[loss]}
+def run_minutes(epochs: float) -> float:
+    """A run's minutes on the 2-core machine at `epochs` epochs of `fit` (`SECONDS_PER_EPOCH`)."""
+    return (SECONDS_PER_RUN_OVERHEAD + SECONDS_PER_EPOCH * epochs) / 60
 
 
-def study_run(loss: str, n: int, setting: Mapping[str, int], seed: int, *, epochs: float, train_size: int) -> sweep.Run:
-    """The run of `loss` at N = `n` with `setting` (`{axis: step}`, `AXES[loss]`) and
-    `seed`: `epochs` epochs of `train_size` pairs, a cosine after `WARMUP_EPOCHS`."""
-    steps_per_epoch = train_size / n
-    num_steps = math.ceil(epochs * steps_per_epoch)
-    warmup = round(WARMUP_EPOCHS * steps_per_epoch)
-    k = setting["rate_step"]
-    tags = {"loss": loss, "batch_size": n, "rate_step": k, "learning_rate": rate_grid.learning_rate(k)}
-    overrides = {
-        **sweep.run_overrides(num_steps=num_steps, seed=seed, warmup_steps=warmup),
-        "eval.every_steps": math.ceil(num_steps / EVALS),  # the last at the end: EVALS in all
-        "train.global_batch_size": n,
-        "optim.learning_rate": tags["learning_rate"],
-        "loss.name": loss,
-    }
-    name = f"{loss}_n{n}_k{k}"
-    if loss == "siglip":
-        t, b = setting["temperature_step"], setting["bias_step"]
-        tags |= {"temperature_step": t, "temperature_init": temperature_init(t)}
-        tags |= {"bias_step": b, "bias_init": bias_init(b)}
-        overrides |= {"loss.temperature": temperature_init(t), "loss.siglip_bias": bias_init(b)}
-        name += f"_t{t}_b{b}"
-    else:
-        tags["temperature_init"] = CLIP_TEMPERATURE
-        overrides["loss.temperature"] = CLIP_TEMPERATURE
-    tags |= {"seed": seed, "steps": num_steps, "epochs": round(num_steps * n / train_size, 3)}
-    return sweep.Run(f"{name}_s{seed}", tags, overrides)
+# The report: per arm, `<arm folder>/summary.md` and `r1_vs_batch.png`.
+
+MEASURE = "final test R@1 (mean of both directions)"
 
 
-def limited_run(loss: str, n: int, setting: Mapping[str, int], seed: int, limits: Mapping[str, Any]) -> sweep.Run:
-    """`study_run` with the `epochs` and `train_size` of `limits`."""
-    return study_run(loss, n, setting, seed, epochs=limits["epochs"], train_size=limits["train_size"])
+def query_scores(entry: Mapping[str, Any], direction: str | None = None) -> np.ndarray:
+    """[Q] one run's per-query test score: its R@1 hit in `direction`, or (None) the mean
+    of both directions' hits (query i is pair i, asked both ways)."""
+    directions = query_hits.DIRECTIONS if direction is None else (direction,)
+    return np.mean([np.asarray(entry[d], np.float64) for d in directions], axis=0)
 
 
-def final_r1(record: Mapping[str, Any]) -> float:
-    """The run's final validation R@1, the mean of both directions."""
-    return float(np.mean([record[m] for m in target_steps.METRICS]))
+def combine(seeds: Sequence[float], queries: Sequence[float]) -> tuple[float, float, float]:
+    """`(difference, low, high)`: the seeds' 95% interval `seeds` (`(difference, low, high)`,
+    Welch's) widened by the queries' `queries` (the paired bootstrap's): two independent
+    errors, the half-widths added in quadrature around the seeds' difference; NaN bounds
+    when the seeds' are (one seed)."""
+    difference, low, high = seeds
+    if math.isnan(low):
+        return difference, math.nan, math.nan
+    half = math.hypot((high - low) / 2, (queries[2] - queries[1]) / 2)
+    return difference, difference - half, difference + half
 
 
-def best_step(scores: Mapping[int, float]) -> int:
-    """The step of the highest score (the smaller step on a tie)."""
-    return max(sorted(scores), key=lambda step: scores[step])
+def seeds_and_queries(x: Sequence[np.ndarray], y: Sequence[np.ndarray]) -> tuple[float, float, float]:
+    """The mean test score of runs `x` less runs `y` (independent seeds, the same queries)
+    with a 95% interval over both the seeds and the test queries (`combine`): Welch's over
+    the runs' means, and the paired bootstrap over the queries of the seed-mean scores.
 
-
-def at_edge(scores: Mapping[int, float]) -> bool:
-    """Whether the best (`best_step`) is the smallest or largest step run (of two or more)."""
-    return len(scores) > 1 and best_step(scores) in (min(scores), max(scores))
-
-
-def next_on_axis(scores: Mapping[int, float], start: int, most: int) -> int | None:
-    """The step to run next on one axis, from the `scores` of the steps run (`{step:
-    final R@1}`): the first of ``start - 1, start, start + 1`` not run, then the
-    neighbour beyond the best while the best is at the edge of the steps run and fewer
-    than `most` ran; None: the axis is tuned."""
-    for step in (start - 1, start, start + 1):
-        if step not in scores:
-            return step
-    if len(scores) >= most:
-        return None
-    return rate_grid.step_beyond_edge(scores, best_step(scores))
-
-
-@dataclasses.dataclass(frozen=True)
-class Tuning:
-    """Where one loss's tuning at one N stands (`plan`).
-
-    Attributes:
-      setting: `{axis: step}`: each tuned axis's best, the axis in progress at its start.
-      scores: `{axis: {step: seed-0 final R@1}}` of the axes reached.
-      edges: the tuned axes whose best is at the edge of the steps run.
-      next_run: the run to train next; None when every axis is tuned.
+    Args:
+      x: one [Q] array of per-query scores (`query_scores`) per seed of one method.
+      y: the other method's, on the same Q queries.
     """
-
-    setting: dict[str, int]
-    scores: dict[str, dict[int, float]]
-    edges: tuple[str, ...]
-    next_run: sweep.Run | None
-
-    @property
-    def complete(self) -> bool:
-        return self.next_run is None
+    seeds = intervals.welch_interval([float(s.mean()) for s in x], [float(s.mean()) for s in y])
+    queries = intervals.paired_bootstrap(np.mean(x, axis=0), np.mean(y, axis=0))
+    return combine(seeds, queries)
 
 
-def plan(records: Sequence[Mapping[str, Any]], loss: str, n: int, seed: int, limits: Mapping[str, Any]) -> Tuning:
-    """`loss`'s tuning at N = `n` on `seed`, from the `records` finished: the axes of
-    `AXES[loss]` in order, each at the others' current values (`next_on_axis`, capped at
-    `limits["max_rates"]` rates and `limits["max_init_values"]` initial values), with the
-    run to train next. `limits` also holds `study_run`'s `epochs` and `train_size`."""
-    setting = start_setting(loss, n)
-    mine = [r for r in records if r.get("loss") == loss and r["batch_size"] == n and r["seed"] == seed]
-    scores, edges = {}, []
-    for axis in AXES[loss]:
-        same = lambda r, axis=axis: all(r.get(a) == v for a, v in setting.items() if a != axis)  # noqa: E731
-        scores[axis] = {r[axis]: final_r1(r) for r in mine if same(r)}
-        most = limits["max_rates"] if axis == "rate_step" else limits["max_init_values"]
-        step = next_on_axis(scores[axis], setting[axis], most)
-        if step is not None:
-            return Tuning(setting, scores, tuple(edges), limited_run(loss, n, setting | {axis: step}, seed, limits))
-        setting[axis] = best_step(scores[axis])
-        edges += [axis] if at_edge(scores[axis]) else []
-    return Tuning(setting, scores, tuple(edges), None)
+def tested(found: Mapping[str, Any], hits: Mapping[str, Mapping]) -> dict[str, list[str]] | None:
+    """`{loss: [run names]}`: each loss's comparison runs (`grid.comparison`'s seeds) with
+    test hits; None while a loss has none."""
+    runs = {
+        loss: [r["name"] for r in found["seeds"].get(loss, {}).values() if r["name"] in hits] for loss in grid.LOSSES
+    }
+    return runs if all(runs.values()) else None
 
 
-def setting_words(loss: str, setting: Mapping[str, int]) -> str:
-    """`"k=3 (0.0028), T0 0.05, b0 -5"`: a setting in the report's words."""
-    k = setting["rate_step"]
-    words = f"k={k} ({rate_grid.learning_rate(k):.2g})"
-    if loss == "siglip":
-        words += f", T0 {temperature_init(setting['temperature_step']):g}, b0 {bias_init(setting['bias_step']):g}"
-    return words
-
-
-def seed_records(records: Sequence[Mapping[str, Any]], run: sweep.Run, seeds: Sequence[int]) -> dict[int, dict]:
-    """`{seed: record}` of the `records` on `seeds` with `run`'s setting (all its tags
-    but the seed)."""
-    same = lambda r: all(r.get(k) == v for k, v in run.tags.items() if k != "seed")  # noqa: E731
-    return {r["seed"]: r for r in records if r["seed"] in seeds and same(r)}
-
-
-def difference(clip: Sequence[float], siglip: Sequence[float]) -> tuple[float, float, float]:
-    """SigLIP − CLIP over independent seeds: `intervals.welch_interval(siglip, clip)`."""
-    return intervals.welch_interval(siglip, clip)
-
-
-def finding(n: int, clip: Sequence[float], siglip: Sequence[float], edges: Sequence[str]) -> str:
-    """The finding at N = `n` in one sentence, its 95% interval in it and the verdict
-    `intervals.verdict` gives that interval; who leads only where it is resolved; the
-    axes whose tuned value is at its grid's edge named (`edges`)."""
-    diff, low, high = difference(clip, siglip)
-    verdict = intervals.verdict(low, high)
+def finding(n: int, difference: Sequence[float], counts: Sequence[int], queries: int, edges: Sequence[str]) -> str:
+    """The finding at N = `n` in one sentence: SigLIP − CLIP `difference` (`(difference,
+    low, high)`, `seeds_and_queries`), the seeds (`counts`: CLIP's, SigLIP's) and `queries`
+    behind it, the verdict (`intervals.verdict`; who leads only where resolved), the axes
+    tuned at their grid's edge (`edges`)."""
+    verdict = intervals.verdict(*difference[1:])
     if verdict == "resolved":
-        verdict += ", SigLIP ahead" if diff > 0 else ", CLIP ahead"
+        verdict += ", SigLIP ahead" if difference[0] > 0 else ", CLIP ahead"
     edge = f"; tuned at its grid's edge: {', '.join(edges)}" if edges else ""
     return (
-        f"At N = {n:,}, SigLIP − CLIP in final validation R@1 (mean of both directions) is "
-        f"{intervals.difference_cell(diff, low, high)} (95% Welch interval, {len(siglip)} vs {len(clip)} seeds; "
-        f"{verdict}{edge})."
+        f"At N = {n:,}, SigLIP − CLIP in {MEASURE} is {intervals.difference_cell(*difference)} (95% over "
+        f"{counts[1]} vs {counts[0]} seeds and {queries:,} test queries; {verdict}{edge})."
     )
 
 
-def comparison(records: Sequence[Mapping[str, Any]], n: int, limits: Mapping[str, Any]) -> dict[str, Any]:
-    """At N = `n`: each loss's `Tuning` on the tuning seed and, once it is tuned, its
-    records at the tuned setting on the other seeds: `{"tuning": {loss: Tuning}, "seeds": {loss:
-    {seed: record}}, "edges": ["SigLIP rate", ...]}`."""
-    seeds = limits["seeds"]
-    tuning = {loss: plan(records, loss, n, seeds[0], limits) for loss in LOSSES}
-    found, edges = {}, []
-    for loss, tuned in tuning.items():
-        edges += [f"{LABELS[loss]} {AXIS_NAMES[a]}" for a in tuned.edges]
-        if tuned.complete:
-            found[loss] = seed_records(records, limited_run(loss, n, tuned.setting, seeds[0], limits), seeds[1:])
-    return {"tuning": tuning, "seeds": found, "edges": edges}
+def _compared(records, hits, limits, arm) -> list[tuple[int, dict, dict[str, list[str]]]]:
+    """`[(N, grid.comparison, {loss: names with hits}), ...]` of the N whose both losses
+    have a comparison seed with test hits in `arm`."""
+    compared = []
+    for n in sorted({r["batch_size"] for r in records}):
+        found = grid.comparison(records, n, grid.arm_steps(arm, n, limits), limits)
+        runs = tested(found, hits)
+        if runs is not None:
+            compared.append((n, found, runs))
+    return compared
 
 
-def _grid_cell(scores: Mapping[int, float], label: Callable[[int], str]) -> str:
-    """`"k=1: 0.801, **k=2: 0.812**, k=3: 0.809"`: each step's R@1 (`label(step)`: its
-    words), the best in bold."""
+def _rows(records, hits, limits, arm) -> tuple[list, list, list]:
+    """`(findings, table rows, per-direction rows)` of `arm`'s compared N."""
+    findings, rows, per_direction = [], [], []
+    for n, found, runs in _compared(records, hits, limits, arm):
+        scores = {loss: [query_scores(hits[name]) for name in runs[loss]] for loss in grid.LOSSES}
+        both = seeds_and_queries(scores["siglip"], scores["clip"])
+        seeds_only = intervals.welch_interval(*([float(s.mean()) for s in scores[loss]] for loss in ("siglip", "clip")))
+        counts = [len(runs[loss]) for loss in grid.LOSSES]
+        cells = [grid.setting_words(loss, found["tuning"][loss].setting) for loss in grid.LOSSES]
+        cells += [intervals.mean_and_interval([float(s.mean()) for s in scores[loss]], 3) for loss in grid.LOSSES]
+        cells += [
+            " / ".join(map(str, counts)),
+            intervals.difference_cell(*both),
+            intervals.difference_cell(*seeds_only),
+        ]
+        rows.append([f"{n:,}", *cells, intervals.verdict(*both[1:]), ", ".join(found["edges"]) or "-"])
+        if min(counts) >= 2:
+            findings.append(finding(n, both, counts, len(scores["clip"][0]), found["edges"]))
+        for direction in query_hits.DIRECTIONS:
+            per = [[query_scores(hits[name], direction) for name in runs[loss]] for loss in ("siglip", "clip")]
+            diff = seeds_and_queries(*per)
+            per_direction.append([f"{n:,}", direction, intervals.difference_cell(*diff), intervals.verdict(*diff[1:])])
+    return findings, rows, per_direction
+
+
+def _grid_cell(scores: Mapping[int, float], label) -> str:
+    """`"k=1: 0.801, **k=2: 0.812**, k=3: 0.809"`: each step's validation R@1 (`label(step)`:
+    its words), the best in bold."""
     if not scores:
         return "-"
-    best = best_step(scores)
+    best = grid.best_step(scores)
     cells = [f"{label(s)}: {scores[s]:.3f}" for s in sorted(scores)]
     return ", ".join(f"**{c}**" if s == best else c for s, c in zip(sorted(scores), cells, strict=True))
 
 
-GRID_LABELS = {
-    "rate_step": lambda k: f"k={k}",
-    "temperature_step": lambda t: f"T0 {temperature_init(t):g}",
-    "bias_step": lambda b: f"b0 {bias_init(b):g}",
-}
-
-
-def summary(records: Sequence[Mapping[str, Any]], limits: Mapping[str, Any]) -> str:
-    """The markdown report (see the module docstring)."""
-    seeds, epochs = limits["seeds"], limits["epochs"]
-    ns = sorted({r["batch_size"] for r in records})
-    text = (
-        f"# Sigmoid (SigLIP) against softmax (CLIP) on cmudict, each tuned per N: {len(records)} runs\n\n"
-        f"Every run: {epochs:g} epoch{'s' * (epochs != 1)} of `fit` ({limits['train_size']:,} pairs), cosine after "
-        f"{WARMUP_EPOCHS:g} epochs of warmup; the measure is the final validation R@1, the mean of both "
-        f"directions. Tuned on seed {seeds[0]}, compared on seeds {', '.join(map(str, seeds[1:]))}. Rate step k: "
-        "peak rate 1e-3 · 2^(k/2); SigLIP's initial temperature T0 = 0.1 · 2^-j, bias b0 = -10 + 5 j.\n"
-    )
-    rows, findings, per_direction, grids = [], [], [], []
-    for n in ns:
-        found = comparison(records, n, limits)
+def _tuning_rows(records, limits, arm) -> list[list[str]]:
+    """Per N and loss of `arm`: each axis's seed-0 grid, the status, the edges."""
+    labels = {
+        "rate_step": lambda loss: lambda k: f"k={k}",
+        "temperature_step": lambda loss: lambda t: f"T0 {grid.temperature_init(loss, t):g}",
+        "bias_step": lambda loss: lambda b: f"b0 {grid.bias_init(b):g}",
+    }
+    rows = []
+    for n in sorted({r["batch_size"] for r in records}):
+        found = grid.comparison(records, n, grid.arm_steps(arm, n, limits), limits)
         for loss, tuned in found["tuning"].items():
-            cells = [_grid_cell(tuned.scores.get(a, {}), GRID_LABELS[a]) for a in AXES["siglip"]]
-            status = "tuned" if tuned.complete else f"tuning ({AXIS_NAMES[_axis_in_progress(tuned)]})"
-            edge = ", ".join(AXIS_NAMES[a] for a in tuned.edges) or "-"
-            grids.append([f"{n:,}", LABELS[loss], *cells, status, edge])
-        if len(found["seeds"]) < len(LOSSES) or not all(found["seeds"].values()):
-            continue  # a loss still tuning, or not run on a comparison seed yet
-        by_seed = {loss: found["seeds"][loss] for loss in LOSSES}
-        values = {loss: [final_r1(r) for r in by_seed[loss].values()] for loss in LOSSES}
-        cells = [setting_words(loss, found["tuning"][loss].setting) for loss in LOSSES]
-        cells += [intervals.mean_and_interval(values[loss], decimals=3) for loss in LOSSES]
-        diff = difference(values["clip"], values["siglip"])
-        cells += [f"{len(values['clip'])} / {len(values['siglip'])}", intervals.difference_cell(*diff)]
-        cells += [intervals.verdict(*diff[1:]), ", ".join(found["edges"]) or "-"]
-        rows.append([f"{n:,}", *cells])
-        if min(len(v) for v in values.values()) >= 2:
-            findings.append(finding(n, values["clip"], values["siglip"], found["edges"]))
-        for metric in target_steps.METRICS:
-            diff = difference(*([r[metric] for r in by_seed[loss].values()] for loss in LOSSES))
-            per_direction.append([f"{n:,}", metric, intervals.difference_cell(*diff), intervals.verdict(*diff[1:])])
-    text += "\n## Findings\n\n" + ("".join(f"- {f}\n" for f in findings) or "None yet: no N has two seeds of both.\n")
-    text += caveats(ns, limits)
-    header = ["N", "CLIP setting", "SigLIP setting", "CLIP R@1", "SigLIP R@1", "seeds (CLIP / SigLIP)"]
-    header += ["SigLIP − CLIP [95% Welch]", "verdict", "tuned at a grid's edge"]
-    text += (
-        "\n## Final validation R@1 at each loss's tuned setting\n\nR@1: mean ± the 95% t-interval over the "
-        "seeds (the mean alone for one seed); the difference's interval is Welch's (n/a: one seed).\n\n"
+            cells = [_grid_cell(tuned.scores.get(a, {}), labels[a](loss)) for a in grid.AXES["siglip"]]
+            status = "tuned" if tuned.complete else f"tuning ({grid.AXIS_NAMES[list(tuned.scores)[-1]]})"
+            edge = ", ".join(grid.AXIS_NAMES[a] for a in tuned.edges) or "-"
+            rows.append([f"{n:,}", grid.LABELS[loss], *cells, status, edge])
+    return rows
+
+
+def summary(records: Sequence[Mapping[str, Any]], hits: Mapping[str, Mapping], limits: Mapping, arm: str) -> str:
+    """`arm`'s markdown report (see the study's docstring)."""
+    seeds = limits["seeds"]
+    arm_runs = [r for r in records if r["steps"] == grid.arm_steps(arm, r["batch_size"], limits)]
+    findings, rows, per_direction = _rows(records, hits, limits, arm)
+    text = (
+        f"# Sigmoid (SigLIP) against softmax (CLIP) on cmudict, {grid.ARM_FOLDERS[arm].replace('_', '-')}: "
+        f"{len(arm_runs)} runs\n\n{_budget(arm, limits)} Each loss tuned per N on seed {seeds[0]} by its final "
+        f"validation R@1; compared on seeds {', '.join(map(str, seeds[1:]))} by the {MEASURE} of their final "
+        f"checkpoints on `{limits['test_split']}`. Rate step k: peak rate 1e-3 · 2^(k/2); initial temperature "
+        "T0 = 0.07 · 2^-j (CLIP) or 0.1 · 2^-j (SigLIP); SigLIP's bias b0 = -10 + 5 j.\n"
     )
-    text += sweep.markdown_table(rows, header) if rows else "No N has both losses tuned and a seed run yet.\n"
+    text += "\n## Findings\n\n" + ("".join(f"- {f}\n" for f in findings) or "None yet: no N has two seeds of both.\n")
+    text += caveats(arm, sorted({r["batch_size"] for r in arm_runs}), limits)
+    header = ["N", "CLIP setting", "SigLIP setting", "CLIP test R@1", "SigLIP test R@1", "seeds (CLIP / SigLIP)"]
+    header += ["SigLIP − CLIP [95%, seeds + queries]", "[95%, seeds only]", "verdict", "tuned at a grid's edge"]
+    text += (
+        "\n## Test R@1 at each loss's tuned setting\n\nR@1: mean ± the 95% t-interval over the seeds. SigLIP − "
+        "CLIP: Welch's interval over the seeds and the paired bootstrap over the test queries (of the seed-mean "
+        "hits), their half-widths added in quadrature; Welch's alone beside it.\n\n"
+    )
+    text += sweep.markdown_table(rows, header) if rows else "No N has both losses tuned and a seed tested yet.\n"
     if per_direction:
-        text += "\n## SigLIP − CLIP per direction\n\n"
-        text += sweep.markdown_table(per_direction, ["N", "direction", "SigLIP − CLIP [95% Welch]", "verdict"])
+        text += "\n## SigLIP − CLIP per direction (test)\n\n"
+        text += sweep.markdown_table(
+            per_direction, ["N", "direction", "SigLIP − CLIP [95%, seeds + queries]", "verdict"]
+        )
     text += (
         f"\n## The tuning on seed {seeds[0]}: final validation R@1 at each step run (bold: the best)\n\n"
         "Each axis at the others' tuned values, in the order rate, temperature, bias. Edge: the best is the "
         f"smallest or largest step run (the cap, {limits['max_rates']} rates or {limits['max_init_values']} "
         "initial values, stopped the extension).\n\n"
     )
-    text += sweep.markdown_table(grids, ["N", "loss", "rate", "initial temperature", "initial bias", "status", "edge"])
-    return text
+    header = ["N", "loss", "rate", "initial temperature", "initial bias", "status", "edge"]
+    return text + sweep.markdown_table(_tuning_rows(records, limits, arm), header)
 
 
-def caveats(ns: Sequence[int], limits: Mapping[str, Any]) -> str:
-    """What the comparison does not control yet, said beside its findings: one validation
-    split for tuning and comparing, CLIP's temperature learned but not tuned, and the
-    steps each N gets at a fixed number of epochs (`study_run`'s count)."""
+def _budget(arm: str, limits: Mapping[str, Any]) -> str:
+    """The arm's training budget in one sentence."""
+    pairs = f"`fit` ({limits['train_size']:,} pairs)"
+    if arm == "epochs":
+        return f"Every run: {limits['epochs']:g} epochs of {pairs}, so a larger N takes fewer steps."
+    return f"Every run: {limits['matched_steps']:,} optimizer steps on {pairs}, so a larger N sees more examples."
+
+
+def caveats(arm: str, ns: Sequence[int], limits: Mapping[str, Any]) -> str:
+    """What `arm`'s findings control and what they do not, said beside them."""
     if not ns:
         return ""
-    steps = ", ".join(f"{math.ceil(limits['epochs'] * limits['train_size'] / n):,} at N = {n:,}" for n in ns)
+    budget = ", ".join(
+        f"{grid.arm_steps(arm, n, limits):,} steps ({grid.arm_steps(arm, n, limits) * n / limits['train_size']:.2g} "
+        f"epochs) at N = {n:,}"
+        for n in ns
+    )
+    other = "step-matched" if arm == "epochs" else "epoch-matched"
     return (
-        "\n## What these findings do not control\n\n"
-        "- Tuned and compared on the same validation split (the comparison's seeds are fresh, the split is "
-        "not); the test split is not read.\n"
-        "- CLIP's temperature is learned from 0.07 and not tuned; SigLIP's initial temperature and bias are.\n"
-        f"- Every run trains {limits['epochs']:g} epochs, so a larger N takes fewer steps ({steps}): how each "
-        "loss's R@1 moves with N is partly a step count; no step-matched run is here.\n"
+        "\n## What these findings control, and what they do not\n\n"
+        "- Tuned on validation, compared on test: the tuning reads validation only, the comparison's seeds are "
+        "fresh and scored once on the test split.\n"
+        "- Both losses' initial temperatures are tuned on the same kind of grid (a factor 2 a step, at the "
+        "loss's tuned rate); SigLIP also tunes its bias, which CLIP does not have.\n"
+        f"- The budget: {budget}; the cosine spans each run. The {other} arm is the other half of the design.\n"
+        "- The interval carries the seeds and the test queries; it is conditional on the one tuning seed and "
+        "on the grids' caps (an edge is flagged).\n"
     )
 
 
-def _axis_in_progress(tuned: Tuning) -> str:
-    """The axis `tuned.next_run` explores: the last one reached."""
-    return list(tuned.scores)[-1]
-
-
-def plot(records: Sequence[Mapping[str, Any]], limits: Mapping[str, Any]) -> dict:
-    """`r1_vs_batch`: each loss's final validation R@1 at its tuned setting against N,
-    mean over the seeds with the 95% t-interval (none before an N is compared)."""
-    fig, ax = sweep.new_figure("final validation R@1 at each loss's tuned setting (95% t over seeds)", width=6)
-    ns = sorted({r["batch_size"] for r in records})
-    for loss, marker in zip(LOSSES, "os", strict=True):
+def plot(records: Sequence[Mapping[str, Any]], hits: Mapping[str, Mapping], limits: Mapping, arm: str) -> dict:
+    """`r1_vs_batch`: each loss's test R@1 at its tuned setting against N in `arm`, mean over
+    the seeds with the 95% t-interval (none before an N is compared)."""
+    fig, ax = sweep.new_figure(f"test R@1 at each loss's tuned setting, {arm} matched (95% t)", width=6)
+    compared = _compared(records, hits, limits, arm)
+    for loss, marker in zip(grid.LOSSES, "os", strict=True):
         points = []
-        for n in ns:
-            values = [final_r1(r) for r in comparison(records, n, limits)["seeds"].get(loss, {}).values()]
-            if values:
-                half = intervals.t_interval(values) if len(values) > 1 else 0.0
-                points.append((n, np.mean(values), half))
+        for n, _, runs in compared:
+            values = [float(query_scores(hits[name]).mean()) for name in runs[loss]]
+            points.append((n, np.mean(values), intervals.t_interval(values) if len(values) > 1 else 0.0))
         if points:
             x, mean, half = zip(*points, strict=True)
-            ax.errorbar(x, mean, yerr=half, capsize=3, marker=marker, label=LABELS[loss])
+            ax.errorbar(x, mean, yerr=half, capsize=3, marker=marker, label=grid.LABELS[loss])
     if not ax.lines:
-        return {}  # no N compared yet
-    ax.set(xlabel="global batch N", ylabel="validation R@1 (mean of both directions)")
-    sweep.log_spaced_ticks(ax, ns)
+        return {}
+    ax.set(xlabel="global batch N", ylabel="test R@1 (mean of both directions)")
+    sweep.log_spaced_ticks(ax, [n for n, _, _ in compared])
     ax.legend(fontsize=8)
     return {"r1_vs_batch": fig}
 
 
-def write_partial(records: Mapping[str, Mapping[str, Any]], out: Path, limits: Mapping[str, Any]) -> list[dict]:
-    """`results.{json,csv}`, `summary.md` and the figure of the runs finished so far:
-    `records` (by name) over the committed records of the same names, the committed ones
-    of runs not visited yet kept. Returns the records written."""
+def write_partial(records: Mapping[str, Mapping], hits: Mapping[str, Mapping], out: Path, limits: Mapping) -> list:
+    """`results.{json,csv}` of the runs finished so far (`records`, by name, over the
+    committed records of the same names, those not visited yet kept), and each arm's
+    `summary.md` and figure in `out/<arm folder>/`. Returns the records written."""
     merged = list((sweep.committed_records(out) | dict(records)).values())
     sweep.write_results(merged, out)
-    sweep.save(plot(merged, limits), out)
-    (out / "summary.md").write_text(summary(merged, limits))
+    for arm in grid.ARMS:
+        folder = out / grid.ARM_FOLDERS[arm]
+        folder.mkdir(parents=True, exist_ok=True)
+        sweep.save(plot(merged, hits, limits, arm), folder)
+        (folder / "summary.md").write_text(summary(merged, hits, limits, arm))
     return merged
 
 
-def run_counts(batch_sizes: Sequence[int], seeds: Sequence[int], max_rates: int, max_init_values: int) -> tuple:
-    """`(fewest, most)` runs of the grid: per N and loss 3 to `max_rates` rates; SigLIP's
-    temperature and bias 2 to `max_init_values - 1` new runs each (the start shared with
-    the axis before); then each loss on every seed but the first."""
-    fewest = 3 * len(LOSSES) + 2 * 2
-    most = max_rates * len(LOSSES) + 2 * (max_init_values - 1)
-    compared = len(LOSSES) * (len(seeds) - 1)
-    return len(batch_sizes) * (fewest + compared), len(batch_sizes) * (most + compared)
+class _Trainer:
+    """Trains the study's runs one at a time, scoring the comparison's on the test split,
+    and rewrites the report after each."""
 
+    def __init__(self, base, args, limits):
+        self.base, self.args, self.limits = base, args, limits
+        self.deadline = sweep.deadline(args.hours)
+        self.records: dict[str, dict] = {}
+        self.hits = query_hits.cached_hits([], args.out, limits["test_split"])
 
-def run_minutes(epochs: float, train_size: int) -> float:
-    """A run's minutes on the 2-core machine (`SECONDS_PER_EPOCH`, scaled to `train_size`)."""
-    return (SECONDS_PER_RUN_OVERHEAD + SECONDS_PER_EPOCH * epochs * train_size / target_steps.FIT_PAIRS) / 60
+    def __call__(self, run: sweep.Run, *, test: bool = False) -> dict | None:
+        """`run` trained (or read back); with `test`, its final checkpoint's test hits."""
+        got = sweep.run_grid(self.base, [run], self.args.out, curve_keys=target_steps.CURVES, deadline=self.deadline)
+        if not got:
+            return None
+        self.records[run.name] = got[0]
+        if test:
+            self.hits = query_hits.cached_hits([run.name], self.args.out, self.limits["test_split"])
+        write_partial(self.records, self.hits, self.args.out, self.limits)
+        return got[0]
+
+    def unit(self, n: int, steps: int) -> None:
+        """N = `n` at `steps` steps: each loss's tuning, then both on every other seed."""
+        seeds = self.limits["seeds"]
+        for loss in grid.LOSSES:
+            while (tuning := grid.plan(list(self.records.values()), loss, n, seeds[0], steps, self.limits)).next_run:
+                if self(tuning.next_run) is None:
+                    break
+        tuned = {
+            loss: grid.plan(list(self.records.values()), loss, n, seeds[0], steps, self.limits) for loss in grid.LOSSES
+        }
+        if all(t.complete for t in tuned.values()):
+            for seed in seeds[1:]:
+                for loss in grid.LOSSES:
+                    self(grid.limited_run(loss, n, tuned[loss].setting, seed, steps, self.limits), test=True)
 
 
 def run(args) -> list[dict]:
-    """N by N: each loss's tuning on the first seed, then both at their tuned setting on
-    every other seed (finished runs read back, not retrained); every run's record and the
-    report written as it finishes."""
+    """N by N and arm by arm: each loss's tuning on the first seed, then both at their tuned
+    setting on every other seed, scored on the test split (finished runs read back, not
+    retrained); every run's record and the report written as it finishes."""
     base = override(
         load_config("cmudict_clip"),
         {**target_steps.SPLITS, **(target_steps.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
     )
-    limits = {k: getattr(args, k) for k in ("seeds", "epochs", "train_size", "max_rates", "max_init_values")}
-    fewest, most = run_counts(args.batch_sizes, args.seeds, args.max_rates, args.max_init_values)
-    minutes = run_minutes(args.epochs, args.train_size)
+    keys = ("seeds", "epochs", "train_size", "max_rates", "max_init_values", "matched_steps", "test_split")
+    limits = {k: getattr(args, k) for k in keys}
+    fewest, most, low, high = budget(args.batch_sizes, limits)
     print(
-        f"The grid: {fewest}-{most} runs at about {minutes:.1f} min each, {fewest * minutes / 60:.1f}-"
-        f"{most * minutes / 60:.1f} h in all (the finished ones are read back).",
-        flush=True,
+        f"The grid: {fewest}-{most} runs, about {low:.1f}-{high:.1f} h (the finished ones are read back).", flush=True
     )
-    deadline = sweep.deadline(args.hours)
-    records: dict[str, dict] = {}
-
-    def train(run_: sweep.Run) -> dict | None:
-        got = sweep.run_grid(base, [run_], args.out, curve_keys=target_steps.CURVES, deadline=deadline)
-        if got:
-            records[run_.name] = got[0]
-            write_partial(records, args.out, limits)
-        return got[0] if got else None
-
-    for n in args.batch_sizes:
-        for loss in LOSSES:
-            while (tuning := plan(list(records.values()), loss, n, args.seeds[0], limits)).next_run is not None:
-                if train(tuning.next_run) is None:
-                    break
-        tuned = {loss: plan(list(records.values()), loss, n, args.seeds[0], limits) for loss in LOSSES}
-        if all(t.complete for t in tuned.values()):
-            for seed in args.seeds[1:]:
-                for loss in LOSSES:
-                    train(limited_run(loss, n, tuned[loss].setting, seed, limits))
-    written = write_partial(records, args.out, limits)
+    trainer = _Trainer(base, args, limits)
+    for n, steps, _ in grid.units(args.batch_sizes, limits):
+        trainer.unit(n, steps)
+    written = write_partial(trainer.records, trainer.hits, args.out, limits)
     print(f"wrote {args.out} ({len(written)} runs)")
     return written
 
 
 FULL = dict(
-    batch_sizes=list(BATCH_SIZES),
-    seeds=list(SEEDS),
-    epochs=EPOCHS,
+    batch_sizes=list(grid.BATCH_SIZES),
+    seeds=list(grid.SEEDS),
+    epochs=grid.EPOCHS,
     train_size=target_steps.FIT_PAIRS,
-    max_rates=MAX_RATES,
-    max_init_values=MAX_INIT_VALUES,
+    max_rates=grid.MAX_RATES,
+    max_init_values=grid.MAX_INIT_VALUES,
+    test_split=grid.TEST_SPLIT,
 )
-# --quick: 1,024 training pairs, 256 validation pairs (target_steps.QUICK_OVERRIDES), N = 64,
-# one epoch, three steps per axis (no extension: its logic is tested on records), two
-# comparison seeds.
-QUICK = dict(batch_sizes=[64], seeds=[0, 1, 2], epochs=1.0, train_size=1024, max_rates=3, max_init_values=3)
+# --quick: 1,024 training pairs, 256 validation pairs (target_steps.QUICK_OVERRIDES) and
+# 256 test pairs, N = 64, one epoch (16 steps) against 8 steps, three steps per axis (no
+# extension: its logic is tested on records), two comparison seeds.
+QUICK = dict(
+    batch_sizes=[64],
+    seeds=[0, 1, 2],
+    epochs=1.0,
+    train_size=1024,
+    max_rates=3,
+    max_init_values=3,
+    matched_steps=8,
+    test_split="test[:256]",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = sweep.argument_parser(__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", type=sweep.int_list, help="global batch sizes N")
-    parser.add_argument("--epochs", type=float, help=f"epochs per run, every N and loss (default {EPOCHS:g})")
-    parser.add_argument("--max-rates", type=int, help=f"rate steps tuned per N and loss at most (default {MAX_RATES})")
+    parser.add_argument("--epochs", type=float, help=f"the epoch-matched arm's epochs (default {grid.EPOCHS:g})")
+    parser.add_argument(
+        "--matched-steps",
+        type=int,
+        help=f"the step-matched arm's steps at every N (default: N = {grid.STEP_MATCHED_N}'s at --epochs)",
+    )
+    parser.add_argument(
+        "--max-rates", type=int, help=f"rate steps tuned per N and loss at most (default {grid.MAX_RATES})"
+    )
     parser.add_argument(
         "--max-init-values",
         type=int,
-        help=f"SigLIP's initial temperatures, and biases, tuned per N at most (default {MAX_INIT_VALUES})",
+        help=f"initial temperatures (and SigLIP's biases) tuned per N at most (default {grid.MAX_INIT_VALUES})",
     )
     sweep.add_hours_option(parser)
-    args = sweep.resolve(parser.parse_args(argv), "sigmoid_vs_softmax", FULL, QUICK)
+    args = sweep.resolve(parser.parse_args(argv), RESULTS_NAME, FULL, QUICK)
     if args.steps is not None:
-        parser.error("--steps: every run here trains a number of epochs; pass --epochs.")
+        parser.error("--steps: the arms set their own steps; pass --epochs or --matched-steps.")
     if min(args.max_rates, args.max_init_values) < 3:
         parser.error("--max-rates and --max-init-values: 3 or more (each axis starts with three steps).")
     if len(args.seeds) < 2:
         parser.error(f"--seeds {args.seeds}: the first tunes, the others compare; give two or more.")
+    if args.matched_steps is None:
+        args.matched_steps = grid.matched_steps(args.epochs, args.train_size)
     return run(args)
 
 
