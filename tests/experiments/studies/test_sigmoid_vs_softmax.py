@@ -320,7 +320,7 @@ def test_the_run_loop_scores_only_the_comparisons_seeds_on_the_test_split(tmp_pa
 
 @pytest.mark.slow
 def test_quick_tunes_compares_on_test_and_resumes_without_training(tmp_path, cmudict_data_dir, capsys):
-    """~5 min on the shared 2-core machine: 32 runs of 16 or 8 steps, each compiled anew,
+    """~6 min on the shared 2-core machine (load average 12): 32 runs of 16 or 8 steps, each compiled anew,
     the 8 comparison runs scored on 256 test pairs."""
     args = ["--quick", "--out", str(tmp_path), "--data-dir", cmudict_data_dir]
     records = study.main(args)
