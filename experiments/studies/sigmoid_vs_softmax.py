@@ -116,7 +116,10 @@ def combine(seeds: Sequence[float], queries: Sequence[float]) -> tuple[float, fl
     """`(difference, low, high)`: the seeds' 95% interval `seeds` (`(difference, low, high)`,
     Welch's) widened by the queries' `queries` (the paired bootstrap's): two independent
     errors, the half-widths added in quadrature around the seeds' difference; NaN bounds
-    when the seeds' are (one seed)."""
+    when the seeds' are (one seed). Each part keeps its own critical value (t for the
+    seeds, the bootstrap's percentiles for the queries), and the queries' spread of the
+    seed-mean hits holds a little of the seeds' noise again: a slightly conservative
+    interval, never narrower than either part."""
     difference, low, high = seeds
     if math.isnan(low):
         return difference, math.nan, math.nan
@@ -268,19 +271,21 @@ def _budget(arm: str, limits: Mapping[str, Any]) -> str:
     """The arm's training budget in one sentence."""
     pairs = f"`fit` ({limits['train_size']:,} pairs)"
     if arm == "epochs":
-        return f"Every run: {limits['epochs']:g} epochs of {pairs}, so a larger N takes fewer steps."
+        return f"Every run: {_epochs(limits['epochs'])} of {pairs}, so a larger N takes fewer steps."
     return f"Every run: {limits['matched_steps']:,} optimizer steps on {pairs}, so a larger N sees more examples."
+
+
+def _epochs(epochs: float) -> str:
+    """`"0.5 epochs"`, `"1 epoch"`: a number of epochs to 2 significant digits."""
+    return f"{epochs:.2g} epoch" + "s" * (f"{epochs:.2g}" != "1")
 
 
 def caveats(arm: str, ns: Sequence[int], limits: Mapping[str, Any]) -> str:
     """What `arm`'s findings control and what they do not, said beside them."""
     if not ns:
         return ""
-    budget = ", ".join(
-        f"{grid.arm_steps(arm, n, limits):,} steps ({grid.arm_steps(arm, n, limits) * n / limits['train_size']:.2g} "
-        f"epochs) at N = {n:,}"
-        for n in ns
-    )
+    steps = {n: grid.arm_steps(arm, n, limits) for n in ns}
+    budget = ", ".join(f"{steps[n]:,} steps ({_epochs(steps[n] * n / limits['train_size'])}) at N = {n:,}" for n in ns)
     other = "step-matched" if arm == "epochs" else "epoch-matched"
     return (
         "\n## What these findings control, and what they do not\n\n"
