@@ -183,3 +183,10 @@ def test_default_config_reaches_the_retrieval_target(digits_data_dir, tmp_path):
     done = subprocess.run(command, cwd=ROOT, env=optimized_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert run_dir.read_eval_results(tmp_path)["a_to_b/R@1"] >= 0.20
+
+
+def test_the_manual_lists_every_config():
+    """docs/training.md's table has a row for each config, and its count is theirs."""
+    page = (pathlib.Path(__file__).parent.parent / "docs" / "training.md").read_text()
+    assert f"All {len(CONFIGS)} configs." in page
+    assert sorted(re.findall(r"^\| `configs/(\w+)\.py` \|", page, re.M)) == CONFIGS
