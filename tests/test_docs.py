@@ -656,6 +656,29 @@ QUOTED_FIGURES = [
         "8,102 [1,177, inf] fitted from N = 256, 4,089 [1,834, 12,017] from 512 and 2,547 [1,040, 6,788]",
         RESULTS + "critical_batch_study/summary.md",
     ),
+    (
+        "docs/recipes.md",
+        "N = 32,768, D = 64: 7.568 s on 2 CPU cores, 18 MiB of compiled temporaries, 387 MiB",
+        RESULTS + "bench_losses/results.md",
+    ),
+    ("docs/recipes.md", "1.485 s against CLIP's 1.549 s at N = 16,384", RESULTS + "bench_losses/results.md"),
+    (
+        "docs/recipes.md",
+        "+0.0551 [+0.0487, +0.0616] at N = 64 and -0.0070 [-0.0124, -0.0016]",
+        RESULTS + "sigmoid_vs_softmax/summary.md",
+    ),
+    ("docs/recipes.md", "16.96 GiB at p = 0, 8.196 GiB at 0.5, 4.347 GiB", RESULTS + "bench_patch_dropout/results.md"),
+    ("docs/recipes.md", "from 312 to 664 (2.128×) and 1,600", RESULTS + "bench_patch_dropout/results.md"),
+    (
+        "docs/recipes.md",
+        "40.56 s at p = 0 and 14.81 s at 0.5 (0.365×)",
+        RESULTS + "bench_patch_dropout/cpu_batch32/results.md",
+    ),
+    (
+        "docs/recipes.md",
+        "0.96× at 64 px (2,167 against 2,261 images/s) and 1.15× at 224 px (1,011 against 878)",
+        RESULTS + "bench_input/mixture/results.md",
+    ),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
     ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]

@@ -1,13 +1,12 @@
 """The recipes of `docs/recipes.md`: each recipe's config trains a few steps at tiny size
 (the towers, batch and steps shrunk; on the generated `shapes` records, or tables written
 here); an image's captions reach the several-positives losses as positives; a batch of
-several captions per image is refused with a loss that would count them as negatives;
-and the figures the page quotes are those of the result files it cites."""
+several captions per image is refused with a loss that would count them as negatives.
+The figures the page quotes are checked with every page's, in tests/test_docs.py."""
 
 import csv
 import dataclasses
 import json
-import os
 import shutil
 
 import jax
@@ -16,7 +15,6 @@ import numpy as np
 import pytest
 from PIL import Image
 from test_configs import RECORDS_CONFIGS, load_on_local_data
-from test_docs import _collapsed, _numbers, read
 
 from contrastive_jax import losses, run_dir, sharding, write_records
 from contrastive_jax.config_lib import override
@@ -217,29 +215,3 @@ def test_recipe_trains_at_tiny_size(load_config, request, shapes_data_dir, tmp_p
         assert epochs == {f"train/epoch/{s}" for s in sets} and sets[1] == "shapes_b"
     if name == "recipes_hard_negatives":
         assert records.read_metadata(config.data.records).num_negatives == 2
-
-
-# (quoted figure, the committed result file it comes from), as tests/test_docs.py checks its pages.
-RESULTS = "experiments/results/"
-QUOTED = [
-    ("N = 32,768, D = 64: 7.568 s on 2 CPU cores, 18 MiB of compiled temporaries, 387 MiB", "bench_losses/results.md"),
-    ("1.485 s against CLIP's 1.549 s at N = 16,384", "bench_losses/results.md"),
-    ("+0.0551 [+0.0487, +0.0616] at N = 64 and -0.0070 [-0.0124, -0.0016]", "sigmoid_vs_softmax/summary.md"),
-    ("16.96 GiB at p = 0, 8.196 GiB at 0.5, 4.347 GiB", "bench_patch_dropout/results.md"),
-    ("from 312 to 664 (2.128×) and 1,600", "bench_patch_dropout/results.md"),
-    ("40.56 s at p = 0 and 14.81 s at 0.5 (0.365×)", "bench_patch_dropout/cpu_batch32/results.md"),
-    (
-        "0.96× at 64 px (2,167 against 2,261 images/s) and 1.15× at 224 px (1,011 against 878)",
-        "bench_input/mixture/results.md",
-    ),
-]
-
-
-@pytest.mark.parametrize("quoted, source", QUOTED)
-def test_the_pages_figures_are_in_their_result_files(quoted, source):
-    text, source = read("docs/recipes.md"), RESULTS + source
-    assert _collapsed(quoted) in _collapsed(text) and (source in text or os.path.dirname(source) + "/" in text)
-    found = [float(n) for n in _numbers(read(source).replace(",", ""))]
-    for number in _numbers(quoted.replace(",", "")):
-        decimals = len(number.split(".")[1]) if "." in number else 0
-        assert any(round(f, decimals) == float(number) for f in found), f"{number} not in {source}"
