@@ -21,16 +21,7 @@ from contrastive_jax.errors import ConfigError, check_multiple
 
 TASKS = ("pairs", "views", "labeled")
 # What the record sets of a mixture share (their metadata's fields of these names).
-MIXED_ALIKE = (
-    "fields",
-    "id_keys",
-    "match_keys",
-    "image_channels",
-    "num_classes",
-    "class_names",
-    "sequence_vocab_size",
-    "num_negatives",
-)
+MIXED_ALIKE = ("fields", "id_keys", "match_keys", "image_channels", "num_classes", "class_names", "sequence_vocab_size")
 BAD_RECORD_POLICIES = ("stop", "skip")
 # The built-in datasets: `config.data.name` -> the writer's source. Their records are
 # written once per version of the writer's generator (the directory names the version).
@@ -198,7 +189,8 @@ def check_data_config(data: DataSettings) -> records.Metadata:
 def _check_mixture(data: DataSettings, first: records.Metadata) -> None:
     """ConfigError unless `config.data.mixture_weights` weighs each set of
     `config.data.records` (> 0), the sets have distinct names and the training split, and
-    they hold the same kind of records (`MIXED_ALIKE`), so that their rows stack."""
+    they hold the same kind of records (`MIXED_ALIKE`, and the same number of hard
+    negatives, checked first for its own message), so that their rows stack."""
     sets, weights = data.mixture_records, data.mixture_weights
     if len(weights) != len(sets):
         raise ConfigError(
