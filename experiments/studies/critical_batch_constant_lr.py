@@ -273,24 +273,18 @@ FULL = dict(
     batch_sizes=list(BATCH_SIZES),
     seeds=list(SEEDS),
     targets=list(TARGETS),
-    train_size=target_steps.FIT_PAIRS,
-    max_epochs=MAX_EPOCHS,
-    eval_examples=EVAL_EXAMPLES,
-    max_tuning_rates=MAX_TUNING_RATES,
+    **constant_rate.PROTOCOL,
     noise_batch=NOISE_BATCH,
     replicates=REPLICATES,
     noise_points=NOISE_POINTS,
 )
-# --quick: 1,024 training pairs, 256 validation pairs, N = 64 and 128, at most 2 epochs,
-# validation every 256 examples, 4 rates tuned at most.
+# --quick (`constant_rate.QUICK_PROTOCOL`, but 4 rates tuned at most): 256 validation
+# pairs, N = 64 and 128.
 QUICK = dict(
     batch_sizes=[64, 128],
     seeds=[0, 1],
     targets=[0.005, 0.01],
-    train_size=1024,
-    max_epochs=2.0,
-    eval_examples=256,
-    max_tuning_rates=4,
+    **constant_rate.QUICK_PROTOCOL | {"max_tuning_rates": 4},
     noise_batch=64,
     replicates=8,
     noise_points=3,
@@ -300,14 +294,10 @@ QUICK = dict(
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = sweep.argument_parser(__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", type=sweep.int_list, help="global batch sizes N")
-    parser.add_argument("--targets", type=sweep.float_list, help="validation R@1 targets (the last stops a run)")
-    parser.add_argument("--max-epochs", type=float, help=f"each run's cap (default {MAX_EPOCHS:g})")
-    parser.add_argument("--eval-examples", type=int, help=f"examples between validations (default {EVAL_EXAMPLES:,})")
-    parser.add_argument("--max-tuning-rates", type=int, help=f"rates tuned per N at most (default {MAX_TUNING_RATES})")
     parser.add_argument("--noise-batch", type=int, help=f"n of the replicate noise scale (default {NOISE_BATCH:,})")
     parser.add_argument("--replicates", type=int, help=f"independent batches at n and n / 4 (default {REPLICATES})")
     parser.add_argument("--noise-points", type=int, help=f"steps measured along each run (default {NOISE_POINTS})")
-    sweep.add_hours_option(parser)
+    constant_rate.add_options(parser)
     args = sweep.resolve(parser.parse_args(argv), "critical_batch_constant_lr", FULL, QUICK)
     constant_rate.check_args(parser, args)
     if args.noise_batch % 4 or args.replicates * args.noise_batch * 5 // 4 > args.train_size:

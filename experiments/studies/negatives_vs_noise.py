@@ -68,7 +68,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from experiments.lib import constant_rate, critical_batch_fit, intervals, noise_stage, sweep, target_steps
-from experiments.lib.constant_rate import MAX_EPOCHS, MAX_TUNING_RATES, WARMUP_STEPS
+from experiments.lib.constant_rate import WARMUP_STEPS
 from experiments.lib.rate_grid import first_rate_step, rate_step_of
 
 GROUP_SIZE = 512  # K of the fixed-K arm
@@ -77,7 +77,6 @@ FIXED_BATCH = 512  # N of the fixed-N arm
 FIXED_N_NEGATIVES = (512, 1024, 2048, 4096, 8192)  # its columns N + M (M = 0 ... 7,680)
 SEEDS = (0, 1, 2)
 TARGETS = (0.80, 0.82, 0.84, 0.86)  # validation R@1, mean of both directions; the last stops a run
-EVAL_EXAMPLES = constant_rate.EVAL_EXAMPLES
 REPLICATES = 16  # independent batches at each of n and n / 4
 NOISE_POINTS = 4  # steps measured along each run, spread evenly, the last included
 NOISE_SEEDS = 3  # the first seeds at each setting's chosen rate
@@ -314,10 +313,7 @@ FULL = dict(
     fixed_n_negatives=list(FIXED_N_NEGATIVES),
     seeds=list(SEEDS),
     targets=list(TARGETS),
-    train_size=target_steps.FIT_PAIRS,
-    max_epochs=MAX_EPOCHS,
-    eval_examples=EVAL_EXAMPLES,
-    max_tuning_rates=MAX_TUNING_RATES,
+    **constant_rate.PROTOCOL,
     replicates=REPLICATES,
     noise_points=NOISE_POINTS,
     noise_seeds=NOISE_SEEDS,
@@ -332,10 +328,7 @@ QUICK = dict(
     fixed_n_negatives=[64, 128],
     seeds=[0, 1],
     targets=[0.005, 0.01],
-    train_size=1024,
-    max_epochs=2.0,
-    eval_examples=256,
-    max_tuning_rates=3,
+    **constant_rate.QUICK_PROTOCOL,
     replicates=4,
     noise_points=2,
     noise_seeds=1,
@@ -348,14 +341,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
     parser.add_argument("--fixed-k-batches", type=sweep.int_list, help="the fixed-K arm's optimizer batches N")
     parser.add_argument("--fixed-batch", type=int, help=f"N of the fixed-N arm (default {FIXED_BATCH})")
     parser.add_argument("--fixed-n-negatives", type=sweep.int_list, help="the fixed-N arm's negatives N + M")
-    parser.add_argument("--targets", type=sweep.float_list, help="validation R@1 targets (the last stops a run)")
-    parser.add_argument("--max-epochs", type=float, help=f"each run's cap (default {MAX_EPOCHS:g})")
-    parser.add_argument("--eval-examples", type=int, help=f"examples between validations (default {EVAL_EXAMPLES:,})")
-    parser.add_argument("--max-tuning-rates", type=int, help=f"rates tuned per setting at most ({MAX_TUNING_RATES})")
     parser.add_argument("--replicates", type=int, help=f"independent batches at n and n / 4 (default {REPLICATES})")
     parser.add_argument("--noise-points", type=int, help=f"steps measured along each run (default {NOISE_POINTS})")
     parser.add_argument("--noise-seeds", type=int, help=f"seeds measured at each setting (default {NOISE_SEEDS})")
-    sweep.add_hours_option(parser)
+    constant_rate.add_options(parser)
     args = sweep.resolve(parser.parse_args(argv), "negatives_vs_noise", FULL, QUICK)
     constant_rate.check_args(parser, args)
     if any(n % args.group_size for n in args.fixed_k_batches) or min(args.fixed_n_negatives) < args.fixed_batch:
