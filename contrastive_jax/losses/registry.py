@@ -408,3 +408,9 @@ def get(name: str) -> Loss:
     if name not in LOSSES:
         raise ConfigError(f"config.loss.name={name!r}; use one of {sorted(LOSSES)}.")
     return LOSSES[name]
+
+
+def taking(option: str) -> list[str]:
+    """The names of the losses that take `option` (`Loss.options`), sorted: what a
+    refusal of `option` for another loss offers instead."""
+    return sorted(k for k, v in LOSSES.items() if option in v.options)

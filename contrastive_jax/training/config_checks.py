@@ -225,7 +225,7 @@ def _check_loss_inputs(
             "the number of training classes), the others need num_classes=0."
         )
     if data.captions_per_image > 1 and "positive_ids" not in loss.options:
-        takes = sorted(k for k, v in losses.LOSSES.items() if "positive_ids" in v.options)
+        takes = losses.registry.taking("positive_ids")
         raise ConfigError(
             f"config.data.captions_per_image={data.captions_per_image} puts an image's captions in a batch as "
             f"pairs that config.loss.name={name!r} would count as negatives of each other; use one of {takes} "

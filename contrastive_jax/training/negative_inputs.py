@@ -35,7 +35,7 @@ def check(name: str, loss: losses.Loss, settings: losses.LossSettings, *, has_ne
     if not has_negatives:
         return
     if "hard_negatives" not in loss.options:
-        takes = sorted(k for k, v in losses.LOSSES.items() if "hard_negatives" in v.options)
+        takes = losses.registry.taking("hard_negatives")
         raise ConfigError(
             f"the records hold hard negatives (`negatives`) but config.loss.name={name!r} cannot take them; "
             f"use one of {takes}, or records without negatives."

@@ -47,14 +47,14 @@ def check(
     """
     size, extra = settings.group_size, settings.extra_negatives
     if size and "group_size" not in loss.options:
-        takes = sorted(k for k, v in losses.LOSSES.items() if "group_size" in v.options)
+        takes = losses.registry.taking("group_size")
         raise ConfigError(f"config.loss.group_size={size} with config.loss.name={name!r}: use one of {takes}, or 0.")
     if size:
         check_multiple(global_batch_size, size, "config.train.global_batch_size", "config.loss.group_size")
     if not extra:
         return
     if extra < 0 or "extra_negatives" not in loss.options:
-        takes = sorted(k for k, v in losses.LOSSES.items() if "extra_negatives" in v.options)
+        takes = losses.registry.taking("extra_negatives")
         raise ConfigError(
             f"config.loss.extra_negatives={extra} with config.loss.name={name!r}: use one of {takes} "
             "(a loss whose rows can be queries), or 0."
