@@ -95,7 +95,7 @@ def test_the_fixed_k_report_fits_b_crit_with_the_misfit_and_the_weighting_table(
     assert "B_crit at R@1 0.86 by weighting and with each N left out" in text
     assert "chi^2" in text.replace("χ²", "chi^2") or "lack of fit" in text.lower()
     assert "No run finished yet." in text
-    assert "Targets below every N's lowest peak (0.900" in text and "| 16,384 | 15.2% | " in text
+    assert "Targets below every N's lowest peak (0.900" in text and "| 8,192 | 7.6% | " in text
 
 
 def test_noise_replicates_at_a_quarter_score_a_quarter_of_the_runs_own_batches(monkeypatch):
