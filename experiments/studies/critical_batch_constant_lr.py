@@ -57,32 +57,8 @@ from typing import Any
 import numpy as np
 
 from experiments.lib import constant_rate, critical_batch_fit, intervals, sweep, target_steps
-from experiments.lib.constant_rate import (  # noqa: F401  (the protocol, moved to lib; tests reach it here)
-    EVAL_EXAMPLES,
-    MAX_EPOCHS,
-    MAX_TUNING_RATES,
-    PATIENCE_EVALS,
-    SEGMENT_EVALS,
-    WARMUP_STEPS,
-    best_by_n,
-    best_tuning_run,
-    finished,
-    next_rate_step,
-    rank,
-    reuse_table,
-    study_run,
-    tuned_steps,
-    workdir_curve,
-)
-from experiments.lib.noise_stage import (  # noqa: F401
-    NOISE_DATA_SEED,
-    measured_steps,
-    noise_against_b_crit,
-    noise_at,
-    noise_scales,
-    noise_table,
-    replicate_starts,
-)
+from experiments.lib.constant_rate import WARMUP_STEPS, best_by_n, reuse_table, study_run
+from experiments.lib.noise_stage import noise_against_b_crit, noise_scales, noise_table
 from experiments.lib.rate_grid import first_rate_step, rate_step_of
 
 BATCH_SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)

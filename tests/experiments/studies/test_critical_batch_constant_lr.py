@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from contrastive_jax import run_dir
-from experiments.lib import intervals, rate_grid, replicates, sweep, target_steps
+from experiments.lib import constant_rate, intervals, noise_stage, rate_grid, replicates, sweep, target_steps
 from experiments.studies import critical_batch_constant_lr as study
 
 RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
@@ -25,7 +25,7 @@ def record(n, k, seed, values, every=10):
 
 
 def test_runs_hold_a_constant_rate_after_fixed_warmup_steps_and_segment_by_evaluations():
-    small, large = study.study_run(256, 2, 0, **RUN_ARGS), study.study_run(16384, 9, 1, **RUN_ARGS)
+    small, large = constant_rate.study_run(256, 2, 0, **RUN_ARGS), constant_rate.study_run(16384, 9, 1, **RUN_ARGS)
     assert small.name == "n256_k2_s0" and small.tags["learning_rate"] == pytest.approx(2e-3)
     assert large.tags["learning_rate"] == pytest.approx(1e-3 * 2**4.5)
     for run in (small, large):
@@ -39,10 +39,10 @@ def test_runs_hold_a_constant_rate_after_fixed_warmup_steps_and_segment_by_evalu
 
 def test_a_run_stops_at_its_target_or_after_patience_without_a_new_best():
     rising = np.array([[10, 0.5], [20, 0.7], [30, 0.88]])
-    assert study.finished(rising, 0.88) and not study.finished(rising[:2], 0.88)
+    assert constant_rate.finished(rising, 0.88) and not constant_rate.finished(rising[:2], 0.88)
     flat = np.array([[1, 0.7], [2, 0.8], [3, 0.79], [4, 0.8], [5, 0.79]])  # best at eval 2, a tie is no new best
-    assert study.finished(flat, 0.88, patience=3) and not study.finished(flat, 0.88, patience=4)
-    assert not study.finished(np.zeros((0, 2)), 0.88)
+    assert constant_rate.finished(flat, 0.88, patience=3) and not constant_rate.finished(flat, 0.88, patience=4)
+    assert not constant_rate.finished(np.zeros((0, 2)), 0.88)
 
 
 def test_tuning_extends_the_grid_past_an_edge_best_and_stops_inside():
@@ -50,14 +50,14 @@ def test_tuning_extends_the_grid_past_an_edge_best_and_stops_inside():
     edge_high = [record(256, 1, 0, slow), record(256, 2, 0, slow), record(256, 3, 0, fast)]
     edge_low = [record(256, 1, 0, fast), record(256, 2, 0, slow), record(256, 3, 0, slow)]
     inside = [record(256, 1, 0, slow), record(256, 2, 0, fast), record(256, 3, 0, slow)]
-    assert [study.next_rate_step(r, targets) for r in (edge_high, edge_low, inside)] == [4, 0, None]
+    assert [constant_rate.next_rate_step(r, targets) for r in (edge_high, edge_low, inside)] == [4, 0, None]
     # none reach the highest target (a constant rate's plateau): the fewest steps to the
     # highest one reached (0.80: k = 3 first, though k = 2 ends higher), then the best R@1
     plateaus = [record(256, 1, 0, [0.5, 0.6]), record(256, 2, 0, [0.5, 0.8, 0.85]), record(256, 3, 0, [0.8, 0.7])]
-    assert study.next_rate_step(plateaus, targets) == 4
-    assert study.tuned_steps(plateaus, 0, targets) == {256: 3}
+    assert constant_rate.next_rate_step(plateaus, targets) == 4
+    assert constant_rate.tuned_steps(plateaus, 0, targets) == {256: 3}
     misses = [record(256, 1, 0, [0.5, 0.6]), record(256, 2, 0, [0.5, 0.7]), record(256, 3, 0, [0.5, 0.65])]
-    assert study.tuned_steps(misses, 0, targets) == {256: 2}
+    assert constant_rate.tuned_steps(misses, 0, targets) == {256: 2}
 
 
 def test_other_seeds_run_the_tuned_rate_and_both_neighbours():
@@ -72,10 +72,10 @@ def test_best_is_flagged_at_the_edge_of_the_rates_every_seed_ran():
     fast, slow = [0.7, 0.9], [0.5, 0.7, 0.8, 0.9]
     records = [record(256, k, s, fast if k == 3 else slow) for s in (0, 1, 2) for k in (1, 2, 3)]
     records.append(record(256, 4, 0, slow))  # tuned on seed 0 only: not a candidate
-    best = study.best_by_n(records, 0.88)[256]
+    best = constant_rate.best_by_n(records, 0.88)[256]
     assert best["lr_factor"] == 2**1.5 and best["seeds"] == 3 and best["edge"]
     inside = [record(256, k, s, fast if k == 2 else slow) for s in (0, 1, 2) for k in (1, 2, 3)]
-    best = study.best_by_n(inside, 0.88)[256]
+    best = constant_rate.best_by_n(inside, 0.88)[256]
     assert best["lr_factor"] == 2.0 and not best["edge"]
 
 
@@ -90,7 +90,7 @@ def test_every_seed_runs_the_rate_beyond_a_best_at_the_edge_of_the_rates_every_s
            for r in records]  # fmt: skip
     assert {r.tags["rate_step"] for r in study.edge_runs(low, [0, 1, 2], 0.88, 6, **RUN_ARGS)} == {0}
     missed = records + [record(256, 4, s, miss if s == 1 else fast) for s in (1, 2)]  # k = 4 misses on seed 1
-    assert study.best_by_n(missed, 0.88)[256]["rate_steps"] == [1, 2, 3, 4]
+    assert constant_rate.best_by_n(missed, 0.88)[256]["rate_steps"] == [1, 2, 3, 4]
     assert study.edge_runs(missed, [0, 1, 2], 0.88, 6, **RUN_ARGS) == []  # k = 3 is inside what every seed ran
 
 
@@ -134,7 +134,7 @@ def test_the_fit_figure_draws_the_fitted_curve_and_its_knee_with_the_interval():
         for seed in (0, 1, 2)
     ]
     (axis,) = study.fit_figure(records, [0.88], [256])["b_crit_fit"].axes
-    fit = study.b_crit_entries(study.best_by_n(records, 0.88), [256])[0]
+    fit = study.b_crit_entries(constant_rate.best_by_n(records, 0.88), [256])[0]
     curve = next(line for line in axis.get_lines() if len(line.get_xdata()) == 64)
     x, y = curve.get_xdata(), curve.get_ydata()
     assert (x[0], x[-1]) == (256, 2048) and y == pytest.approx(fit["s_min"] * (1 + fit["b_crit"] / x))
@@ -163,7 +163,7 @@ def test_replicates_at_n_and_a_quarter_of_it_read_disjoint_examples(tiny_config)
         stream = input_pipeline.train_dataset(data, start_step=start)
         return [set(np.asarray(batch["index"]).tolist()) for batch, _ in zip(stream, range(count), strict=False)]
 
-    big_start, small_start = study.replicate_starts(4)
+    big_start, small_start = noise_stage.replicate_starts(4)
     big, small = indices(64, big_start), indices(16, small_start)
     assert all(len(b) == 64 for b in big) and all(len(q) == 16 for q in small)
     assert not set().union(*big) & set().union(*small)
@@ -171,12 +171,12 @@ def test_replicates_at_n_and_a_quarter_of_it_read_disjoint_examples(tiny_config)
 
 
 def test_noise_is_measured_at_evenly_spread_steps_and_tabled_with_intervals():
-    assert study.measured_steps(64, 4) == [16, 32, 48, 64]
-    assert study.measured_steps(2, 4) == [1, 2]
+    assert noise_stage.measured_steps(64, 4) == [16, 32, 48, 64]
+    assert noise_stage.measured_steps(2, 4) == [1, 2]
     both = {"b_simple": 1234.4, "b_simple_interval": [900.0, 2100.0], "variance_ratio": 3.9}
     both |= {"variance_ratio_interval": [3.1, 4.8], "bias_over_g": -0.05, "bias_over_g_interval": [-0.3, 0.2]}
     entry = {"batch_size": 1024, "seed": 1, "step": 96, "n": 1024, "sgd": both, "adam": dict(both, b_simple=56.0)}
-    text = study.noise_table({"n1024_k4_s1@96": entry})
+    text = noise_stage.noise_table({"n1024_k4_s1@96": entry})
     assert "(n = 1,024 and 256, disjoint batches)" in text
     assert (
         "| 1,024 | 1 | 96 | 1,234 [900, 2,100] | 56 [900, 2,100] | 3.90 [3.10, 4.80] | -0.05 [-0.30, +0.20] |" in text
@@ -193,14 +193,14 @@ def test_the_last_noise_scale_of_each_run_is_set_against_b_crit_with_words():
         "n256_k2_s0@1024": {**run, "step": 1024, "sgd": form(2500, 1900, 3100), "adam": form(300, 250, 400)},
     }
     fit = {"b_crit": 2400.0, "low": 2000.0, "high": 2900.0, "smallest": 256, "largest": 4096}
-    text = study.noise_against_b_crit(noise, 0.86, fit)
+    text = noise_stage.noise_against_b_crit(noise, 0.86, fit)
     head = (
         "Against B_crit = 2,400 [2,000, 2,900] (95% bootstrap over seeds and misfit; resolved: inside N = 256 … 4,096)"
     )
     assert head + " at R@1 0.86" in text
     assert "| 256 | 0 | 1024 | 2,500 [1,900, 3,100], overlaps | 300 [250, 400], apart |" in text
     assert "| 512 |" not in text  # the last checkpoint only
-    unresolved = study.noise_against_b_crit(noise, 0.86, dict(fit, seeds=2))
+    unresolved = noise_stage.noise_against_b_crit(noise, 0.86, dict(fit, seeds=2))
     assert "| 256 | 0 | 1024 | 2,500 [1,900, 3,100], not compared | 300 [250, 400], not compared |" in unresolved
     assert "Over the" not in text  # no run named as reaching the target
     # averaged within each N first, each run at its last step: N = 256's one run (2,500) and
@@ -215,7 +215,7 @@ def test_the_last_noise_scale_of_each_run_is_set_against_b_crit_with_words():
     reaching = {(256, 2.0, 0): ramp(1024, 0.871), (512, 4.0, 0): ramp(64, 0.9), (512, 4.0, 1): ramp(256, 0.86),
                 (1024, 2.0, 0): ramp(32, 0.9)}  # 1,024 reached at another rate  # fmt: skip
     center, low, high = intervals.geometric_interval([2500, math.sqrt(1600 * 4000)])
-    pooled = study.noise_against_b_crit(noise, 0.86, fit, reaching)
+    pooled = noise_stage.noise_against_b_crit(noise, 0.86, fit, reaching)
     assert pooled.endswith(
         "\nOver the 3 runs that reach R@1 0.86 (N = 256, 512), each at its last measured step, the run's end, where "
         "its validation R@1 is 0.455–0.900: averaged within each N first (the geometric mean of its runs), then over "
@@ -235,7 +235,7 @@ def test_the_reuse_table_gives_epochs_censored_runs_and_the_targets_under_every_
         capped(1024, 3, 0, [0.6, 0.9], 10, 1000),  # reaches 0.88 at step 19.3
         capped(1024, 3, 1, [0.6, 0.9], 20, 1000),  # at step 38.7
     ]
-    text = study.reuse_table(records, [0.80, 0.86, 0.88], 2048)
+    text = constant_rate.reuse_table(records, [0.80, 0.86, 0.88], 2048)
     assert "| 256 | 12.5% | 1,000 | 3 | 1 | 1 | k=2 s0 | - | 0.873–0.889 |" in text  # k=2: seed 0 only
     epochs = (19.333 + 38.667) / 2 * 1024 / 2048
     assert f"| 1,024 | 50.0% | 1,000 | 2 | 2 | 0 | 0 | {epochs:.1f} | 0.900–0.900 |" in text
@@ -282,17 +282,17 @@ def test_the_noise_stage_returns_its_runs_entries_and_keeps_the_rest_cached(tiny
     """A cached entry of a run no longer chosen (an edge run moved the best) stays in
     noise.json but is not the study's: only the entries of the runs asked for come back,
     measured now or before."""
-    chosen, dropped = study.study_run(512, 3, 0, **RUN_ARGS), study.study_run(512, 2, 0, **RUN_ARGS)
+    chosen, dropped = constant_rate.study_run(512, 3, 0, **RUN_ARGS), constant_rate.study_run(512, 2, 0, **RUN_ARGS)
     cache = {f"{chosen.name}@64": {"step": 64}, f"{dropped.name}@64": {"step": 64}}
     (tmp_path / "noise.json").write_text(json.dumps(cache))
     (tmp_path / "runs" / chosen.name / run_dir.CHECKPOINTS).mkdir(parents=True)
     monkeypatch.setattr(replicates, "kept_steps", lambda workdir: [64])  # measured already: nothing to train
     args = argparse.Namespace(noise_points=1, noise_batch=64, replicates=2)
-    got = study.noise_scales(tiny_config, [chosen], tmp_path, args, deadline=None)
+    got = noise_stage.noise_scales(tiny_config, [chosen], tmp_path, args, deadline=None)
     assert got == {f"{chosen.name}@64": {"step": 64}}
     assert json.loads((tmp_path / "noise.json").read_text()) == cache
     # a run without its workdir (the committed results read elsewhere): its cached entries still count
-    assert study.noise_scales(tiny_config, [dropped], tmp_path, args, deadline=None) == {
+    assert noise_stage.noise_scales(tiny_config, [dropped], tmp_path, args, deadline=None) == {
         f"{dropped.name}@64": {"step": 64}
     }
     assert f"[noise] {dropped.name}: no checkpoints in" in capsys.readouterr().out
@@ -336,7 +336,7 @@ def test_quick_stops_each_run_at_its_target_or_cap_and_resumes(tmp_path, cmudict
     for name in {key.split("@")[0] for key in noise}:
         last = int(target_steps.validation_curve(by_name[name])[-1, 0])
         steps = sorted(e["step"] for key, e in noise.items() if key.startswith(f"{name}@"))
-        assert steps == study.measured_steps(last, 3)
+        assert steps == noise_stage.measured_steps(last, 3)
     for entry in noise.values():
         for form in ("sgd", "adam"):
             low, high = entry[form]["b_simple_interval"]
