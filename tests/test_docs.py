@@ -248,51 +248,6 @@ def test_the_readme_is_short_and_its_links_and_figure_exist():
 # or that file's folder.
 RESULTS = "experiments/results/"
 QUOTED_FIGURES = [
-    (
-        "docs/training.md",
-        "with 0.84 [0.73, 0.96] of the examples of the best constant batch, at 2.56 [2.43, 2.69] times",
-        RESULTS + "batch_schedule/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "stages: 1.28 [1.22, 1.35] × N = 16,384's steps, 1.48 [1.34, 1.64] × N = 1,024's examples",
-        RESULTS + "batch_schedule/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "noise rule: 2.56 [2.43, 2.69] × the steps, 0.84 [0.73, 0.96] × the examples",
-        RESULTS + "batch_schedule/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "| stages 512 → 2,048 → 4,096 | 94 ± 5 | 1.28 [1.22, 1.35] | 203.6k ± 19.5k | 1.48 [1.34, 1.64] |",
-        RESULTS + "batch_schedule/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "| noise rule | 187 ± 9 | 2.56 [2.43, 2.69] | 115.3k ± 18.7k | 0.84 [0.73, 0.96] |",
-        RESULTS + "batch_schedule/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "constant N = 2,048 is (90 ± 8 steps, 184.0k examples)",
-        RESULTS + "batch_schedule/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "more examples than N = 1,024 (137.5k ± 16.6k)",
-        RESULTS + "batch_schedule/summary.md",
-    ),
-    ("docs/batch_size_study.md", "0.84 [0.78, 0.92] of N = 1,024's", RESULTS + "batch_schedule/summary.md"),
-    ("docs/batch_size_study.md", "(0.90 [0.73, 1.11],", RESULTS + "batch_schedule/summary.md"),
-    ("docs/batch_size_study.md", "0.86 [0.73, 1.01])", RESULTS + "batch_schedule/summary.md"),
-    ("docs/batch_size_study.md", "Its steps are 2.25–2.56×", RESULTS + "batch_schedule/summary.md"),
-    ("docs/batch_size_study.md", "after step 112–176", RESULTS + "batch_schedule/summary.md"),
-    (
-        "docs/batch_size_study.md",
-        "(N = 512 takes 315 ± 153 steps and 161.3k ± 78.4k examples)",
-        RESULTS + "batch_schedule/summary.md",
-    ),
     ("README.md", "0.406 / 0.419", RESULTS + "default_run/README.md"),
     ("README.md", "(linear CCA on pixels: 0.117 / 0.122", RESULTS + "baselines/results.md"),
     ("README.md", "**0.903 / 0.946**", RESULTS + "cmudict_clip/eval_results.json"),
@@ -324,6 +279,11 @@ QUOTED_FIGURES = [
     ("docs/performance.md", "in 817 and 689 MiB", RESULTS + "bench_losses/accelerator/results.md"),
     ("docs/training.md", "| 4 | 2 × 4 | 82.9 MiB | 0.252 |", RESULTS + "bench_fsdp/results.md"),
     ("docs/training.md", "| 8 | 1 × 8 | 41.9 MiB | 0.128 | 643.5 MiB | 1.28 |", RESULTS + "bench_fsdp/results.md"),
+    (
+        "docs/training.md",
+        "with 0.84 [0.73, 0.96] of the examples of the best constant batch, at 2.56 [2.43, 2.69] times",
+        RESULTS + "batch_schedule/summary.md",
+    ),
     ("docs/experiments.md", "`cmudict_clip` | **0.903** | 0.996 | 0.998 |", RESULTS + "cmudict_clip/eval_results.json"),
     ("docs/experiments.md", "`cmudict_clip` | **0.946** | 0.996 | 0.998 |", RESULTS + "cmudict_clip/eval_results.json"),
     ("docs/experiments.md", "| 0.5 | 0.233 ± 0.012 | 4.085 | 1.735 |", RESULTS + "temperature_sweep/summary.md"),
@@ -700,6 +660,46 @@ QUOTED_FIGURES = [
         "docs/batch_size_study.md",
         "8,102 [1,177, inf] fitted from N = 256, 4,089 [1,834, 12,017] from 512 and 2,547 [1,040, 6,788]",
         RESULTS + "critical_batch_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "stages: 1.28 [1.22, 1.35] × N = 16,384's steps, 1.48 [1.34, 1.64] × N = 1,024's examples",
+        RESULTS + "batch_schedule/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "noise rule: 2.56 [2.43, 2.69] × the steps, 0.84 [0.73, 0.96] × the examples",
+        RESULTS + "batch_schedule/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| stages 512 → 2,048 → 4,096 | 94 ± 5 | 1.28 [1.22, 1.35] | 203.6k ± 19.5k | 1.48 [1.34, 1.64] |",
+        RESULTS + "batch_schedule/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| noise rule | 187 ± 9 | 2.56 [2.43, 2.69] | 115.3k ± 18.7k | 0.84 [0.73, 0.96] |",
+        RESULTS + "batch_schedule/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "constant N = 2,048 is (90 ± 8 steps, 184.0k examples)",
+        RESULTS + "batch_schedule/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "more examples than N = 1,024 (137.5k ± 16.6k)",
+        RESULTS + "batch_schedule/summary.md",
+    ),
+    ("docs/batch_size_study.md", "0.84 [0.78, 0.92] of N = 1,024's", RESULTS + "batch_schedule/summary.md"),
+    ("docs/batch_size_study.md", "(0.90 [0.73, 1.11],", RESULTS + "batch_schedule/summary.md"),
+    ("docs/batch_size_study.md", "0.86 [0.73, 1.01])", RESULTS + "batch_schedule/summary.md"),
+    ("docs/batch_size_study.md", "Its steps are 2.25–2.56×", RESULTS + "batch_schedule/summary.md"),
+    ("docs/batch_size_study.md", "after step 112–176", RESULTS + "batch_schedule/summary.md"),
+    (
+        "docs/batch_size_study.md",
+        "(N = 512 takes 315 ± 153 steps and 161.3k ± 78.4k examples)",
+        RESULTS + "batch_schedule/summary.md",
     ),
     (
         "docs/recipes.md",
