@@ -13,8 +13,9 @@ the cap of `MAX_EPOCHS` epochs, every seed at the tuned rate and its neighbours,
   weighting table): with the negatives fixed, does S(N) still bend at a knee, and where?
   N stops at 8,192: the plain study's knee lies between 2,048 and 4,096, and fixing the
   negatives can only keep it or move it down (what a larger N then brings is less
-  noise alone), so 8,192 is past it either way; a run at 16,384 takes about 18 min on
-  2 CPU cores, and the arm's ten of them about a third of the study's time.
+  noise alone), so 8,192 is past it either way; a run at 16,384 took about 20 min on
+  2 CPU cores in the constant-rate study, and the arm's ten of them would be about a
+  third of this study's time.
 * **fixed N** (the batch held, the negatives grown): N = `FIXED_BATCH` gradient rows and
   M = C - N extra rows a step embedded without gradient, only negatives
   (`config.loss.extra_negatives`, `training.negatives_apart`), so each row's softmax runs
