@@ -1,6 +1,7 @@
 """The studies' intervals: over seeds (Student's t; Welch's for the difference of two
-methods' seed means) and over test queries (a paired bootstrap: two models scored on
-the same queries, the queries resampled together)."""
+methods' seed means, and on the logarithms for the ratio of their geometric means) and
+over test queries (a paired bootstrap: two models scored on the same queries, the
+queries resampled together)."""
 
 from __future__ import annotations
 
@@ -96,6 +97,21 @@ def verdict(low: float, high: float) -> str:
     """`"resolved"` when a difference's 95% interval `[low, high]` leaves out 0, else
     `"not resolved"` (NaN bounds, one seed, included)."""
     return "resolved" if low > 0 or high < 0 else "not resolved"
+
+
+def ratio_interval(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]:
+    """`(ratio, low, high)`: the geometric mean of `x` over that of `y` (independent seeds)
+    with the 95% Welch interval of the difference of their mean logarithms, mapped back
+    (NaN bounds when either side has one value)."""
+    difference, low, high = welch_interval(np.log(x), np.log(y))
+    return math.exp(difference), math.exp(low), math.exp(high)
+
+
+def ratio_cell(x: Sequence[float], y: Sequence[float]) -> str:
+    """`"0.82 [0.75, 0.90], resolved"`: `ratio_interval` and its verdict (leaves out 1)."""
+    ratio, low, high = ratio_interval(x, y)
+    bounds = "[n/a]" if math.isnan(low) else f"[{low:.2f}, {high:.2f}]"
+    return f"{ratio:.2f} {bounds}, {verdict(low - 1, high - 1)}"
 
 
 def paired_bootstrap(

@@ -120,7 +120,7 @@ def noise_scales(
 def noise_table(noise: Mapping[str, Mapping[str, Any]], by: str = "batch_size", label: str = "run's N") -> str:
     """The noise section of the report: per run (its field `by`, headed `label`) and step
     measured, B_simple and B_adam, the variance ratio and the bias, each with its 95%
-    bootstrap interval over replicates."""
+    bootstrap interval over replicates; then `per_example_words`."""
 
     def cell(entry, key, fmt):
         low, high = entry[f"{key}_interval"]
@@ -143,7 +143,24 @@ def noise_table(noise: Mapping[str, Mapping[str, Any]], by: str = "batch_size", 
     return (
         f"\n## The replicate noise scale along each N's chosen run (n = {n:,} and {n // 4:,}, disjoint batches)\n\n"
         "Each value with its 95% bootstrap interval over the replicates. B_adam: the gradient divided by "
-        "AdamW's sqrt(v_hat) + eps at that step.\n\n" + sweep.markdown_table(rows, header)
+        "AdamW's sqrt(v_hat) + eps at that step.\n\n" + sweep.markdown_table(rows, header) + per_example_words(noise)
+    )
+
+
+def per_example_words(noise: Mapping[str, Mapping[str, Any]]) -> str:
+    """McCandlish's per-example model checked over every state in `noise` (SGD's
+    gradient), in a sentence: with independent examples the replicate variance at n / 4
+    is 4 times that at n, and the mean gradients at both sizes agree (bias 0); the range
+    of each, and in how many states its 95% interval holds 4 (the ratio) or 0 (the bias)."""
+    sgd = [e["sgd"] for e in noise.values()]
+    ratios, biases = [e["variance_ratio"] for e in sgd], [e["bias_over_g"] for e in sgd]
+    holds_four = sum(low <= 4 <= high for low, high in (e["variance_ratio_interval"] for e in sgd))
+    holds_zero = sum(low <= 0 <= high for low, high in (e["bias_over_g_interval"] for e in sgd))
+    return (
+        f"\nThe per-example model (independent examples: the ratio 4, the bias 0) over the {len(sgd)} states: "
+        f"tr Cov(n/4) / tr Cov(n) is {min(ratios):.2f}–{max(ratios):.2f}, its interval holding 4 in {holds_four} "
+        f"of {len(sgd)}; bias² / |E g|² is {min(biases):+.2f} to {max(biases):+.2f}, its interval holding 0 in "
+        f"{holds_zero} of {len(sgd)}.\n"
     )
 
 

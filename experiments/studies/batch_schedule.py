@@ -57,7 +57,7 @@ the curve's steps mapped through each run's stages, `examples_at`; the noise arm
 logged decisions), each at the arm's or N's best rate among those every seed ran
 (`constant_rate.best_by_n`). **The comparison**: each arm against the constant N with the
 fewest steps and the one with the fewest examples, the ratio of the seeds' geometric means
-with Welch's 95% interval on the logarithms (`ratio_interval`); resolved when it leaves out
+with Welch's 95% interval on the logarithms (`intervals.ratio_interval`); resolved when it leaves out
 1 (a difference's interval leaving out 0, as `docs/batch_size_study.md` uses the word).
 
 The report (`summary.md`, `results.{json,csv}` with both arms' runs, `curves.png`): per target
@@ -215,21 +215,6 @@ def arms(args) -> tuple[Arm, Arm]:
     )
 
 
-def ratio_interval(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]:
-    """`(ratio, low, high)`: the geometric mean of `x` over that of `y` (independent seeds)
-    with the 95% Welch interval of the difference of their mean logarithms, mapped back
-    (NaN bounds when either side has one value)."""
-    difference, low, high = intervals.welch_interval(np.log(x), np.log(y))
-    return math.exp(difference), math.exp(low), math.exp(high)
-
-
-def ratio_cell(x: Sequence[float], y: Sequence[float]) -> str:
-    """`"0.82 [0.75, 0.90], resolved"`: `ratio_interval` and its verdict (leaves out 1)."""
-    ratio, low, high = ratio_interval(x, y)
-    bounds = "[n/a]" if math.isnan(low) else f"[{low:.2f}, {high:.2f}]"
-    return f"{ratio:.2f} {bounds}, {intervals.verdict(low - 1, high - 1)}"
-
-
 def measured(records: Sequence[Mapping[str, Any]], target: float) -> dict[str, dict[int, dict[str, Any]]]:
     """`{"steps": best_by_n, "examples": best_by_n of the curves in examples}` at `target`."""
     return {
@@ -241,7 +226,7 @@ def measured(records: Sequence[Mapping[str, Any]], target: float) -> dict[str, d
 def target_section(constants, by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], target: float) -> str:
     """One target's tables: each constant N's and each arm's best rate, steps and examples
     (thousands; mean ± 95% t over the seeds); then each arm's ratios to the constant with
-    the fewest steps and to the one with the fewest examples (`ratio_cell`)."""
+    the fewest steps and to the one with the fewest examples (`intervals.ratio_cell`)."""
     constant = measured(constants, target)
     rows = []
     for n in sorted({r["batch_size"] for r in constants}):
@@ -261,7 +246,7 @@ def target_section(constants, by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]],
             entry = best[key].get(arm.start)
             ours = list(entry["by_seed"].values()) if entry else None
             theirs = list(constant[key][fewest[key]]["by_seed"].values())
-            cells.append(ratio_cell(ours, theirs) if ours else "not reached" if by_arm[arm] else "no run yet")
+            cells.append(intervals.ratio_cell(ours, theirs) if ours else "not reached" if by_arm[arm] else "no run yet")
         rows.append(cells)
     header = ["arm", f"steps / N = {fewest['steps']:,}'s (the fewest steps)",
               f"examples / N = {fewest['examples']:,}'s (the fewest examples)"]  # fmt: skip

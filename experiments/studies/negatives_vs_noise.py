@@ -53,9 +53,10 @@ on, so those batches are draws of the split, not disjoint ones.
 The report (`summary.md`; each arm's runs in `<arm>/results.{json,csv}`, its noise in
 `<arm>/noise.json`; `steps_to_target.png`): per arm and target each setting's best rate
 and steps (mean, 95% t over the seeds); fixed K: B_crit over every N with its interval
-(misfit included), the lack of fit and, at the highest target with a fit, B_crit by
-weighting and with each N left out; fixed N: the steps at the fewest negatives less those
-at the most, with Welch's 95% interval; per setting the data seen, the censored runs and
+(misfit included), the lack of fit, the arm against the plain loss at each N (the
+constant-rate study's runs, `PLAIN_RESULTS`: `plain_contrast`) and, at the highest target
+with a fit, B_crit by weighting and with each N left out; fixed N: the steps at the
+fewest negatives less those at the most, with Welch's 95% interval; per setting the data seen, the censored runs and
 the targets below every setting's peak (`constant_rate.reuse_table`); each arm's noise
 table, the fixed-K arm's set against its B_crit.
 
@@ -70,8 +71,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from experiments import RESULTS
 from experiments.lib import constant_rate, critical_batch_fit, intervals, noise_stage, sweep, target_steps
 from experiments.lib.constant_rate import WARMUP_STEPS
 from experiments.lib.rate_grid import first_rate_step, rate_step_of
@@ -85,6 +88,7 @@ TARGETS = (0.80, 0.82, 0.84, 0.86)  # validation R@1, mean of both directions; t
 REPLICATES = 16  # independent batches at each of n and n / 4
 NOISE_POINTS = 4  # steps measured along each run, spread evenly, the last included
 NOISE_SEEDS = 3  # the first seeds at each setting's chosen rate
+PLAIN_RESULTS = RESULTS / "critical_batch_constant_lr"  # the plain loss's runs (negatives = N), the same protocol
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +180,41 @@ def fixed_k_section(records: Sequence[Mapping[str, Any]], target: float) -> tupl
     ), fit
 
 
+def plain_contrast(records: Sequence[Mapping[str, Any]], plain: Sequence[Mapping[str, Any]], target: float) -> str:
+    """The fixed-K arm against the plain loss (each row against all N: `plain`, the
+    records of `PLAIN_RESULTS`, the same protocol) at `target`, over the N both reached
+    it at: per N each one's best steps and fixed K's over the plain's
+    (`intervals.ratio_cell`: above 1, what the negatives beyond K saved at N); from the
+    smallest of those N to the largest, each one's steps' fall (the plain's: less noise
+    and more negatives; fixed K's: less noise alone); and the plain loss's B_crit fitted
+    over the same N (`critical_batch_fit.bootstrap`). Empty when fewer than 2 N are shared."""
+    ours, theirs = constant_rate.best_by_n(records, target), constant_rate.best_by_n(plain, target)
+    shared = sorted(set(ours) & set(theirs))
+    if len(shared) < 2:
+        return ""
+    ours_steps, theirs_steps = target_steps.steps_by_seed(ours), target_steps.steps_by_seed(theirs)
+    rows = [
+        [f"{n:,}", intervals.mean_and_interval(theirs_steps[n]), intervals.mean_and_interval(ours_steps[n]),
+         intervals.ratio_cell(ours_steps[n], theirs_steps[n])]
+        for n in shared
+    ]  # fmt: skip
+    group_size = records[0]["group_size"]
+    table = sweep.markdown_table(
+        rows, ["N", "plain: steps (negatives N)", f"fixed K: steps (negatives {group_size:,})", "fixed K / plain"]
+    )
+    small, large = shared[0], shared[-1]
+    fit = critical_batch_fit.bootstrap({n: theirs_steps[n] for n in shared})
+    return (
+        f"\nAgainst the plain loss (each row against all N; `{PLAIN_RESULTS.name}`'s runs, the same protocol; "
+        "ratios of the seeds' geometric means, Welch 95% on the logarithms):\n\n"
+        f"{table}\nFrom N = {small:,} to {large:,} the steps fall by a factor of "
+        f"{intervals.ratio_cell(theirs_steps[small], theirs_steps[large])} with the plain loss (less noise and "
+        f"more negatives) and {intervals.ratio_cell(ours_steps[small], ours_steps[large])} with K = "
+        f"{group_size:,} fixed (less noise alone). The plain loss over the same {len(shared)} N: "
+        f"{critical_batch_fit.b_crit_words(fit)}. {critical_batch_fit.lack_of_fit_words(fit)}\n"
+    )
+
+
 def fixed_n_contrast(records: Sequence[Mapping[str, Any]], target: float) -> str:
     """The fixed-N arm's answer at `target`: the steps at the fewest negatives less those at
     the most (their best rates, `constant_rate.best_by_n`), with Welch's 95% interval over
@@ -219,10 +258,16 @@ def steps_figure(by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], targets: Seq
 
 
 def arm_summary(
-    arm: Arm, records: Sequence[Mapping[str, Any]], targets: Sequence[float], noise, train_size: int
+    arm: Arm,
+    records: Sequence[Mapping[str, Any]],
+    targets: Sequence[float],
+    noise,
+    train_size: int,
+    plain: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """One arm's part of the report (`module docstring`): per target its steps table and
-    its fit (fixed K) or its contrast (fixed N); the weighting table at the highest
+    its fit and `plain_contrast` against the `plain` records (fixed K) or its contrast
+    (fixed N); the weighting table at the highest
     target with a fit; the data each setting saw and its censored runs
     (`constant_rate.reuse_table`, epochs of `train_size` pairs); its noise table, the
     fixed-K arm's against its B_crit."""
@@ -236,7 +281,7 @@ def arm_summary(
             text += fixed_n_contrast(records, target)
             continue
         words, fit = fixed_k_section(records, target)
-        text += words
+        text += words + plain_contrast(records, plain, target)
         headline = (target, fit) if fit else headline
     if headline:
         steps_by_n = target_steps.steps_by_seed(constant_rate.best_by_n(records, headline[0]))
@@ -260,9 +305,14 @@ def arm_summary(
 
 
 def summary(
-    by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], targets: Sequence[float], noise_by_arm, train_size: int
+    by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]],
+    targets: Sequence[float],
+    noise_by_arm,
+    train_size: int,
+    plain: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-    """The markdown report: the protocol in a line, then each arm's `arm_summary`."""
+    """The markdown report: the protocol in a line, then each arm's `arm_summary` (the
+    fixed-K arm's against the `plain` loss's records)."""
     text = (
         f"# More negatives or less noise: two arms on cmudict, constant rate after {WARMUP_STEPS} warmup steps\n\n"
         "Steps: mean ± the 95% t-interval's half-width over the seeds, at each setting's best rate step k "
@@ -272,7 +322,7 @@ def summary(
         "A difference is resolved when its 95% interval leaves out 0.\n"
     )
     for arm, records in by_arm.items():
-        text += arm_summary(arm, records, targets, noise_by_arm.get(arm), train_size)
+        text += arm_summary(arm, records, targets, noise_by_arm.get(arm), train_size, plain)
     return text
 
 
@@ -306,7 +356,8 @@ def run(args) -> dict[str, list[dict]]:
             base, measured, args.out / arm.name, args, grid_args["deadline"], arm.replicate_rows
         )
     sweep.save(steps_figure(by_arm, args.targets), args.out)
-    (args.out / "summary.md").write_text(summary(by_arm, args.targets, noise_by_arm, args.train_size))
+    plain = list(sweep.committed_records(args.plain_results).values()) if args.plain_results else []
+    (args.out / "summary.md").write_text(summary(by_arm, args.targets, noise_by_arm, args.train_size, plain))
     print(f"wrote {args.out}")
     return {arm.name: records for arm, records in by_arm.items()}
 
@@ -322,10 +373,12 @@ FULL = dict(
     replicates=REPLICATES,
     noise_points=NOISE_POINTS,
     noise_seeds=NOISE_SEEDS,
+    plain_results=PLAIN_RESULTS,
 )
 # --quick: 1,024 training pairs, 256 validation pairs; fixed K: groups of 32, N = 32 and 64;
 # fixed N: N = 64, negatives 64 and 128; at most 2 epochs, validation every 256 examples,
-# 3 rates tuned (no edge runs), 2 seeds, 4 replicates at 2 steps of each run on the first seed.
+# 3 rates tuned (no edge runs), 2 seeds, 4 replicates at 2 steps of each run on the first seed;
+# no plain loss's records to set the fixed-K arm against (none ran this protocol).
 QUICK = dict(
     group_size=32,
     fixed_k_batches=[32, 64],
@@ -337,6 +390,7 @@ QUICK = dict(
     replicates=4,
     noise_points=2,
     noise_seeds=1,
+    plain_results=None,
 )
 
 
@@ -349,6 +403,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
     parser.add_argument("--replicates", type=int, help=f"independent batches at n and n / 4 (default {REPLICATES})")
     parser.add_argument("--noise-points", type=int, help=f"steps measured along each run (default {NOISE_POINTS})")
     parser.add_argument("--noise-seeds", type=int, help=f"seeds measured at each setting (default {NOISE_SEEDS})")
+    parser.add_argument(
+        "--plain-results", type=Path, help="the plain loss's results folder to set the fixed-K arm against "
+        f"(default {PLAIN_RESULTS.relative_to(RESULTS.parent.parent)}; --quick: none)"
+    )  # fmt: skip
     constant_rate.add_options(parser)
     args = sweep.resolve(parser.parse_args(argv), "negatives_vs_noise", FULL, QUICK)
     constant_rate.check_args(parser, args)

@@ -86,3 +86,18 @@ def test_welch_contrast_is_the_welch_interval_for_two_groups_and_reads_a_shrinki
 def test_verdict_follows_the_interval():
     assert intervals.verdict(0.0002, 0.0093) == intervals.verdict(-0.02, -0.01) == "resolved"
     assert intervals.verdict(-0.0126, 0.0035) == intervals.verdict(math.nan, math.nan) == "not resolved"
+
+
+def test_the_ratio_of_geometric_means_against_a_hand_computed_example():
+    """x = 100, 110, 121 against y = 200, 220, 242: the logs' means differ by ln 0.5, each
+    side's log variance is (ln 1.1)^2, Welch's degrees of freedom 4, t = 2.776445: the
+    ratio 0.5 and 0.5 exp(-+2.776445 ln(1.1) sqrt(2 / 3)) = [0.4028, 0.6206]. (Mutations,
+    each red: the ratio inverted; the verdict on the bounds rather than their distance
+    from 1.)"""
+    ratio, low, high = intervals.ratio_interval([100.0, 110.0, 121.0], [200.0, 220.0, 242.0])
+    half = 2.776445 * math.log(1.1) * math.sqrt(2 / 3)
+    assert ratio == pytest.approx(0.5) and (low, high) == pytest.approx((0.5 * math.exp(-half), 0.5 * math.exp(half)))
+    assert (round(low, 4), round(high, 4)) == (0.4028, 0.6206)
+    assert intervals.ratio_cell([100.0, 110.0, 121.0], [200.0, 220.0, 242.0]) == "0.50 [0.40, 0.62], resolved"
+    assert intervals.ratio_cell([90.0, 100.0, 110.0], [95.0, 100.0, 105.0]).endswith(", not resolved")
+    assert intervals.ratio_cell([100.0], [200.0]) == "0.50 [n/a], not resolved"

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments.lib import constant_rate, target_steps
+from experiments.lib import constant_rate, intervals, target_steps
 from experiments.studies import batch_schedule as study
 
 RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
@@ -87,21 +87,6 @@ def test_examples_follow_each_run_s_stages():
     assert target_steps.steps_to_target(target_steps.validation_curve(converted), 0.6) == 32 * 512 + 8 * 1024
 
 
-def test_the_ratio_to_the_best_constant_against_a_hand_computed_example():
-    """x = 100, 110, 121 against y = 200, 220, 242: the logs' means differ by ln 0.5, each
-    side's log variance is (ln 1.1)^2, Welch's degrees of freedom 4, t = 2.776445: the
-    ratio 0.5 and 0.5 exp(-+2.776445 ln(1.1) sqrt(2 / 3)) = [0.4028, 0.6206]. (Mutations,
-    each red: the ratio inverted; the verdict on the bounds rather than their distance
-    from 1.)"""
-    ratio, low, high = study.ratio_interval([100.0, 110.0, 121.0], [200.0, 220.0, 242.0])
-    half = 2.776445 * math.log(1.1) * math.sqrt(2 / 3)
-    assert ratio == pytest.approx(0.5) and (low, high) == pytest.approx((0.5 * math.exp(-half), 0.5 * math.exp(half)))
-    assert (round(low, 4), round(high, 4)) == (0.4028, 0.6206)
-    assert study.ratio_cell([100.0, 110.0, 121.0], [200.0, 220.0, 242.0]) == "0.50 [0.40, 0.62], resolved"
-    assert study.ratio_cell([90.0, 100.0, 110.0], [95.0, 100.0, 105.0]).endswith(", not resolved")
-    assert study.ratio_cell([100.0], [200.0]) == "0.50 [n/a], not resolved"
-
-
 def record(run, reached_at, every, top=0.9, decisions=None):
     """The record of `run` whose validation R@1 rises linearly from 0 to `top` at step
     `reached_at`, evaluated every `every` steps until it reaches it."""
@@ -141,12 +126,13 @@ def test_the_report_sets_each_arm_against_the_constants_with_the_fewest_steps_an
     c4096 = [scale * at for at in REACHED[4096]]
     c1024 = [scale * at * 1024 for at in REACHED[1024]]
     assert "| arm | steps / N = 4,096's (the fewest steps) | examples / N = 1,024's (the fewest examples) |" in text
-    expected = f"| stages | {study.ratio_cell(stage_steps, c4096)} | {study.ratio_cell(stage_examples, c1024)} |"
+    cell = intervals.ratio_cell
+    expected = f"| stages | {cell(stage_steps, c4096)} | {cell(stage_examples, c1024)} |"
     assert expected in text and "resolved" in expected
     assert f"| constant N = 1,024 | 3; 3 | {scale * 416 / 3:.0f} ± " in text
     assert f"| stages 512@0,2048@32,4096@64 | 3; 3 | {np.mean(stage_steps):.0f} ± " in text
     noise_examples = [float(study.examples_at([(0, 512), (32, 1024), (48, 2048)], s)) for s in stage_steps]
-    assert f"| noise | {study.ratio_cell(stage_steps, c4096)} | {study.ratio_cell(noise_examples, c1024)} |" in text
+    assert f"| noise | {cell(stage_steps, c4096)} | {cell(noise_examples, c1024)} |" in text
     assert "s0: 512@0, 1,024@32, 2,048@48 (peak 0.900)" in text
     assert "Targets below every N's lowest peak (0.900" in text and "ran this protocol" in text
     assert text.count("## Validation R@1 ") == 2

@@ -181,6 +181,14 @@ def test_noise_is_measured_at_evenly_spread_steps_and_tabled_with_intervals():
     assert (
         "| 1,024 | 1 | 96 | 1,234 [900, 2,100] | 56 [900, 2,100] | 3.90 [3.10, 4.80] | -0.05 [-0.30, +0.20] |" in text
     )
+    assert "over the 1 states: tr Cov(n/4) / tr Cov(n) is 3.90–3.90, its interval holding 4 in 1 of 1;" in text
+    # a second state whose ratio's interval leaves out 4 and whose bias's leaves out 0 (mutation: either
+    # count over every state whatever its interval, or the bias's against 4: red)
+    off = dict(both, variance_ratio=1.5, variance_ratio_interval=[1.1, 1.9], bias_over_g=0.4)
+    off |= {"bias_over_g_interval": [0.2, 0.6]}
+    text = noise_stage.noise_table({"n1024_k4_s1@96": entry, "n1024_k4_s1@192": {**entry, "step": 192, "sgd": off}})
+    assert "is 1.50–3.90, its interval holding 4 in 1 of 2; bias² / |E g|² is -0.05 to +0.40, its interval" in text
+    assert "holding 0 in 1 of 2." in text
 
 
 def test_the_last_noise_scale_of_each_run_is_set_against_b_crit_with_words():

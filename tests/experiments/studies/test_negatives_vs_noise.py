@@ -1,7 +1,7 @@
 """experiments/studies/negatives_vs_noise.py: each arm's runs (group_size / extra_negatives,
 the optimizer batch, the rate), the protocol keyed by the arm's setting, the noise stage's
-replicates with the run's own loss, the report's fit and Welch contrast, and --quick end
-to end (both arms; a rerun trains nothing)."""
+replicates with the run's own loss, the report's fit, the fixed-K arm against the plain
+loss and the Welch contrast, and --quick end to end (both arms; a rerun trains nothing)."""
 
 import argparse
 import functools
@@ -96,6 +96,38 @@ def test_the_fixed_k_report_fits_b_crit_with_the_misfit_and_the_weighting_table(
     assert "chi^2" in text.replace("χ²", "chi^2") or "lack of fit" in text.lower()
     assert "No run finished yet." in text
     assert "Targets below every N's lowest peak (0.900" in text and "| 8,192 | 7.6% | " in text
+
+
+def test_the_fixed_k_arm_against_the_plain_loss_at_each_n_both_ran():
+    """Plain steps 100 (1 + 2,000 / N) times 1, 1.1, 1.21 over the seeds; fixed K's the
+    same times 1, 1.25, 1.5 at N = 512, 2,048, 8,192: its ratios to the plain are those
+    exactly, each with Welch's interval on the logs (half-width t(4) ln 1.1 sqrt(2/3)); the
+    falls from 512 to 8,192 are 4.906 / 1.244 = 3.94 and that / 1.5; the plain loss's
+    B_crit over the 3 shared N (its 16,384 left out) is the curve's 2,000. (Mutations, each
+    red: the ratio plain over fixed K; the plain fit over all its N.)"""
+    seeds = (1.0, 1.1, 1.21)
+    extra = {512: 1.0, 2048: 1.25, 8192: 1.5}
+
+    def plain_record(n, seed, steps):
+        run = constant_rate.study_run(n, 5, seed, **RUN_ARGS)
+        curve = [[at, 0.9 * at / (steps / 0.86 * 0.9)] for at in (steps / 2, steps / 0.86 * 0.9)]
+        return {"name": run.name, **run.tags, "curves": {f"eval/{m}": curve for m in target_steps.METRICS}}
+
+    plain = [plain_record(n, s, 100 * (1 + 2000 / n) * f) for n in (*extra, 16384) for s, f in enumerate(seeds)]
+    ours = [record(FIXED_K, n, 5, s, 100 * (1 + 2000 / n) * f * c / 0.86 * 0.9)
+            for n, c in extra.items() for s, f in enumerate(seeds)]  # fmt: skip
+    text = study.plain_contrast(ours, plain, 0.86)
+    half = 2.776445 * np.log(1.1) * np.sqrt(2 / 3)
+    for n, c in extra.items():
+        low, high = c * np.exp(-half), c * np.exp(half)
+        verdict = "resolved" if low > 1 else "not resolved"
+        assert f"| {n:,} | " in text and f" | {c:.2f} [{low:.2f}, {high:.2f}], {verdict} |" in text
+    fall = (1 + 2000 / 512) / (1 + 2000 / 8192)
+    assert f"From N = 512 to 8,192 the steps fall by a factor of {fall:.2f} [" in text
+    assert f"and {fall / 1.5:.2f} [" in text and "with K = 512 fixed (less noise alone)" in text
+    assert "The plain loss over the same 3 N: B_crit = 2,000 [" in text and "inside N = 512 … 8,192" in text
+    assert study.plain_contrast(ours, [], 0.86) == ""
+    assert "Against the plain loss" in study.summary({FIXED_K: ours, FIXED_N: []}, [0.86], {}, 108_000, plain)
 
 
 def test_noise_replicates_at_a_quarter_score_a_quarter_of_the_runs_own_batches(monkeypatch):
@@ -199,7 +231,10 @@ def test_quick_runs_both_arms_their_noise_and_the_report_and_resumes(tmp_path, c
     )
     assert "S(N) = S_min (1 + B_crit / N)" in summary and "Steps at 64 negatives less steps at 128" in summary
     assert (tmp_path / "steps_to_target.png").stat().st_size > 0
+    assert "Against the plain loss" not in summary  # --quick: no plain loss's records
     capsys.readouterr()
-    assert json.loads(json.dumps(study.main(args))) == json.loads(json.dumps(by_arm))
+    rerun = study.main([*args, "--plain-results", str(tmp_path / "fixed_k")])  # its own records stand in
+    assert json.loads(json.dumps(rerun)) == json.loads(json.dumps(by_arm))
     out = capsys.readouterr().out
     assert "training" not in out and "[noise] " not in out
+    assert "| 32 | " in (tmp_path / "summary.md").read_text().split("Against the plain loss")[1]
