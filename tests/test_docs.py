@@ -702,6 +702,104 @@ QUOTED_FIGURES = [
         RESULTS + "batch_schedule/summary.md",
     ),
     (
+        "docs/batch_size_study.md",
+        "| 512 | 315 ± 153 | 314 ± 154 | 1.00 [0.63, 1.59], not resolved |",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| 1,024 | 134 ± 16 | 185 ± 51 | 1.37 [1.08, 1.75], resolved |",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| 2,048 | 90 ± 8 | 134 ± 21 | 1.49 [1.31, 1.69], resolved |",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| 4,096 | 78 ± 2 | 110 ± 7 | 1.41 [1.33, 1.49], resolved |",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "| 8,192 | 76 ± 7 | 99 ± 8 | 1.30 [1.20, 1.41], resolved |",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "3.13 [1.91, 5.12] with K = 512 fixed, against 4.09 [2.51, 6.67] with the plain loss",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "at 0.80 the two factors are 2.09 [1.73, 2.52] and 2.57 [2.29, 2.89]",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "the steps fall 3.13 [1.91, 5.12]× from 512 to 8,192, against 4.09 [2.51, 6.67]×",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(fixed K takes 1.30 [1.20, 1.41]× the plain loss's at 8,192",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "B_crit = 1,350 [976, 1,668], resolved (inside N = 512 … 8,192)",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "χ² = 3 on 3 degrees of freedom (p = 3.7e-01)",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "1,801 [791, 3,801], with χ² = 103 on 3 (p = 3.1e-22)",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "B_crit = 1,350 [976, 1,668], χ² = 3 on 3 (plain loss, same N: 1,801 [791, 3,801], χ² = 103 on 3)",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "the fixed-K estimate is 1,175–1,486, and with each N left out 1,164–1,452",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "661 [538, 763] at 0.80, 865 [759, 983] at 0.82, 1,023 [900, 1,140] at 0.84",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "is 3.25–4.78 times that at 2,048, its interval holding 4 in 59 of 60",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "bias² / |E g|² is −0.03 to +0.04, its interval holding 0 in 60 of 60",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    ("docs/batch_size_study.md", "B_simple is 1,015 [857, 1,202]", RESULTS + "negatives_vs_noise/summary.md"),
+    ("docs/batch_size_study.md", "B_adam, 3,548 [1,895, 6,642]", RESULTS + "negatives_vs_noise/summary.md"),
+    ("docs/batch_size_study.md", "(validation R@1 0.860–0.888)", RESULTS + "negatives_vs_noise/summary.md"),
+    (
+        "docs/batch_size_study.md",
+        "after 1.5 epochs at N = 512 and 7.5 at 8,192 (one batch is 7.6% of the split there)",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "0.70–3.09 (4 in 2 of 56) and +0.16 to +0.60 (0 in 0 of 56)",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
         "docs/recipes.md",
         "N = 32,768, D = 64: 7.568 s on 2 CPU cores, 18 MiB of compiled temporaries, 387 MiB",
         RESULTS + "bench_losses/results.md",
