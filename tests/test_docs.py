@@ -835,13 +835,10 @@ def _collapsed(text: str) -> str:
     return " ".join(text.split())
 
 
-@pytest.mark.parametrize("page, quoted, source", QUOTED_FIGURES)
-def test_quoted_figures_are_in_their_result_files(page, quoted, source):
-    """Each quoted figure is on its page, and every number in it is in the committed file
-    it comes from, to the quoted precision (change the file's number, or the page's, and
-    this fails)."""
+def _assert_from_source(page: str, quoted: str, source: str) -> None:
+    """The page names `source` (or its folder), and every number in `quoted` is in the
+    committed `source` to the quoted precision."""
     text = read(page)
-    assert _collapsed(quoted) in _collapsed(text), f"{page} no longer quotes {quoted!r}"
     cited = page == "README.md" or source in text or os.path.dirname(source) + "/" in text
     assert cited, f"{page} quotes {quoted!r} without naming {source} (or its folder)"
     found = [float(n) for n in _numbers(read(source).replace(",", ""))]
@@ -850,6 +847,59 @@ def test_quoted_figures_are_in_their_result_files(page, quoted, source):
             continue
         decimals = len(number.split(".")[1]) if "." in number else 0
         assert any(round(f, decimals) == float(number) for f in found), f"{number} of {page} not in {source}"
+
+
+@pytest.mark.parametrize("page, quoted, source", QUOTED_FIGURES)
+def test_quoted_figures_are_in_their_result_files(page, quoted, source):
+    """Each quoted figure is on its page, and every number in it is in the committed file
+    it comes from, to the quoted precision (change the file's number, or the page's, and
+    this fails)."""
+    assert _collapsed(quoted) in _collapsed(read(page)), f"{page} no longer quotes {quoted!r}"
+    _assert_from_source(page, quoted, source)
+
+
+# The batch-size study's findings table: each row's finding (its first words) and the
+# summary its figure comes from; a row whose figure is "—" (under way) has none.
+FINDINGS_SOURCES = {
+    "Digits, fixed 500 steps": "batch_size_sweep/summary.md",
+    "`cmudict`, 2 epochs": "batch_size_sweep_cmudict/summary.md",
+    "11 epochs, where every N trains": "epoch_budget_study/summary.md",
+    "Fewer negatives is another objective": "critical_batch_study/summary.md",
+    "The critical batch, constant rate": "critical_batch_constant_lr/summary.md",
+    "McCandlish's curve describes the steps": "critical_batch_constant_lr/summary.md",
+    "A larger batch stops buying steps": "critical_batch_constant_lr/summary.md",
+    "Steps fall faster than 1/N": "critical_batch_constant_lr/summary.md",
+    "The 0.88 target and the small-N plateau": "critical_batch_constant_lr/summary.md",
+    "Data reuse at large N": "critical_batch_constant_lr/summary.md",
+    "The noise scale against B_crit": "critical_batch_constant_lr/summary.md",
+    "Sigmoid against softmax, the earlier design": "sigmoid_vs_softmax/summary.md",
+    "Negatives fixed (K = 512), batch grown": "negatives_vs_noise/summary.md",
+    "With the negatives fixed, McCandlish's curve": "negatives_vs_noise/summary.md",
+    "Batch size as a schedule": "batch_schedule/summary.md",
+}
+
+
+def test_every_figure_of_the_findings_table_is_in_its_study_summary():
+    """Each row of docs/batch_size_study.md's findings table with a figure has its source
+    in FINDINGS_SOURCES, every number of that figure is in it, and each estimate with its
+    interval ("+0.0084 [+0.0037, +0.0130]", "0.187 ± 0.025") is in it as written, not only
+    its numbers apart (mutations, each red: the table's 1,015 made 1,016; its +0.0084 made
+    +0.0085, a number found elsewhere in that summary); a row under way says so in its
+    verdict."""
+    page = "docs/batch_size_study.md"
+    table = read(page).split("## The findings in one table")[1].split("\n## ")[0]
+    rows = [line.strip("|").split(" | ") for line in table.splitlines() if line.startswith("| ")][2:]
+    assert len(rows) >= len(FINDINGS_SOURCES)
+    for finding, figure, verdict, _ in ([cell.strip() for cell in row] for row in rows):
+        if figure == "—":
+            assert verdict.startswith("under way"), f"{finding!r} has no figure and is not under way"
+            continue
+        source = [s for prefix, s in FINDINGS_SOURCES.items() if finding.startswith(prefix)]
+        assert len(source) == 1, f"{finding!r}: no source (or several) in FINDINGS_SOURCES"
+        _assert_from_source(page, figure, RESULTS + source[0])
+        written = _collapsed(read(RESULTS + source[0])).replace("−", "-")
+        for estimate in re.findall(r"[+−-]?[\d,.]*\d (?:\[[^\]]+\]|± [\d,.]*\d)", _collapsed(figure)):
+            assert estimate.replace("−", "-") in written, f"{finding!r}: {estimate!r} not in {source[0]} as written"
 
 
 def test_every_cited_result_file_exists():
