@@ -233,10 +233,15 @@ def fixed_n_contrast(records: Sequence[Mapping[str, Any]], target: float) -> str
     )
 
 
-def steps_figure(by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], targets: Sequence[float]) -> dict:
+def steps_figure(
+    by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]],
+    targets: Sequence[float],
+    plain: Sequence[Mapping[str, Any]] = (),
+) -> dict:
     """`steps_to_target`: per arm a panel of each target's best steps (mean, 95% t over
     the seeds) against the arm's setting, log-log, the dotted line perfect scaling from
-    the smallest setting."""
+    the smallest setting; on the fixed-K panel the `plain` loss's at the highest target,
+    dashed grey, over the arm's N."""
     fig, axes = sweep.new_figure("steps to a validation R@1 target, rate tuned per setting", ncols=len(by_arm))
     for axis, (arm, records) in zip(axes, by_arm.items(), strict=True):
         for target, color in zip(targets, sweep.colors(len(targets), "viridis"), strict=True):
@@ -248,6 +253,13 @@ def steps_figure(by_arm: Mapping[Arm, Sequence[Mapping[str, Any]]], targets: Seq
             axis.errorbar(xs, steps, yerr=target_steps.error_bars(best, xs), marker="o", capsize=3, color=color,
                           label=f"R@1 {target:.2f}")  # fmt: skip
             axis.plot(xs, [steps[0] * xs[0] / x for x in xs], ls=":", color=color)
+        plain_best = constant_rate.best_by_n(plain, targets[-1]) if arm.by == "batch_size" else {}
+        xs = sorted(n for n in plain_best if n in arm.settings)
+        if xs:
+            axis.errorbar(
+                xs, [plain_best[x]["steps"] for x in xs], yerr=target_steps.error_bars(plain_best, xs), marker="s",
+                capsize=3, color="grey", ls="--", label=f"plain loss, R@1 {targets[-1]:.2f}",
+            )  # fmt: skip
         if records:
             sweep.log_spaced_ticks(axis, sorted({r[arm.by] for r in records}))
             axis.legend(fontsize=7)
@@ -355,8 +367,8 @@ def run(args) -> dict[str, list[dict]]:
         noise_by_arm[arm] = noise_stage.noise_scales(
             base, measured, args.out / arm.name, args, grid_args["deadline"], arm.replicate_rows
         )
-    sweep.save(steps_figure(by_arm, args.targets), args.out)
     plain = list(sweep.committed_records(args.plain_results).values()) if args.plain_results else []
+    sweep.save(steps_figure(by_arm, args.targets, plain), args.out)
     (args.out / "summary.md").write_text(summary(by_arm, args.targets, noise_by_arm, args.train_size, plain))
     print(f"wrote {args.out}")
     return {arm.name: records for arm, records in by_arm.items()}

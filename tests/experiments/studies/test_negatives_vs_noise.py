@@ -103,8 +103,9 @@ def test_the_fixed_k_arm_against_the_plain_loss_at_each_n_both_ran():
     same times 1, 1.25, 1.5 at N = 512, 2,048, 8,192: its ratios to the plain are those
     exactly, each with Welch's interval on the logs (half-width t(4) ln 1.1 sqrt(2/3)); the
     falls from 512 to 8,192 are 4.906 / 1.244 = 3.94 and that / 1.5; the plain loss's
-    B_crit over the 3 shared N (its 16,384 left out) is the curve's 2,000. (Mutations, each
-    red: the ratio plain over fixed K; the plain fit over all its N.)"""
+    B_crit over the 3 shared N (its 16,384 left out) is the curve's 2,000, and the figure
+    draws its steps on the fixed-K panel. (Mutations, each red: the ratio plain over
+    fixed K; the plain fit over all its N.)"""
     seeds = (1.0, 1.1, 1.21)
     extra = {512: 1.0, 2048: 1.25, 8192: 1.5}
 
@@ -128,6 +129,14 @@ def test_the_fixed_k_arm_against_the_plain_loss_at_each_n_both_ran():
     assert "The plain loss over the same 3 N: B_crit = 2,000 [" in text and "inside N = 512 … 8,192" in text
     assert study.plain_contrast(ours, [], 0.86) == ""
     assert "Against the plain loss" in study.summary({FIXED_K: ours, FIXED_N: []}, [0.86], {}, 108_000, plain)
+    # the figure: the plain loss's steps on the fixed-K panel over the arm's N (its 16,384 left out)
+    fig = study.steps_figure({FIXED_K: ours, FIXED_N: []}, [0.86], plain)["steps_to_target"]
+    (bars,) = [bars for bars in fig.axes[0].containers if bars.get_label() == "plain loss, R@1 0.86"]
+    line = bars.lines[0]
+    assert list(line.get_xdata()) == [512, 2048, 8192]
+    np.testing.assert_allclose(
+        np.asarray(line.get_ydata(), float), [100 * (1 + 2000 / n) * np.mean(seeds) for n in extra]
+    )
 
 
 def test_noise_replicates_at_a_quarter_score_a_quarter_of_the_runs_own_batches(monkeypatch):
