@@ -218,18 +218,20 @@ def plain_contrast(records: Sequence[Mapping[str, Any]], plain: Sequence[Mapping
 def fixed_n_contrast(records: Sequence[Mapping[str, Any]], target: float) -> str:
     """The fixed-N arm's answer at `target`: the steps at the fewest negatives less those at
     the most (their best rates, `constant_rate.best_by_n`), with Welch's 95% interval over
-    the seeds and `intervals.verdict` (positive: more negatives reach it in fewer steps)."""
+    the seeds and `intervals.verdict` (positive: more negatives reach it in fewer steps),
+    and the same as a ratio (`intervals.ratio_cell`: fewest over most, the fixed-K arm's
+    `plain_contrast` form)."""
     best = constant_rate.best_by_n(records, target, "negatives")
     if len(best) < 2:
         return ""
     fewest, most = min(best), max(best)
-    difference, low, high = intervals.welch_interval(
-        list(best[fewest]["by_seed"].values()), list(best[most]["by_seed"].values())
-    )
+    steps_fewest, steps_most = (list(best[c]["by_seed"].values()) for c in (fewest, most))
+    difference, low, high = intervals.welch_interval(steps_fewest, steps_most)
     bounds = "[n/a]" if low != low else f"[{low:+,.0f}, {high:+,.0f}]"
     return (
         f"\nSteps at {fewest:,} negatives less steps at {most:,} (N = {records[0]['batch_size']:,} both): "
-        f"{difference:+,.0f} {bounds} (Welch, 95%), {intervals.verdict(low, high)}.\n"
+        f"{difference:+,.0f} {bounds} (Welch, 95%), {intervals.verdict(low, high)}; as a ratio, "
+        f"{intervals.ratio_cell(steps_fewest, steps_most)} (of the geometric means, Welch 95% on the logarithms).\n"
     )
 
 

@@ -64,8 +64,8 @@ def test_the_protocol_tunes_and_ranks_each_setting_of_the_arms_field(rising_reco
 
 
 def test_the_fixed_n_contrast_is_welchs_difference_of_the_fewest_and_most_negatives():
-    """Steps at 512 negatives less those at 8,192, Welch over 3 seeds each. (Mutation: the
-    most less the fewest: red.)"""
+    """Steps at 512 negatives less those at 8,192, Welch over 3 seeds each, and their
+    ratio. (Mutations, each red: the most less the fewest; the ratio most over fewest.)"""
     fewest, most = [1000.0, 1100.0, 1200.0], [700.0, 760.0, 820.0]
     records = [record(FIXED_N, 512, 3, s, v / 0.86 * 0.9) for s, v in enumerate(fewest)]
     records += [record(FIXED_N, 8192, 3, s, v / 0.86 * 0.9) for s, v in enumerate(most)]
@@ -74,7 +74,11 @@ def test_the_fixed_n_contrast_is_welchs_difference_of_the_fewest_and_most_negati
     difference, low, high = intervals.welch_interval(fewest, most)
     text = study.fixed_n_contrast(records, 0.86)
     assert f"Steps at 512 negatives less steps at 8,192 (N = 512 both): {difference:+,.0f} " in text
-    assert f"[{low:+,.0f}, {high:+,.0f}] (Welch, 95%), resolved." in text and difference == pytest.approx(340)
+    assert f"[{low:+,.0f}, {high:+,.0f}] (Welch, 95%), resolved; as a ratio, " in text and difference == pytest.approx(
+        340
+    )
+    assert f"as a ratio, {intervals.ratio_cell(fewest, most)} (of the geometric means" in text
+    assert intervals.ratio_cell(fewest, most).startswith("1.45 [")  # (1000 1100 1200)^(1/3) / (700 760 820)^(1/3)
     table = study.steps_table(records, 0.86, FIXED_N)
     assert "| 8,192 | 512 | 3 | 760 ± " in table
     # the data seen per setting: the optimizer's 512 a step at every C (mutation: grouped by batch_size: red)
