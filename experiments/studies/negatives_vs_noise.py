@@ -56,9 +56,10 @@ and steps (mean, 95% t over the seeds); fixed K: B_crit over every N with its in
 (misfit included), the lack of fit, the arm against the plain loss at each N (the
 constant-rate study's runs, `PLAIN_RESULTS`: `plain_contrast`) and, at the highest target
 with a fit, B_crit by weighting and with each N left out; fixed N: the steps at the
-fewest negatives less those at the most, with Welch's 95% interval; per setting the data seen, the censored runs and
-the targets below every setting's peak (`constant_rate.reuse_table`); each arm's noise
-table, the fixed-K arm's set against its B_crit.
+fewest negatives less those at the most, with Welch's 95% interval, and their ratio; per
+setting the data seen, the censored runs and the targets below every setting's peak
+(`constant_rate.reuse_table`); each arm's noise table (with `noise_stage.per_example_words`),
+the fixed-K arm's set against its B_crit.
 
 Run (from the repository root; rerun the same command to go on):
   .venv/bin/python -m experiments.studies.negatives_vs_noise --hours 8   # no run starts after 8 h
