@@ -189,14 +189,14 @@ def plain_contrast(records: Sequence[Mapping[str, Any]], plain: Sequence[Mapping
     smallest of those N to the largest, each one's steps' fall (the plain's: less noise
     and more negatives; fixed K's: less noise alone); and the plain loss's B_crit fitted
     over the same N (`critical_batch_fit.bootstrap`). Empty when fewer than 2 N are shared."""
-    ours, theirs = constant_rate.best_by_n(records, target), constant_rate.best_by_n(plain, target)
-    shared = sorted(set(ours) & set(theirs))
+    grouped_best, plain_best = constant_rate.best_by_n(records, target), constant_rate.best_by_n(plain, target)
+    shared = sorted(set(grouped_best) & set(plain_best))
     if len(shared) < 2:
         return ""
-    ours_steps, theirs_steps = target_steps.steps_by_seed(ours), target_steps.steps_by_seed(theirs)
+    grouped_steps, plain_steps = target_steps.steps_by_seed(grouped_best), target_steps.steps_by_seed(plain_best)
     rows = [
-        [f"{n:,}", intervals.mean_and_interval(theirs_steps[n]), intervals.mean_and_interval(ours_steps[n]),
-         intervals.ratio_cell(ours_steps[n], theirs_steps[n])]
+        [f"{n:,}", intervals.mean_and_interval(plain_steps[n]), intervals.mean_and_interval(grouped_steps[n]),
+         intervals.ratio_cell(grouped_steps[n], plain_steps[n])]
         for n in shared
     ]  # fmt: skip
     group_size = records[0]["group_size"]
@@ -204,13 +204,13 @@ def plain_contrast(records: Sequence[Mapping[str, Any]], plain: Sequence[Mapping
         rows, ["N", "plain: steps (negatives N)", f"fixed K: steps (negatives {group_size:,})", "fixed K / plain"]
     )
     small, large = shared[0], shared[-1]
-    fit = critical_batch_fit.bootstrap({n: theirs_steps[n] for n in shared})
+    fit = critical_batch_fit.bootstrap({n: plain_steps[n] for n in shared})
     return (
-        f"\nAgainst the plain loss (each row against all N; `{PLAIN_RESULTS.name}`'s runs, the same protocol; "
+        "\nAgainst the plain loss (each row against all N, the same protocol; "
         "ratios of the seeds' geometric means, Welch 95% on the logarithms):\n\n"
         f"{table}\nFrom N = {small:,} to {large:,} the steps fall by a factor of "
-        f"{intervals.ratio_cell(theirs_steps[small], theirs_steps[large])} with the plain loss (less noise and "
-        f"more negatives) and {intervals.ratio_cell(ours_steps[small], ours_steps[large])} with K = "
+        f"{intervals.ratio_cell(plain_steps[small], plain_steps[large])} with the plain loss (less noise and "
+        f"more negatives) and {intervals.ratio_cell(grouped_steps[small], grouped_steps[large])} with K = "
         f"{group_size:,} fixed (less noise alone). The plain loss over the same {len(shared)} N: "
         f"{critical_batch_fit.b_crit_words(fit)}. {critical_batch_fit.lack_of_fit_words(fit)}\n"
     )
