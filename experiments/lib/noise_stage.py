@@ -164,6 +164,62 @@ def per_example_words(noise: Mapping[str, Mapping[str, Any]]) -> str:
     )
 
 
+def last_states(noise: Mapping[str, Mapping[str, Any]], by: str) -> dict[tuple[int, int], Mapping[str, Any]]:
+    """`{(setting, seed): entry}`: each run's last measured state in `noise`, its setting
+    the entry's field `by`."""
+    last = {}
+    for entry in noise.values():
+        key = (entry[by], entry["seed"])
+        if key not in last or entry["step"] > last[key]["step"]:
+            last[key] = entry
+    return last
+
+
+def noise_by_setting(noise: Mapping[str, Mapping[str, Any]], by: str, label: str) -> str:
+    """The noise scale at each run's last measured state, setting by setting (its field
+    `by`, headed `label`): over the seeds, the geometric mean and 95% t-interval
+    (`intervals.geometric_interval`) of B_simple, B_adam and of B_simple's two parts,
+    |E g|² and tr Σ (SGD's gradient); then the fewest setting's over the most's for each
+    (`intervals.ratio_cell`), which says whether a setting lowers the noise through the
+    covariance or through the mean gradient."""
+    last = last_states(noise, by)
+    settings = sorted({setting for setting, _ in last})
+    parts = {
+        "B_simple": ("sgd", "b_simple"),
+        "B_adam": ("adam", "b_simple"),
+        "|E g|²": ("sgd", "g_squared"),
+        "tr Σ": ("sgd", "trace_sigma"),
+    }
+
+    def values(setting, form, key):
+        return [e[form][key] for (s, _), e in sorted(last.items()) if s == setting]
+
+    def cell(setting, form, key):
+        center, low, high = intervals.geometric_interval(values(setting, form, key))
+        digits = ",.0f" if key == "b_simple" else ".3g"
+        bounds = "[n/a]" if np.isnan(low) else f"[{low:{digits}}, {high:{digits}}]"
+        return f"{center:{digits}} {bounds}"
+
+    rows = [
+        [f"{setting:,}", ", ".join(str(e["step"]) for (s, _), e in sorted(last.items()) if s == setting)]
+        + [cell(setting, *part) for part in parts.values()]
+        for setting in settings
+    ]
+    text = (
+        f"\n### The noise scale at each run's last measured state, by {label}\n\n"
+        "Geometric mean [95% t-interval] over the seeds; B_simple = tr Σ / |E g|².\n\n"
+        + sweep.markdown_table(rows, [label, "steps (per seed)", *(name.replace("|", "\\|") for name in parts)])
+    )
+    if len(settings) < 2:
+        return text
+    fewest, most = settings[0], settings[-1]
+    ratios = "; ".join(
+        f"{name} {intervals.ratio_cell(values(fewest, *part), values(most, *part))}" for name, part in parts.items()
+    )
+    welch = "ratio of geometric means, Welch 95% on the logarithms"
+    return text + f"\nAt {fewest:,} over at {most:,} ({welch}): {ratios}.\n"
+
+
 def noise_against_b_crit(
     noise: Mapping[str, Mapping[str, Any]],
     target: float,
@@ -179,11 +235,7 @@ def noise_against_b_crit(
     the noise scale averaged within each N first (the geometric mean of its runs), then
     over the N, with its 95% t-interval over the N (`intervals.geometric_interval`), set
     against B_crit too."""
-    last = {}
-    for entry in noise.values():
-        key = (entry["batch_size"], entry["seed"])
-        if key not in last or entry["step"] > last[key]["step"]:
-            last[key] = entry
+    last = last_states(noise, "batch_size")
 
     def verdict(low, high):
         if not critical_batch_fit.has_interval(fit):

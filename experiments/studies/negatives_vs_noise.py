@@ -59,7 +59,9 @@ with a fit, B_crit by weighting and with each N left out; fixed N: the steps at 
 fewest negatives less those at the most, with Welch's 95% interval, and their ratio; per
 setting the data seen, the censored runs and the targets below every setting's peak
 (`constant_rate.reuse_table`); each arm's noise table (with `noise_stage.per_example_words`),
-the fixed-K arm's set against its B_crit.
+the fixed-K arm's set against its B_crit, the fixed-N arm's at each run's last measured
+state by number of negatives, B_simple split into |E g|² and tr Σ
+(`noise_stage.noise_by_setting`).
 
 Run (from the repository root; rerun the same command to go on):
   .venv/bin/python -m experiments.studies.negatives_vs_noise --hours 8   # no run starts after 8 h
@@ -285,7 +287,7 @@ def arm_summary(
     (fixed N); the weighting table at the highest
     target with a fit; the data each setting saw and its censored runs
     (`constant_rate.reuse_table`, epochs of `train_size` pairs); its noise table, the
-    fixed-K arm's against its B_crit."""
+    fixed-K arm's against its B_crit, the fixed-N arm's by setting (`noise_stage.noise_by_setting`)."""
     text = f"\n## {arm.title()} ({len(records)} runs)\n"
     if not records:
         return text + "\nNo run finished yet.\n"
@@ -307,8 +309,9 @@ def arm_summary(
     if arm.by == "negatives":
         text += "\nEach step reads N + M pairs of the stream; the epochs and the cap count the N trained on.\n"
     if noise:
-        label = f"run's {label}"
-        text += noise_stage.noise_table(noise, arm.by, label).replace("\n## ", "\n### ")
+        text += noise_stage.noise_table(noise, arm.by, f"run's {label}").replace("\n## ", "\n### ")
+        if arm.by == "negatives":
+            text += noise_stage.noise_by_setting(noise, arm.by, label)
         if headline:
             reaching = {
                 (r["batch_size"], r["lr_factor"], r["seed"]): target_steps.validation_curve(r)

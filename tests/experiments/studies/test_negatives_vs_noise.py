@@ -250,3 +250,27 @@ def test_quick_runs_both_arms_their_noise_and_the_report_and_resumes(tmp_path, c
     out = capsys.readouterr().out
     assert "training" not in out and "[noise] " not in out
     assert "| 32 | " in (tmp_path / "summary.md").read_text().split("Against the plain loss")[1]
+
+
+def test_the_noise_by_setting_takes_each_runs_last_state_and_splits_b_simple():
+    """Per number of negatives, the geometric mean over the seeds of each run's last
+    measured state (an earlier state of 10^6 left out), with its t-interval: B_simple
+    100, 200, 400 gives 200 [35.7, 1,119]; the fewest negatives' over the most's, 4.00
+    (Welch on the logarithms: [0.83, 19.25]), and B_simple's parts, |E g|² and tr Σ,
+    each as its own ratio."""
+
+    def entry(negatives, seed, step, b_simple, g_squared):
+        form = {"b_simple": b_simple, "g_squared": g_squared, "trace_sigma": b_simple * g_squared}
+        return {"negatives": negatives, "seed": seed, "step": step, "sgd": form, "adam": dict(form)}
+
+    noise = {}
+    for negatives, scale, g_squared in ((512, 1.0, 0.01), (8192, 0.25, 1.0)):
+        for seed, b_simple in enumerate((100, 200, 400)):
+            noise[f"{negatives}_{seed}@64"] = entry(negatives, seed, 64, 1e6, 1.0)
+            noise[f"{negatives}_{seed}@128"] = entry(negatives, seed, 128, scale * b_simple, g_squared)
+    text = noise_stage.noise_by_setting(noise, "negatives", "N + M")
+    assert "| 512 | 128, 128, 128 | 200 [36, 1,119] | 200 [36, 1,119] | 0.01 [0.01, 0.01] | 2 [0.357, 11.2] |" in text
+    assert "| 8,192 | 128, 128, 128 | 50 [9, 280] |" in text
+    assert "At 512 over at 8,192" in text
+    assert "B_simple 4.00 [0.83, 19.25], not resolved" in text
+    assert "|E g|² 0.01 [0.01, 0.01]" in text and "tr Σ 0.04 [" in text
