@@ -182,8 +182,10 @@ def noise_by_setting(noise: Mapping[str, Mapping[str, Any]], by: str, label: str
     |E g|² and tr Σ (SGD's gradient); then the fewest setting's over the most's for each
     (`intervals.ratio_cell`), which says whether a setting lowers the noise through the
     covariance or through the mean gradient."""
-    last = last_states(noise, by)
-    settings = sorted({setting for setting, _ in last})
+    runs = {}  # setting: its runs' last states, by seed
+    for (setting, _), entry in sorted(last_states(noise, by).items()):
+        runs.setdefault(setting, []).append(entry)
+    settings = sorted(runs)
     parts = {
         "B_simple": ("sgd", "b_simple"),
         "B_adam": ("adam", "b_simple"),
@@ -192,7 +194,7 @@ def noise_by_setting(noise: Mapping[str, Mapping[str, Any]], by: str, label: str
     }
 
     def values(setting, form, key):
-        return [e[form][key] for (s, _), e in sorted(last.items()) if s == setting]
+        return [e[form][key] for e in runs[setting]]
 
     def cell(setting, form, key):
         center, low, high = intervals.geometric_interval(values(setting, form, key))
@@ -201,7 +203,7 @@ def noise_by_setting(noise: Mapping[str, Mapping[str, Any]], by: str, label: str
         return f"{center:{digits}} {bounds}"
 
     rows = [
-        [f"{setting:,}", ", ".join(str(e["step"]) for (s, _), e in sorted(last.items()) if s == setting)]
+        [f"{setting:,}", ", ".join(str(e["step"]) for e in runs[setting])]
         + [cell(setting, *part) for part in parts.values()]
         for setting in settings
     ]
