@@ -66,15 +66,19 @@ def check_options(*, remat: str, attention: str) -> None:
         raise ConfigError(f"config.model.attention={attention!r}; use one of {list(ATTENTION_IMPLEMENTATIONS)}.")
 
 
-def _implementation(query, attention: str) -> str:
-    """The kernel `attention` names for `query` [B, L, heads, head_dim]; "auto": cuDNN's
-    fused attention on a GPU where it applies (16-bit inputs, a head width that is a
-    multiple of 8 and at most 128), XLA's elsewhere."""
+def _implementation(query, key, attention: str) -> str:
+    """The kernel `attention` names for `query` [B, Lq, heads, head_dim] and `key`
+    [B, Lk, heads, head_dim]; "auto": cuDNN's fused attention on a GPU where its training
+    kernel applies (16-bit inputs, a head width that is a multiple of 8 and at most 128,
+    even `Lq` and `Lk`), XLA's elsewhere. The lengths are checked here, not left to
+    cuDNN's refusal: it refuses odd lengths only when differentiated (ViT-B/16's 197
+    tokens, CLIP's 77), which under rematerialisation happens outside any forward call."""
     if attention != "auto":
         return attention
     head_dim = query.shape[-1]
     fused = query.dtype in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
-    return "cudnn" if fused and jax.default_backend() == "gpu" else "xla"
+    even = query.shape[1] % 2 == 0 and key.shape[1] % 2 == 0
+    return "cudnn" if fused and even and jax.default_backend() == "gpu" else "xla"
 
 
 def dot_product_attention(
@@ -118,7 +122,7 @@ def dot_product_attention(
             precision=precision,
         )
     mask = None if mask is None else mask.astype(bool)  # Flax's masks may be 0/1 floats
-    implementation = _implementation(query, attention)
+    implementation = _implementation(query, key, attention)
     if implementation == "cudnn" and attention == "auto":
         try:  # "auto": cuDNN where it takes these shapes, else XLA's (the same numbers)
             return jax.nn.dot_product_attention(

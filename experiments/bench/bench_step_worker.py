@@ -116,20 +116,15 @@ class JaxStep:
         import numpy as np
 
         from contrastive_jax import sharding
-        from contrastive_jax.data import input_pipeline
         from contrastive_jax.training import run_plan
-        from contrastive_jax.training.run_plan import data_settings
 
-        config = finetune_config(spec, batch)
-        self.run = run_plan.build(config, sharding.make_mesh()).trainer
-        dataset = input_pipeline.train_dataset(data_settings(config))
-        self.spec = dataset.element_spec
-        init, self.abstract = self.run.init_state(self.spec)
+        self.run = run_plan.build(finetune_config(spec, batch), sharding.make_mesh()).trainer
+        first = _first_batch(spec, batch)
+        init, self.abstract = self.run.init_state(first)
         start = time.perf_counter()
-        self.compiled = self.run.compile_step(self.abstract, self.spec)
+        self.compiled = self.run.compile_step(self.abstract, first)
         self.compile_seconds = time.perf_counter() - start
         self.state = jax.block_until_ready(init())
-        first = next(iter(dataset))
         self.batch = jax.device_put(first, sharding.data_sharding(self.run.mesh))
         shared = batch_file(spec, batch)
         if not shared.exists():  # for open_clip's step: the same inputs, the same first loss
@@ -142,16 +137,31 @@ class JaxStep:
         return jax.block_until_ready(metrics["loss"])
 
 
-def _needed_bytes(spec: dict, batch: int) -> int:
-    """The compiled step's memory per device at `batch` (compiled, not run)."""
-    from contrastive_jax import sharding
+def _first_batch(spec: dict, batch: int) -> dict:
+    """The record pipeline's first batch of `batch` rows (`a` images, `b` tokens, as
+    numpy): beyond the record set's `spec["images"]` examples (a largest batch), that
+    set's batch repeated row by row to `batch` rows. The step's time and memory do not
+    depend on which examples fill it; its first loss does (repeats are false negatives)."""
+    import numpy as np
+
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training import memory_fit, run_plan
     from contrastive_jax.training.run_plan import data_settings
 
-    config = finetune_config(spec, batch)
-    run = run_plan.build(config, sharding.make_mesh()).trainer
-    element_spec = input_pipeline.train_dataset(data_settings(config)).element_spec
+    drawn = min(batch, spec["images"])
+    first = next(iter(input_pipeline.train_dataset(data_settings(finetune_config(spec, drawn)))))
+    rows = np.arange(batch) % drawn
+    return {name: np.asarray(array)[rows] for name, array in first.items()}
+
+
+def _needed_bytes(spec: dict, batch: int) -> int:
+    """The compiled step's memory per device at `batch` (compiled, not run)."""
+    import jax
+
+    from contrastive_jax import sharding
+    from contrastive_jax.training import memory_fit, run_plan
+
+    run = run_plan.build(finetune_config(spec, batch), sharding.make_mesh()).trainer
+    element_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), _first_batch(spec, batch))
     return memory_fit.needed_bytes(run.compile_step(run.init_state(element_spec)[1], element_spec))
 
 
@@ -209,14 +219,16 @@ def _with_largest(out: dict, point: Callable[[int], dict], largest: int, out_of_
     """`out` with `point(batch)` at the estimated `largest` batch appended to its points,
     or at 10% less at a time (at most three tries) while the allocator refuses it
     (`out_of_memory(error)`; `on_refusal()` frees what the refused try held); the
-    refused batches under `out["refused"]`."""
+    refused batches under `out["refused"]`. Any other failure is `out["largest_error"]`,
+    the common batch's point kept."""
     for _ in range(3):
         try:
             out["points"].append(point(largest))
             break
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 (reported, the measured point kept)
             if not out_of_memory(error):
-                raise
+                out["largest_error"] = f"batch {largest}: {type(error).__name__}: {str(error)[:300]}"
+                break
             out.setdefault("refused", []).append(largest)
             if on_refusal:
                 on_refusal()

@@ -127,8 +127,22 @@ def test_unknown_remat_or_attention_is_a_config_error():
 
 def test_auto_attention_is_xla_on_the_cpu():
     query = jnp.ones((1, 4, 2, 64), jnp.bfloat16)
-    assert transformer._implementation(query, "auto") == "xla"  # the CPU here; cudnn on a GPU
-    assert transformer._implementation(query, "cudnn") == "cudnn"
+    assert transformer._implementation(query, query, "auto") == "xla"  # the CPU here; cudnn on a GPU
+    assert transformer._implementation(query, query, "cudnn") == "cudnn"
+
+
+def test_auto_attention_on_a_gpu_is_cudnn_only_at_even_lengths(monkeypatch):
+    """cuDNN's training kernel refuses odd lengths, and under remat it refuses them where
+    no fallback can catch it (seen on an H200, ViT-B/16's 197 tokens): "auto" checks first."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+
+    def tokens(length, dtype=jnp.bfloat16):
+        return jax.ShapeDtypeStruct((2, length, 12, 64), dtype)
+
+    assert transformer._implementation(tokens(196), tokens(196), "auto") == "cudnn"
+    assert transformer._implementation(tokens(197), tokens(197), "auto") == "xla"  # ViT-B/16
+    assert transformer._implementation(tokens(1), tokens(196), "auto") == "xla"  # MAP head's probe
+    assert transformer._implementation(tokens(196, jnp.float32), tokens(196, jnp.float32), "auto") == "xla"
 
 
 # bfloat16: the towers' activations and the logits' matmul operands in bfloat16,

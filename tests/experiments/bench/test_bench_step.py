@@ -33,7 +33,8 @@ def _results():
             {"framework": "jax", "remat": "none", "model_flops_per_example": 1e11, "points": [
                 dict(point, batch=256, images_per_second=3000.0),
                 dict(point, batch=1024, largest=True, images_per_second=3200.0)]},
-            {"framework": "torch", "remat": "none", "points": [dict(point, batch=256, images_per_second=1500.0)]},
+            {"framework": "torch", "remat": "none", "points": [dict(point, batch=256, images_per_second=1500.0)],
+             "largest_error": "batch 1584: RuntimeError: no kernel"},
             {"error": "exit 1: out of memory"},
         ],
         "loss": {
@@ -54,6 +55,7 @@ def test_report_gives_the_ratios_the_issue_asks_for():
     assert "| contrastive_jax | none | 256 | 3,000 | 38% |" in text  # 1e11 x 3,000 / 8e14
     assert "| contrastive_jax | none | 1,024 (largest) | 3,200 |" in text
     assert "| exit 1: out of memory |" in text  # a failed measurement is shown, not dropped
+    assert "| open_clip | none | largest failed: batch 1584: RuntimeError: no kernel |" in text
     assert "| siglip vs siglip_kernel | 0.0500 | 0.0400 | 1.25 | 1.00 GiB | 0.50 GiB |" in text
     assert "pipeline 4,500 images/s ÷ the step's 3,000 = **1.50**" in text
 
@@ -74,6 +76,7 @@ def test_the_command_runs_at_toy_sizes_on_the_cpu(tmp_path):
         # The same weights (open_clip's, loaded by the released layout), the same first
         # batch: the same first loss, to bfloat16's rounding.
         assert common["first_loss"] == pytest.approx(theirs["points"][0]["first_loss"], rel=2e-2)
+    assert jax_runs[0]["points"][1]["batch"] > results["sizes"]["images"]  # the record set's batch repeated
     assert jax_runs[0]["parts"]["step_over_towers_and_loss"] > 0
     assert results["loss"]["ours"]["siglip"]["value"] > 0 and "note" in results["loss"]["theirs"]
     assert results["input"]["images_per_second"] > 0
