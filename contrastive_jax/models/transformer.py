@@ -66,19 +66,58 @@ def check_options(*, remat: str, attention: str) -> None:
         raise ConfigError(f"config.model.attention={attention!r}; use one of {list(ATTENTION_IMPLEMENTATIONS)}.")
 
 
-def _implementation(query, key, attention: str) -> str:
-    """The kernel `attention` names for `query` [B, Lq, heads, head_dim] and `key`
-    [B, Lk, heads, head_dim]; "auto": cuDNN's fused attention on a GPU where its training
-    kernel applies (16-bit inputs, a head width that is a multiple of 8 and at most 128,
-    even `Lq` and `Lk`), XLA's elsewhere. The lengths are checked here, not left to
-    cuDNN's refusal: it refuses odd lengths only when differentiated (ViT-B/16's 197
-    tokens, CLIP's 77), which under rematerialisation happens outside any forward call."""
+def _implementation(query, attention: str) -> str:
+    """The kernel `attention` names for `query` [B, L, heads, head_dim]; "auto": cuDNN's
+    fused attention on a GPU where it applies (16-bit inputs, a head width that is a
+    multiple of 8 and at most 128), XLA's elsewhere."""
     if attention != "auto":
         return attention
     head_dim = query.shape[-1]
     fused = query.dtype in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
-    even = query.shape[1] % 2 == 0 and key.shape[1] % 2 == 0
-    return "cudnn" if fused and even and jax.default_backend() == "gpu" else "xla"
+    return "cudnn" if fused and jax.default_backend() == "gpu" else "xla"
+
+
+def attention_at_even_lengths(query, key, value, bias=None, mask=None, *, is_causal=False, implementation="cudnn"):
+    """`jax.nn.dot_product_attention` of `query` [B, Lq, heads, head_dim] over `key`,
+    `value` [B, Lk, heads, head_dim] (`bias`, `mask` [B or 1, heads or 1, Lq, Lk]) with
+    an odd `Lq` or `Lk` padded by one row to an even length: the padded keys left out
+    through `key_value_seq_lengths`, the padded queries' rows dropped, so the numbers are
+    unpadded attention's (but for a query that attends to no key, a padding token's, which
+    no tower reads: whatever the kernel gives it). cuDNN's training kernel takes even lengths only, and JAX hands
+    it a bias even where none is given, so without this it refuses ViT-B/16's 197 tokens
+    and CLIP's 77 whenever it is differentiated (seen on an H200, jax 0.11.2).
+    Returns [B, Lq, heads, head_dim]."""
+    length_q, length_k = query.shape[1], key.shape[1]
+    pad_q, pad_k = length_q % 2, length_k % 2
+    if not (pad_q or pad_k):
+        return jax.nn.dot_product_attention(
+            query, key, value, bias, mask, is_causal=is_causal, implementation=implementation
+        )
+
+    def padded(array, axis, length, pad):  # an axis of size 1 (broadcast) stays as it is
+        widths = [(0, 0)] * array.ndim
+        widths[axis] = (0, pad if array.shape[axis] == length else 0)
+        return jnp.pad(array, widths)
+
+    query = padded(query, 1, length_q, pad_q)
+    key, value = padded(key, 1, length_k, pad_k), padded(value, 1, length_k, pad_k)
+    if bias is not None:
+        bias = padded(padded(bias, -2, length_q, pad_q), -1, length_k, pad_k)
+    if mask is not None:
+        mask = padded(padded(mask, -2, length_q, pad_q), -1, length_k, pad_k)
+    batch = query.shape[0]
+    out = jax.nn.dot_product_attention(
+        query,
+        key,
+        value,
+        bias,
+        mask,
+        is_causal=is_causal,
+        query_seq_lengths=jnp.full((batch,), length_q, jnp.int32),
+        key_value_seq_lengths=jnp.full((batch,), length_k, jnp.int32),
+        implementation=implementation,
+    )
+    return out[:, :length_q]
 
 
 def dot_product_attention(
@@ -122,17 +161,15 @@ def dot_product_attention(
             precision=precision,
         )
     mask = None if mask is None else mask.astype(bool)  # Flax's masks may be 0/1 floats
-    implementation = _implementation(query, key, attention)
-    if implementation == "cudnn" and attention == "auto":
-        try:  # "auto": cuDNN where it takes these shapes, else XLA's (the same numbers)
-            return jax.nn.dot_product_attention(
-                query, key, value, bias, mask, is_causal=is_causal, implementation="cudnn"
-            )
-        except (ValueError, NotImplementedError):
-            implementation = "xla"
-    return jax.nn.dot_product_attention(
-        query, key, value, bias, mask, is_causal=is_causal, implementation=implementation
-    )
+    if _implementation(query, attention) == "xla":
+        return jax.nn.dot_product_attention(query, key, value, bias, mask, is_causal=is_causal, implementation="xla")
+    try:
+        return attention_at_even_lengths(query, key, value, bias, mask, is_causal=is_causal)
+    except (ValueError, NotImplementedError):
+        if attention == "cudnn":
+            raise
+        # "auto": XLA's where cuDNN refuses these shapes (the same numbers)
+        return jax.nn.dot_product_attention(query, key, value, bias, mask, is_causal=is_causal, implementation="xla")
 
 
 def attention_layer(

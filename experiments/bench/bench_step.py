@@ -212,7 +212,8 @@ def step_rows(results: dict) -> tuple[list[str], dict]:
             continue
         who = "contrastive_jax" if run["framework"] == "jax" else "open_clip"
         for point in run["points"]:
-            mfu = f"{flops * point['images_per_second'] / peak:.0%}" if flops and peak else "-"
+            loss_flops = 6.0 * point["batch"] * results["sizes"]["embed_dim"]  # the logits' matmuls, both passes
+            mfu = f"{(flops + loss_flops) * point['images_per_second'] / peak:.0%}" if flops and peak else "-"
             rows.append(
                 f"| {who} | {run['remat']} | {point['batch']:,}{' (largest)' if point['largest'] else ''} | "
                 f"{point['images_per_second']:,.0f} | {mfu} | {_gib(point['peak_bytes'])} | {point['first_loss']:.4f} |"

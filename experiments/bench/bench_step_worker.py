@@ -165,20 +165,26 @@ def _needed_bytes(spec: dict, batch: int) -> int:
     return memory_fit.needed_bytes(run.compile_step(run.init_state(element_spec)[1], element_spec))
 
 
-def _model_flops_per_example(step: JaxStep) -> float:
-    """Model FLOPs per example of a training step: 3 x the towers' forward pass (XLA's
-    count of the forward, float32, no rematerialisation) plus the loss's 6 N D per example."""
-    import jax
+def model_flops_per_example(settings) -> float:
+    """Model FLOPs per example of a CLIP training step of released-layout `settings`
+    (`released.base_model.TwoTowerSettings`): 3 x the towers' forward matmuls (each block's
+    projections 2 T (4 W^2 + 2 W mlp_dim) and attention's 4 T^2 W over its T tokens, the
+    patch embedding, the final projections to `embed_dim`), counted by hand, not by XLA,
+    whose cost analysis on a GPU leaves out the cuBLAS and cuDNN calls (it gave ViT-B/16
+    1% of an H200's peak). Layer norms, activations and the softmax are left out, as MFU
+    conventionally does, and so is the loss (its 6 N D per example depend on the batch N:
+    the report adds them)."""
 
-    from contrastive_jax.models import transformer
+    def tower(tokens: int, towers) -> float:
+        per_block = (
+            2 * tokens * (4 * towers.width**2 + 2 * towers.width * towers.mlp_dim) + 4 * tokens**2 * towers.width
+        )
+        return towers.depth * per_block + 2 * towers.width * settings.embed_dim
 
-    a, b = step.batch["a"], step.batch["b"]
-    model = step.run.model.clone(options=transformer.TowerOptions())
-    forward = jax.jit(lambda p, a, b: model.apply({"params": p}, a, b)).lower(step.state.params, a, b)
-    cost = forward.compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost  # a list of one dict in older jax
-    n = a.shape[0]
-    return 3.0 * cost["flops"] / n + 6.0 * n * step.run.loss_settings.embed_dim
+    patches = (settings.image_size // settings.patch_size) ** 2
+    embedding = 2 * patches * 3 * settings.patch_size**2 * settings.image.width
+    forward = embedding + tower(patches + 1, settings.image) + tower(settings.context_length, settings.text)
+    return 3.0 * forward
 
 
 def _device_memory() -> tuple[int | None, int | None]:
@@ -201,7 +207,7 @@ def _jax_step(spec: dict) -> dict:
         out["attention_fallback"] = f"cuDNN's attention failed, XLA's measured: {str(error)[:300]}"
         spec = dict(spec, attention="xla")
         step = JaxStep(spec, spec["batch"])
-    out["model_flops_per_example"] = _model_flops_per_example(step)
+    out["model_flops_per_example"] = model_flops_per_example(step.run.model.settings)
     out["points"].append(_jax_point(step, spec))
     if spec.get("parts"):  # the step beside its parts, at this batch (donates the state)
         out["parts"] = step_parts(step.run, step.state, step.batch, spec["repeats"], compiled_step=step.compiled)

@@ -3,6 +3,7 @@
 give the same numbers and gradients in less compiled memory; bfloat16 activations and
 logits' matmul stay within a stated tolerance of float32 in a whole CLIP step."""
 
+import functools
 import math
 
 import flax.linen as nn
@@ -127,22 +128,44 @@ def test_unknown_remat_or_attention_is_a_config_error():
 
 def test_auto_attention_is_xla_on_the_cpu():
     query = jnp.ones((1, 4, 2, 64), jnp.bfloat16)
-    assert transformer._implementation(query, query, "auto") == "xla"  # the CPU here; cudnn on a GPU
-    assert transformer._implementation(query, query, "cudnn") == "cudnn"
+    assert transformer._implementation(query, "auto") == "xla"  # the CPU here; cudnn on a GPU
+    assert transformer._implementation(query, "cudnn") == "cudnn"
 
 
-def test_auto_attention_on_a_gpu_is_cudnn_only_at_even_lengths(monkeypatch):
-    """cuDNN's training kernel refuses odd lengths, and under remat it refuses them where
-    no fallback can catch it (seen on an H200, ViT-B/16's 197 tokens): "auto" checks first."""
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+@pytest.mark.parametrize(
+    "length_q, length_k, masked",
+    [(7, 7, "none"), (7, 7, "padding"), (7, 7, "causal"), (7, 7, "broadcast"), (1, 7, "none"), (6, 5, "none")],
+)
+def test_attention_padded_to_even_lengths_equals_attention_values_and_gradients(length_q, length_k, masked):
+    """The padding cuDNN needs (odd lengths: ViT-B/16's 197, CLIP's 77, the MAP head's 1
+    query) changes no number: values and gradients against unpadded attention, through
+    XLA's kernel here (the CPU has no cuDNN; on a GPU the same padding feeds cuDNN's)."""
+    query = _qkv(length=length_q)[0]
+    key, value = _qkv(length=length_k)[1:]
+    mask = None
+    if masked == "padding":
+        mask = _padding_mask([7, 4, 0], 7).astype(bool)  # the third row all padding
+    if masked == "broadcast":
+        mask = (jnp.arange(length_k) < 5)[None, None, None, :]  # [1, 1, 1, Lk]
+    causal = masked == "causal"
+    # A query that attends to nothing (a padding token's, which no tower reads) gets what
+    # the kernel gives it (XLA: the mean over all keys, the padded one included): left out.
+    attends = jnp.ones((1, length_q)) if mask is None else jnp.any(mask, axis=-1)[:, 0]
+    attends = attends[:, :, None, None]
 
-    def tokens(length, dtype=jnp.bfloat16):
-        return jax.ShapeDtypeStruct((2, length, 12, 64), dtype)
+    def total(kernel):
+        def loss(q, k, v):
+            out = kernel(q, k, v, mask=mask, is_causal=causal) * attends
+            return jnp.sum(jnp.sin(out)), out
 
-    assert transformer._implementation(tokens(196), tokens(196), "auto") == "cudnn"
-    assert transformer._implementation(tokens(197), tokens(197), "auto") == "xla"  # ViT-B/16
-    assert transformer._implementation(tokens(1), tokens(196), "auto") == "xla"  # MAP head's probe
-    assert transformer._implementation(tokens(196, jnp.float32), tokens(196, jnp.float32), "auto") == "xla"
+        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(query, key, value)
+
+    (_, expected), expected_grads = total(functools.partial(jax.nn.dot_product_attention, implementation="xla"))
+    (_, got), grads = total(functools.partial(transformer.attention_at_even_lengths, implementation="xla"))
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    for got_grad, expected_grad in zip(grads, expected_grads):
+        np.testing.assert_allclose(got_grad, expected_grad, rtol=1e-5, atol=1e-6)
 
 
 # bfloat16: the towers' activations and the logits' matmul operands in bfloat16,
