@@ -220,6 +220,8 @@ def step_rows(results: dict) -> tuple[list[str], dict]:
             )
             if not point["largest"]:
                 common.setdefault(run["remat"], {})[who] = point["images_per_second"]
+        if "attention_fallback" in run:
+            rows.append(f"| {who} | {run['remat']} | {run['attention_fallback'][:120]} | | | | |")
         if "largest_error" in run:
             rows.append(f"| {who} | {run['remat']} | largest failed: {run['largest_error'][:120]} | | | | |")
     return rows, common

@@ -60,6 +60,7 @@ def _results():
                 dict(point, batch=1024, largest=True, images_per_second=3200.0)]},
             {"framework": "torch", "remat": "none", "points": [dict(point, batch=256, images_per_second=1500.0)],
              "largest_error": "batch 1584: RuntimeError: no kernel"},
+            {"framework": "jax", "remat": "full", "points": [], "attention_fallback": "cuDNN's attention failed"},
             {"error": "exit 1: out of memory"},
         ],
         "loss": {
@@ -81,6 +82,7 @@ def test_report_gives_the_ratios_the_issue_asks_for():
     assert "| contrastive_jax | none | 1,024 (largest) | 3,200 |" in text
     assert "| exit 1: out of memory |" in text  # a failed measurement is shown, not dropped
     assert "| open_clip | none | largest failed: batch 1584: RuntimeError: no kernel |" in text
+    assert "| contrastive_jax | full | cuDNN's attention failed |" in text
     assert "| siglip vs siglip_kernel | 0.0500 | 0.0400 | 1.25 | 1.00 GiB | 0.50 GiB |" in text
     assert "pipeline 4,500 images/s ÷ the step's 3,000 = **1.50**" in text
 
