@@ -174,14 +174,18 @@ def test_a_run_saved_without_the_models_settings_and_its_data_gone_is_one_line(r
 
 def _damaged_run(trained, tmp_path, *, older_checkpoint: bool):
     """`(workdir, its checkpoints' folder)`: a copy of the trained run whose checkpoint 2
-    has the largest file of its state (orbax's arrays and their metadata) cut to 100
-    bytes; with `older_checkpoint`, an intact copy of it saved as checkpoint 1 before it."""
+    has every data file of its state (orbax's arrays) cut to 100 bytes (not only the
+    largest: in one full suite, beside a study, the checkpoint read whole with its
+    largest file cut, so that file held nothing the command reads); with `older_checkpoint`, an
+    intact copy of it saved as checkpoint 1 before it."""
     workdir = shutil.copytree(trained, tmp_path / "run")
     checkpoints = workdir / run_dir.CHECKPOINTS
     if older_checkpoint:
         shutil.copytree(checkpoints / "2", checkpoints / "1")
-    largest = max((checkpoints / "2" / "state").rglob("d/*"), key=lambda path: path.stat().st_size)
-    os.truncate(largest, 100)
+    data_files = [path for path in (checkpoints / "2" / "state").rglob("d/*") if path.is_file()]
+    assert data_files
+    for path in data_files:
+        os.truncate(path, 100)
     return workdir, checkpoints
 
 
