@@ -82,11 +82,11 @@ def attention_at_even_lengths(query, key, value, bias=None, mask=None, *, is_cau
     `value` [B, Lk, heads, head_dim] (`bias`, `mask` [B or 1, heads or 1, Lq, Lk]) with
     an odd `Lq` or `Lk` padded by one row to an even length: the padded keys left out
     through `key_value_seq_lengths`, the padded queries' rows dropped, so the numbers are
-    unpadded attention's (but for a query that attends to no key, a padding token's, which
-    no tower reads: whatever the kernel gives it). cuDNN's training kernel takes even lengths only, and JAX hands
-    it a bias even where none is given, so without this it refuses ViT-B/16's 197 tokens
-    and CLIP's 77 whenever it is differentiated (seen on an H200, jax 0.11.2).
-    Returns [B, Lq, heads, head_dim]."""
+    unpadded attention's (but for a query that attends to no key, a padding token's,
+    which no tower reads: whatever the kernel gives it). cuDNN's training kernel takes
+    even lengths only, and JAX hands it a bias even where none is given, so without this
+    it refuses ViT-B/16's 197 tokens and CLIP's 77 whenever it is differentiated (seen
+    on an H200, jax 0.11.2). Returns [B, Lq, heads, head_dim]."""
     length_q, length_k = query.shape[1], key.shape[1]
     pad_q, pad_k = length_q % 2, length_k % 2
     if not (pad_q or pad_k):
