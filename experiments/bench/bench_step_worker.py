@@ -153,18 +153,6 @@ def _first_batch(spec: dict, batch: int) -> dict:
     return {name: np.asarray(array)[rows] for name, array in first.items()}
 
 
-def _needed_bytes(spec: dict, batch: int) -> int:
-    """The compiled step's memory per device at `batch` (compiled, not run)."""
-    import jax
-
-    from contrastive_jax import sharding
-    from contrastive_jax.training import memory_fit, run_plan
-
-    run = run_plan.build(finetune_config(spec, batch), sharding.make_mesh()).trainer
-    element_spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), _first_batch(spec, batch))
-    return memory_fit.needed_bytes(run.compile_step(run.init_state(element_spec)[1], element_spec))
-
-
 def model_flops_per_example(settings) -> float:
     """Model FLOPs per example of a CLIP training step of released-layout `settings`
     (`released.base_model.TwoTowerSettings`): 3 x the towers' forward matmuls (each block's
@@ -212,7 +200,9 @@ def _jax_step(spec: dict) -> dict:
     out["points"].append(_jax_point(step, spec))
     if spec.get("parts"):  # the step beside its parts, at this batch (donates the state)
         out["parts"] = step_parts(step.run, step.state, step.batch, spec["repeats"], compiled_step=step.compiled)
-    full, half = memory_fit.needed_bytes(step.compiled), _needed_bytes(spec, spec["batch"] // 2)
+    # at half the batch: the same state and trainer, compiled (not run) for fewer rows
+    half_step = step.run.compile_step(step.abstract, step.batch, global_batch=spec["batch"] // 2)
+    full, half = memory_fit.needed_bytes(step.compiled), memory_fit.needed_bytes(half_step)
     del step
     largest = largest_batch(full, half, spec["batch"], _limit(full, half, _device_memory()[0]))
 
