@@ -1,7 +1,8 @@
 """A real-size CLIP train step on one accelerator, side by side with what users would run
 instead: open_clip's own step, siglip-kernel's and Inf-CL's fused losses.
 
-    python -m experiments.bench.bench_step                  # on a GPU: step, loss, input; at most 8.5 min
+    python -m experiments.bench.bench_step                  # on a GPU: step, loss, input, remat; at most 8.5 min
+    python -m experiments.bench.bench_step --parts remat    # on a GPU: the steps with remat alone
     python -m experiments.bench.bench_step --parts overhead  # on a CPU: the default step on 8 simulated devices
     python -m experiments.bench.bench_step --tiny           # every part at toy sizes on a CPU (a test)
 
@@ -15,7 +16,7 @@ process, ``bench_step_worker``):
   bfloat16, the global-batch CLIP loss streamed), beside open_clip 3.3.0's model and a
   minimal training step (AMP bfloat16, SDPA attention, ``ClipLoss``, AdamW), with and
   without rematerialisation (``config.model.remat="full"`` /
-  ``set_grad_checkpointing``), at a common batch and at the largest batch that fits
+  ``set_grad_checkpointing``; the latter is the part **remat**), at a common batch and at the largest batch that fits
   (extrapolated from two batches' memory, then run): images/s, model FLOPs utilisation
   against the bfloat16 matmul peak measured in the same run, peak device memory;
 * **loss** -- at N = 65,536, D = 768, bfloat16 inputs, forward + backward: our SigLIP
@@ -56,7 +57,7 @@ from experiments.bench import bench_losses
 from experiments.bench.bench_step_worker import open_clip_model, run_worker
 
 RESULTS = ALL_RESULTS / "bench_step"
-PARTS = ("step", "loss", "input", "overhead")
+PARTS = ("step", "loss", "input", "remat", "overhead")
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "torch", "open_clip_torch", "siglip-kernel", "inf-cl", "grain")
 
 
@@ -144,7 +145,7 @@ def plan(sizes: Sizes, parts: tuple[str, ...], shared: dict) -> list[tuple[str, 
     if "input" in parts:
         spec = {"worker": "input", "records": shared["records"], "image_size": sizes.image_size}
         wanted.append(("input", dict(spec, batches=sizes.input_batches), 1))
-    if "step" in parts:
+    if "remat" in parts:
         wanted += [("step", dict(steps[1], worker="jax_step"), 1), ("step", dict(steps[1], worker="torch_step"), 1)]
     if "overhead" in parts:
         spec = {"worker": "overhead", "batch": sizes.cpu_batch, "chunk_size": sizes.cpu_chunk, "repeats": sizes.repeats}
@@ -160,7 +161,7 @@ def measure(sizes: Sizes, parts: tuple[str, ...], folder: pathlib.Path, *, budge
     started = time.perf_counter()
     results: dict = {"peak": bench_losses.spawn({"worker": "peak", "n": sizes.matmul, "dtype": "bfloat16"})}
     results["peak"]["n"] = sizes.matmul
-    shared = prepare(sizes, folder) if {"step", "input"} & set(parts) else {}
+    shared = prepare(sizes, folder) if {"step", "input", "remat"} & set(parts) else {}
     for where, spec, devices in plan(sizes, parts, shared):
         spent = time.perf_counter() - started
         if spent > budget_s:
@@ -318,7 +319,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="toy sizes on a CPU: the same code, as a test runs it")
     parser.add_argument(
         "--parts",
-        help=f"comma-separated, from {', '.join(PARTS)}; default: step,loss,input "
+        help=f"comma-separated, from {', '.join(PARTS)}; default: step,loss,input,remat "
         "(--tiny: all; overhead is the default step on 8 simulated CPU devices)",
     )
     parser.add_argument("--minutes", type=float, default=8.5, help="no measurement starts after this; default 8.5")
@@ -328,7 +329,7 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(run_worker(json.loads(args.worker))))
         return 0
-    default = PARTS if args.tiny else ("step", "loss", "input")
+    default = PARTS if args.tiny else PARTS[:-1]
     parts = tuple(p for p in args.parts.split(",") if p) if args.parts else default
     unknown = set(parts) - set(PARTS)
     if unknown:

@@ -2,8 +2,9 @@
 # bench_step on a lent GPU machine, whose Python lacks some packages and has no network.
 #
 #   bash experiments/bench/bench_step_gpu.sh download   # here (with network): the wheels into .whl/ (git-ignored)
-#   bash experiments/bench/bench_step_gpu.sh run [OUT]  # there: install them offline, then the benchmark
-#                                                 # (results into OUT, default experiments/results/bench_step)
+#   bash experiments/bench/bench_step_gpu.sh run [OUT [OPTION ...]]
+#       # there: install them offline, then the benchmark (results into OUT, default
+#       # experiments/results/bench_step; OPTIONs to bench_step, e.g. --parts remat --minutes 7)
 #
 # The wheels are those docs/performance.md lists: open_clip and its pure-Python needs, the
 # fused losses (Inf-CL, siglip-kernel), grain, ArrayRecord and ml-collections, for the GPU
@@ -24,10 +25,10 @@ case "${1:-}" in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
     nvidia-smi --query-gpu=name,memory.total,clocks.sm,temperature.gpu --format=csv
-    python3 -m experiments.bench.bench_step --out "${2:-experiments/results/bench_step}"
+    python3 -m experiments.bench.bench_step --out "${2:-experiments/results/bench_step}" "${@:3}"
     ;;
   *)
-    echo "usage: bash experiments/bench/bench_step_gpu.sh download | run [OUT]" >&2
+    echo "usage: bash experiments/bench/bench_step_gpu.sh download | run [OUT [OPTION ...]]" >&2
     exit 2
     ;;
 esac

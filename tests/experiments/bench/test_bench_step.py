@@ -87,6 +87,28 @@ def test_report_gives_the_ratios_the_issue_asks_for():
     assert "pipeline 4,500 images/s ÷ the step's 3,000 = **1.50**" in text
 
 
+@pytest.mark.parametrize(
+    "parts, expected",
+    [
+        (("step",), [("jax_step", "none"), ("torch_step", "none")]),
+        (("remat",), [("jax_step", "full"), ("torch_step", "full")]),
+        (
+            bench_step.PARTS[:-1],
+            [("jax_step", "none"), ("torch_step", "none"), "jax_loss", "torch_loss", "input"]
+            + [("jax_step", "full"), ("torch_step", "full")],
+        ),
+    ],
+)
+def test_the_plan_runs_the_parts_asked_the_most_wanted_first(parts, expected):
+    """`--parts remat` runs the steps with remat alone (what a second GPU call needs)."""
+    shared = {"records": "records"}
+    planned = [
+        spec["worker"] if "remat" not in spec else (spec["worker"], spec["remat"])
+        for _, spec, _ in bench_step.plan(bench_step.TINY, parts, shared)
+    ]
+    assert planned == expected
+
+
 @pytest.mark.slow
 def test_the_command_runs_at_toy_sizes_on_the_cpu(tmp_path):
     """The whole benchmark, every part, as the accelerator runs it (3 minutes here)."""
