@@ -336,13 +336,15 @@ def write_partial(records: Mapping[str, Mapping], hits: Mapping[str, Mapping], o
 
 class _Trainer:
     """Trains the study's runs one at a time, scoring the comparison's on the test split,
-    and rewrites the report after each."""
+    and rewrites the report after each run trained now (not after those read back from an
+    earlier stretch: `run` writes it once at the end)."""
 
     def __init__(self, base, args, limits):
         self.base, self.args, self.limits = base, args, limits
         self.deadline = sweep.deadline(args.hours)
         self.records: dict[str, dict] = {}
         self.hits = query_hits.cached_hits([], args.out, limits["test_split"])
+        self.earlier = set(sweep.committed_records(args.out))
 
     def __call__(self, run: sweep.Run, *, test: bool = False) -> dict | None:
         """`run` trained (or read back); with `test`, its final checkpoint's test hits."""
@@ -352,7 +354,8 @@ class _Trainer:
         self.records[run.name] = got[0]
         if test:
             self.hits = query_hits.cached_hits([run.name], self.args.out, self.limits["test_split"])
-        write_partial(self.records, self.hits, self.args.out, self.limits)
+        if run.name not in self.earlier:
+            write_partial(self.records, self.hits, self.args.out, self.limits)
         return got[0]
 
     def unit(self, n: int, steps: int) -> None:
