@@ -352,7 +352,7 @@ class _Trainer:
         if not got:
             return None
         self.records[run.name] = got[0]
-        if test:
+        if test and run.name not in self.hits:  # hits cached by an earlier stretch are already read
             self.hits = query_hits.cached_hits([run.name], self.args.out, self.limits["test_split"])
         if run.name not in self.earlier:
             write_partial(self.records, self.hits, self.args.out, self.limits)

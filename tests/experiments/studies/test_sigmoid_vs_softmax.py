@@ -316,11 +316,12 @@ def test_the_run_loop_scores_only_the_comparisons_seeds_on_the_test_split(tmp_pa
     assert sorted({run.tags["steps"] for run, _ in trained}) == [8, 16]
     for folder in ("epoch_matched", "step_matched"):
         assert "- At N = 64, SigLIP − CLIP in final test R@1" in (tmp_path / folder / "summary.md").read_text()
-    # A second stretch reads every run back and writes the report once, at the end, not after each.
-    reports = []
+    # A second stretch reads every run back, its hits from the cache as they were, and writes
+    # the report once, at the end, not after each.
+    reports, scored_before = [], list(scored)
     monkeypatch.setattr(study, "write_partial", lambda *args: reports.append(args) or [])
     study.main(["--quick", "--out", str(tmp_path)])
-    assert len(reports) == 1
+    assert len(reports) == 1 and scored == scored_before
 
 
 @pytest.mark.slow
