@@ -329,7 +329,7 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(run_worker(json.loads(args.worker))))
         return 0
-    default = PARTS if args.tiny else PARTS[:-1]
+    default = PARTS if args.tiny else tuple(p for p in PARTS if p != "overhead")
     parts = tuple(p for p in args.parts.split(",") if p) if args.parts else default
     unknown = set(parts) - set(PARTS)
     if unknown:
