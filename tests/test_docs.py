@@ -423,46 +423,21 @@ QUOTED_FIGURES = [
         "−0.3540 [−0.3770, −0.3320] and −0.3640",
         RESULTS + "critical_batch_study_shapes/summary.md",
     ),
-    (
-        "docs/batch_size_study.md",
-        "+0.0551 [+0.0487, +0.0616] (95% Welch, five seeds each; resolved): CLIP 0.853 ± 0.007",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "SigLIP 0.908 ± 0.002 (k = 3, T0 0.05",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "(+0.0546 [+0.0476, +0.0616] spelling → pronunciation, +0.0557 [+0.0495, +0.0619] back)",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "+0.0356 [+0.0331, +0.0382] (95% Welch, five fresh seeds each; resolved): CLIP 0.881 ± 0.003",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "SigLIP 0.917 ± 0.001 (k = 4, T0 0.05",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "+0.0335 [+0.0321, +0.0349], back +0.0378 [+0.0335, +0.0420]",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "+0.0127 [+0.0105, +0.0150] (95% Welch, five fresh seeds each; resolved): CLIP 0.899 ± 0.002",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "+0.0116 [+0.0090, +0.0142], back +0.0139 [+0.0114, +0.0163]",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
+    *[  # the earlier sigmoid/softmax design's findings, one row per N
+        ("docs/batch_size_study.md", quoted, RESULTS + "sigmoid_vs_softmax/summary.md")
+        for quoted in (
+            "| 64 | 6,750 | 0.853 ± 0.007 (k = 0) | 0.908 ± 0.002 (k = 3, T0 0.05, b0 −15) "
+            "| +0.0551 [+0.0487, +0.0616] | +0.0546 [+0.0476, +0.0616] | +0.0557 [+0.0495, +0.0619] |",
+            "| 128 | 3,375 | 0.881 ± 0.003 (k = 2) | 0.917 ± 0.001 (k = 4, T0 0.05, b0 −15) "
+            "| +0.0356 [+0.0331, +0.0382] | +0.0335 [+0.0321, +0.0349] | +0.0378 [+0.0335, +0.0420] |",
+            "| 256 | 1,688 | 0.899 ± 0.002 (k = 3) | 0.912 ± 0.002 (k = 3, T0 0.1, b0 −15) "
+            "| +0.0127 [+0.0105, +0.0150] | +0.0116 [+0.0090, +0.0142] | +0.0139 [+0.0114, +0.0163] |",
+            "| 512 | 844 | 0.907 ± 0.002 (k = 4) | 0.911 ± 0.001 (k = 3, T0 0.1, b0 −15) "
+            "| +0.0039 [+0.0021, +0.0057] | +0.0031 [+0.0012, +0.0050] | +0.0048 [+0.0020, +0.0075] |",
+            "| 1,024 | 422 | 0.908 ± 0.001 (k = 6) | 0.901 ± 0.005 (k = 5, T0 0.1, b0 −15) "
+            "| −0.0070 [−0.0124, −0.0016] | −0.0066 [−0.0118, −0.0014] | −0.0074 [−0.0130, −0.0018] |",
+        )
+    ],
     (
         "docs/batch_size_study.md",
         "at 2,048 it gives 133 steps against 113 ± 14; at 16,384 73 against 85 ± 10",
@@ -492,36 +467,6 @@ QUOTED_FIGURES = [
     ),
     ("docs/batch_size_study.md", "is 0.70–3.09 times, not 4", RESULTS + "critical_batch_constant_lr/summary.md"),
     ("docs/batch_size_study.md", "bias² / |E g|² = 0.16–0.60", RESULTS + "critical_batch_constant_lr/summary.md"),
-    (
-        "docs/batch_size_study.md",
-        "+0.0039 [+0.0021, +0.0057] (95% Welch, five fresh seeds each; resolved): CLIP 0.907 ± 0.002",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "SigLIP 0.911 ± 0.001 (k = 3, T0 0.1, b0 −15)",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "+0.0031 [+0.0012, +0.0050], back +0.0048 [+0.0020, +0.0075]",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "−0.0070 [−0.0124, −0.0016] (95% Welch, five fresh seeds each; resolved, CLIP ahead): CLIP 0.908 ± 0.001",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "SigLIP 0.901 ± 0.005 (k = 5, T0 0.1, b0 −15)",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
-    (
-        "docs/batch_size_study.md",
-        "−0.0066 [−0.0118, −0.0014], back −0.0074 [−0.0130, −0.0018]",
-        RESULTS + "sigmoid_vs_softmax/summary.md",
-    ),
     ("docs/batch_size_study.md", "(0.883, 0.870, 0.884, 0.864 at k = 3", RESULTS + "sigmoid_vs_softmax/summary.md"),
     (
         "docs/batch_size_study.md",
@@ -789,7 +734,12 @@ QUOTED_FIGURES = [
     ("docs/batch_size_study.md", "after step 112–176", RESULTS + "batch_schedule/summary.md"),
     (
         "docs/batch_size_study.md",
-        "(N = 512 takes 315 ± 153 steps and 161.3k ± 78.4k examples)",
+        "(N = 512 takes 315 ± 153 steps and 161.3k ± 78.4k examples at 0.86)",
+        RESULTS + "batch_schedule/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "the noise rule takes 0.84 [0.73, 0.96] of N = 1,024's examples at 0.86",
         RESULTS + "batch_schedule/summary.md",
     ),
     *[  # the negatives_vs_noise section and the findings table's rows
@@ -803,7 +753,12 @@ QUOTED_FIGURES = [
             "3.13 [1.91, 5.12] with K = 512 fixed, against 4.09 [2.51, 6.67] with the plain loss",
             "at 0.80 the two factors are 2.09 [1.73, 2.52] and 2.57 [2.29, 2.89]",
             "the steps fall 3.13 [1.91, 5.12]× from 512 to 8,192, against 4.09 [2.51, 6.67]×",
-            "(fixed K takes 1.30 [1.20, 1.41]× the plain loss's at 8,192",
+            "fixed K takes 1.30 [1.20, 1.41]× the plain loss's steps at 8,192",
+            "the 1.00 [0.63, 1.59] at N = 512 below is a reproducibility check",
+            "the steps to R@1 0.86 fall by 4.09 [2.51, 6.67]× from N = 512 to 8,192",
+            "alone cuts the steps by 3.13 [1.91, 5.12]×, and the negatives beyond 512 save a further "
+            "1.30 [1.20, 1.41]×",
+            "(to R@1 0.80, 0.51 [0.43, 0.62] of the steps at 8,192 negatives)",
             "B_crit = 1,350 [976, 1,668], resolved (inside N = 512 … 8,192)",
             "χ² = 3 on 3 degrees of freedom (p = 3.7e-01)",
             "1,801 [791, 3,801], with χ² = 103 on 3 (p = 3.1e-22)",
@@ -832,6 +787,32 @@ QUOTED_FIGURES = [
             "steps at 512 negatives 0.51 [0.43, 0.62] of those at 8,192; B_simple 5.98 [1.73, 20.71]×",
         )
     ],
+    (  # the answer paragraph: the knee, and the gain at the end of a fixed budget
+        "docs/batch_size_study.md",
+        "R@1 0.88, 2,048 takes +28.2 [+16.9, +39.5] steps more than 16,384; 4,096 +4.5 [−4.1, +13.1])",
+        RESULTS + "critical_batch_constant_lr/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "after 11 epochs CLIP at N = 1,024 leads 256 by +0.0084 [+0.0037, +0.0130] test R@1, and 4,096 − 1,024 is "
+        "−0.0027 [−0.0076, +0.0023], not resolved, CLIP's runs 0.033–0.050 under the task's ceiling",
+        RESULTS + "epoch_budget_study/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "N = 1,024's difference is −0.0011 [−0.0028, +0.0006], not resolved",
+        RESULTS + "sigmoid_vs_softmax/v2/step_matched/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(−0.0107 [−0.0177, −0.0038]) is not resolved with twice the steps",
+        RESULTS + "sigmoid_vs_softmax/v2/epoch_matched/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "initial temperature left at 0.07; v2 finds +0.0063 [+0.0015, +0.0112] on test",
+        RESULTS + "sigmoid_vs_softmax/v2/epoch_matched/summary.md",
+    ),
     (
         "docs/batch_size_study.md",
         "0.70–3.09 (4 in 2 of 56) and +0.16 to +0.60 (0 in 0 of 56)",
@@ -941,6 +922,52 @@ def test_every_figure_of_the_findings_table_is_in_its_study_summary():
         written = _collapsed(read(RESULTS + source[0])).replace("−", "-")
         for estimate in re.findall(r"[+−-]?[\d,.]*\d (?:\[[^\]]+\]|± [\d,.]*\d)", _collapsed(figure)):
             assert estimate.replace("−", "-") in written, f"{finding!r}: {estimate!r} not in {source[0]} as written"
+
+
+def test_the_study_page_opens_with_its_answer_and_short_verdicts():
+    """docs/batch_size_study.md answers its question in one paragraph before the findings
+    table, each verdict of that table is at most 120 characters, and the superseded
+    sigmoid/softmax design is the page's last section, an appendix."""
+    text = read("docs/batch_size_study.md")
+    opening = text.split("## The findings in one table")[0]
+    assert opening.count("**The answer") == 1 and "## " not in opening
+    table = text.split("## The findings in one table")[1].split("\n## ")[0]
+    for row in (line.strip("|").split(" | ") for line in table.splitlines() if line.startswith("| ")):
+        assert len(row[2].strip()) <= 120, f"verdict of {row[0].strip()!r}: {len(row[2].strip())} characters"
+    assert text.split("\n## ")[-1].startswith("Appendix: sigmoid against softmax, the earlier design (v1)")
+
+
+def _edge_cells(arm: str) -> dict[int, str]:
+    """N → the "tuned at a grid's edge" cell of a sigmoid_vs_softmax v2 arm's summary."""
+    text = read(RESULTS + f"sigmoid_vs_softmax/v2/{arm}/summary.md")
+    table = text.split("## Test R@1 at each loss's tuned setting")[1].split("\n## ")[0]
+    rows = [line.strip("|").split(" | ") for line in table.splitlines() if re.match(r"\| [\d,]+ \|", line)]
+    return {int(row[0].strip().replace(",", "")): row[-1].strip() for row in rows}
+
+
+def test_the_sigmoid_grid_edges_quoted_are_the_summaries():
+    """The grid edges quoted on the study page and on recipes.md (CLIP's initial
+    temperature at its grid's cap "in 6 of the 10 arm × N cells", CLIP's rate at its cap
+    "at N = 64, 128 and 256" step-matched) are counted from the two arms' summaries."""
+    epoch, step = _edge_cells("epoch_matched"), _edge_cells("step_matched")
+    cells = [*epoch.values(), *step.values()]
+    temperature = sum("CLIP temperature" in cell for cell in cells)
+    rate = sorted(n for n, cell in step.items() if "CLIP rate" in cell)
+    assert not any("CLIP rate" in cell for cell in epoch.values())
+    for page in ("docs/batch_size_study.md", "docs/recipes.md"):
+        text = _collapsed(read(page))
+        assert f"in {temperature} of the {len(cells)} arm × N cells" in text, page
+    rates = f"N = {rate[0]}, {rate[1]} and {rate[2]}"
+    assert f"CLIP's tuned rate at its cap at {rates} in the step-matched arm" in _collapsed(read("docs/recipes.md"))
+
+
+def test_the_schedule_saving_is_one_less_the_ratio():
+    """The noise rule's saving in examples at R@1 0.86, "a saving of A–B%", is 1 less the
+    bounds of its ratio to N = 1,024's examples in the committed summary."""
+    summary = read(RESULTS + "batch_schedule/summary.md").split("## Validation R@1 0.86")[1]
+    ratio = re.search(r"\| noise \| .*? \| [\d.]+ \[([\d.]+), ([\d.]+)\], resolved \|", summary)
+    low, high = map(float, ratio.groups())
+    assert f"(a saving of {round(100 * (1 - high))}–{round(100 * (1 - low))}%)" in read("docs/batch_size_study.md")
 
 
 def test_every_cited_result_file_exists():
