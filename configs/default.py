@@ -111,12 +111,18 @@ def get_config() -> ml_collections.ConfigDict:
     # "xbm": None: batch and memory pooled in one loss; lambda (1.0 in the paper's code):
     # loss(batch) + lambda loss(batch vs memory), the batch enqueued first.
     loss.xbm_memory_weight = ml_collections.config_dict.placeholder(float)  # None or lambda >= 0.
-    # Negatives and batch apart (docs/losses.md). "clip", "infonce", "siglip": each row's softmax
-    # within its group of K consecutive rows of the global batch (K divides N); 0: the whole batch.
-    loss.group_size = 0  # K: the negatives fixed while N grows.
+    # Whom each row is compared with ("clip", "infonce", "siglip"; losses.Candidates, docs/losses.md).
+    # The pairs sharing an `index` (an image's captions, data.captions_per_image) as positives of
+    # each other: "mean_log_prob" (SupCon's mean form; SigLIP labels them +1) or "log_sum" (MIL-NCE).
+    loss.positives = "own"  # "own": each row's own pair only.
+    # Each row's softmax within its group of K consecutive rows of the global batch (K divides N).
+    loss.group_size = 0  # K: the negatives fixed while N grows; 0: the whole batch.
     # "clip", "infonce": M more rows a step that are only negatives (embedded without gradient;
     # the stream reads N + M, the optimizer's batch is N); M divides over the devices. 0: none.
     loss.extra_negatives = 0  # M: the negatives grown while N stays.
+    # A fixed bank of negatives: a .npy file of [M, D] embeddings (L2-normalised, D = model.embed_dim),
+    # each a negative of every row (in every group); M divides over the devices. "": none.
+    loss.negatives_from = ""
 
     config.optim = optim = ml_collections.ConfigDict()
     optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".

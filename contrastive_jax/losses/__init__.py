@@ -10,13 +10,15 @@ the paper it comes from.
 """
 
 from contrastive_jax.embeddings import l2_normalize
+from contrastive_jax.losses import candidates  # noqa: F401  (losses.candidates.read_bank)
 from contrastive_jax.losses.beyond_batch import dcl_loss, sogclr_init_state, sogclr_loss
+from contrastive_jax.losses.candidates import Candidates
 from contrastive_jax.losses.classification import (
     binary_cross_entropy,
     focal_loss,
     softmax_cross_entropy,
 )
-from contrastive_jax.losses.loss_types import Loss, LossSettings, LossState
+from contrastive_jax.losses.loss_types import OWN_PAIR, Loss, LossSettings, LossState, check_candidates
 from contrastive_jax.losses.metric import (
     TRIPLET_MINING,
     batch_prototype_cross_entropy_loss,
@@ -42,18 +44,23 @@ from contrastive_jax.losses.softmax import (
     npairs_loss,
     ntxent_loss,
 )
+from contrastive_jax.losses.streaming import Streaming
 from contrastive_jax.losses.supcon import supcon_loss
 
 __all__ = [
+    "OWN_PAIR",
+    "Candidates",
     "LOSSES",
     "Loss",
     "LossSettings",
     "LossState",
+    "Streaming",
     "TRIPLET_MINING",
     "XBM_LOSSES",
     "arcface_loss",
     "batch_prototype_cross_entropy_loss",
     "binary_cross_entropy",
+    "check_candidates",
     "clip_loss",
     "contrastive_loss",
     "contrastive_metrics",

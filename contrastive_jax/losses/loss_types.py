@@ -14,9 +14,13 @@ from typing import Any
 
 import jax
 
+from contrastive_jax.errors import ConfigError, check_multiple
+
 Outputs = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
 CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
+# `config.loss.positives` of a loss whose only positive is each row's own pair.
+OWN_PAIR = "own"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +29,8 @@ class LossSettings:
     from the config once (`trainer.loss_settings`), and the loss functions, traced inside the
     step, read these, never a ConfigDict. Each field is `config.loss.<name>`, but for
     `seed` and `embed_dim` (`config.seed`, `config.model.embed_dim`: a queue's or
-    memory's first entries)."""
+    memory's first entries) and `negative_bank` (the array `config.loss.negatives_from`
+    names, read by `run_plan.loss_settings`)."""
 
     chunk_size: int | str | None
     collective: str
@@ -46,8 +51,12 @@ class LossSettings:
     xbm_memory_weight: float | None
     group_size: int
     extra_negatives: int
+    positives: str  # OWN_PAIR, or a form of several positives (`losses.positives.FORMS`)
+    negatives_from: str
     seed: int
     embed_dim: int
+    # [M, D] L2-normalised embeddings, each a negative of every row (`config.loss.negatives_from`); None: none.
+    negative_bank: Any = None
 
 
 # (one device's model outputs and data fields, settings) -> (global loss, metrics).
@@ -92,11 +101,10 @@ class Loss:
       inputs: the model outputs and data fields (`label`, `groups`, `index`) that `fn`
         reads.
       state: what the loss keeps across steps, or None.
-      options: the settings of `losses.negatives` it takes (`"group_size"`,
-        `"extra_negatives"`), and `"hard_negatives"` (`losses.hard_negatives`: it reads
-        the output `hard_negatives` [B, M, D] when there is one), and `"positive_ids"`
-        (it reads `index` as the pairs' positive ids, for
-        `config.data.captions_per_image` > 1); the config door refuses the others when set.
+      options: the fields of `losses.Candidates` it takes (`"positive_ids"`: `index` read
+        as the pairs' ids with `config.loss.positives`; `"group_size"`; `"query_rows"`:
+        `config.loss.extra_negatives`; `"extra_columns"`: a batch's `negatives`, a bank);
+        the config door refuses the others when set.
     """
 
     fn: LossFn | StatefulLossFn
@@ -133,3 +141,71 @@ class Loss:
     def learned_bias(self) -> bool:
         """The model learns a logit bias (SigLIP's)."""
         return "bias" in self.inputs
+
+
+def _taking(option: str) -> list[str]:
+    from contrastive_jax.losses.registry import taking  # the table imports this module
+
+    return taking(option)
+
+
+def check_candidates(
+    name: str,
+    loss: Loss,
+    settings: LossSettings,
+    *,
+    global_batch_size: int,
+    num_devices: int,
+    micro_batches: int,
+    has_negatives: bool,
+    captions_per_image: int,
+) -> None:
+    """The candidates `settings` give each row (`losses.Candidates`: several positives,
+    groups, extra rows, a bank) and the data's (`has_negatives`: the records' hard
+    negatives; `captions_per_image` k) fit the loss `name`, the optimizer's
+    `global_batch_size`, the `num_devices` devices and the `micro_batches` a step is
+    embedded in. Any of them goes with any gradient path;
+    what is refused is refused for its mathematics.
+
+    Raises:
+      ConfigError: naming the field and a fix.
+    """
+    wanted = {
+        "positive_ids": ("config.loss.positives", settings.positives, settings.positives != OWN_PAIR),
+        "group_size": ("config.loss.group_size", settings.group_size, bool(settings.group_size)),
+        "query_rows": ("config.loss.extra_negatives", settings.extra_negatives, bool(settings.extra_negatives)),
+        "extra_columns": ("the records' `negatives`", "hard negatives", has_negatives),
+    }
+    if settings.negative_bank is not None:
+        wanted["extra_columns"] = ("config.loss.negatives_from", settings.negatives_from, True)
+    for option, (field, value, given) in wanted.items():
+        if given and option not in loss.options:
+            raise ConfigError(
+                f"{field}={value!r} with config.loss.name={name!r}: use one of {_taking(option)}, or leave it unset."
+            )
+    from contrastive_jax.losses.positives import FORMS
+
+    if settings.positives not in (OWN_PAIR, *FORMS):
+        raise ConfigError(f"config.loss.positives={settings.positives!r}; use one of {[OWN_PAIR, *FORMS]}.")
+    if captions_per_image > 1 and settings.positives == OWN_PAIR:
+        raise ConfigError(
+            f"config.data.captions_per_image={captions_per_image} puts an image's captions in a batch as pairs that "
+            "config.loss.positives='own' counts as negatives of each other; set config.loss.positives to one of "
+            f"{list(FORMS)}, or captions_per_image=1."
+        )
+    if settings.extra_negatives < 0 or settings.group_size < 0:
+        raise ConfigError("config.loss.extra_negatives and config.loss.group_size must be >= 0.")
+    if settings.extra_negatives and settings.group_size:
+        raise ConfigError(
+            "config.loss.group_size fixes each row's candidates at its group's K and config.loss.extra_negatives "
+            "adds to them: set one of them to 0."
+        )
+    if settings.extra_negatives:
+        field, over = "config.loss.extra_negatives", "the devices x micro-batches (each embeds its share)"
+        check_multiple(settings.extra_negatives, num_devices * micro_batches, field, over)
+    if settings.group_size:
+        field = "config.train.global_batch_size"
+        check_multiple(global_batch_size, settings.group_size, field, "config.loss.group_size")
+    if settings.negative_bank is not None:
+        field = "the rows of config.loss.negatives_from"
+        check_multiple(settings.negative_bank.shape[0], num_devices, field, "the devices")

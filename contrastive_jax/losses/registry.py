@@ -45,7 +45,6 @@ Not registered: `batch_prototype_cross_entropy_loss` needs the number of trainin
 classes, which label-only losses do not configure.
 """
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,12 +54,13 @@ import jax.numpy as jnp
 from contrastive_jax.errors import ConfigError, check_multiple
 from contrastive_jax.losses._common import l2_normalize
 from contrastive_jax.losses.beyond_batch import dcl_loss, sogclr_init_state, sogclr_loss
+from contrastive_jax.losses.candidates import Candidates
 from contrastive_jax.losses.classification import (
     binary_cross_entropy,
     focal_loss,
     softmax_cross_entropy,
 )
-from contrastive_jax.losses.loss_types import Loss, LossSettings, LossState
+from contrastive_jax.losses.loss_types import OWN_PAIR, Loss, LossSettings, LossState
 from contrastive_jax.losses.metric import contrastive_loss, multi_similarity_loss, triplet_loss
 from contrastive_jax.losses.proxy import arcface_loss, cosface_loss, proxy_nca_loss
 from contrastive_jax.losses.queues import (
@@ -72,6 +72,7 @@ from contrastive_jax.losses.queues import (
 )
 from contrastive_jax.losses.sigmoid import siglip_loss
 from contrastive_jax.losses.softmax import clip_loss, infonce_loss, npairs_loss, ntxent_loss
+from contrastive_jax.losses.streaming import Streaming
 from contrastive_jax.losses.supcon import supcon_loss
 from contrastive_jax.sharding import BATCH_AXES
 
@@ -86,26 +87,71 @@ def _streaming(c: LossSettings) -> dict[str, Any]:
     }
 
 
-def _negatives(o, c: LossSettings, options: frozenset[str]) -> dict[str, Any]:
-    """The `losses.negatives` keywords of a loss taking `options`: `group_size`, and
-    `query_rows` (each device's rows less its share of `extra_negatives`, the last rows:
-    `training.negatives_apart` puts them there) when there are extra negatives; and
-    `hard_negatives` [B, M, D] when the outputs `o` hold them."""
-    keywords = {"group_size": c.group_size} if "group_size" in options else {}
-    if "hard_negatives" in options and "hard_negatives" in o:
-        keywords["hard_negatives"] = o["hard_negatives"]
-    if "extra_negatives" in options and c.extra_negatives:
-        keywords["query_rows"] = o["za"].shape[0] - c.extra_negatives // jax.lax.axis_size(BATCH_AXES)
-    return keywords
+def _rows(o, name: str) -> jax.Array | None:
+    """One device's rows of `name`: the batch's, then (when the step embedded them) the
+    extra rows' (`o["extra"]`, `training.forward`); None when there is none."""
+    rows, extra = o.get(name), o.get("extra", {}).get(name)
+    return rows if extra is None or rows is None else jnp.concatenate([rows, extra])
 
 
-def _streamed_pair_loss(loss_fn, metrics: bool = True, options: frozenset[str] = frozenset(), **extra: str) -> Loss:
-    """A softmax / sigmoid pair loss with its streaming options; `extra` maps its
-    keyword arguments to the inputs passed to them (SigLIP's `bias="bias"`); `options`
-    names the `losses.negatives` settings it takes. With
-    `metrics`, the loss returns the in-batch retrieval metrics
-    (`losses.contrastive_metrics`) from its own statistics (`return_metrics=True`): no
-    N^2 work beyond the loss's forward and backward."""
+def _bank_share(bank) -> jax.Array | None:
+    """This device's rows of a fixed bank of negatives [M, D] (`LossSettings.negative_bank`)."""
+    if bank is None:
+        return None
+    share = bank.shape[0] // jax.lax.axis_size(BATCH_AXES)
+    return jax.lax.dynamic_slice_in_dim(jnp.asarray(bank), jax.lax.axis_index(BATCH_AXES) * share, share)
+
+
+def pair_candidates(o, c: LossSettings, positive_ids: str | None = None, false_negative_ids: str | None = None):
+    """`(a [B, D], b [B, D], losses.Candidates)` of a pair loss from one device's outputs
+    and data `o`: the batch's rows and the extra rows (queries: the batch's), the ids the
+    loss reads (`positive_ids` when `c.positives` is a form, `false_negative_ids`), each
+    row's hard negatives and the bank's share as extra columns, the groups."""
+    extra = o.get("extra")
+    several = positive_ids is not None and c.positives != OWN_PAIR
+    candidates = Candidates(
+        positive_ids=_rows(o, positive_ids) if several else None,
+        false_negative_ids=None if false_negative_ids is None else _rows(o, false_negative_ids),
+        extra_columns=_rows(o, "hard_negatives"),
+        shared_columns=_bank_share(c.negative_bank),
+        group_size=c.group_size,
+        query_rows=o["za"].shape[0] if extra else None,
+        positives=c.positives if several else "mean_log_prob",
+    )
+    return _rows(o, "za"), _rows(o, "zb"), candidates
+
+
+def _pair_loss(loss_fn, metrics: bool = True, options: frozenset[str] = frozenset(), **reads: str) -> Loss:
+    """A softmax / sigmoid pair loss over `losses.Candidates` (`pair_candidates`): `options`
+    names the candidates it takes, `reads` maps its other keyword arguments to the
+    inputs passed to them (SigLIP's `bias="bias"`) and `positive_ids` /
+    `false_negative_ids` to the data it reads as ids. With `metrics`, the loss returns
+    the in-batch retrieval metrics (`losses.contrastive_metrics`) from its own statistics
+    (`return_metrics=True`): no N^2 work beyond the loss's forward and backward."""
+    id_reads = {k: reads.pop(k) for k in ("positive_ids", "false_negative_ids") if k in reads}
+
+    def fn(o, c):
+        a, b, candidates = pair_candidates(o, c, **id_reads)
+        result = loss_fn(
+            a,
+            b,
+            temperature=o["temperature"],
+            candidates=candidates,
+            streaming=Streaming(c.chunk_size, c.collective, c.matmul_dtype),
+            axis_name=BATCH_AXES,
+            **{argument: o[name] for argument, name in reads.items()},
+            **({"return_metrics": True} if metrics else {}),
+        )
+        return result if metrics else (result, {})
+
+    # The positive ids are read with config.loss.positives only (`Trainer.loss_data`).
+    inputs = {"za", "zb", "temperature", *reads.values(), *(v for k, v in id_reads.items() if k != "positive_ids")}
+    return Loss(fn, frozenset(inputs), options=options)
+
+
+def _streamed_pair_loss(loss_fn, metrics: bool = True, **extra: str) -> Loss:
+    """A pair loss that takes no candidates (NT-Xent): its streaming options and `extra`
+    inputs; with `metrics`, its in-batch retrieval metrics."""
 
     def fn(o, c):
         result = loss_fn(
@@ -115,11 +161,10 @@ def _streamed_pair_loss(loss_fn, metrics: bool = True, options: frozenset[str] =
             **_streaming(c),
             **{argument: o[name] for argument, name in extra.items()},
             **({"return_metrics": True} if metrics else {}),
-            **_negatives(o, c, options),
         )
         return result if metrics else (result, {})
 
-    return Loss(fn, frozenset({"za", "zb", "temperature", *extra.values()}), options=options)
+    return Loss(fn, frozenset({"za", "zb", "temperature", *extra.values()}))
 
 
 def _label_loss(value_fn, *outputs: str) -> Loss:
@@ -176,6 +221,7 @@ def _moco_init(c: LossSettings, params, num_examples):
 
 
 def _check_moco(c: LossSettings, global_batch_size: int, micro_batch_size: int) -> None:
+    del micro_batch_size  # the momentum encoder embeds each micro-batch (training.forward)
     if c.queue_size < 0:
         raise ConfigError(
             f"config.loss.queue_size={c.queue_size} must be 0 (no queue: the global batch's keys, "
@@ -189,12 +235,6 @@ def _check_moco(c: LossSettings, global_batch_size: int, micro_batch_size: int) 
             f"config.loss.queue_momentum={momentum} must be in [0, 1): 0 takes the keys from "
             "the current encoder, m (0.999 in MoCo) from its moving average."
         )
-    if momentum > 0 and micro_batch_size:
-        raise ConfigError(
-            f"config.loss.queue_momentum={momentum} embeds the keys with the momentum encoder "
-            "over the whole batch, which micro-batches cannot split; set "
-            "config.train.micro_batch_size=0 or config.loss.queue_momentum=0."
-        )
 
 
 def _moco(o, c):
@@ -204,7 +244,7 @@ def _moco(o, c):
     each query's candidates are its key and the queue (MoCo v1, v2); with K = 0, the
     global batch's keys (MoCo v3; with the towers' keys and their gradient, CLIP)."""
     state = o["state"]
-    keys_a, keys_b = o.get("key_za", o["za"]), o.get("key_zb", o["zb"])
+    keys_a, keys_b = o.get("key_za", o["za"]), o.get("key_zb", o["zb"])  # training.forward embeds them
     if c.queue_stop_gradient:
         keys_a, keys_b = jax.lax.stop_gradient(keys_a), jax.lax.stop_gradient(keys_b)
     streaming = dict(temperature=o["temperature"], **_streaming(c))
@@ -288,27 +328,23 @@ def _xbm(o, c):
     return loss, {}, {"memory": memory, "labels": labels, "pointer": pointer}
 
 
-_SOFTMAX_OPTIONS = frozenset({"group_size", "extra_negatives", "hard_negatives"})
-# The pairs sharing an `index` (an image's k captions, config.data.captions_per_image) are positives.
-_POSITIVES = frozenset({"positive_ids"})
+# The candidates (`losses.Candidates`) each pair loss takes: several positives (the pairs
+# sharing an `index`, config.loss.positives), groups (config.loss.group_size), query rows
+# (config.loss.extra_negatives), extra columns (a batch's `negatives`, config.loss.negatives_from).
+_SOFTMAX_OPTIONS = frozenset({"positive_ids", "group_size", "query_rows", "extra_columns"})
 LOSSES: Mapping[str, Loss] = {
-    # group_size: softmaxes within groups of K rows; extra_negatives: rows that are only
-    # negatives (losses.negatives, training.negatives_apart); hard_negatives: each pair's
-    # M negatives of the b side in the a -> b pool (losses.hard_negatives).
-    "clip": _streamed_pair_loss(clip_loss, options=_SOFTMAX_OPTIONS),
+    "clip": _pair_loss(clip_loss, options=_SOFTMAX_OPTIONS, positive_ids="index"),
     # CLIP with in-batch false negatives (pairs sharing a group id) out of the softmaxes.
-    "clip_masking_false_negatives": _streamed_pair_loss(clip_loss, false_negative_ids="groups"),
-    "infonce": _streamed_pair_loss(infonce_loss, options=_SOFTMAX_OPTIONS),
+    "clip_masking_false_negatives": _pair_loss(
+        clip_loss, options=_SOFTMAX_OPTIONS - {"positive_ids"}, false_negative_ids="groups"
+    ),
+    "infonce": _pair_loss(infonce_loss, options=_SOFTMAX_OPTIONS, positive_ids="index"),
     # No in-batch retrieval metrics: NT-Xent's statistics are over its 2N x 2N views
     # matrix, not the a -> b logits, and any other source is another N^2 pass per step.
     "ntxent": _streamed_pair_loss(ntxent_loss, metrics=False),
-    "siglip": _streamed_pair_loss(siglip_loss, options=frozenset({"group_size", "hard_negatives"}), bias="bias"),
-    # Several positives (losses.positives): the pairs of one image, by their `index`.
-    "clip_several_positives": _streamed_pair_loss(clip_loss, options=_POSITIVES, positive_ids="index"),
-    "clip_several_positives_log_sum": _streamed_pair_loss(
-        functools.partial(clip_loss, positives="log_sum"), options=_POSITIVES, positive_ids="index"
+    "siglip": _pair_loss(
+        siglip_loss, options=_SOFTMAX_OPTIONS - {"query_rows"}, bias="bias", positive_ids="index"
     ),
-    "siglip_several_positives": _streamed_pair_loss(siglip_loss, options=_POSITIVES, bias="bias", positive_ids="index"),
     "npairs": Loss(  # no in-batch metrics, as NT-Xent: they would be another N^2 pass
         lambda o, c: (npairs_loss(o["za"], o["zb"], axis_name=BATCH_AXES), {}),
         frozenset({"za", "zb"}),
@@ -400,6 +436,14 @@ LOSSES: Mapping[str, Loss] = {
         "proxies",
         "temperature",
     ),
+}
+
+
+# The names of the last release that named a form of several positives: (loss, config.loss.positives).
+DEPRECATED_NAMES = {
+    "clip_several_positives": ("clip", "mean_log_prob"),
+    "clip_several_positives_log_sum": ("clip", "log_sum"),
+    "siglip_several_positives": ("siglip", "mean_log_prob"),
 }
 
 

@@ -9,10 +9,11 @@ candidates are all-gathered over ``axis_name``, the local rows are scored agains
 over the global batch -- the same value on every device, and the same gradients as the
 single-device loss on the concatenated batch.
 
-The streamed losses also take ``chunk_size``, ``collective`` and ``matmul_dtype``, which
-change how the logits are computed, not the result (see
-:mod:`contrastive_jax.losses.logit_stats`): ``chunk_size=None`` builds the ``[B, N]``
-logits; an int streams cache-sized tiles with an online logsumexp (memory O(N D +
+InfoNCE and CLIP take ``candidates`` (:class:`~contrastive_jax.losses.Candidates`: whom
+each row is compared with, which of them are positives) and ``streaming``
+(:class:`~contrastive_jax.losses.Streaming`), which changes how the logits are computed,
+not the result (see :mod:`contrastive_jax.losses.logit_stats`): ``chunk_size=None``
+builds the ``[B, N]`` logits; an int streams cache-sized tiles with an online logsumexp (memory O(N D +
 chunk_size^2)); ``collective="ring"`` passes the other side's shards around the devices
 with ``ppermute`` instead of all-gathering them; ``matmul_dtype="bfloat16"`` is mixed
 precision. Each loss is one per-row formula -- a row logsumexp minus a target logit --
@@ -34,9 +35,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses import _common, logit_stats, negatives, pairs
-from contrastive_jax.losses import hard_negatives as hard
+from contrastive_jax.losses import _common, logit_stats, pairs
+from contrastive_jax.losses import candidates as candidate_set
 from contrastive_jax.losses import positives as several
+from contrastive_jax.losses.candidates import Candidates, from_keywords
+from contrastive_jax.losses.candidates import check as check_candidates
 from contrastive_jax.losses.logit_stats import PairSpec, RowIds, Streaming
 
 # Softmax over each row's candidates; with the columns too (CLIP); without the row itself.
@@ -50,16 +53,11 @@ def infonce_loss(
     keys: jax.Array,
     *,
     temperature,
+    candidates: Candidates | None = None,
+    streaming: Streaming | None = None,
     axis_name=None,
-    chunk_size: int | str | None = None,
-    collective: str = "all_gather",
-    matmul_dtype: str | None = None,
     return_metrics: bool = False,
-    positive_ids: jax.Array | None = None,
-    positives: str = "mean_log_prob",
-    group_size: int | None = None,
-    query_rows: int | None = None,
-    hard_negatives: jax.Array | None = None,
+    **deprecated,
 ):
     """One-directional InfoNCE: the positive of query i is key i, all other keys negative.
 
@@ -70,43 +68,33 @@ def infonce_loss(
     Row i of ``queries @ keys.T`` is a softmax over the N keys whose correct class is
     i (the labels are ``arange(N)``). Streamed, each stripe of rows holds whole rows
     of logits, so the gradient is formed in the forward pass (one pass, 6 N^2 D
-    flops); with the ring a row spans devices and two passes are needed.
+    flops); with the ring, or several positives, a row spans tiles and two passes are
+    needed.
 
     Args:
       queries: ``[B, D]`` L2-normalised embeddings.
       keys: ``[B, D]`` L2-normalised embeddings, row i paired with ``queries[i]``.
       temperature: scalar > 0 (a Python number or a traced, learnable array).
+      candidates: whom each query is compared with (:class:`~contrastive_jax.losses.Candidates`:
+        several positives, pairs left out, groups, query rows, extra key columns); None:
+        the N keys of the global batch.
+      streaming: how the logits are computed (:class:`~contrastive_jax.losses.Streaming`: tiles,
+        the ring, the matmul's dtype); changes the memory, not the result. None: dense.
       axis_name: mesh axis to gather keys over, or None for a single device.
-      chunk_size: None for the dense ``[B, N]`` logits, an int tile edge (it must divide
-        N; the local B with the ring) or ``"auto"``; changes the memory, not the result
-        (details: :mod:`contrastive_jax.losses.streaming`).
-      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
-      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
       return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` (queries as ``a``) from
         the loss's own statistics, without gradient and without more N^2 work.
-      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None. A
-        row's K ids are a set: pairs whose sets meet are positives of each other (a
-        negative id is padding and matches nothing); each row's pair is always its
-        positive. Compared over the global batch; with all ids distinct the loss is
-        the plain one (see :mod:`~contrastive_jax.losses.positives`).
-      positives: with ``positive_ids``, ``"mean_log_prob"`` (SupCon's L_out: the mean
-        over the positives of ``-log softmax``) or ``"log_sum"`` (MIL-NCE: ``-log`` of
-        the positives' summed softmax), the denominators over all N columns.
-      group_size: K dividing N: each row's keys are its group's K (rows ``g K`` to ``g K
-        + K - 1`` of the global batch); None or 0: all N (:mod:`~contrastive_jax.losses.negatives`).
-      query_rows: n: only the first n of each device's rows are queries, against every
-        device's keys (the mean over the query rows); None: all.
-      hard_negatives: ``[B, M, D]``: M more keys of each pair, in every query's softmax
-        (all devices' N M of them; :mod:`~contrastive_jax.losses.hard_negatives`), or None.
+      **deprecated: the keywords of the last release (``chunk_size``, ``collective``,
+        ``matmul_dtype``, ``positive_ids``, ``positives``, ``group_size``, ``query_rows``,
+        ``hard_negatives``), with a DeprecationWarning.
 
     Returns:
-      Scalar: mean over the global batch of ``-log softmax(q_i . K / T)_i``; with
-      ``return_metrics``, ``(loss, metrics)``.
+      Scalar: mean over the global batch's query rows of ``-log softmax(q_i . K / T)_i``
+      (with several positives, the form's); with ``return_metrics``, ``(loss, metrics)``.
 
     Raises:
       ValueError: ``queries`` and ``keys`` are not two ``[B, D]`` arrays of one shape,
-        ``temperature`` is not > 0, ``axis_name`` is not bound (outside shard_map),
-        ``positive_ids`` is not ``[B]`` or ``[B, K]`` ints, or ``positives`` unknown.
+        ``temperature`` is not > 0, ``axis_name`` is not bound (outside shard_map), or
+        ``candidates`` does not fit them (:func:`~contrastive_jax.losses.candidates.check`).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -120,36 +108,54 @@ def infonce_loss(
       A. van den Oord, Y. Li, O. Vinyals, `Representation Learning with Contrastive
       Predictive Coding <https://arxiv.org/abs/1807.03748>`__, arXiv 2018.
     """
+    candidates, streaming = from_keywords("infonce_loss", candidates, streaming, deprecated)
     pairs.check_paired(queries, keys, ("queries", "keys"), temperature, axis_name)
-    several.check(positive_ids, None, positives, queries.shape[0])
-    group_size = negatives.check(
-        queries.shape[0], axis_name, group_size=group_size, query_rows=query_rows, ids_given=positive_ids is not None
-    )
-    others = bool(group_size) or query_rows is not None or positive_ids is not None
-    hard.check(hard_negatives, queries, others=others)
-    streaming = Streaming(chunk_size, collective, matmul_dtype)
-    if positive_ids is not None:
-        return several.softmax_with_positives(
-            queries, keys, positive_ids, positives, temperature, axis_name, streaming, return_metrics, columns=False
+    c = check_candidates(candidates, queries, axis_name)
+    return _softmax_pairs(queries, keys, temperature, c, streaming, axis_name, return_metrics, both_directions=False)
+
+
+def _softmax_pairs(a, b, temperature, c: Candidates, streaming, axis_name, return_metrics, *, both_directions):
+    """InfoNCE of ``a`` [B, D] against ``b`` and ``c``'s extra columns (with
+    ``both_directions``, also of ``b`` against ``a``: CLIP), over ``c``'s query rows;
+    with ``return_metrics``, ``(loss, metrics)``.
+
+    One path for every candidate set: the statistics of the query rows (CLIP: every row,
+    for the columns' softmaxes over all a's) against all columns, dense, tiled or around
+    the ring. InfoNCE without several positives takes one pass (each stripe of rows
+    holds its whole softmax); the rest two.
+    """
+    n = c.query_count(a.shape[0])
+    rows = candidate_set.row_ids(c, a.shape[0], axis_name)
+    y, cols = candidate_set.columns(c, b, rows)
+    spec = candidate_set.spec(c, _ROWS_AND_COLUMNS if both_directions else _ROWS)
+    positive = pairs.paired_logits(a[:n], b[:n], temperature)
+    queries = jax.tree.map(lambda v: v[:n], rows)
+    options = dict(temperature=temperature, axis_name=axis_name, streaming=streaming)
+    first = lambda v: None if v is None else v[:n]  # noqa: E731
+    if both_directions or c.positive_ids is not None:
+        if c.positive_ids is not None:
+            spec = several.softmax_spec(spec, c.positives)
+        x, x_rows = (a, rows) if both_directions else (a[:n], queries)
+        stats = logit_stats.pair_stats(spec._replace(best=return_metrics), x, y, x_rows, cols, **options)
+        row_target, col_target = (
+            (positive, positive) if c.positive_ids is None else map(first, several.targets(c.positives, stats))
         )
-    spec = _ROWS._replace(group_size=group_size)
-    aux_spec = pairs.METRICS._replace(row_logsumexp=False) if return_metrics else pairs.NO_METRICS
-    total, row_lse, aux, positive = negatives.queries_against_all(
-        spec,
-        queries,
-        keys,
-        query_rows,
-        temperature=temperature,
-        axis_name=axis_name,
-        streaming=streaming,
-        aux_spec=aux_spec,
-        hard_negatives=hard_negatives,
+        per_row = stats.row_lse[:n] - row_target
+        if both_directions:
+            per_row = 0.5 * (per_row + stats.col_lse[:n] - col_target)
+    else:
+        aux_spec = pairs.METRICS._replace(row_logsumexp=False) if return_metrics else pairs.NO_METRICS
+        total, row_lse, stats = logit_stats.pair_total(spec, a[:n], y, queries, cols, aux_spec=aux_spec, **options)
+        stats = stats._replace(row_lse=row_lse)
+        # The total spread evenly over the query rows: only its sum enters the mean.
+        per_row = total / n - positive
+    loss = _common.global_mean(per_row, axis_name)
+    stats = stats._replace(
+        row_lse=first(stats.row_lse),
+        row_best_negative=first(stats.row_best_negative),
+        col_best_negative=first(stats.col_best_negative),
     )
-    # The total spread evenly over the query rows: only its sum enters the mean.
-    loss = _common.global_mean(total / positive.shape[0] - positive, axis_name)
-    queries, keys = queries[: positive.shape[0]], hard.pool(keys, hard_negatives)
-    aux = hard.own_columns(aux._replace(row_lse=row_lse), positive.shape[0])  # the query rows' own keys
-    metrics = lambda: pairs.retrieval_metrics(queries, keys, aux, positive, temperature, axis_name)  # noqa: E731
+    metrics = lambda: pairs.retrieval_metrics(a[:n], y, stats, positive, temperature, axis_name)  # noqa: E731
     return pairs.with_metrics(loss, metrics, return_metrics)
 
 
@@ -208,17 +214,11 @@ def clip_loss(
     b: jax.Array,
     *,
     temperature,
+    candidates: Candidates | None = None,
+    streaming: Streaming | None = None,
     axis_name=None,
-    chunk_size: int | str | None = None,
-    collective: str = "all_gather",
-    matmul_dtype: str | None = None,
     return_metrics: bool = False,
-    false_negative_ids: jax.Array | None = None,
-    positive_ids: jax.Array | None = None,
-    positives: str = "mean_log_prob",
-    group_size: int | None = None,
-    query_rows: int | None = None,
-    hard_negatives: jax.Array | None = None,
+    **deprecated,
 ):
     """Symmetric CLIP / CLAP loss over the N x N similarity ``a @ b.T / temperature``.
 
@@ -239,37 +239,18 @@ def clip_loss(
       a: ``[B, D]`` L2-normalised embeddings of modality A.
       b: ``[B, D]`` L2-normalised embeddings of modality B, row i paired with ``a[i]``.
       temperature: scalar > 0.
+      candidates: whom each row is compared with (:class:`~contrastive_jax.losses.Candidates`:
+        several positives, pairs left out of both softmaxes, groups, query rows -- both
+        directions' rows, each against all N columns of the other side -- and extra
+        b-side columns, in the a -> b softmaxes only); None: the global batch's pairs.
+      streaming: how the logits are computed (:class:`~contrastive_jax.losses.Streaming`: tiles,
+        the ring, the matmul's dtype); changes the memory, not the result. None: dense.
       axis_name: mesh axis to gather both sides over, or None.
-      chunk_size: None for the dense ``[B, N]`` logits, an int tile edge (it must divide
-        N; the local B with the ring) or ``"auto"``; changes the memory, not the result
-        (details: :mod:`contrastive_jax.losses.streaming`).
-      collective: ``"all_gather"`` (default), or ``"ring"`` with ``axis_name``.
-      matmul_dtype: None (the embeddings' dtype) or ``"bfloat16"`` (mixed precision).
       return_metrics: also return :func:`~contrastive_jax.losses.pairs.contrastive_metrics` from the loss's own
         statistics, without gradient and without more N^2 work.
-      false_negative_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None.
-        The K ids are K keys, compared key by key: pairs j != i equal to pair i in any
-        key are in-batch false negatives (cmudict: a homophone shares the pronunciation
-        id, an alternate pronunciation the word id): their pair is as right for row i as
-        its own, so pushing them apart contradicts the data. They are left out of both
-        of row i's softmaxes (and column i's), in every form (dense, tiled, ring); with
-        all ids distinct the loss is the plain one. Not with ``positive_ids``.
-      positive_ids: ``[B]`` or ``[B, K]`` int ids of this device's pairs, or None. A
-        row's K ids are a set: pairs whose sets meet are positives of each other (a
-        negative id is padding and matches nothing); each row's pair is always its
-        positive. Compared over the global batch; with all ids distinct the loss is
-        the plain one (see :mod:`~contrastive_jax.losses.positives`).
-      positives: with ``positive_ids``, ``"mean_log_prob"`` (SupCon's L_out: the mean
-        over the positives of ``-log softmax``) or ``"log_sum"`` (MIL-NCE: ``-log`` of
-        the positives' summed softmax), the denominators over all N columns.
-      group_size: K dividing N: both softmaxes of a pair run over its group's K (rows
-        ``g K`` to ``g K + K - 1`` of the global batch), the mean of the N / K groups'
-        CLIP losses; None or 0: all N (:mod:`~contrastive_jax.losses.negatives`).
-      query_rows: n: only the first n of each device's pairs are rows of the softmaxes
-        (both directions), each against all N columns of the other side; the mean over
-        the query rows. None: all.
-      hard_negatives: ``[B, M, D]``: M more b's of each pair, in every a -> b softmax (all
-        devices' N M of them), not in b -> a (:mod:`~contrastive_jax.losses.hard_negatives`).
+      **deprecated: the keywords of the last release (``chunk_size``, ``collective``,
+        ``matmul_dtype``, ``false_negative_ids``, ``positive_ids``, ``positives``,
+        ``group_size``, ``query_rows``, ``hard_negatives``), with a DeprecationWarning.
 
     Returns:
       Scalar: ``(InfoNCE(a -> b) + InfoNCE(b -> a)) / 2`` over the global batch (both
@@ -278,9 +259,8 @@ def clip_loss(
 
     Raises:
       ValueError: ``a`` and ``b`` are not two ``[B, D]`` arrays of one shape,
-        ``temperature`` is not > 0, ``axis_name`` is not bound, the ids are not
-        ``[B]`` or ``[B, K]`` ints, both kinds of ids are given, or ``positives`` is
-        unknown.
+        ``temperature`` is not > 0, ``axis_name`` is not bound, or ``candidates`` does
+        not fit them (:func:`~contrastive_jax.losses.candidates.check`).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -293,51 +273,20 @@ def clip_loss(
       >>> round(float(metrics["accuracy_a_to_b"]), 4)
       0.3333
       >>> ids = jnp.array([0, 0, 1])  # pairs 0 and 1 share an id: positives of each other
-      >>> round(float(losses.clip_loss(a, b, temperature=0.1, positive_ids=ids)), 4)
+      >>> round(float(losses.clip_loss(a, b, temperature=0.1, candidates=losses.Candidates(positive_ids=ids))), 4)
       3.5443
-      >>> round(float(losses.clip_loss(a, b, temperature=0.1, positive_ids=ids, positives="log_sum")), 4)
+      >>> log_sum = losses.Candidates(positive_ids=ids, positives="log_sum")
+      >>> round(float(losses.clip_loss(a, b, temperature=0.1, candidates=log_sum)), 4)
       0.8353
 
     References:
       A. Radford et al., `Learning Transferable Visual Models From Natural Language
       Supervision <https://arxiv.org/abs/2103.00020>`__, ICML 2021.
     """
+    candidates, streaming = from_keywords("clip_loss", candidates, streaming, deprecated)
     pairs.check_paired(a, b, ("a", "b"), temperature, axis_name)
-    several.check(positive_ids, false_negative_ids, positives, a.shape[0])
-    ids_given = positive_ids is not None or false_negative_ids is not None
-    group_size = negatives.check(
-        a.shape[0], axis_name, group_size=group_size, query_rows=query_rows, ids_given=ids_given
-    )
-    hard.check(hard_negatives, a, others=bool(group_size) or query_rows is not None or ids_given)
-    streaming = Streaming(chunk_size, collective, matmul_dtype)
-    if query_rows is not None:
-        return negatives.clip_with_queries(a, b, query_rows, temperature, axis_name, streaming, return_metrics)
-    if positive_ids is not None:
-        return several.softmax_with_positives(
-            a, b, positive_ids, positives, temperature, axis_name, streaming, return_metrics, columns=True
-        )
-    if false_negative_ids is not None:
-        pairs.check_ids(false_negative_ids, a.shape[0], "false_negative_ids")
-    ids = RowIds(pairs.local_ids(a.shape[0], axis_name), false_negative_ids)
-    spec = _ROWS_AND_COLUMNS._replace(
-        best=return_metrics, exclude_shared_label=false_negative_ids is not None, group_size=group_size
-    )
-    columns, column_ids = hard.columns(b, hard_negatives, ids.index)
-    stats = logit_stats.pair_stats(
-        spec,
-        a,
-        columns,
-        ids,
-        column_ids._replace(label=false_negative_ids),
-        temperature=temperature,
-        axis_name=axis_name,
-        streaming=streaming,
-    )
-    stats = hard.own_columns(stats, a.shape[0])  # b -> a: the b's columns only
-    positive = pairs.paired_logits(a, b, temperature)
-    loss = _common.global_mean(0.5 * (stats.row_lse + stats.col_lse) - positive, axis_name)
-    metrics = lambda: pairs.retrieval_metrics(a, columns, stats, positive, temperature, axis_name)  # noqa: E731
-    return pairs.with_metrics(loss, metrics, return_metrics)
+    c = check_candidates(candidates, a, axis_name)
+    return _softmax_pairs(a, b, temperature, c, streaming, axis_name, return_metrics, both_directions=True)
 
 
 def ntxent_loss(

@@ -79,6 +79,9 @@ class RowIds(NamedTuple):
     # [B] bool or None (all valid): False marks a column that is no candidate (an empty
     # memory slot); every row treats it as it treats its own column (``same_id``).
     valid: jax.Array | None = None
+    # [B] int or None (``index``): the global row whose group (``PairSpec.group_size``)
+    # the column is in; -1: every group's (a column that belongs to no pair).
+    group: jax.Array | None = None
 
 
 class Running(NamedTuple):
@@ -145,7 +148,10 @@ def _tile_masks(spec, rows: RowIds, cols: RowIds):
             same_label = jnp.any(same_label, axis=-1)
     other_group = None
     if spec.group_size:
-        other_group = rows.index[:, None] // spec.group_size != cols.index[None, :] // spec.group_size
+        col_group = cols.index if cols.group is None else cols.group
+        other_group = rows.index[:, None] // spec.group_size != col_group[None, :] // spec.group_size
+        if cols.group is not None:
+            other_group = other_group & (col_group[None, :] >= 0)
     return same_id, same_label, other_group
 
 

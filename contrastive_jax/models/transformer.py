@@ -7,8 +7,9 @@ big_vision checkpoint is its own parameter tree and open_clip's names map onto i
 Where the released models differ, an option says so: the MLP's activation (big_vision's
 tanh-approximated GELU, open_clip's exact GELU, OpenAI CLIP's `x * sigmoid(1.702 x)`), the
 LayerNorm epsilon (Flax's 1e-6, PyTorch's 1e-5) and a causal attention mask (CLIP's text
-tower). What changes memory and time but not the numbers is an option too: each block
-rematerialised (`remat`, a `REMAT_POLICIES` name) and the attention kernel (`attention`:
+tower). What changes memory and time but not the numbers is an option too: what each
+block recomputes in the backward pass (`remat`: a `REMAT_POLICIES` name for every block,
+or one per run of blocks, `remat_plan`) and the attention kernel (`attention`:
 `jax.nn.dot_product_attention`, cuDNN's fused attention on a GPU with 16-bit
 activations, XLA's elsewhere). Shapes: `B` batch, `L` sequence length, `W` width.
 """
@@ -40,28 +41,73 @@ ACTIVATIONS = {
     "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
 }
 
-# `config.model.remat`: what a rematerialised block keeps from its forward pass for the
-# backward one (`jax.checkpoint_policies`); the rest is recomputed.
+
+@dataclasses.dataclass(frozen=True)
+class BlockRemat:
+    """What one block recomputes in the backward pass instead of keeping it from the
+    forward: `policy`, the block rematerialised with this `jax.checkpoint_policies`
+    entry (what it keeps; None: not rematerialised), and `attention`, XLA's attention
+    recomputing its [B, heads, L, L] scores and probabilities from the queries and keys
+    (as cuDNN's fused kernel and PyTorch's SDPA do; the fused kernels need nothing)."""
+
+    policy: Any = None
+    attention: bool = False
+
+
+# `config.model.remat`: what each Transformer block keeps from its forward pass for the
+# backward one, the rest recomputed; from the least recomputed to the most.
 REMAT_POLICIES = {
-    "none": None,  # no rematerialisation: every activation kept
-    "full": jax.checkpoint_policies.nothing_saveable,  # only each block's input kept
-    # the matmuls without batch dimensions (the Dense layers' outputs) kept, attention's
-    # scores and the element-wise ops recomputed
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "none": BlockRemat(),  # every activation kept, XLA's attention probabilities too
+    # every activation kept but XLA's attention's scores and probabilities (2 or 3 arrays of
+    # [B, heads, L, L] per block): one more Q K^T and softmax per block in the backward pass
+    "attention": BlockRemat(attention=True),
+    # the matmuls without batch dimensions (the Dense layers' outputs) kept; attention's
+    # scores and probabilities, the norms and the activations recomputed
+    "dots": BlockRemat(jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
+    "full": BlockRemat(jax.checkpoint_policies.nothing_saveable),  # only each block's input kept
 }
+_REMAT_FORMS = (
+    f"use one of {list(REMAT_POLICIES)} for every block, or one per run of blocks from the "
+    "first, each but the last with its count: e.g. 'full:6,none' (blocks 0-5 full, the rest none)"
+)
+
+
+def remat_plan(remat: str, depth: int) -> tuple[str, ...]:
+    """The `REMAT_POLICIES` name of each of `depth` blocks that `remat` gives: one name for
+    every block ("dots"), or comma-separated runs from the first block, `name:count`, the
+    last without a count taking the blocks left ("full:4,dots:4,none": blocks 0-3 full,
+    4-7 dots, the rest none). A tower shallower than the counts takes the runs' first
+    blocks (two towers of different depths share the setting).
+
+    >>> remat_plan("full:2,attention", 4)
+    ('full', 'full', 'attention', 'attention')
+
+    Raises:
+      ConfigError: a name that is not a policy, a count that is not a positive integer,
+        or a count on the last run or missing from another; one line naming the field.
+    """
+    plan = []
+    runs = [run.strip() for run in remat.split(",")]
+    for index, run in enumerate(runs):
+        name, colon, count = run.partition(":")
+        last = index == len(runs) - 1
+        if name not in REMAT_POLICIES or bool(colon) == last or (colon and not (count.isdigit() and int(count) > 0)):
+            raise ConfigError(f"config.model.remat={remat!r}; {_REMAT_FORMS}.")
+        plan += [name] * (int(count) if colon else max(depth - len(plan), 0))
+    return tuple(plan[:depth])
+
 
 # `config.model.attention`: which kernel computes attention (`jax.nn.dot_product_attention`).
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
 def check_options(*, remat: str, attention: str) -> None:
-    """That `remat` names a `REMAT_POLICIES` entry and `attention` an implementation.
+    """That `remat` is a remat setting (`remat_plan`) and `attention` an implementation.
 
     Raises:
       ConfigError: naming the config field and the values it takes.
     """
-    if remat not in REMAT_POLICIES:
-        raise ConfigError(f"config.model.remat={remat!r}; use one of {sorted(REMAT_POLICIES)}.")
+    remat_plan(remat, 0)
     if attention not in ATTENTION_IMPLEMENTATIONS:
         raise ConfigError(f"config.model.attention={attention!r}; use one of {list(ATTENTION_IMPLEMENTATIONS)}.")
 
@@ -129,6 +175,7 @@ def dot_product_attention(
     *,
     attention: str = "auto",
     is_causal: bool = False,
+    recompute: bool = False,
     dropout_rng=None,
     dropout_rate: float = 0.0,
     deterministic: bool = True,
@@ -139,6 +186,8 @@ def dot_product_attention(
     kernel `attention` names (`_implementation`). `query` [B, Lq, heads, head_dim],
     `key`, `value` [B, Lk, heads, head_dim], `mask` [B or 1, heads or 1, Lq, Lk] bool or
     0/1 (True: attend), `is_causal`: position i attends to positions <= i as well.
+    `recompute`: XLA's kernel keeps no scores or probabilities for the backward pass,
+    which recomputes them from `query` and `key` (a fused kernel keeps none anyway).
     Returns [B, Lq, heads, head_dim].
 
     With dropout on the attention weights (training with `dropout_rate` > 0), Flax's own
@@ -161,15 +210,17 @@ def dot_product_attention(
             precision=precision,
         )
     mask = None if mask is None else mask.astype(bool)  # Flax's masks may be 0/1 floats
+    xla = functools.partial(jax.nn.dot_product_attention, is_causal=is_causal, implementation="xla")
+    if recompute:
+        xla = jax.checkpoint(xla)  # only its inputs kept: scores and probabilities recomputed
     if _implementation(query, attention) == "xla":
-        return jax.nn.dot_product_attention(query, key, value, bias, mask, is_causal=is_causal, implementation="xla")
+        return xla(query, key, value, bias, mask)
     try:
         return attention_at_even_lengths(query, key, value, bias, mask, is_causal=is_causal)
     except (ValueError, NotImplementedError):
         if attention == "cudnn":
             raise
-        # "auto": XLA's where cuDNN refuses these shapes (the same numbers)
-        return jax.nn.dot_product_attention(query, key, value, bias, mask, is_causal=is_causal, implementation="xla")
+        return xla(query, key, value, bias, mask)  # "auto": XLA's where cuDNN refuses these shapes (the same numbers)
 
 
 def attention_layer(
@@ -178,14 +229,16 @@ def attention_layer(
     attention: str,
     dtype,
     causal: bool = False,
+    recompute: bool = False,
     dropout_rate: float = 0.0,
     deterministic: bool = True,
     name: str | None = None,
 ):
     """Flax's `MultiHeadDotProductAttention` (its parameter names and shapes:
     `query`/`key`/`value` `[W, heads, head_dim]`, `out` `[heads, head_dim, W]`) with
-    `dot_product_attention` as its kernel."""
-    attention_fn = functools.partial(dot_product_attention, attention=attention, is_causal=causal)
+    `dot_product_attention` as its kernel (`recompute`: its probabilities recomputed in
+    the backward pass)."""
+    attention_fn = functools.partial(dot_product_attention, attention=attention, is_causal=causal, recompute=recompute)
     return nn.MultiHeadDotProductAttention(
         num_heads=num_heads,
         dtype=dtype,
@@ -212,7 +265,8 @@ class MlpBlock(nn.Module):
 class Encoder1DBlock(nn.Module):
     """Pre-LayerNorm self-attention and MLP, each added to the residual (after dropout
     when training with `dropout_rate` > 0). `[B, L, W]` -> `[B, L, W]`; `mask`
-    [B or 1, 1, L, L] bool (True: attend); `causal`: position i attends to positions <= i."""
+    [B or 1, 1, L, L] bool (True: attend); `causal`: position i attends to positions <= i;
+    `recompute_attention`: the attention's probabilities recomputed in the backward pass."""
 
     mlp_dim: int
     num_heads: int
@@ -222,6 +276,7 @@ class Encoder1DBlock(nn.Module):
     dropout_rate: float = 0.0
     causal: bool = False
     attention: str = "auto"
+    recompute_attention: bool = False
 
     @nn.compact
     def __call__(self, x, mask=None, train: bool = False):
@@ -232,6 +287,7 @@ class Encoder1DBlock(nn.Module):
             attention=self.attention,
             dtype=self.dtype,
             causal=self.causal,
+            recompute=self.recompute_attention,
             dropout_rate=self.dropout_rate,
             deterministic=not train,
         )
@@ -243,9 +299,10 @@ class Encoder1DBlock(nn.Module):
 class Encoder(nn.Module):
     """`depth` blocks (`encoderblock_<i>`), then a LayerNorm (`encoder_norm`).
     `[B, L, W]` -> `[B, L, W]`; `mask` [B or 1, 1, L, L] bool (True: attend); `causal=True`
-    lets position i attend to positions <= i. `remat` names the blocks'
-    rematerialisation (`REMAT_POLICIES`), `attention` their kernel; neither changes the
-    parameters or the numbers, only the memory and the time."""
+    lets position i attend to positions <= i. `remat` says what each block recomputes in
+    the backward pass (`remat_plan`: a `REMAT_POLICIES` name, or one per run of blocks),
+    `attention` their kernel; neither changes the parameters or the numbers, only the
+    memory and the time."""
 
     depth: int
     mlp_dim: int
@@ -260,10 +317,11 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(self, x, mask=None, train: bool = False):
-        block_type = Encoder1DBlock
-        if REMAT_POLICIES[self.remat] is not None:
-            block_type = nn.remat(Encoder1DBlock, policy=REMAT_POLICIES[self.remat], static_argnums=(3,))
-        for index in range(self.depth):
+        for index, name in enumerate(remat_plan(self.remat, self.depth)):
+            remat = REMAT_POLICIES[name]
+            block_type = Encoder1DBlock
+            if remat.policy is not None:
+                block_type = nn.remat(Encoder1DBlock, policy=remat.policy, static_argnums=(3,))
             block = block_type(
                 self.mlp_dim,
                 self.num_heads,
@@ -273,6 +331,7 @@ class Encoder(nn.Module):
                 self.dropout_rate,
                 self.causal,
                 self.attention,
+                remat.attention,
                 name=f"encoderblock_{index}",
             )
             x = block(x, mask, train)
@@ -302,7 +361,7 @@ class MAPHead(nn.Module):
 @dataclasses.dataclass(frozen=True)
 class TowerOptions:
     """How a tower computes, not what: the activations' `dtype` (parameters stay
-    float32), each block's rematerialisation `remat` (a `REMAT_POLICIES` name) and the
+    float32), what each block recomputes in the backward pass `remat` (`remat_plan`) and the
     `attention` kernel (`ATTENTION_IMPLEMENTATIONS`). None of them changes the parameters."""
 
     dtype: Any = jnp.float32

@@ -35,29 +35,44 @@ class ScheduleSettings:
     fields are `config.train.batch_noise_factor`, `batch_noise_window_steps`, `batch_max`."""
 
     kind: str  # "constant", "stages" or "noise"
-    stages: Stages  # the stages ("noise": the first, which decisions extend)
+    stages: Stages  # the rows read a step ("noise": the first stage, which decisions extend)
     noise_factor: float = 2.0
     noise_window_steps: int = 50
     batch_max: int = 0
+    extra_rows: int = 0  # rows read a step beside the optimizer's batch (config.loss.extra_negatives)
 
     @property
     def largest(self) -> int:
-        """The largest global batch the schedule can reach (the memory check's)."""
+        """The most rows a step reads (the memory check's)."""
         return self.batches[-1]
 
     @property
     def batches(self) -> tuple[int, ...]:
-        """Every global batch the schedule can reach, smallest first."""
+        """Every number of rows a step can read, smallest first: each optimizer batch
+        (`optimizer_batches`) and the extra rows."""
+        return tuple(n + self.extra_rows for n in self.optimizer_batches)
+
+    @property
+    def optimizer_batches(self) -> tuple[int, ...]:
+        """Every global batch the optimizer can see, smallest first."""
         if self.kind != "noise":
-            return tuple(sorted({n for _, n in self.stages.stages}))
-        first = self.stages.stages[0][1]
+            return tuple(sorted({n - self.extra_rows for _, n in self.stages.stages}))
+        first = self.stages.stages[0][1] - self.extra_rows
         return tuple(first * 2**k for k in range(int(math.log2(self.batch_max // first)) + 1))
 
 
-def parse(text: str, first_batch: int, **noise) -> ScheduleSettings:
+def first_stage(text: str) -> int | None:
+    """The first stage's global batch of stages `text` (`"64@0,256@50"`: 64); None for
+    "constant", "noise" or text that is no schedule (`parse` says why)."""
+    first = text.split(",")[0].split("@")
+    return int(first[0]) if len(first) == 2 and first[0].isdigit() else None
+
+
+def parse(text: str, first_batch: int, *, extra_rows: int = 0, **noise) -> ScheduleSettings:
     """`ScheduleSettings` of `config.train.batch_schedule` = `text`; `first_batch` is
     `config.train.global_batch_size` (the first stage of "constant" and "noise", which
-    stages must start with), `noise` the noise rule's fields.
+    stages start with: `run_plan` sets it from them), `extra_rows` the rows read a step
+    beside the optimizer's batch, `noise` the noise rule's fields.
 
     Raises:
       ConfigError: `text` is none of the three forms, or its stages do not start at step 0
@@ -65,7 +80,7 @@ def parse(text: str, first_batch: int, **noise) -> ScheduleSettings:
     """
     field = f"config.train.batch_schedule={text!r}"
     if text in ("constant", "noise"):
-        return ScheduleSettings(text, Stages(((0, first_batch),)), **noise)
+        return ScheduleSettings(text, Stages(((0, first_batch + extra_rows),)), extra_rows=extra_rows, **noise)
     try:
         stages = tuple((int(s), int(n)) for n, s in (part.split("@") for part in text.split(",")))
     except ValueError:
@@ -79,7 +94,8 @@ def parse(text: str, first_batch: int, **noise) -> ScheduleSettings:
             f"{field}: the stages must start with config.train.global_batch_size at step 0 "
             f"('{first_batch}@0,...'), their steps increasing, each batch >= 1."
         )
-    return ScheduleSettings("stages", Stages(stages), **noise)
+    read = tuple((s, n + extra_rows) for s, n in stages)
+    return ScheduleSettings("stages", Stages(read), extra_rows=extra_rows, **noise)
 
 
 def check(settings: ScheduleSettings, text: str, *, unit: int, unit_is: str, on_bad_loss: str) -> None:
@@ -95,7 +111,7 @@ def check(settings: ScheduleSettings, text: str, *, unit: int, unit_is: str, on_
         return
     if on_bad_loss != "stop":
         raise ConfigError(f"{field} needs config.train.on_bad_loss='stop' (a rollback skips a constant batch's steps).")
-    first = settings.stages.stages[0][1]
+    first = settings.optimizer_batches[0]
     if settings.kind == "noise" and not (settings.batch_max >= first and settings.noise_window_steps >= 1):
         raise ConfigError(
             f"{field} doubles the batch up to config.train.batch_max={settings.batch_max}, deciding every "
@@ -104,7 +120,7 @@ def check(settings: ScheduleSettings, text: str, *, unit: int, unit_is: str, on_
         )
     if settings.kind == "noise" and not settings.noise_factor > 0:
         raise ConfigError(f"config.train.batch_noise_factor={settings.noise_factor!r} must be > 0.")
-    for n in settings.batches:
+    for n in settings.optimizer_batches:
         if n % unit:
             lower = n - n % unit
             nearest = " or ".join(str(m) for m in (lower, lower + unit) if m > 0)
@@ -174,7 +190,8 @@ class BatchSchedule:
         self._norms.append((values[noise_scale.SMALL_KEY], values[noise_scale.BIG_KEY]))
         if not self.decides_after(step):
             return None
-        settings, batch = self.settings, self.batch_after(step - 1)
+        settings = self.settings
+        batch = self.batch_after(step - 1) - settings.extra_rows  # the optimizer's
         small = sum(s for s, _ in self._norms) / len(self._norms)
         big = sum(b for _, b in self._norms) / len(self._norms)
         self._norms = []
@@ -189,7 +206,7 @@ class BatchSchedule:
             reason, doubled = f"B_simple > {settings.noise_factor:g} x {batch:,}", True
         next_batch = 2 * batch if doubled else batch
         if doubled:
-            self.stages = self.stages.then(step, next_batch)
+            self.stages = self.stages.then(step, next_batch + settings.extra_rows)
         return Decision(step, estimate.b_simple, batch, next_batch, reason)
 
     def saved(self) -> dict[str, Any]:

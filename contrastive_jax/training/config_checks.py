@@ -17,7 +17,7 @@ from contrastive_jax import losses
 from contrastive_jax.data import records, settings
 from contrastive_jax.errors import ConfigError, check_divides, check_multiple
 from contrastive_jax.losses.streaming import MATMUL_DTYPES
-from contrastive_jax.training import batch_schedule, grad_cache, loss_guard, negative_inputs, negatives_apart
+from contrastive_jax.training import batch_schedule, grad_cache, loss_guard
 
 # Count fields and their least value (every_steps 0: only at the end).
 _COUNTS = {
@@ -59,18 +59,18 @@ def check(
     _check_loss_inputs(loss, config, data, metadata)
     check_multiple(train.global_batch_size, num_devices, "config.train.global_batch_size", "the devices")
     settings.per_process_batch_size(train.global_batch_size, jax.process_count())
-    plain_step = not (train.micro_batch_size or train.log_noise_scale) and train.batch_schedule == "constant"
-    negatives_apart.check(
+    losses.check_candidates(
         config.loss.name,
         loss,
         loss_settings,
         global_batch_size=train.global_batch_size,
         num_devices=num_devices,
-        plain_step=plain_step,
+        micro_batches=train.global_batch_size // train.micro_batch_size if train.micro_batch_size else 1,
+        has_negatives=metadata.has("negatives"),
+        captions_per_image=data.captions_per_image,
     )
-    has_negatives = metadata.has("negatives")
-    negative_inputs.check(config.loss.name, loss, loss_settings, has_negatives=has_negatives, plain_step=plain_step)
-    _check_chunk_size(config.loss, train.global_batch_size + config.loss.extra_negatives, num_devices)
+    bank_rows = 0 if loss_settings.negative_bank is None else loss_settings.negative_bank.shape[0]
+    _check_chunk_size(config.loss, train.global_batch_size + config.loss.extra_negatives + bank_rows, num_devices)
     if config.loss.matmul_dtype not in MATMUL_DTYPES:
         raise ConfigError(f"config.loss.matmul_dtype={config.loss.matmul_dtype!r}; use one of {MATMUL_DTYPES}.")
     if config.loss.dcl_weight_gradient and config.loss.dcl_weight_sigma is None:
@@ -112,6 +112,7 @@ def check_batch_schedule(
     parts["config.train.micro_batch_size"] = train.micro_batch_size or 1
     parts["config.data.examples_per_class"] = config.data.examples_per_class if config.data.task == "labeled" else 1
     parts["config.data.captions_per_image"] = data.captions_per_image  # an image's rows in one batch
+    parts["config.loss.group_size"] = loss_settings.group_size or 1  # whole groups
     chunk = config.loss.chunk_size
     if isinstance(chunk, int) and not isinstance(chunk, bool):
         parts["config.loss.chunk_size"] = chunk * (num_devices if config.loss.collective == "ring" else 1)
@@ -223,13 +224,6 @@ def _check_loss_inputs(
             f"config.model.num_classes={config.model.num_classes} with config.loss.name="
             f"{name!r}: losses {classifier_losses} need a classifier head (num_classes = "
             "the number of training classes), the others need num_classes=0."
-        )
-    if data.captions_per_image > 1 and "positive_ids" not in loss.options:
-        takes = losses.registry.taking("positive_ids")
-        raise ConfigError(
-            f"config.data.captions_per_image={data.captions_per_image} puts an image's captions in a batch as "
-            f"pairs that config.loss.name={name!r} would count as negatives of each other; use one of {takes} "
-            "(the image's index as positive id), or captions_per_image=1."
         )
 
 

@@ -13,6 +13,7 @@ field and a fix. Tests and benchmarks call `build` and the raw `Trainer.train_st
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -133,9 +134,35 @@ def guard_settings(config: ml_collections.ConfigDict) -> loss_guard.GuardSetting
 
 
 def loss_settings(config: ml_collections.ConfigDict) -> losses.LossSettings:
-    """`config.loss` (and the seed and embedding width) as the loss's plain values."""
-    own = group_values(losses.LossSettings, config.loss, besides={"seed", "embed_dim"})
-    return losses.LossSettings(**own, seed=config.seed, embed_dim=config.model.embed_dim)
+    """`config.loss` (and the seed and embedding width) as the loss's plain values; the
+    bank of negatives `config.loss.negatives_from` names, read and checked.
+
+    Raises:
+      ConfigError: the bank cannot be read, or is not [M, config.model.embed_dim] floats.
+    """
+    own = group_values(losses.LossSettings, config.loss, besides={"seed", "embed_dim", "negative_bank"})
+    bank = losses.candidates.read_bank(config.loss.negatives_from, config.model.embed_dim)
+    return losses.LossSettings(**own, seed=config.seed, embed_dim=config.model.embed_dim, negative_bank=bank)
+
+
+def settled(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` with what one field says of another written out: the global batch a batch
+    schedule's stages start with (`config.train.global_batch_size`), and a loss name of the
+    last release that named a form of several positives (`losses.registry.DEPRECATED_NAMES`)
+    as today's name and `config.loss.positives` (a DeprecationWarning says so)."""
+    first = batch_schedule.first_stage(config.train.batch_schedule)
+    if first is not None and first != config.train.global_batch_size:
+        config = override(config, {"train.global_batch_size": first})
+    name = config.loss.name
+    if name not in losses.registry.DEPRECATED_NAMES:
+        return config
+    loss, form = losses.registry.DEPRECATED_NAMES[name]
+    warnings.warn(
+        f"config.loss.name={name!r} is deprecated: use config.loss.name={loss!r} and config.loss.positives={form!r}.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return override(config, {"loss.name": loss, "loss.positives": form})
 
 
 def model_settings(config: ml_collections.ConfigDict, *, learned_bias: bool = False) -> two_tower.ModelSettings:
@@ -155,7 +182,8 @@ def schedule_settings(config: ml_collections.ConfigDict) -> batch_schedule.Sched
     train = config.train
     return batch_schedule.parse(
         train.batch_schedule,
-        train.global_batch_size + config.loss.extra_negatives,  # the rows read a step (constant with extra negatives)
+        train.global_batch_size,
+        extra_rows=config.loss.extra_negatives,
         noise_factor=train.batch_noise_factor,
         noise_window_steps=train.batch_noise_window_steps,
         batch_max=train.batch_max,
@@ -208,6 +236,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
     Raises:
       ConfigError: a field with a bad or inconsistent value; the message names it and a fix.
     """
+    config = settled(config)
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp) if mesh is None else mesh
     train = config.train
     loss = losses.registry.get(config.loss.name)

@@ -20,12 +20,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses, sharding
-from contrastive_jax.models import patch_dropout, two_tower
+from contrastive_jax.models import two_tower
 from contrastive_jax.sharding import BATCH_AXES
-from contrastive_jax.training import grad_cache, negative_inputs, negatives_apart, noise_scale, optimizer
-
-# Model outputs with a batch dimension (split over the mesh); the rest are replicated.
-BATCHED_OUTPUTS = ("za", "zb", "logits")
+from contrastive_jax.training import forward, grad_cache, noise_scale, optimizer
 
 
 class TrainState(train_state.TrainState):
@@ -34,6 +31,13 @@ class TrainState(train_state.TrainState):
 
     batch_stats: Any = None
     loss_state: Any = None
+
+
+def loss_inputs(batched: dict[str, Any], shared: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """What a loss's `fn` reads on one device: the model's outputs and the data fields, the
+    extra rows' of both in one `extra`."""
+    extra = {**batched.get("extra", {}), **data.get("extra", {})}
+    return {**batched, **shared, **data, **({"extra": extra} if extra else {})}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +51,14 @@ class GradientSettings:
     micro_batch_method: str = "grad_cache"  # a name in grad_cache.MICRO_BATCH_METHODS
     log_noise_scale: bool = False  # the step also returns the noise scale's norms (noise_scale)
     lr_scaling: str = "none"  # the rate at a batch N: optimizer.rate_factor(lr_scaling, N, global_batch_size)
+
+    @property
+    def method(self) -> str:
+        """How the gradient is taken: "full_batch", "noise_scale", or a name in
+        `grad_cache.MICRO_BATCH_METHODS`."""
+        if self.log_noise_scale:
+            return "noise_scale"
+        return self.micro_batch_method if self.micro_batch_size else "full_batch"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -136,75 +148,32 @@ class Trainer:
         }
         return self.jit_train_step(abstract_state).lower(abstract_state, batch).compile()
 
-    def train_step(
-        self, state: TrainState, batch: dict[str, jax.Array], masked: bool | None = None
-    ) -> tuple[TrainState, dict[str, jax.Array]]:
-        """One optimizer step on a global batch (`a` [N, ...], optional `b`, `label` [N]).
-
-        With `config.train.micro_batch_size` m > 0 the batch is embedded in N / m
-        micro-batches: method "grad_cache" gives the exact full-batch gradient holding
-        one micro-batch's activations at a time; "accumulate" averages the
-        micro-batches' own losses (fewer negatives: a different objective).
+    def train_step(self, state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One optimizer step on a global batch (`a` [N, ...], optional `b`, `label` [N], and
+        the rows of `forward`: `negatives`, M extra rows after each device's).
 
         Pure: dropout randomness is `fold_in(fold_in(key(seed), state.step), micro_index)`,
-        so a resumed run repeats an uninterrupted one. Patch dropout (the model's
-        `patch_dropout`) keeps the tokens of the keys `patch_dropout.row_keys(seed,
-        state.step, global row)`, the same whatever the micro-batches and devices; with
-        an `until_step`, a `lax.cond` runs the masked step before it, the unmasked one
-        after (`masked`: that branch alone). A loss with state
-        (`losses.LossState`) updates `state.loss_state` once, from the whole batch. Returns the new state and scalar
-        metrics (`loss`, `grad_norm`, `learning_rate`, `temperature`, the loss's own).
+        so a resumed run repeats an uninterrupted one. Every row is embedded by one
+        `forward.Forward`, whichever way the gradient is taken (`GradientSettings.method`).
+        A loss with state (`losses.LossState`) updates `state.loss_state` once, from the
+        whole batch. Returns the new state and scalar metrics (`loss`, `grad_norm`,
+        `learning_rate`, `temperature`, the loss's own).
         """
-        if masked is None and self.model.patch_dropout.staged:
-            return self._masked_until(state, batch)
-        rng = jax.random.fold_in(jax.random.key(self.seed), state.step)
-        batch = self._with_patch_keys(state.step, self._with_momentum_keys(state, batch), masked)
-
-        def forward(params, inputs, micro_index):
-            outputs, updates = state.apply_fn(
-                {"params": params, "batch_stats": state.batch_stats},
-                inputs["a"],
-                inputs.get("b"),
-                train=True,
-                rngs={"dropout": jax.random.fold_in(rng, micro_index)},
-                mutable=["batch_stats"],
-                patch_keys=inputs.get("patch_keys"),
-            )
-            batched = {k: v for k, v in outputs.items() if k in BATCHED_OUTPUTS}
-            shared = {k: v for k, v in outputs.items() if k not in BATCHED_OUTPUTS}
-            return batched, shared, updates
-
-        def loss_of_outputs(batched, shared, inputs):
-            loss, metrics, loss_state = self.global_loss(
-                batched, shared, self.loss_data(inputs), state.loss_state, state.step
-            )
-            return loss, (metrics, loss_state)
-
-        gradient = self.gradient
-        if gradient.micro_batch_size:
-            (loss, (metrics, loss_state), updates), grads = grad_cache.MICRO_BATCH_METHODS[gradient.micro_batch_method](
-                forward,
-                loss_of_outputs,
-                state.params,
-                batch,
-                num_micro_batches=batch["a"].shape[0] // gradient.micro_batch_size,
-                num_shards=sharding.batch_shards(self.mesh),
-            )
-        elif gradient.log_noise_scale:
-            loss, metrics, updates, grads = self._noise_scale_value_and_grad(forward, state.params, batch)
-            loss_state = state.loss_state
-        else:
-
-            def full_batch_loss(params):
-                batched, shared, updates = negatives_apart.embed(forward, params, batch, self.loss_settings, self.mesh)
-                variables = {"params": params, "batch_stats": state.batch_stats}
-                batched = negative_inputs.embed(state.apply_fn, variables, batch, batched, rng)
-                loss, aux = loss_of_outputs(batched, shared, batch)
-                return loss, (aux, updates)
-
-            (loss, ((metrics, loss_state), updates)), grads = jax.value_and_grad(full_batch_loss, has_aux=True)(
-                state.params
-            )
+        batch = forward.layout(
+            batch,
+            extra_rows=self.loss_settings.extra_negatives,
+            num_shards=sharding.batch_shards(self.mesh),
+            patch_seed=self.seed if self.model.patch_dropout.rate else None,
+            step=state.step,
+        )
+        embed = forward.Forward(
+            state.apply_fn,
+            state.batch_stats,
+            jax.random.fold_in(jax.random.key(self.seed), state.step),
+            key_params=self._key_encoder(state.loss_state),
+            drop_patches=not self.model.patch_dropout.staged or state.step < self.model.patch_dropout.until_step,
+        )
+        (loss, metrics, loss_state, updates), grads = self._value_and_grad(embed, state, batch)
         state, learning_rate = self._apply_gradients(state, grads, batch["a"].shape[0], updates.get("batch_stats", {}))
         state = state.replace(params=two_tower.clamp_temperature(state.params))
         if self.loss.state is not None and self.loss.state.after_step is not None:
@@ -213,11 +182,48 @@ class Trainer:
         metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads), learning_rate=learning_rate)
         return state, metrics
 
+    def _value_and_grad(self, embed: forward.Forward, state: TrainState, batch: dict[str, Any]):
+        """`((loss, metrics, loss state, model updates), grads)` of the global loss of the rows
+        `embed` embeds, taken as `self.gradient.method` says: in one pass; in micro-batches
+        (`grad_cache.MICRO_BATCH_METHODS`); or per device, for the noise scale's norms."""
+
+        def loss_of_outputs(batched, shared, inputs):
+            loss, metrics, loss_state = self.global_loss(
+                batched, shared, self.loss_data(inputs), state.loss_state, state.step
+            )
+            return loss, (metrics, loss_state)
+
+        method = self.gradient.method
+        if method == "noise_scale":
+            loss, metrics, updates, grads = self._noise_scale_value_and_grad(embed, state.params, batch)
+            return (loss, metrics, state.loss_state, updates), grads
+        if method == "full_batch":
+
+            def full_batch_loss(params):
+                batched, shared, updates = embed(params, batch, 0)
+                loss, (metrics, loss_state) = loss_of_outputs(batched, shared, batch)
+                return loss, (metrics, loss_state, updates)
+
+            (loss, (metrics, loss_state, updates)), grads = jax.value_and_grad(full_batch_loss, has_aux=True)(
+                state.params
+            )
+            return (loss, metrics, loss_state, updates), grads
+        (loss, (metrics, loss_state), updates), grads = grad_cache.MICRO_BATCH_METHODS[method](
+            embed,
+            loss_of_outputs,
+            state.params,
+            batch,
+            num_micro_batches=batch["a"].shape[0] // self.gradient.micro_batch_size,
+            num_shards=sharding.batch_shards(self.mesh),
+        )
+        return (loss, metrics, loss_state, updates), grads
+
     def _apply_gradients(self, state: TrainState, grads, global_batch: int, batch_stats) -> tuple[TrainState, Any]:
         """`(state after the optimizer's update, the learning rate it took)`: at a global
         batch of `global_batch` the update is scaled by `optimizer.rate_factor` (the rate's
         rule, `config.optim.lr_scaling`; the schedule and its warm-up count steps)."""
-        factor = optimizer.rate_factor(self.gradient.lr_scaling, global_batch, self.global_batch_size)
+        first = self.global_batch_size - self.loss_settings.extra_negatives  # the first stage's optimizer batch
+        factor = optimizer.rate_factor(self.gradient.lr_scaling, global_batch, first)
         learning_rate = self.optim.schedule(state.step) * factor
         if factor == 1.0:
             return state.apply_gradients(grads=grads, batch_stats=batch_stats), learning_rate
@@ -227,20 +233,7 @@ class Trainer:
         state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, batch_stats=batch_stats)
         return state, learning_rate
 
-    def _masked_until(self, state: TrainState, batch: dict[str, jax.Array]):
-        """`train_step` with patch dropout before `patch_dropout.until_step`, every patch
-        kept from it on (FLIP's unmasked tuning): one program, a `lax.cond` on the step."""
-        masked_step, unmasked_step = (functools.partial(self.train_step, masked=m) for m in (True, False))
-        return jax.lax.cond(state.step < self.model.patch_dropout.until_step, masked_step, unmasked_step, state, batch)
-
-    def _with_patch_keys(self, step, batch: dict[str, jax.Array], masked: bool | None) -> dict[str, jax.Array]:
-        """The batch with `patch_keys` [N] (`patch_dropout.row_keys` of the global rows at
-        `step`) when the model drops patches in this step; else as it is."""
-        if not self.model.patch_dropout.rate or masked is False:
-            return batch
-        return dict(batch, patch_keys=patch_dropout.row_keys(self.seed, step, batch["a"].shape[0]))
-
-    def _noise_scale_value_and_grad(self, forward, params, batch):
+    def _noise_scale_value_and_grad(self, embed: forward.Forward, params, batch):
         """`(loss, metrics, updates, grads)` of the global loss with each device's forward
         and backward pass in `shard_map`, so that its share of the gradient is seen before
         the sum: `metrics` add the noise scale's squared norms
@@ -249,8 +242,8 @@ class Trainer:
 
         def per_device(params, local_batch):
             def local_loss(p):
-                batched, shared, updates = forward(p, local_batch, jax.lax.axis_index(BATCH_AXES))
-                inputs = {**batched, **shared, **self.loss_data(local_batch)}
+                batched, shared, updates = embed(p, local_batch, jax.lax.axis_index(BATCH_AXES))
+                inputs = loss_inputs(batched, shared, self.loss_data(local_batch))
                 loss, metrics = self.loss.fn(inputs, self.loss_settings)
                 return loss, (dict(metrics, temperature=shared["temperature"]), updates)
 
@@ -262,18 +255,26 @@ class Trainer:
 
         return jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(BATCH_AXES)), out_specs=P())(params, batch)
 
-    def loss_data(self, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        """The data fields the loss reads (see `losses.registry`) from a batch: `label`
-        [N]; `groups` [N, K], the source's id keys stacked; `index` [N]; the momentum
-        encoder's `key_za`, `key_zb` [N, D] when the batch holds them."""
-        data = {k: batch[k] for k in ("key_za", "key_zb") if k in batch}
+    def loss_data(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The data fields the loss reads (see `losses.registry`) from a batch as
+        `forward.layout` leaves it: `label` [N]; `groups` [N, K], the source's id keys
+        stacked; `index` [N]; and the same of its extra rows, in `extra`."""
+        data = {}
         if self.loss.labels:
             data["label"] = batch["label"]
-        if self.loss.indices:
+        if self.loss.indices or self.loss_settings.positives != losses.OWN_PAIR:  # an image's pairs share it
             data["index"] = batch["index"]
         if self.loss.groups:
             data["groups"] = jnp.stack([batch[key] for key in self.id_keys], axis=-1)
+        if "extra" in batch and data:
+            data["extra"] = self.loss_data(batch["extra"])
         return data
+
+    def _key_encoder(self, loss_state: dict[str, Any] | None):
+        """The parameters of an encoder the loss state keeps (`LossState.params_like`: a
+        momentum encoder, whose keys `forward` embeds), or None."""
+        params_like = self.loss.state.params_like if self.loss.state and loss_state else ()
+        return next((loss_state[name] for name in sorted(params_like) if name in loss_state), None)
 
     def global_loss(
         self,
@@ -305,7 +306,7 @@ class Trainer:
         specs = self._loss_state_specs(inside)
 
         def per_device(batched, shared, data, loss_state, step):
-            inputs = {**batched, **shared, **data}
+            inputs = loss_inputs(batched, shared, data)
             if self.loss.state is None:
                 loss, metrics = self.loss.fn(inputs, self.loss_settings)
             else:
@@ -340,16 +341,3 @@ class Trainer:
             name: jax.tree.map(lambda _, rows=name in self.loss.state.sharded: P(BATCH_AXES) if rows else P(), value)
             for name, value in loss_state.items()
         }
-
-    def _with_momentum_keys(self, state: TrainState, batch: dict[str, jax.Array]):
-        """The batch with `key_za`, `key_zb`: the momentum encoder's embeddings (no
-        gradient, dropout off), when the loss state holds its parameters."""
-        if not state.loss_state or "ema_params" not in state.loss_state:
-            return batch
-        keys = state.apply_fn(
-            {"params": state.loss_state["ema_params"], "batch_stats": state.batch_stats},
-            batch["a"],
-            batch.get("b"),
-            train=False,
-        )
-        return dict(batch, key_za=jax.lax.stop_gradient(keys["za"]), key_zb=jax.lax.stop_gradient(keys["zb"]))
