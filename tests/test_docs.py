@@ -367,17 +367,17 @@ QUOTED_FIGURES = [
     ),
     (
         "docs/batch_size_study.md",
-        "| 256 | 2 | 3 | 419 ± 80 | 311 ± 30 | 750 ± 319 | 380 ± 26 |",
+        "| DCL | 256 | 2 | 311 ± 30 | 380 ± 26 | 414 ± 23 | 535 ± 59 | 805 ± 158 | 0.897 ± 0.002 | 0.036 |",
         RESULTS + "critical_batch_study/summary.md",
     ),
     (
         "docs/batch_size_study.md",
-        "| CLIP 4,096 - CLIP 2,048 | -0.0173 [-0.0198, -0.0149] |",
+        "(4,096 − 2,048 over the queries spelling → pronunciation: −0.0173 [−0.0198, −0.0149];",
         RESULTS + "critical_batch_study/summary.md",
     ),
     (
         "docs/batch_size_study.md",
-        "| DCL | 1,024 | 4 | 3 | 0.899 ± 0.002 | 0.033 |",
+        "| DCL | 1,024 | 4 | 92 ± 5 | 103 ± 4 | 116 ± 16 | 142 ± 12 | 188 ± 21 | 0.899 ± 0.002 | 0.033 |",
         RESULTS + "critical_batch_study/summary.md",
     ),
     ("docs/batch_size_study.md", "B_simple is 3,783–6,769", RESULTS + "critical_batch_study/summary.md"),
