@@ -895,8 +895,8 @@ FINDINGS_SOURCES = {
     "Negatives fixed (K = 512), batch grown": "negatives_vs_noise/summary.md",
     "With the negatives fixed, McCandlish's curve": "negatives_vs_noise/summary.md",
     "Batch fixed (N = 512), negatives grown": "negatives_vs_noise/summary.md",
-    "Sigmoid against softmax made fair, epoch-matched": "sigmoid_vs_softmax/v2/epoch_matched/summary.md",
-    "Sigmoid against softmax made fair, step-matched": "sigmoid_vs_softmax/v2/step_matched/summary.md",
+    "Sigmoid against softmax, each tuned per N (v2), epoch-matched": "sigmoid_vs_softmax/v2/epoch_matched/summary.md",
+    "Sigmoid against softmax, each tuned per N (v2), step-matched": "sigmoid_vs_softmax/v2/step_matched/summary.md",
     "Batch size as a schedule": "batch_schedule/summary.md",
 }
 
