@@ -35,10 +35,14 @@ class TowerSettings:
     mlp_dim: int
 
 
+# The MLP's activation, each recomputed from its input in the backward pass
+# (`jax.checkpoint`), as PyTorch's GELU does: differentiated as written, exact GELU keeps
+# three [B, L, mlp_dim] arrays beside its input (its erf, erf's derivative, its output),
+# the largest activations of a block (measured: experiments/bench/bench_step_memory.py).
 ACTIVATIONS = {
-    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
-    "gelu": lambda x: nn.gelu(x, approximate=False),
-    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+    "gelu_tanh": jax.checkpoint(lambda x: nn.gelu(x, approximate=True)),
+    "gelu": jax.checkpoint(lambda x: nn.gelu(x, approximate=False)),
+    "quick_gelu": jax.checkpoint(lambda x: x * jax.nn.sigmoid(1.702 * x)),
 }
 
 
