@@ -117,7 +117,9 @@ def shard_loss(
 
     Returns:
       ``fn(*arrays, **hyperparameters)``. Array-valued hyperparameters (a learnable
-      temperature) are passed in replicated; other values are closed over.
+      temperature) are passed in replicated; a hyperparameter that is a pytree holding
+      arrays (``losses.Candidates``: ids, extra columns) is split by rows, as the arrays
+      are; other values are closed over.
     """
     axis_name = batch_axes(mesh) if axis_name is None else axis_name
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
@@ -128,16 +130,23 @@ def shard_loss(
         for index, array in enumerate(arrays):
             if index not in replicated_argnums:
                 check_multiple(np.shape(array)[0], num_shards, f"argument {index}'s batch size", "the devices")
-        array_kwargs = {k: v for k, v in hyperparameters.items() if isinstance(v, (jax.Array, np.ndarray))}
-        static_kwargs = {k: v for k, v in hyperparameters.items() if k not in array_kwargs}
+        is_array = lambda v: isinstance(v, (jax.Array, np.ndarray))  # noqa: E731
+        array_kwargs = {k: v for k, v in hyperparameters.items() if is_array(v)}
+        row_kwargs = {
+            k: v for k, v in hyperparameters.items() if not is_array(v) and any(map(is_array, jax.tree.leaves(v)))
+        }
+        static_kwargs = {k: v for k, v in hyperparameters.items() if k not in array_kwargs and k not in row_kwargs}
 
-        def per_device(arrays, array_kwargs):
-            return loss_fn(*arrays, **array_kwargs, **static_kwargs, axis_name=axis_name)
+        def per_device(arrays, array_kwargs, row_kwargs):
+            return loss_fn(*arrays, **array_kwargs, **row_kwargs, **static_kwargs, axis_name=axis_name)
 
         in_specs = (
             tuple(P() if i in replicated_argnums else P(names) for i in range(len(arrays))),
             P(),
+            P(names),
         )
-        return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=P())(tuple(arrays), array_kwargs)
+        return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=P())(
+            tuple(arrays), array_kwargs, row_kwargs
+        )
 
     return sharded

@@ -39,8 +39,9 @@ def with_hard_negatives(loss_fn):
     """``loss_fn(a, b, hard, **hyperparameters)``: ``loss_fn`` with its ``hard_negatives``
     positional, so that ``shard_loss`` splits them with their rows."""
 
-    def fn(a, b, hard, **hyperparameters):
-        return loss_fn(a, b, hard_negatives=hard, **hyperparameters)
+    def fn(a, b, hard, *, chunk_size=None, collective="all_gather", **hyperparameters):
+        candidates, streaming = losses.Candidates(extra_columns=hard), losses.Streaming(chunk_size, collective)
+        return loss_fn(a, b, candidates=candidates, streaming=streaming, **hyperparameters)
 
     return fn
 

@@ -1,5 +1,5 @@
-"""Hard negatives (`losses.hard_negatives`): `clip_loss`, `infonce_loss` and `siglip_loss`
-with `hard_negatives` [B, M, D], against float64 dense references written from the
+"""Hard negatives (`losses.Candidates(extra_columns=...)`): `clip_loss`, `infonce_loss` and
+`siglip_loss` with each pair's M extra columns [B, M, D], against float64 dense references written from the
 formulas on the global arrays (a -> b over the N b's and all N M hard negatives; b -> a
 over the N a's only; SigLIP's hard negatives labelled -1 for every row), value and
 gradient (a, b, the hard negatives, the temperature; SigLIP's bias), M = 1 and 3, on one
@@ -161,28 +161,11 @@ def test_metrics_count_a_hard_negative_that_beats_the_pair(name):
     assert float(metrics["accuracy_b_to_a"]) == pytest.approx(float(plain["accuracy_b_to_a"]))
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"hard_negatives": jnp.zeros((N, D))}, r"hard_negatives must have shape \[B, M, D\] = \[32, M, 8\]"),
-        ({"hard_negatives": jnp.zeros((N, 2, D + 1))}, "must have shape"),
-        ({"hard_negatives": jnp.zeros((N, 2, D)), "group_size": 8}, "plain loss: not with group_size"),
-        ({"hard_negatives": jnp.zeros((N, 2, D)), "query_rows": 8}, "plain loss"),
-        ({"hard_negatives": jnp.zeros((N, 2, D)), "positive_ids": jnp.arange(N)}, "plain loss"),
-        ({"hard_negatives": jnp.zeros((N, 2, D)), "false_negative_ids": jnp.arange(N)}, "plain loss"),
-    ],
-)
-def test_bad_options_are_one_line(options, message):
-    a, b, _ = inputs(1)
-    with pytest.raises(ValueError, match=message):
-        losses.clip_loss(a, b, temperature=TEMPERATURE, **options)
-
-
 @pytest.mark.parametrize("name", CASES)
 def test_the_registry_passes_the_outputs_hard_negatives(name):
     """`losses.LOSSES[name]` lists the option and hands the outputs' `hard_negatives` to
     its kernel, on 8 devices: the reference's loss; without them, the plain loss."""
-    assert "hard_negatives" in losses.LOSSES[name].options
+    assert "extra_columns" in losses.LOSSES[name].options
     settings = run_plan.loss_settings(load_config("default"))
     a, b, hard = inputs(3)
     shared = {"temperature": jnp.float32(TEMPERATURE), "bias": jnp.float32(BIAS)}
@@ -199,5 +182,5 @@ def test_the_registry_passes_the_outputs_hard_negatives(name):
 
 
 def test_only_the_pair_softmax_and_sigmoid_losses_take_hard_negatives():
-    takes = sorted(name for name, loss in losses.LOSSES.items() if "hard_negatives" in loss.options)
-    assert takes == ["clip", "infonce", "siglip"]
+    takes = sorted(name for name, loss in losses.LOSSES.items() if "extra_columns" in loss.options)
+    assert takes == ["clip", "clip_masking_false_negatives", "infonce", "siglip"]

@@ -185,7 +185,6 @@ def test_infonce_query_rows_return_their_metrics(num_devices):
         ({"query_rows": 0}, r"query_rows=0 must be in \[1, 32\]"),
         ({"query_rows": 33}, "must be in"),
         ({"query_rows": 8, "group_size": 8}, "not both"),
-        ({"group_size": 8, "false_negative_ids": jnp.arange(N)}, "plain loss"),
     ],
 )
 def test_bad_options_are_one_line(options, message):

@@ -1,0 +1,135 @@
+"""Every recipe with every large-batch tool (docs/training.md, "Recipes with the
+large-batch tools"): one jitted step of each feature -- hard negatives, several
+positives, extra negatives, groups, patch dropout, a mixture -- taken with each tool --
+gradient caching, FSDP, a streamed loss around the ring, a batch schedule's later stage,
+the noise scale's per-device pass -- equals the same feature's plain step (the whole
+batch in one pass, replicated parameters, dense logits, a constant batch): the loss and
+the update, to float32 rounding, on 8 simulated devices.
+
+SGD at rate 1 and no dropout, so an update is minus the gradient and two steps compare
+exactly. The plain step of a feature is computed once (`reference_step`).
+"""
+
+import dataclasses
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from contrastive_jax import sharding
+from contrastive_jax.config_lib import override
+from contrastive_jax.data import input_pipeline, settings
+from contrastive_jax.models import encoders
+from contrastive_jax.training import run_plan
+
+N, M = 16, 16  # the optimizer's batch; extra negatives and a stage's doubling
+
+BASE = {
+    "optim.name": "sgd",
+    "optim.momentum": 0.0,
+    "optim.learning_rate": 1.0,
+    "optim.warmup_steps": 0,
+    "optim.grad_clip_norm": 0.0,
+    "optim.weight_decay": 0.0,
+    "model.dropout_rate": 0.0,
+    "train.global_batch_size": N,
+    "mesh.fsdp_min_kib": 0,  # every parameter split under FSDP
+}
+FEATURES = {
+    "hard_negatives": {},  # the batch's `negatives` (`with_feature`)
+    "several_positives": {"loss.positives": "mean_log_prob"},  # with pairs sharing an index (`with_feature`)
+    "extra_negatives": {"loss.extra_negatives": M},
+    "groups": {"loss.group_size": 4},
+    "patch_dropout": {
+        "model.encoder_a": "vit_tiny",
+        "model.encoder_b": "vit_tiny",
+        "model.patch_size": 2,
+        "model.patch_dropout": 0.5,
+    },
+    "mixture": {},  # the digits and a copy, 3 : 1 (`feature_config`)
+}
+# tool -> (config fields, devices, fsdp, the optimizer's batch of the step compared)
+TOOLS = {
+    "gradient_caching": ({"train.micro_batch_size": 8}, 8, 1, N),
+    "fsdp": ({"mesh.fsdp": 2}, 8, 2, N),
+    "streamed": ({"loss.chunk_size": 2, "loss.collective": "ring"}, 8, 1, N),
+    "batch_schedule": ({"train.batch_schedule": f"{N}@0,{2 * N}@1"}, 8, 1, 2 * N),
+    "noise_scale": ({"train.log_noise_scale": True}, 8, 1, N),
+}
+
+
+@pytest.fixture(scope="module")
+def base(load_config, digits_data_dir, tmp_path_factory):
+    """`(config, a mixture's fields)`; while the module runs, "vit_tiny" is a ViT of width
+    16 and 2 blocks (the real one's 12 blocks of 192 take minutes to compile on 8 CPU
+    devices; patch dropout's keys do not depend on the width)."""
+    from subprocess_runs import tiny_fields
+
+    config = override(load_config("default"), tiny_fields(digits_data_dir) | BASE)
+    digits = settings.builtin_records("sklearn_digits", digits_data_dir)
+    copy = shutil.copytree(digits, tmp_path_factory.mktemp("mixture") / "digits_b")
+    mixture = {"data.records": (digits, str(copy)), "data.mixture_weights": (0.75, 0.25), "data.image_size": 8}
+    with pytest.MonkeyPatch.context() as patch:
+        small = lambda m, dtype, vocab: encoders.ViT(16, 2, 2, 32, m.patch_size, 0.0, dtype, m.remat, m.attention)  # noqa: E731
+        patch.setitem(encoders.ENCODERS, "vit_tiny", small)
+        yield config, mixture
+
+
+def with_feature(feature, batch):
+    """The batch of `feature`: hard negatives (each row's the next 2 rows' b inputs), or
+    pairs sharing their index two by two (positives of each other)."""
+    batch = dict(jax.device_get(batch))
+    if feature == "hard_negatives":
+        batch["negatives"] = np.stack([np.roll(batch["b"], -k, axis=0) for k in (1, 2)], axis=1)
+    if feature == "several_positives":
+        batch["index"] = np.arange(len(batch["index"]), dtype=batch["index"].dtype) // 2
+    return batch
+
+
+def one_step(config, feature, num_devices, fsdp, batch_size):
+    """`(loss, update)` of one jitted step (the update: the parameters after less before) at an optimizer batch of `batch_size`
+    (the trainer compiled for it, as the loop does for a schedule's stage)."""
+    plan = run_plan.build(config, sharding.make_mesh(num_devices, fsdp=fsdp))
+    extra = plan.trainer.loss_settings.extra_negatives
+    data = dataclasses.replace(plan.data, global_batch_size=batch_size + extra)
+    stream = input_pipeline.train_dataset(data)
+    batch = with_feature(feature, next(iter(stream)))
+    spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
+    init, abstract = plan.trainer.init_state(spec)
+    step = plan.trainer.compile_step(abstract, spec, batch_size + extra)
+    before = jax.device_get(init().params)
+    after, metrics = step(init(), batch)
+    return float(metrics["loss"]), jax.tree.map(np.subtract, jax.device_get(after.params), before)
+
+
+def feature_config(base, feature, fields=()):
+    config, mixture = base
+    return override(config, FEATURES[feature] | (mixture if feature == "mixture" else {}) | dict(fields))
+
+
+_REFERENCES = {}
+
+
+def reference_step(base, feature, num_devices, batch_size):
+    """The feature's plain step (computed once per feature, devices and batch)."""
+    key = (feature, num_devices, batch_size)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = one_step(feature_config(base, feature), feature, num_devices, 1, batch_size)
+    return _REFERENCES[key]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("feature", FEATURES)
+def test_each_recipe_with_each_tool_is_its_plain_step(base, feature, tool):
+    fields, num_devices, fsdp, batch_size = TOOLS[tool]
+    want_loss, want_update = reference_step(base, feature, num_devices, batch_size)  # FSDP's: replicated
+    config = feature_config(base, feature, fields)
+    if tool == "batch_schedule":  # the stages reach the run: rows read N_s + M at each
+        extra = config.loss.extra_negatives
+        assert run_plan.build(config, sharding.make_mesh(8)).batch_schedule.batches == (N + extra, 2 * N + extra)
+    loss, update = one_step(config, feature, num_devices, fsdp, batch_size)
+    assert loss == pytest.approx(want_loss, rel=2e-5)
+    scale = max(np.max(np.abs(u)) for u in jax.tree.leaves(want_update))  # float32 rounding of the update's
+    for got, want in zip(jax.tree.leaves(update), jax.tree.leaves(want_update), strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-4 * scale)
