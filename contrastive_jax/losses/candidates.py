@@ -135,9 +135,7 @@ def check(candidates: Candidates | None, a: jax.Array, axis_name) -> Candidates:
         raise ValueError(f"query_rows={c.query_rows} must be in [1, {local_batch}] (this device's rows).")
     num_rows = _common.global_batch_size(local_batch, axis_name)
     if c.group_size and (c.group_size < 0 or num_rows % c.group_size):
-        raise ValueError(
-            f"group_size={c.group_size} must divide the global batch N = {num_rows} (0: the whole batch)."
-        )
+        raise ValueError(f"group_size={c.group_size} must divide the global batch N = {num_rows} (0: the whole batch).")
     if c.group_size and c.query_rows is not None:
         raise ValueError("pass group_size or query_rows, not both: groups fix the negatives, query rows add to them.")
     return c

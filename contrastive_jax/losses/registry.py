@@ -342,9 +342,7 @@ LOSSES: Mapping[str, Loss] = {
     # No in-batch retrieval metrics: NT-Xent's statistics are over its 2N x 2N views
     # matrix, not the a -> b logits, and any other source is another N^2 pass per step.
     "ntxent": _streamed_pair_loss(ntxent_loss, metrics=False),
-    "siglip": _pair_loss(
-        siglip_loss, options=_SOFTMAX_OPTIONS - {"query_rows"}, bias="bias", positive_ids="index"
-    ),
+    "siglip": _pair_loss(siglip_loss, options=_SOFTMAX_OPTIONS - {"query_rows"}, bias="bias", positive_ids="index"),
     "npairs": Loss(  # no in-batch metrics, as NT-Xent: they would be another N^2 pass
         lambda o, c: (npairs_loss(o["za"], o["zb"], axis_name=BATCH_AXES), {}),
         frozenset({"za", "zb"}),

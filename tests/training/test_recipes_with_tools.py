@@ -88,8 +88,9 @@ def with_feature(feature, batch):
 
 
 def one_step(config, feature, num_devices, fsdp, batch_size):
-    """`(loss, update)` of one jitted step (the update: the parameters after less before) at an optimizer batch of `batch_size`
-    (the trainer compiled for it, as the loop does for a schedule's stage)."""
+    """`(loss, update)` of one jitted step (the update: the parameters after less before)
+    at an optimizer batch of `batch_size` (the trainer compiled for it, as the loop does for
+    a schedule's stage)."""
     plan = run_plan.build(config, sharding.make_mesh(num_devices, fsdp=fsdp))
     extra = plan.trainer.loss_settings.extra_negatives
     data = dataclasses.replace(plan.data, global_batch_size=batch_size + extra)
