@@ -170,18 +170,28 @@ def check_candidates(
     Raises:
       ConfigError: naming the field and a fix.
     """
-    wanted = {
-        "positive_ids": ("config.loss.positives", settings.positives, settings.positives != OWN_PAIR),
-        "group_size": ("config.loss.group_size", settings.group_size, bool(settings.group_size)),
-        "query_rows": ("config.loss.extra_negatives", settings.extra_negatives, bool(settings.extra_negatives)),
-        "extra_columns": ("the records' `negatives`", "hard negatives", has_negatives),
+    wanted = {  # option: (what asks for it, the other fix), when asked for
+        "positive_ids": (f"config.loss.positives={settings.positives!r}", "or 'own'"),
+        "group_size": (f"config.loss.group_size={settings.group_size}", "or 0"),
+        "query_rows": (f"config.loss.extra_negatives={settings.extra_negatives}", "or 0"),
+        "extra_columns": ("the records' hard negatives (`negatives`)", "or records without them"),
+    }
+    given = {
+        "positive_ids": settings.positives != OWN_PAIR,
+        "group_size": bool(settings.group_size),
+        "query_rows": bool(settings.extra_negatives),
+        "extra_columns": has_negatives,
     }
     if settings.negative_bank is not None:
-        wanted["extra_columns"] = ("config.loss.negatives_from", settings.negatives_from, True)
-    for option, (field, value, given) in wanted.items():
-        if given and option not in loss.options:
+        wanted["extra_columns"], given["extra_columns"] = (
+            (f"config.loss.negatives_from={settings.negatives_from!r}", "or ''"),
+            True,
+        )
+    for option, (what, other_fix) in wanted.items():
+        if given[option] and option not in loss.options:
             raise ConfigError(
-                f"{field}={value!r} with config.loss.name={name!r}: use one of {_taking(option)}, or leave it unset."
+                f"{what} with config.loss.name={name!r}, which cannot take them: use one of {_taking(option)}, "
+                f"{other_fix}."
             )
     from contrastive_jax.losses.positives import FORMS
 

@@ -1,4 +1,4 @@
-"""The trainer's side of `losses.hard_negatives` (`training.negative_inputs`): a step whose
+"""The trainer's side of hard negatives (`training.forward`): a step whose
 batch holds `negatives` [N, M, ...] takes the gradient of the loss with the b tower's
 embeddings of them in the a -> b pool, written here by hand (the towers and
 `TwoTower.embed` applied to the global batch, the kernel on one device); a batch
@@ -17,7 +17,7 @@ from contrastive_jax import losses, sharding, write_records
 from contrastive_jax.config_lib import override
 from contrastive_jax.data import input_pipeline, records
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training import negative_inputs, run_plan
+from contrastive_jax.training import run_plan
 from contrastive_jax.training.run_plan import build, data_settings
 
 M = 2  # hard negatives a row; the batch is the fixture's N = 16
@@ -57,7 +57,7 @@ def reference_loss(model, params, batch_stats, batch, kernel, extra):
         outputs["za"],
         outputs["zb"],
         temperature=outputs["temperature"],
-        hard_negatives=hard,
+        candidates=losses.Candidates(extra_columns=hard),
         **{k: outputs[k] for k in extra},
     )
 
@@ -78,34 +78,27 @@ def test_a_step_with_hard_negatives_has_the_hand_computed_gradient(config, name,
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
-def test_without_negatives_the_step_is_the_plain_one(config, monkeypatch):
-    """No `negatives` and M = 0 leave the step as it is without the hook, bit for bit."""
+def test_without_negatives_the_step_is_the_plain_one(config):
+    """No `negatives` and M = 0 give the same step, bit for bit."""
     results = [one_step(config, 8, count)[3:] for count in (None, 0)]
-    monkeypatch.setattr(negative_inputs, "embed", lambda apply_fn, variables, batch, batched, rng: batched)
-    results.append(one_step(config, 8, None)[3:])
-    want = jax.tree.leaves((results[2][0].params, results[2][1]))
-    for after, metrics in results[:2]:
-        for got, expected in zip(jax.tree.leaves((after.params, metrics)), want, strict=True):
-            np.testing.assert_array_equal(got, expected)
+    want = jax.tree.leaves((results[0][0].params, results[0][1]))
+    for got, expected in zip(jax.tree.leaves((results[1][0].params, results[1][1])), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize(
-    ("fields", "message"),
-    [
-        ({"loss.name": "ntxent"}, r"name='ntxent' cannot take them; use one of \['clip', 'infonce', 'siglip'\]"),
-        ({"loss.extra_negatives": 8}, "config.loss.extra_negatives=0"),
-        ({"loss.group_size": 4}, "config.loss.group_size=0"),
-        ({"train.micro_batch_size": 8}, "micro_batch_size=0"),
-    ],
-)
-def test_the_door_refuses_what_cannot_take_them(config, fields, message):
-    config = override(config, fields)
-    loss = losses.LOSSES[config.loss.name]
+def test_the_door_refuses_a_loss_that_cannot_take_them(config):
     settings = run_plan.loss_settings(config)
-    plain_step = not config.train.micro_batch_size
-    with pytest.raises(ConfigError, match=message):
-        negative_inputs.check(config.loss.name, loss, settings, has_negatives=True, plain_step=plain_step)
-    negative_inputs.check(config.loss.name, loss, settings, has_negatives=False, plain_step=plain_step)
+    with pytest.raises(ConfigError, match=r"name='ntxent', which cannot take them: use one of \['clip', "):
+        losses.check_candidates(
+            "ntxent",
+            losses.LOSSES["ntxent"],
+            settings,
+            global_batch_size=16,
+            num_devices=8,
+            micro_batches=1,
+            has_negatives=True,
+            captions_per_image=1,
+        )
 
 
 def write_table(tmp_path, kind, rows):

@@ -1,8 +1,8 @@
-"""The trainer's side of `losses.negatives` (`training.negatives_apart`): a step with
+"""The trainer's side of extra negatives and groups (`training.forward`): a step with
 `config.loss.extra_negatives` takes the gradient of CLIP over the N gradient rows against
 all N + M rows, written here by hand (the towers applied to each device's rows, the
-extra rows under stop_gradient); with M = 0 the step is the one without the hook, bit
-for bit; `config.loss.group_size` reaches the kernel; the door refuses what cannot run."""
+extra rows under stop_gradient); `config.loss.group_size` reaches the kernel; the door
+refuses what cannot run. (With every gradient path: tests/training/test_recipes_with_tools.py.)"""
 
 import json
 
@@ -15,7 +15,7 @@ from contrastive_jax import losses, sharding
 from contrastive_jax.config_lib import override
 from contrastive_jax.data import input_pipeline
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training import negatives_apart, run_plan
+from contrastive_jax.training import run_plan
 from contrastive_jax.training.run_plan import build, data_settings
 
 N, M = 16, 16  # the optimizer's batch, the extra negatives
@@ -82,31 +82,24 @@ def test_a_step_with_extra_negatives_has_the_hand_computed_gradient(config, num_
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
-def test_without_extra_negatives_the_step_is_the_one_without_the_hook(config, monkeypatch):
-    *_, after, metrics = one_step(config, 8)
-    monkeypatch.setattr(negatives_apart, "embed", lambda forward, params, batch, *_: forward(params, batch, 0))
-    *_, want_after, want_metrics = one_step(config, 8)
-    for got, want in zip(jax.tree.leaves((after.params, metrics)), jax.tree.leaves((want_after.params, want_metrics))):
-        np.testing.assert_array_equal(got, want)
-
-
 def test_group_size_reaches_the_kernel(config):
     trainer = build(override(config, {"loss.group_size": 4}), sharding.make_mesh(8)).trainer
     za, zb = (losses.l2_normalize(jax.random.normal(jax.random.key(seed), (N, 16))) for seed in (0, 1))
     loss, _, _ = trainer.global_loss({"za": za, "zb": zb}, {"temperature": jnp.float32(0.1)}, {})
-    assert float(loss) == pytest.approx(float(losses.clip_loss(za, zb, temperature=0.1, group_size=4)), rel=1e-6)
+    groups = losses.clip_loss(za, zb, temperature=0.1, candidates=losses.Candidates(group_size=4))
+    assert float(loss) == pytest.approx(float(groups), rel=1e-6)
     assert float(loss) != pytest.approx(float(losses.clip_loss(za, zb, temperature=0.1)), rel=1e-3)
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"loss.extra_negatives": 8, "loss.name": "siglip"}, r"extra_negatives=8 with config.loss.name='siglip'"),
-        ({"loss.extra_negatives": -8}, "use one of"),
-        ({"loss.extra_negatives": 4}, "extra_negatives"),
-        ({"loss.extra_negatives": 8, "train.micro_batch_size": 8}, "micro_batch_size=0"),
-        ({"loss.extra_negatives": 8, "train.batch_schedule": "16@0,32@2"}, "batch_schedule='constant'"),
-        ({"loss.group_size": 4, "loss.name": "ntxent"}, r"group_size=4 with config.loss.name='ntxent'"),
+        ({"loss.extra_negatives": 8, "loss.name": "siglip"}, r"name='siglip', which cannot"),
+        ({"loss.extra_negatives": -8}, "must be >= 0"),
+        ({"loss.extra_negatives": 4}, r"multiple of the devices x micro-batches .* \(8\); use 8"),
+        ({"loss.extra_negatives": 8, "train.micro_batch_size": 8}, r"devices x micro-batches .* \(16\); use 16"),
+        ({"loss.extra_negatives": 8, "loss.group_size": 4}, "group_size fixes each row's candidates"),
+        ({"loss.group_size": 4, "loss.name": "ntxent"}, r"group_size=4 with config.loss.name='ntxent', which cannot"),
         ({"loss.group_size": 5}, "group_size"),
     ],
 )
