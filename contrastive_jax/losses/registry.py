@@ -25,21 +25,17 @@ reads `state` (this device's part of it: rows of the `LossState.sharded` leaves,
 others whole) and `step`, and returns the new state as a third value. "sogclr" reads
 `index` [B], each example's row in the training split (`input_pipeline.train_dataset`).
 
-"clip" and "infonce" take `group_size` (softmaxes within groups of K consecutive rows
-of the global batch) and `extra_negatives` (rows that are only negatives, embedded
-without gradient by `training.negatives_apart`), "siglip" `group_size`
-(`losses.negatives`; `Loss.options`); the door refuses them for the other losses. The
-three also take `hard_negatives` (`losses.hard_negatives`): when the outputs hold
-`hard_negatives` [B, M, D] (the b tower's embeddings of a batch's `negatives`), they
-join the a -> b pool.
-
-Several positives (`losses.positives`): "clip_several_positives" (SupCon's mean form),
-"clip_several_positives_log_sum" (MIL-NCE's log-sum form) and "siglip_several_positives"
-read `index` [B] as `positive_ids`, so the k rows of one image that
-`config.data.captions_per_image = k` puts in a batch (each with the image's index) are
-positives of each other; with all indices distinct each is its plain loss. They take the
-option "positive_ids"; the door refuses k > 1 with a loss that does not (its k pairs of
-an image would be negatives of each other).
+The pair losses "clip", "infonce", "siglip" (and "clip_masking_false_negatives") read
+their candidates (`losses.Candidates`) from one device's outputs and data, in one place
+(`pair_candidates`): the batch's rows and the extra rows (`extra`, embedded without
+gradient by `training.forward`; the batch's rows are the queries), each row's
+`hard_negatives` [B, M, D] (the b tower's embeddings of a batch's `negatives`) and the
+device's share of a fixed bank (`LossSettings.negative_bank`) as extra columns, the
+groups (`group_size`), and with `config.loss.positives` a form, the `index` [B] as
+positive ids (the k rows of an image that `config.data.captions_per_image = k` puts in
+a batch share it). `Loss.options` names the candidates each takes; the door
+(`loss_types.check_candidates`) refuses the others. The last release's names for a form
+of several positives are `DEPRECATED_NAMES`, read as today's by `run_plan.settled`.
 
 Not registered: `batch_prototype_cross_entropy_loss` needs the number of training
 classes, which label-only losses do not configure.

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from contrastive_jax.models import patch_dropout
 
@@ -42,11 +43,18 @@ BATCHED_OUTPUTS = ("za", "zb", "logits", "hard_negatives", "key_za", "key_zb", "
 EXTRA_STREAM, NEGATIVES_STREAM = 1, 2
 
 
-def _split(x: jax.Array, num_shards: int, extra_rows: int) -> tuple[jax.Array, jax.Array]:
-    """`x` [d (n + m), ...] into each shard's first n rows [d n, ...] and last m [d m, ...]."""
+def split_rows(x: jax.Array, num_shards: int, last_rows: int) -> tuple[jax.Array, jax.Array]:
+    """`x` [d (n + m), ...] into each shard's first n rows [d n, ...] and its last m =
+    `last_rows` [d m, ...]."""
     blocks = x.reshape(num_shards, -1, *x.shape[1:])
-    kept, extra = blocks[:, : blocks.shape[1] - extra_rows], blocks[:, blocks.shape[1] - extra_rows :]
+    kept, extra = blocks[:, : blocks.shape[1] - last_rows], blocks[:, blocks.shape[1] - last_rows :]
     return tuple(b.reshape(-1, *x.shape[1:]) for b in (kept, extra))
+
+
+def join_rows(first: jax.Array, last: jax.Array, num_shards: int) -> jax.Array:
+    """`split_rows`' inverse: each shard's rows of `first`, then its rows of `last`."""
+    blocks = [v.reshape(num_shards, -1, *v.shape[1:]) for v in (first, last)]
+    return jnp.concatenate(blocks, axis=1).reshape(-1, *first.shape[1:])
 
 
 def layout(
@@ -61,7 +69,7 @@ def layout(
         batch = dict(batch, patch_keys=patch_dropout.row_keys(patch_seed, step, rows))
     if not extra_rows:
         return batch
-    parts = {k: _split(v, num_shards, extra_rows // num_shards) for k, v in batch.items() if v.shape[:1] == (rows,)}
+    parts = {k: split_rows(v, num_shards, extra_rows // num_shards) for k, v in batch.items() if v.shape[:1] == (rows,)}
     return {**batch, **{k: v[0] for k, v in parts.items()}, "extra": {k: v[1] for k, v in parts.items()}}
 
 

@@ -7,7 +7,6 @@ and that state at a step the run did not keep (`replayed`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from typing import Any
@@ -23,7 +22,7 @@ def gradients(
     examples (steps `start_step`, `start_step + 1`, ... of a stream of that batch size:
     disjoint examples within an epoch, each batch its own negatives), and that state.
     With `config.loss.extra_negatives` M, each batch reads n + M examples, the last M / d
-    of each device's rows embedded without gradient (`negatives_apart.embed`, as the
+    of each device's rows embedded without gradient (`training.forward`, as the
     trainer does): the gradient is the n rows' loss against all n + M columns. With
     `queries` q (0: n), only the first q / d of each device's n / d gradient rows are the
     loss's queries; every row stays a column, the n gradient rows with their gradient:
@@ -32,7 +31,7 @@ def gradients(
 
     from contrastive_jax import run_dir, sharding
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.training import checkpoint, negatives_apart, run_plan, trainer
+    from contrastive_jax.training import checkpoint, forward, run_plan
 
     plan = run_plan.build(override(config, {"train.global_batch_size": n, "train.micro_batch_size": 0}))
     run = plan.trainer
@@ -44,20 +43,33 @@ def gradients(
     finally:
         ckpt.close()
 
-    def forward(params, inputs, _):
+    shards, extra_rows = sharding.batch_shards(run.mesh), run.loss_settings.extra_negatives
+    others = (n - queries) // shards if queries else 0  # each shard's gradient rows that are no query
+
+    def embed(params, inputs):
         variables = {"params": params, "batch_stats": state.batch_stats}
         outputs = state.apply_fn(variables, inputs["a"], inputs.get("b"), train=False)
-        batched = {k: v for k, v in outputs.items() if k in trainer.BATCHED_OUTPUTS}
-        shared = {k: v for k, v in outputs.items() if k not in trainer.BATCHED_OUTPUTS}
-        return batched, shared, {}
+        return {k: v for k, v in outputs.items() if k in forward.BATCHED_OUTPUTS}, outputs
 
-    # The loss with q queries: the rows past them counted with the extra rows (as queries, not in embed).
-    settings = dataclasses.replace(run.loss_settings, extra_negatives=run.loss_settings.extra_negatives + n - queries)
-    scored = dataclasses.replace(run, loss_settings=settings) if queries else run
+    def fewer_queries(rows: dict) -> dict:
+        """The last `others` of each shard's gradient rows moved to the front of its extra rows."""
+        if not others:
+            return rows
+        extra = rows.pop("extra", None)
+        for name in list(rows):
+            rows[name], moved = forward.split_rows(rows[name], shards, others)
+            joined = moved if extra is None else forward.join_rows(moved, extra[name], shards)
+            rows.setdefault("extra", {})[name] = joined
+        return rows
 
     def loss(params, batch):
-        batched, shared, _ = negatives_apart.embed(forward, params, batch, run.loss_settings, run.mesh)
-        return scored.global_loss(batched, shared, run.loss_data(batch), state.loss_state, state.step)[0]
+        batch = forward.layout(batch, extra_rows=extra_rows, num_shards=shards, patch_seed=None, step=0)
+        batched, outputs = embed(params, batch)
+        if "extra" in batch:  # the parameters stopped: no gradient through the extra rows
+            batched["extra"], _ = embed(jax.lax.stop_gradient(params), batch["extra"])
+        shared = {k: v for k, v in outputs.items() if k not in forward.BATCHED_OUTPUTS}
+        batched, data = fewer_queries(batched), fewer_queries(run.loss_data(batch))
+        return run.global_loss(batched, shared, data, state.loss_state, state.step)[0]
 
     grad = jax.jit(jax.grad(loss))
     grads = []

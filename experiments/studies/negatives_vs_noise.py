@@ -18,7 +18,7 @@ the cap of `MAX_EPOCHS` epochs, every seed at the tuned rate and its neighbours,
   third of this study's time.
 * **fixed N** (the batch held, the negatives grown): N = `FIXED_BATCH` gradient rows and
   M = C - N extra rows a step embedded without gradient, only negatives
-  (`config.loss.extra_negatives`, `training.negatives_apart`), so each row's softmax runs
+  (`config.loss.extra_negatives`, `training.forward`), so each row's softmax runs
   over C = N + M columns for C in `FIXED_N_NEGATIVES` (M = 0 ... 7,680). The rate's first
   step is N's, whatever M. Do more negatives at a fixed N buy steps? (Welch's difference
   of the steps at the fewest and the most negatives.)

@@ -1,4 +1,4 @@
-"""The negatives apart from the batch (`losses.negatives`): `group_size` (CLIP, InfoNCE and
+"""The negatives apart from the batch (`losses.Candidates`): `group_size` (CLIP, InfoNCE and
 SigLIP within groups of K consecutive global rows) and `query_rows` (CLIP and InfoNCE
 whose rows are the first n of each device's, against every column), against float64
 dense references written from the formulas (the groups cut from the global arrays, the

@@ -1,6 +1,7 @@
 """Every recipe with every large-batch tool (docs/training.md, "Recipes with the
 large-batch tools"): one jitted step of each feature -- hard negatives, several
-positives, extra negatives, groups, patch dropout, a mixture -- taken with each tool --
+positives, extra negatives, groups, patch dropout, a mixture, a fixed bank of
+negatives -- taken with each tool --
 gradient caching, FSDP, a streamed loss around the ring, a batch schedule's later stage,
 the noise scale's per-device pass -- equals the same feature's plain step (the whole
 batch in one pass, replicated parameters, dense logits, a constant batch): the loss and
@@ -17,9 +18,10 @@ import jax
 import numpy as np
 import pytest
 
-from contrastive_jax import sharding
+from contrastive_jax import losses, sharding
 from contrastive_jax.config_lib import override
 from contrastive_jax.data import input_pipeline, settings
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.models import encoders
 from contrastive_jax.training import run_plan
 
@@ -48,6 +50,7 @@ FEATURES = {
         "model.patch_dropout": 0.5,
     },
     "mixture": {},  # the digits and a copy, 3 : 1 (`feature_config`)
+    "negative_bank": {},  # 16 fixed negatives from a file, config.loss.negatives_from (`feature_config`)
 }
 # tool -> (config fields, devices, fsdp, the optimizer's batch of the step compared)
 TOOLS = {
@@ -61,19 +64,23 @@ TOOLS = {
 
 @pytest.fixture(scope="module")
 def base(load_config, digits_data_dir, tmp_path_factory):
-    """`(config, a mixture's fields)`; while the module runs, "vit_tiny" is a ViT of width
-    16 and 2 blocks (the real one's 12 blocks of 192 take minutes to compile on 8 CPU
-    devices; patch dropout's keys do not depend on the width)."""
+    """`(config, {feature: its fields})` (a mixture's, a bank of negatives'); while the
+    module runs, "vit_tiny" is a ViT of width 16 and 2 blocks (the real one's 12 blocks of
+    192 take minutes to compile on 8 CPU devices; patch dropout's keys do not depend on
+    the width)."""
     from subprocess_runs import tiny_fields
 
     config = override(load_config("default"), tiny_fields(digits_data_dir) | BASE)
     digits = settings.builtin_records("sklearn_digits", digits_data_dir)
     copy = shutil.copytree(digits, tmp_path_factory.mktemp("mixture") / "digits_b")
     mixture = {"data.records": (digits, str(copy)), "data.mixture_weights": (0.75, 0.25), "data.image_size": 8}
+    bank = tmp_path_factory.mktemp("bank") / "negatives.npy"
+    np.save(bank, np.random.default_rng(0).normal(size=(16, config.model.embed_dim)).astype(np.float32))
+    added = {"mixture": mixture, "negative_bank": {"loss.negatives_from": str(bank)}}
     with pytest.MonkeyPatch.context() as patch:
         small = lambda m, dtype, vocab: encoders.ViT(16, 2, 2, 32, m.patch_size, 0.0, dtype, m.remat, m.attention)  # noqa: E731
         patch.setitem(encoders.ENCODERS, "vit_tiny", small)
-        yield config, mixture
+        yield config, added
 
 
 def with_feature(feature, batch):
@@ -105,8 +112,8 @@ def one_step(config, feature, num_devices, fsdp, batch_size):
 
 
 def feature_config(base, feature, fields=()):
-    config, mixture = base
-    return override(config, FEATURES[feature] | (mixture if feature == "mixture" else {}) | dict(fields))
+    config, added = base
+    return override(config, FEATURES[feature] | added.get(feature, {}) | dict(fields))
 
 
 _REFERENCES = {}
@@ -134,3 +141,35 @@ def test_each_recipe_with_each_tool_is_its_plain_step(base, feature, tool):
     scale = max(np.max(np.abs(u)) for u in jax.tree.leaves(want_update))  # float32 rounding of the update's
     for got, want in zip(jax.tree.leaves(update), jax.tree.leaves(want_update), strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-4 * scale)
+
+
+def test_a_bank_is_a_negative_of_every_row(base):
+    """The bank's rows join every row's a -> b softmax, over the devices as on one: the
+    trainer's loss equals the kernel's with the bank as shared columns (normalised)."""
+    config = feature_config(base, "negative_bank")
+    trainer = run_plan.build(config, sharding.make_mesh(8)).trainer
+    bank = trainer.loss_settings.negative_bank
+    za, zb = (losses.l2_normalize(jax.random.normal(jax.random.key(seed), (N, bank.shape[1]))) for seed in (0, 1))
+    loss, _, _ = trainer.global_loss({"za": za, "zb": zb}, {"temperature": np.float32(0.1)}, {})
+    want = losses.clip_loss(za, zb, temperature=0.1, candidates=losses.Candidates(shared_columns=bank))
+    assert float(loss) == pytest.approx(float(want), rel=1e-5)
+    assert float(loss) != pytest.approx(float(losses.clip_loss(za, zb, temperature=0.1)), rel=1e-3)
+    np.testing.assert_allclose(np.linalg.norm(bank, axis=1), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, r"negatives_from='.*missing.npy' cannot be read"),
+        (np.zeros((16, 3), np.float32), r"holds float32 \(16, 3\); it must be \[M, 16\] floats"),
+        (np.zeros((12, 16), np.float32), r"rows of config.loss.negatives_from=12 must be a multiple of the devices"),
+    ],
+)
+def test_a_bad_bank_is_one_line_before_compiling(base, tmp_path, content, message):
+    path = tmp_path / "missing.npy"
+    if content is not None:
+        np.save(path, content)
+    config = override(base[0], {"loss.negatives_from": str(path)})
+    with pytest.raises(ConfigError, match=message) as error:
+        run_plan.build(config, sharding.make_mesh(8))
+    assert "\n" not in str(error.value)

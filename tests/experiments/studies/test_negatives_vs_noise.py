@@ -174,7 +174,7 @@ def test_replicate_gradients_embed_the_extra_rows_without_gradient(tiny_config, 
     queries = the gradient of CLIP written by hand: each device's first q / d rows as
     queries against all 48 columns, the last M / d rows' embeddings stopped (the trainer's
     step). (Mutations, each red: the towers applied to every row with the parameters, as
-    before `negatives_apart.embed`; every gradient row a query whatever q.)"""
+    before `training.forward`; every gradient row a query whatever q.)"""
     import jax
     import jax.numpy as jnp
 
