@@ -72,7 +72,11 @@ def get_config() -> ml_collections.ConfigDict:
     model.embed_dim = 64  # Width of the L2-normalised embedding the loss sees.
     model.num_classes = 0  # > 0 adds a classifier head (the classifier losses need it).
     model.compute_dtype = "float32"  # "bfloat16": bfloat16 activations, float32 params/loss.
-    model.remat = "none"  # Transformer blocks rematerialised: "none", "full" or "dots" (keeps the matmuls).
+    # What each Transformer block recomputes in the backward pass instead of keeping, the least
+    # first: "none"; "attention" (XLA's attention probabilities, [B, heads, L, L] per block);
+    # "dots" (keeps the Dense layers' outputs); "full" (keeps each block's input). Or one per run
+    # of blocks from the first, each but the last with its count: "full:6,none" (blocks 0-5 full).
+    model.remat = "none"  # A setting above (models.transformer.remat_plan).
     model.attention = "auto"  # Attention kernel: "auto" (cuDNN's fused on a GPU in bfloat16), "xla", "cudnn".
     model.init_from = ""  # A released checkpoint to start from (open_clip .safetensors/.bin, SigLIP .npz); "": none.
     model.quick_gelu = False  # Force QuickGELU; else read from the open_clip_config.json beside init_from, or its path.
