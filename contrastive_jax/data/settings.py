@@ -12,6 +12,7 @@ settings the pipeline cannot serve, with one line naming the fix.
 """
 
 import dataclasses
+import io
 import math
 import os
 
@@ -207,8 +208,8 @@ def _check_mixture(data: DataSettings, first: records.Metadata) -> None:
         raise ConfigError(
             f"the record sets {sets} share a name (their metrics' name); give their folders distinct names."
         )
-    if len(sets) > 1 and first.has("image") and data.image_size is None:
-        raise ConfigError("a mixture's images are stacked in one batch: set config.data.image_size.")
+    native = data.image_size is None and first.has("image")
+    first_size = _first_image_size(first, data.train_split) if native else None
     for other in training_sets(data)[1:]:
         metadata = open_metadata(other)
         metadata.split(records.parse_split(data.train_split)[0])
@@ -226,6 +227,22 @@ def _check_mixture(data: DataSettings, first: records.Metadata) -> None:
                 )
         if metadata.has("sequence"):
             _check_sequence_pairs(other, metadata)
+        if native and (size := _first_image_size(metadata, data.train_split)) != first_size:
+            raise ConfigError(
+                f"a mixture's images are stacked in one batch, and the record set {other.records}'s are "
+                f"{size[0]} x {size[1]}, {first.directory}'s {first_size[0]} x {first_size[1]}: set "
+                "config.data.image_size to resize both."
+            )
+
+
+def _first_image_size(metadata: records.Metadata, split: str) -> tuple[int, int]:
+    """The native (width, height) of the first image of `split` of a record set (read from
+    its header: nothing is decoded); a set's images share it or are refused when stacked."""
+    from PIL import Image
+
+    first = records.decode(records.RecordSet(metadata, records.parse_split(split)[0]).read(0))["image"]
+    with Image.open(io.BytesIO(first)) as image:
+        return image.size
 
 
 def _check_captions_per_image(data: DataSettings, metadata: records.Metadata) -> None:

@@ -16,14 +16,14 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.run_plan import data_settings
 
 
-def write_set(directory, num, *, first=0, mode="RGB", fields=("image", "captions"), id_keys=(), negatives=0):
-    """A record set of `num` solid-colour 10 px PNGs (colour from `first + i`), two captions
+def write_set(directory, num, *, first=0, mode="RGB", fields=("image", "captions"), id_keys=(), negatives=0, size=10):
+    """A record set of `num` solid-colour `size` px PNGs (colour from `first + i`), two captions
     each (and `negatives` hard-negative texts), in two shards of split "train" (and a
     "test" split of 4)."""
 
     def example(i):
         buffer = io.BytesIO()
-        Image.new(mode, (10, 10), (i * 7 % 256, i * 13 % 256, 50) if mode == "RGB" else i % 256).save(buffer, "PNG")
+        Image.new(mode, (size, size), (i * 7 % 256, i * 13 % 256, 50) if mode == "RGB" else i % 256).save(buffer, "PNG")
         values = {"image": buffer.getvalue(), "captions": [f"colour {i}", f"the {i}th colour"]}
         values["negatives"] = [f"not colour {i + k}" for k in range(1, negatives + 1)]
         return {k: v for k, v in values.items() if k in fields} | dict.fromkeys(id_keys, i)
@@ -166,7 +166,10 @@ def test_the_command_line_and_a_python_config_give_one_mixture(mixed):
         ({"mixture_weights": (0.5, 0.5)}, r"mixture_weights=\(0.5, 0.5\) needs one weight per record set .*\(3: "),
         ({"mixture_weights": (0.5, 0.0, 0.5)}, r"each weight must be > 0"),
         ({"task": "labeled"}, r"task='labeled' draws whole classes from one record set"),
-        ({"image_size": None}, r"a mixture's images are stacked in one batch: set config.data.image_size"),
+        (
+            {"image_size": None, "set": {"size": 12}},
+            r"images are stacked in one batch, and the record set \S+/c's are 12 x 12, \S+/a's 10 x 10: set config",
+        ),
         ({"train_split": "valid"}, r"has no split 'valid'"),
         ({"set": {"mode": "L"}}, r"c cannot mix with \S+/a: its image_channels is 1, not 3"),
         ({"set": {"fields": ("image",)}}, r"c cannot mix with \S+/a: its fields is \('image',\), not \('image', 'c"),
@@ -193,6 +196,14 @@ def test_sets_that_cannot_mix_are_refused_in_one_line(mixed, tmp_path, change, m
         settings.check_data_config(data)
         input_pipeline.train_dataset(data)
     assert "\n" not in str(error.value)
+
+
+def test_sets_of_one_native_size_mix_as_they_are(mixed):
+    """Without config.data.image_size, sets whose images share a size mix unresized."""
+    mixed.data.image_size = None
+    data = data_settings(mixed)
+    settings.check_data_config(data)
+    assert next(iter(input_pipeline.train_dataset(data)))["a"].shape[1:3] == (10, 10)
 
 
 def test_weights_without_sets_to_mix_are_refused(mixed, digits_data_dir):
