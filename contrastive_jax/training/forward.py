@@ -143,3 +143,34 @@ class Forward:
             batched["key_za"] = jax.lax.stop_gradient(key_outputs["za"])
             batched["key_zb"] = jax.lax.stop_gradient(key_outputs["zb"])
         return batched, shared, updates
+
+
+def of_step(state, batch: dict[str, jax.Array], model, *, seed: int, extra_rows: int, num_shards: int, key_params):
+    """`(Forward, batch)` of a train step at `state` (a `TrainState`): the step's dropout
+    key, its patches dropped or not (`model.patch_dropout`), the batch laid out (`layout`).
+
+    Args:
+      state: the state before the step.
+      batch: the global batch as the stream reads it.
+      model: the towers (`two_tower.TwoTower`).
+      seed: the run's seed (dropout and patch keys).
+      extra_rows: M, the rows each step reads beside its batch (over all shards).
+      num_shards: the devices the batch is split over.
+      key_params: a momentum encoder's parameters, or None.
+    """
+    patches = model.patch_dropout
+    batch = layout(
+        batch,
+        extra_rows=extra_rows,
+        num_shards=num_shards,
+        patch_seed=seed if patches.rate else None,
+        step=state.step,
+    )
+    embed = Forward(
+        state.apply_fn,
+        state.batch_stats,
+        jax.random.fold_in(jax.random.key(seed), state.step),
+        key_params=key_params,
+        drop_patches=not patches.staged or state.step < patches.until_step,
+    )
+    return embed, batch

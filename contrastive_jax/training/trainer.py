@@ -159,19 +159,14 @@ class Trainer:
         whole batch. Returns the new state and scalar metrics (`loss`, `grad_norm`,
         `learning_rate`, `temperature`, the loss's own).
         """
-        batch = forward.layout(
+        embed, batch = forward.of_step(
+            state,
             batch,
+            self.model,
+            seed=self.seed,
             extra_rows=self.loss_settings.extra_negatives,
             num_shards=sharding.batch_shards(self.mesh),
-            patch_seed=self.seed if self.model.patch_dropout.rate else None,
-            step=state.step,
-        )
-        embed = forward.Forward(
-            state.apply_fn,
-            state.batch_stats,
-            jax.random.fold_in(jax.random.key(self.seed), state.step),
             key_params=self._key_encoder(state.loss_state),
-            drop_patches=not self.model.patch_dropout.staged or state.step < self.model.patch_dropout.until_step,
         )
         (loss, metrics, loss_state, updates), grads = self._value_and_grad(embed, state, batch)
         state, learning_rate = self._apply_gradients(state, grads, batch["a"].shape[0], updates.get("batch_stats", {}))
