@@ -90,7 +90,7 @@ class Candidates:
 
     @property
     def ids(self) -> jax.Array | None:
-        """The rows' labels the tiles compare: the positive ids or the false-negative keys."""
+        """The rows' labels the tiles compare (the positive ids or the false-negative keys)."""
         return self.false_negative_ids if self.positive_ids is None else self.positive_ids
 
 

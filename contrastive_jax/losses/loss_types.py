@@ -19,7 +19,7 @@ from contrastive_jax.errors import ConfigError, check_multiple
 Outputs = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
 CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
-# `config.loss.positives` of a loss whose only positive is each row's own pair.
+#: `config.loss.positives` of a loss whose only positive is each row's own pair.
 OWN_PAIR = "own"
 
 

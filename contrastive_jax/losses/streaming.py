@@ -32,7 +32,8 @@ class Streaming(NamedTuple):
         up to ``c`` rows by ``c`` columns, O(N D + c^2) memory (one-pass InfoNCE and
         NT-Xent: stripes of ``c`` whole rows, O(N D + c N)), the same result (``c``
         must divide the candidate columns N, or each device's shard B with the ring);
-        ``"auto"`` picks ``c`` from N, D and the device (:func:`auto_chunk_size`).
+        ``"auto"`` picks ``c`` from N, D and the device
+        (:func:`~contrastive_jax.losses.streaming.auto_chunk_size`).
       collective: ``"all_gather"`` (default), or ``"ring"`` with an ``axis_name``: pass
         the candidates' shards around the devices instead of gathering them.
       matmul_dtype: None computes similarities in the embeddings' dtype;

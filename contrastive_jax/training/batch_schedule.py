@@ -48,8 +48,8 @@ class ScheduleSettings:
 
     @property
     def batches(self) -> tuple[int, ...]:
-        """Every number of rows a step can read, smallest first: each optimizer batch
-        (`optimizer_batches`) and the extra rows."""
+        """Every number of rows a step can read, smallest first (each optimizer batch,
+        `optimizer_batches`, and the extra rows)."""
         return tuple(n + self.extra_rows for n in self.optimizer_batches)
 
     @property

@@ -54,7 +54,7 @@ class GradientSettings:
 
     @property
     def method(self) -> str:
-        """How the gradient is taken: "full_batch", "noise_scale", or a name in
+        """How the gradient is taken, "full_batch", "noise_scale", or a name in
         `grad_cache.MICRO_BATCH_METHODS`."""
         if self.log_noise_scale:
             return "noise_scale"
