@@ -18,7 +18,7 @@ from contrastive_jax.losses.classification import (
     focal_loss,
     softmax_cross_entropy,
 )
-from contrastive_jax.losses.loss_types import OWN_PAIR, Loss, LossSettings, LossState, check_candidates
+from contrastive_jax.losses.loss_types import OWN_PAIR, Loss, LossSettings, LossState
 from contrastive_jax.losses.metric import (
     TRIPLET_MINING,
     batch_prototype_cross_entropy_loss,
@@ -35,7 +35,7 @@ from contrastive_jax.losses.queues import (
     momentum_update,
     xbm_loss,
 )
-from contrastive_jax.losses.registry import LOSSES
+from contrastive_jax.losses.registry import LOSSES, check_candidates
 from contrastive_jax.losses.sigmoid import siglip_loss
 from contrastive_jax.losses.softmax import (
     clip_loss,

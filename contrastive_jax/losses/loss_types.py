@@ -14,8 +14,6 @@ from typing import Any
 
 import jax
 
-from contrastive_jax.errors import ConfigError, check_multiple
-
 Outputs = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
 CLASSIFIER_OUTPUTS = frozenset({"logits", "proxies"})
@@ -141,81 +139,3 @@ class Loss:
     def learned_bias(self) -> bool:
         """The model learns a logit bias (SigLIP's)."""
         return "bias" in self.inputs
-
-
-def _taking(option: str) -> list[str]:
-    from contrastive_jax.losses.registry import taking  # the table imports this module
-
-    return taking(option)
-
-
-def check_candidates(
-    name: str,
-    loss: Loss,
-    settings: LossSettings,
-    *,
-    global_batch_size: int,
-    num_devices: int,
-    micro_batches: int,
-    has_negatives: bool,
-    captions_per_image: int,
-) -> None:
-    """The candidates `settings` give each row (`losses.Candidates`: several positives,
-    groups, extra rows, a bank) and the data's (`has_negatives`: the records' hard
-    negatives; `captions_per_image` k) fit the loss `name`, the optimizer's
-    `global_batch_size`, the `num_devices` devices and the `micro_batches` a step is
-    embedded in. Any of them goes with any gradient path;
-    what is refused is refused for its mathematics.
-
-    Raises:
-      ConfigError: naming the field and a fix.
-    """
-    wanted = {  # option: (what asks for it, the other fix), when asked for
-        "positive_ids": (f"config.loss.positives={settings.positives!r}", "or 'own'"),
-        "group_size": (f"config.loss.group_size={settings.group_size}", "or 0"),
-        "query_rows": (f"config.loss.extra_negatives={settings.extra_negatives}", "or 0"),
-        "extra_columns": ("the records' hard negatives (`negatives`)", "or records without them"),
-    }
-    given = {
-        "positive_ids": settings.positives != OWN_PAIR,
-        "group_size": bool(settings.group_size),
-        "query_rows": bool(settings.extra_negatives),
-        "extra_columns": has_negatives,
-    }
-    if settings.negative_bank is not None:
-        wanted["extra_columns"], given["extra_columns"] = (
-            (f"config.loss.negatives_from={settings.negatives_from!r}", "or ''"),
-            True,
-        )
-    for option, (what, other_fix) in wanted.items():
-        if given[option] and option not in loss.options:
-            raise ConfigError(
-                f"{what} with config.loss.name={name!r}, which cannot take them: use one of {_taking(option)}, "
-                f"{other_fix}."
-            )
-    from contrastive_jax.losses.positives import FORMS
-
-    if settings.positives not in (OWN_PAIR, *FORMS):
-        raise ConfigError(f"config.loss.positives={settings.positives!r}; use one of {[OWN_PAIR, *FORMS]}.")
-    if captions_per_image > 1 and settings.positives == OWN_PAIR:
-        raise ConfigError(
-            f"config.data.captions_per_image={captions_per_image} puts an image's captions in a batch as pairs that "
-            "config.loss.positives='own' counts as negatives of each other; set config.loss.positives to one of "
-            f"{list(FORMS)}, or captions_per_image=1."
-        )
-    if settings.extra_negatives < 0 or settings.group_size < 0:
-        raise ConfigError("config.loss.extra_negatives and config.loss.group_size must be >= 0.")
-    if settings.extra_negatives and settings.group_size:
-        raise ConfigError(
-            "config.loss.group_size fixes each row's candidates at its group's K and config.loss.extra_negatives "
-            "adds to them: set one of them to 0."
-        )
-    if settings.extra_negatives:
-        field, over = "config.loss.extra_negatives", "the devices x micro-batches (each embeds its share)"
-        check_multiple(settings.extra_negatives, num_devices * micro_batches, field, over)
-    if settings.group_size:
-        field = "config.train.global_batch_size"
-        check_multiple(global_batch_size, settings.group_size, field, "config.loss.group_size")
-    if settings.negative_bank is not None:
-        field = "the rows of config.loss.negatives_from"
-        check_multiple(settings.negative_bank.shape[0], num_devices, field, "the devices")
