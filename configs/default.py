@@ -124,9 +124,9 @@ def get_config() -> ml_collections.ConfigDict:
     # "clip", "infonce": M more rows a step that are only negatives (embedded without gradient;
     # the stream reads N + M, the optimizer's batch is N); M divides over the devices. 0: none.
     loss.extra_negatives = 0  # M: the negatives grown while N stays.
-    # A fixed bank of negatives: a .npy file of [M, D] embeddings (L2-normalised, D = model.embed_dim),
-    # each a negative of every row (in every group); M divides over the devices. "": none.
-    loss.negatives_from = ""
+    # A fixed bank of negatives: a .npy file of [M, D] embeddings (D = model.embed_dim; normalised
+    # when read), each a negative of every row (in every group); M divides over the devices.
+    loss.negatives_from = ""  # The bank's .npy path; "": none.
 
     config.optim = optim = ml_collections.ConfigDict()
     optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".

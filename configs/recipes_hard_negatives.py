@@ -9,8 +9,11 @@ one fact changed), written as a record set once:
 (`pairs.csv`: columns `image`, `captions` and `negatives`, the last two JSON lists; a
 JSONL or Parquet table works alike, docs/own_data.md.) The text tower embeds every row's
 M negatives, and each image's softmax runs over the N captions of the global batch and
-all N M hard negatives, gathered from every device (losses/hard_negatives.py). The model
-and optimizer are configs/clip_shapes.py's.
+all N M hard negatives, gathered from every device (`losses.Candidates(extra_columns=...)`,
+losses/candidates.py; docs/losses.md, "Hard negatives and a bank"). The model and optimizer
+are configs/clip_shapes.py's. It goes with gradient caching (`--config.train.micro_batch_size`:
+the cached representations include the negatives'), FSDP, a streamed loss, a batch
+schedule and the noise scale, exact (docs/training.md, "Recipes with the large-batch tools").
 """
 
 from configs import clip_shapes
