@@ -10,7 +10,6 @@ the paper it comes from.
 """
 
 from contrastive_jax.embeddings import l2_normalize
-from contrastive_jax.losses import candidates  # noqa: F401  (losses.candidates.read_bank)
 from contrastive_jax.losses.beyond_batch import dcl_loss, sogclr_init_state, sogclr_loss
 from contrastive_jax.losses.candidates import Candidates
 from contrastive_jax.losses.classification import (

@@ -51,9 +51,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from contrastive_jax.errors import ConfigError
 from contrastive_jax.losses import _common, pairs
 from contrastive_jax.losses.positives import FORMS
 from contrastive_jax.losses.streaming import Streaming
@@ -185,27 +183,6 @@ def own_columns(stats, local_batch: int):
     the extra columns' dropped: the b -> a direction."""
     keep = lambda v: None if v is None else v[:local_batch]  # noqa: E731
     return stats._replace(col_lse=keep(stats.col_lse), col_best_negative=keep(stats.col_best_negative))
-
-
-def read_bank(path: str, dim: int):
-    """The bank of negatives in the ``.npy`` file ``path`` (``config.loss.negatives_from``):
-    ``[M, dim]`` float32, each row L2-normalised; None for ``""``.
-
-    Raises:
-      ConfigError: the file cannot be read, or does not hold ``[M, dim]`` floats.
-    """
-    if not path:
-        return None
-    field = f"config.loss.negatives_from={path!r}"
-    try:
-        bank = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{field} cannot be read ({e}); give a .npy file of [M, D] embeddings, or ''.") from None
-    if bank.ndim != 2 or bank.shape[1] != dim or not np.issubdtype(bank.dtype, np.floating) or not bank.shape[0]:
-        raise ConfigError(
-            f"{field} holds {bank.dtype} {bank.shape}; it must be [M, {dim}] floats (D = config.model.embed_dim)."
-        )
-    return np.asarray(_common.l2_normalize(jnp.asarray(bank, jnp.float32)))
 
 
 # The keyword arguments the pair losses took before `Candidates` and `Streaming`.

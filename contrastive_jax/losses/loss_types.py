@@ -27,8 +27,7 @@ class LossSettings:
     from the config once (`trainer.loss_settings`), and the loss functions, traced inside the
     step, read these, never a ConfigDict. Each field is `config.loss.<name>`, but for
     `seed` and `embed_dim` (`config.seed`, `config.model.embed_dim`: a queue's or
-    memory's first entries) and `negative_bank` (the array `config.loss.negatives_from`
-    names, read by `run_plan.loss_settings`)."""
+    memory's first entries)."""
 
     chunk_size: int | str | None
     collective: str
@@ -50,11 +49,9 @@ class LossSettings:
     group_size: int
     extra_negatives: int
     positives: str  # OWN_PAIR, or a form of several positives (`losses.positives.FORMS`)
-    negatives_from: str
+    negatives_from: str  # a .npy file of [M, D] embeddings, each a negative of every row; "": none
     seed: int
     embed_dim: int
-    # [M, D] L2-normalised embeddings, each a negative of every row (`config.loss.negatives_from`); None: none.
-    negative_bank: Any = None
 
 
 # (one device's model outputs and data fields, settings) -> (global loss, metrics).

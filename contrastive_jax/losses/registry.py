@@ -30,7 +30,7 @@ their candidates (`losses.Candidates`) from one device's outputs and data, in on
 (`pair_candidates`): the batch's rows and the extra rows (`extra`, embedded without
 gradient by `training.forward`; the batch's rows are the queries), each row's
 `hard_negatives` [B, M, D] (the b tower's embeddings of a batch's `negatives`) and the
-device's share of a fixed bank (`LossSettings.negative_bank`) as extra columns, the
+device's share of a fixed bank (`negative_bank`) as extra columns, the
 groups (`group_size`), and with `config.loss.positives` a form, the `index` [B] as
 positive ids (the k rows of an image that `config.data.captions_per_image = k` puts in
 a batch share it). `Loss.options` names the candidates each takes; the door
@@ -41,11 +41,14 @@ Not registered: `batch_prototype_cross_entropy_loss` needs the number of trainin
 classes, which label-only losses do not configure.
 """
 
+import functools
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from contrastive_jax.errors import ConfigError, check_multiple
 from contrastive_jax.losses._common import l2_normalize
@@ -91,8 +94,30 @@ def _rows(o, name: str) -> jax.Array | None:
     return rows if extra is None or rows is None else jnp.concatenate([rows, extra])
 
 
-def _bank_share(bank) -> jax.Array | None:
-    """This device's rows of a fixed bank of negatives [M, D] (`LossSettings.negative_bank`)."""
+@functools.lru_cache(maxsize=4)
+def negative_bank(path: str) -> np.ndarray | None:
+    """The fixed bank of negatives in the ``.npy`` file ``path`` (`config.loss.negatives_from`):
+    ``[M, D]`` float32, each row L2-normalised; None for ``""``.
+
+    Raises:
+      ConfigError: the file cannot be read, or does not hold ``[M, D]`` floats.
+    """
+    if not path:
+        return None
+    field = f"config.loss.negatives_from={path!r}"
+    try:
+        bank = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{field} cannot be read ({e}); give a .npy file of [M, D] embeddings, or ''.") from None
+    if bank.ndim != 2 or not np.issubdtype(bank.dtype, np.floating) or not bank.shape[0]:
+        raise ConfigError(f"{field} holds {bank.dtype} {bank.shape}; it must be [M, D] floats.")
+    bank = bank.astype(np.float32)
+    return bank / np.maximum(np.linalg.norm(bank, axis=1, keepdims=True), 1e-12)
+
+
+def _bank_share(path: str) -> jax.Array | None:
+    """This device's rows of the fixed bank of negatives in `path` (`negative_bank`)."""
+    bank = negative_bank(path)
     if bank is None:
         return None
     share = bank.shape[0] // jax.lax.axis_size(BATCH_AXES)
@@ -110,7 +135,7 @@ def pair_candidates(o, c: LossSettings, positive_ids: str | None = None, false_n
         positive_ids=_rows(o, positive_ids) if several else None,
         false_negative_ids=None if false_negative_ids is None else _rows(o, false_negative_ids),
         extra_columns=_rows(o, "hard_negatives"),
-        shared_columns=_bank_share(c.negative_bank),
+        shared_columns=_bank_share(c.negatives_from),
         group_size=c.group_size,
         query_rows=o["za"].shape[0] if extra else None,
         positives=c.positives if several else "mean_log_prob",
@@ -151,7 +176,7 @@ def check_candidates(
         "query_rows": bool(settings.extra_negatives),
         "extra_columns": has_negatives,
     }
-    if settings.negative_bank is not None:
+    if settings.negatives_from:
         wanted["extra_columns"], given["extra_columns"] = (
             (f"config.loss.negatives_from={settings.negatives_from!r}", "or ''"),
             True,
@@ -183,9 +208,17 @@ def check_candidates(
     if settings.group_size:
         field = "config.train.global_batch_size"
         check_multiple(global_batch_size, settings.group_size, field, "config.loss.group_size")
-    if settings.negative_bank is not None:
-        field = "the rows of config.loss.negatives_from"
-        check_multiple(settings.negative_bank.shape[0], num_devices, field, "the devices")
+    bank = negative_bank(settings.negatives_from)
+    if bank is not None:
+        if bank.shape[1] != settings.embed_dim:
+            raise ConfigError(
+                f"config.loss.negatives_from={settings.negatives_from!r} holds [{bank.shape[0]}, {bank.shape[1]}] "
+                f"embeddings; it must be [M, {settings.embed_dim}] (D = config.model.embed_dim)."
+            )
+        tile = settings.chunk_size if isinstance(settings.chunk_size, int) else 1  # its columns in whole tiles
+        factor = num_devices * tile if settings.collective == "ring" else math.lcm(num_devices, tile)
+        over = "the devices" + (" and config.loss.chunk_size" if tile > 1 else "")
+        check_multiple(bank.shape[0], factor, "the rows of config.loss.negatives_from", over)
 
 
 def _pair_loss(loss_fn, metrics: bool = True, options: frozenset[str] = frozenset(), **reads: str) -> Loss:

@@ -69,8 +69,7 @@ def check(
         has_negatives=metadata.has("negatives"),
         captions_per_image=data.captions_per_image,
     )
-    bank_rows = 0 if loss_settings.negative_bank is None else loss_settings.negative_bank.shape[0]
-    _check_chunk_size(config.loss, train.global_batch_size + config.loss.extra_negatives + bank_rows, num_devices)
+    _check_chunk_size(config.loss, train.global_batch_size + config.loss.extra_negatives, num_devices)
     if config.loss.matmul_dtype not in MATMUL_DTYPES:
         raise ConfigError(f"config.loss.matmul_dtype={config.loss.matmul_dtype!r}; use one of {MATMUL_DTYPES}.")
     if config.loss.dcl_weight_gradient and config.loss.dcl_weight_sigma is None:

@@ -134,15 +134,9 @@ def guard_settings(config: ml_collections.ConfigDict) -> loss_guard.GuardSetting
 
 
 def loss_settings(config: ml_collections.ConfigDict) -> losses.LossSettings:
-    """`config.loss` (and the seed and embedding width) as the loss's plain values; the
-    bank of negatives `config.loss.negatives_from` names, read and checked.
-
-    Raises:
-      ConfigError: the bank cannot be read, or is not [M, config.model.embed_dim] floats.
-    """
-    own = group_values(losses.LossSettings, config.loss, besides={"seed", "embed_dim", "negative_bank"})
-    bank = losses.candidates.read_bank(config.loss.negatives_from, config.model.embed_dim)
-    return losses.LossSettings(**own, seed=config.seed, embed_dim=config.model.embed_dim, negative_bank=bank)
+    """`config.loss` (and the seed and embedding width) as the loss's plain values."""
+    own = group_values(losses.LossSettings, config.loss, besides={"seed", "embed_dim"})
+    return losses.LossSettings(**own, seed=config.seed, embed_dim=config.model.embed_dim)
 
 
 def settled(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -148,7 +148,7 @@ def test_a_bank_is_a_negative_of_every_row(base):
     trainer's loss equals the kernel's with the bank as shared columns (normalised)."""
     config = feature_config(base, "negative_bank")
     trainer = run_plan.build(config, sharding.make_mesh(8)).trainer
-    bank = trainer.loss_settings.negative_bank
+    bank = losses.registry.negative_bank(config.loss.negatives_from)
     za, zb = (losses.l2_normalize(jax.random.normal(jax.random.key(seed), (N, bank.shape[1]))) for seed in (0, 1))
     loss, _, _ = trainer.global_loss({"za": za, "zb": zb}, {"temperature": np.float32(0.1)}, {})
     want = losses.clip_loss(za, zb, temperature=0.1, candidates=losses.Candidates(shared_columns=bank))
@@ -161,7 +161,8 @@ def test_a_bank_is_a_negative_of_every_row(base):
     ("content", "message"),
     [
         (None, r"negatives_from='.*missing.npy' cannot be read"),
-        (np.zeros((16, 3), np.float32), r"holds float32 \(16, 3\); it must be \[M, 16\] floats"),
+        (np.zeros((16, 3), np.float32), r"holds \[16, 3\] embeddings; it must be \[M, 16\]"),
+        (np.zeros((16,), np.float32), r"holds float32 \(16,\); it must be \[M, D\] floats"),
         (np.zeros((12, 16), np.float32), r"rows of config.loss.negatives_from=12 must be a multiple of the devices"),
     ],
 )
