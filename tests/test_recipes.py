@@ -1,7 +1,7 @@
 """The recipes of `docs/recipes.md`: each recipe's config trains a few steps at tiny size
 (the towers, batch and steps shrunk; on the generated `shapes` records, or tables written
-here); an image's captions reach the several-positives losses as positives; a batch of
-several captions per image is refused with a loss that would count them as negatives.
+here); an image's captions reach the losses as positives with `config.loss.positives`; a
+batch of several captions per image is refused where they would count as negatives.
 The figures the page quotes are checked with every page's, in tests/test_docs.py."""
 
 import csv
@@ -43,7 +43,9 @@ TINY = {
     "eval.knn_k": 0,
     "checkpoint.every_steps": 2,
 }
-SEVERAL_POSITIVES = ("clip_several_positives", "clip_several_positives_log_sum", "siglip_several_positives")
+# The losses that read positive ids, and the forms of config.loss.positives.
+SEVERAL_POSITIVES = ("clip", "infonce", "siglip")
+FORMS = ("mean_log_prob", "log_sum")
 
 
 def tiny(load_config, request, name, **fields):
@@ -63,27 +65,32 @@ def one_step(config, num_devices):
     return trainer, before, batch, jax.device_get(metrics), jax.device_get(after)
 
 
-def kernel_call(name, za, zb, temperature, bias, **ids):
-    """The loss library's kernel behind registry entry `name`, on one device."""
-    if name.startswith("siglip"):
-        return losses.siglip_loss(za, zb, temperature=temperature, bias=bias, **ids)
-    form = {"positives": "log_sum"} if name.endswith("log_sum") and ids else {}
-    return losses.clip_loss(za, zb, temperature=temperature, **ids, **form)
+def kernel_call(name, za, zb, temperature, bias, *, positive_ids=None, form="mean_log_prob"):
+    """The loss library's kernel behind registry entry `name` (with `positive_ids` in the
+    form `form`), on one device."""
+    candidates = None if positive_ids is None else losses.Candidates(positive_ids=positive_ids, positives=form)
+    if name == "siglip":
+        return losses.siglip_loss(za, zb, temperature=temperature, bias=bias, candidates=candidates)
+    kernel = losses.infonce_loss if name == "infonce" else losses.clip_loss
+    return kernel(za, zb, temperature=temperature, candidates=candidates)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("name", SEVERAL_POSITIVES)
-def test_the_entries_pass_the_index_as_positive_ids_over_the_global_batch(tiny_config, name):
-    """On 8 devices, each entry is its kernel on one device with `index` as `positive_ids`
-    (ids shared by rows on different devices), which is not the plain loss."""
+def test_the_losses_pass_the_index_as_positive_ids_over_the_global_batch(tiny_config, name, form):
+    """On 8 devices, each loss with `config.loss.positives` is its kernel on one device
+    with `index` as `positive_ids` in that form (ids shared by rows on different devices),
+    which is not the plain loss."""
+    if name == "siglip" and form == "log_sum":
+        pytest.skip("SigLIP has one form: every positive pair labelled +1")
     keys = jax.random.split(jax.random.key(0), 2)
     za = losses.l2_normalize(jax.random.normal(keys[0], (32, 8)))
     zb = losses.l2_normalize(za + jax.random.normal(keys[1], (32, 8)))
     index = (np.arange(32) * 5) % 12  # row r and r + 12 share an id
-    trainer = build(tiny_config, sharding.make_mesh(8)).trainer
-    trainer = dataclasses.replace(trainer, loss=losses.LOSSES[name])
+    trainer = build(override(tiny_config, {"loss.name": name, "loss.positives": form}), sharding.make_mesh(8)).trainer
     shared = {"temperature": np.float32(0.2), "bias": np.float32(-2.0)}
     got = trainer.global_loss({"za": za, "zb": zb}, shared, {"index": index})[0]
-    want = kernel_call(name, za, zb, **shared, positive_ids=index)
+    want = kernel_call(name, za, zb, **shared, positive_ids=index, form=form)
     assert float(got) == pytest.approx(float(want), rel=1e-5)
     assert abs(float(want) - float(kernel_call(name, za, zb, **shared))) > 1e-3
 
@@ -95,19 +102,19 @@ def test_the_mean_form_is_clip_when_an_images_rows_are_one_embedding():
     keys = jax.random.split(jax.random.key(1), 2)
     za = jnp.repeat(losses.l2_normalize(jax.random.normal(keys[0], (4, 8))), 4, axis=0)  # 4 images x 4 rows
     zb = losses.l2_normalize(jax.random.normal(keys[1], (16, 8)))
-    ids = np.repeat(np.arange(4), 4)
+    by_image = losses.Candidates(positive_ids=np.repeat(np.arange(4), 4))
 
-    def value(images, zb, **keywords):
-        return losses.clip_loss(jnp.repeat(images, 4, axis=0), zb, temperature=0.1, **keywords)
+    def value(images, zb, candidates=None):
+        return losses.clip_loss(jnp.repeat(images, 4, axis=0), zb, temperature=0.1, candidates=candidates)
 
     images = za[::4]
     mean, plain = (jax.value_and_grad(value, argnums=(0, 1)) for _ in range(2))
-    (v_mean, g_mean), (v_plain, g_plain) = mean(images, zb, positive_ids=ids), plain(images, zb)
+    (v_mean, g_mean), (v_plain, g_plain) = mean(images, zb, by_image), plain(images, zb)
     assert float(v_mean) == pytest.approx(float(v_plain), rel=1e-6)
     for got, want in zip(g_mean, g_plain):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
-    log_sum = value(images, zb, positive_ids=ids, positives="log_sum")
-    siglip = losses.siglip_loss(za, zb, temperature=0.1, bias=-2.0, positive_ids=ids)
+    log_sum = value(images, zb, dataclasses.replace(by_image, positives="log_sum"))
+    siglip = losses.siglip_loss(za, zb, temperature=0.1, bias=-2.0, candidates=by_image)
     assert abs(float(log_sum) - float(v_plain)) > 1e-2
     assert abs(float(siglip) - float(losses.siglip_loss(za, zb, temperature=0.1, bias=-2.0))) > 1e-2
 
@@ -116,25 +123,41 @@ def test_a_step_with_4_captions_a_picture_has_the_kernels_loss(load_config, requ
     """4 captions a picture (N = 16: 4 pictures) through the trainer on 8 devices: the
     step's loss is the log-sum kernel's with the pictures' indices as `positive_ids`,
     computed on one device from the towers' outputs."""
-    fields = {"loss.name": "clip_several_positives_log_sum", "model.encoder_a": "cnn", "model.cnn_features": (8,)}
+    fields = {"loss.positives": "log_sum", "model.encoder_a": "cnn", "model.cnn_features": (8,)}
     config = tiny(load_config, request, "recipes_several_positives", **fields)
     trainer, before, batch, metrics, _ = one_step(config, 8)
     index = batch["index"]
     assert len(set(index)) == 4 and (index.reshape(4, 4) == index[::4, None]).all()
     outputs = trainer.model.apply({"params": before.params, "batch_stats": before.batch_stats}, batch["a"], batch["b"])
-    want = kernel_call(config.loss.name, outputs["za"], outputs["zb"], outputs["temperature"], None, positive_ids=index)
+    za, zb, temperature = outputs["za"], outputs["zb"], outputs["temperature"]
+    want = kernel_call("clip", za, zb, temperature, None, positive_ids=index, form="log_sum")
     assert float(metrics["loss"]) == pytest.approx(float(want), rel=1e-5)
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip", "infonce"])
-def test_several_captions_need_a_loss_reading_positive_ids(load_config, request, name):
-    config = tiny(load_config, request, "recipes_several_positives", **{"loss.name": name})
-    with pytest.raises(ConfigError, match=rf"captions_per_image=4 .*loss\.name='{name}' would count") as error:
+@pytest.mark.parametrize("name", SEVERAL_POSITIVES)
+def test_several_captions_need_positives_that_are_not_the_own_pair(load_config, request, name):
+    """k > 1 captions a picture with `config.loss.positives="own"` would count a picture's
+    pairs as negatives of each other: refused in one line; a loss that reads no positive
+    ids is refused a form, naming those that do."""
+    config = tiny(load_config, request, "recipes_several_positives", **{"loss.name": name, "loss.positives": "own"})
+    with pytest.raises(ConfigError, match=r"captions_per_image=4 .*config\.loss\.positives='own' counts") as error:
         build(config, sharding.make_mesh(8))
-    message = str(error.value)
-    assert "\n" not in message and f"use one of {sorted(SEVERAL_POSITIVES)}" in message
-    assert sorted(k for k, v in losses.LOSSES.items() if "positive_ids" in v.options) == sorted(SEVERAL_POSITIVES)
+    assert "\n" not in str(error.value)
     build(override(config, {"data.captions_per_image": 1}), sharding.make_mesh(8))  # one caption: any loss
+    other = override(config, {"loss.name": "dcl", "loss.positives": "mean_log_prob"})
+    with pytest.raises(ConfigError, match=r"loss\.name='dcl', which cannot take them") as error:
+        build(other, sharding.make_mesh(8))
+    assert f"use one of {sorted(SEVERAL_POSITIVES)}" in str(error.value) and "\n" not in str(error.value)
+    assert sorted(k for k, v in losses.LOSSES.items() if "positive_ids" in v.options) == sorted(SEVERAL_POSITIVES)
+
+
+@pytest.mark.parametrize("old", sorted(losses.registry.DEPRECATED_NAMES))
+def test_the_old_names_of_several_positives_build_with_a_warning(tiny_config, old):
+    """The last release's loss names are today's loss with `config.loss.positives`."""
+    with pytest.warns(DeprecationWarning, match=rf"loss.name='{old}' is deprecated"):
+        trainer = build(override(tiny_config, {"loss.name": old}), sharding.make_mesh(8)).trainer
+    loss, form = losses.registry.DEPRECATED_NAMES[old]
+    assert trainer.loss is losses.LOSSES[loss] and trainer.loss_settings.positives == form
 
 
 def test_lit_on_the_generated_set_locks_a_random_image_tower(load_config, request):
