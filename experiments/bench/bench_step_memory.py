@@ -95,6 +95,11 @@ def _mib(size) -> str:
     return "-" if size is None else f"{size / _MIB:,.1f}"
 
 
+def _signed(size) -> str:
+    """`−100.0` or `+8.5` (MiB)."""
+    return f"{'−' if size < 0 else '+'}{abs(size) / _MIB:,.1f}"
+
+
 def _found(results: list[dict], dtype: str, label: str) -> dict:
     return next((r for r in results if r["dtype"] == dtype and r["label"] == label and "error" not in r), {})
 
@@ -148,7 +153,8 @@ def fix_lines(results: list[dict]) -> list[str]:
                 kept = a["residuals"]["bytes"] - b["residuals"]["bytes"]
                 lines.append(
                     f"- {fix}, {dtype}: temp {_mib(a['memory']['temp'])} → {_mib(b['memory']['temp'])} MiB "
-                    f"(**−{_mib(temp)} MiB**, {temp / a['memory']['temp']:.0%}); autodiff's residuals −{_mib(kept)} MiB"
+                    f"(**{_signed(-temp)} MiB**, {-temp / a['memory']['temp']:+.0%}); "
+                    f"autodiff's residuals {_signed(-kept)} MiB"
                 )
     return lines
 

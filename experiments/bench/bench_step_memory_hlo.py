@@ -15,7 +15,7 @@ import math
 import pathlib
 import re
 
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8}
+ARGUMENT = "(argument)"  # how `instructions` begins the op_name of the program's arguments
 # `%name = dtype[dims]{layout} op(...)` (an instruction), `%name (...) -> ... {` (a computation)
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) ")
@@ -35,12 +35,13 @@ def dump_files(folder: pathlib.Path, module: str = "jit_train_step") -> tuple[pa
 def instructions(hlo_text: str) -> dict[str, tuple[str, tuple[int, ...], str]]:
     """`name -> (dtype, shape, op_name)` of every array-valued instruction in `hlo_text`;
     a fusion's `op_name` is its fused computation's root's, else the last one named there
-    (XLA puts none on the call, nor on the converts it adds)."""
-    found, roots, calls, computation = {}, {}, {}, None
+    (XLA puts none on the call, nor on the converts it adds); a program argument's is
+    `ARGUMENT` and its path (``(argument) state.params['img']...``)."""
+    found, roots, calls, computation, entry = {}, {}, {}, None, False
     for line in hlo_text.splitlines():
         start = _COMPUTATION.match(line)
         if start and line.rstrip().endswith("{"):
-            computation = start.group(1)
+            computation, entry = start.group(1), line.startswith("ENTRY")
             continue
         match = _INSTRUCTION.match(line)
         if not match:
@@ -48,9 +49,12 @@ def instructions(hlo_text: str) -> dict[str, tuple[str, tuple[int, ...], str]]:
         name, dtype, dims = match.groups()
         op_name = _OP_NAME.search(line)
         shape = tuple(int(d) for d in dims.split(",") if d)
-        found[name] = (dtype, shape, op_name.group(1) if op_name else "")
+        op_name = op_name.group(1) if op_name else ""
+        if entry and " parameter(" in line:
+            op_name = f"{ARGUMENT} {op_name}"  # its path in the jitted function's arguments
+        found[name] = (dtype, shape, op_name)
         if op_name and (line.lstrip().startswith("ROOT") or computation not in roots or not roots[computation][1]):
-            roots[computation] = (op_name.group(1), line.lstrip().startswith("ROOT"))
+            roots[computation] = (op_name, line.lstrip().startswith("ROOT"))
         called = _CALLS.search(line)
         if called and not op_name:
             calls[name] = called.group(1)
@@ -78,9 +82,9 @@ def live_at_peak(live_range_text: str) -> list[tuple[str, int]]:
 def kind_of(name: str, shape: tuple[int, ...], op_name: str, param_shapes: frozenset) -> str:
     """What a value live at the peak is, for the backward pass:
 
-    - "parameters", "optimizer state", "batch": the step's arguments (the state's leaves
-      are named ``state_params...``, ``state_opt_state...`` by JAX);
-    - "gradients": made by the backward pass (``transpose(jvp(...))``), shaped as a parameter;
+    - "parameters", "optimizer state", "batch": the step's arguments, by their path
+      (``state.params...``, ``state.opt_state...``, the others);
+    - "gradients": made by the backward pass (``transpose(jvp(...))``), of a parameter's size;
     - "backward temporaries": the backward pass's other values;
     - "attention probabilities": the forward's [B, heads, L, L] arrays;
     - "parameter copies": the forward's arrays of a parameter's size (its casts to the
@@ -88,29 +92,29 @@ def kind_of(name: str, shape: tuple[int, ...], op_name: str, param_shapes: froze
     - "activations": the forward's other arrays, kept for the backward pass;
     - "loss": the loss's values (inside its ``shard_map``), either pass.
     """
-    if name.startswith("state_params"):
-        return "parameters"
-    if name.startswith("state_opt_state"):
-        return "optimizer state"
-    if name.startswith("batch") or not op_name and "parameter" in name:
-        return "batch"
-    backward = "transpose(" in op_name
+    if op_name.startswith(ARGUMENT):
+        if "opt_state" in op_name:
+            return "optimizer state"
+        return "parameters" if "params" in op_name else "batch"
     if "shard_map" in op_name or "global_loss" in op_name:
         return "loss"
-    if backward:
-        return "gradients" if shape in param_shapes else "backward temporaries"
+    parameter_sized = math.prod(shape) in {math.prod(p) for p in param_shapes}  # XLA reshapes some
+    if "transpose(" in op_name:
+        return "gradients" if parameter_sized else "backward temporaries"
     if len(shape) >= 4 and shape[-1] == shape[-2] and shape[-1] > 1:
         return "attention probabilities"
-    if math.prod(shape) in {math.prod(p) for p in param_shapes}:
-        return "parameter copies"
-    return "activations"
+    return "parameter copies" if parameter_sized else "activations"
 
 
 def peak_buffers(hlo_text: str, live_range_text: str) -> list[dict]:
     """Every value live at the peak: `name`, `bytes`, `dtype`, `shape`, `kind` (`kind_of`),
     `block` ("img 3", "txt 11", or "" outside the Transformer blocks) and `op_name`."""
     made = instructions(hlo_text)
-    params = frozenset(shape for name, (_, shape, _) in made.items() if name.startswith("state_params"))
+    params = frozenset(
+        shape
+        for name, (_, shape, op_name) in made.items()
+        if kind_of(name, shape, op_name, frozenset()) == "parameters"
+    )
     rows = []
     for name, size in live_at_peak(live_range_text):
         dtype, shape, op_name = made.get(name, ("?", (), ""))
