@@ -149,10 +149,6 @@ BAD_COMBINATIONS = [
         {"loss.name": "moco_queue", "loss.queue_size": -64},
         r"config.loss.queue_size=-64 must be 0 \(no queue: the global batch's keys, MoCo v3\) or a positive multiple",
     ),
-    (
-        {"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum": 0.99, "train.micro_batch_size": 16},
-        r"config.loss.queue_momentum=0.99 embeds the keys with the momentum encoder over the whole batch, which micro-batches cannot split",
-    ),
 ]
 
 

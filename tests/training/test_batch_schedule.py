@@ -120,7 +120,7 @@ def test_noise_rule_resumes_its_window_and_stages():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"train.batch_schedule": "64@0,128@4"}, r"must start with config.train.global_batch_size at step 0"),
+        ({"train.batch_schedule": "64@2,128@4"}, r"must start with config.train.global_batch_size at step 0"),
         ({"train.batch_schedule": "32@0,36@4"}, r"reaches a global batch of 36, which must be a multiple of 8"),
         ({"train.batch_schedule": "32@0,4096@4"}, r"reaches a global batch of 4096, more than the 1437 examples"),
         ({"train.batch_schedule": "32@0,64@x"}, r"is not a schedule; use 'constant', 'noise' or stages"),
@@ -145,6 +145,16 @@ def test_a_schedule_that_cannot_run_is_one_line(config, fields, message):
     with pytest.raises(ConfigError, match=message) as refused:
         build(override(config, fields), sharding.make_mesh(8))
     assert "\n" not in str(refused.value)
+
+
+def test_the_first_stage_sets_the_global_batch_and_extra_rows_join_each_stage(config):
+    """`--config.train.batch_schedule=64@0,128@4` alone: the run's batch is 64, then 128;
+    with 16 extra negatives each stage reads 16 rows more."""
+    plan = build(override(config, {"train.batch_schedule": "64@0,128@4"}), sharding.make_mesh(8))
+    assert plan.trainer.global_batch_size == 64 and plan.batch_schedule.batches == (64, 128)
+    fields = {"train.batch_schedule": "64@0,128@4", "loss.extra_negatives": 16}
+    plan = build(override(config, fields), sharding.make_mesh(8))
+    assert plan.batch_schedule.batches == (80, 144) and plan.batch_schedule.optimizer_batches == (64, 128)
 
 
 @pytest.mark.parametrize("rule", ["linear", "sqrt", "none"])
