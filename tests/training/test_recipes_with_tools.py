@@ -127,6 +127,7 @@ def reference_step(base, feature, num_devices, batch_size):
     return _REFERENCES[key]
 
 
+@pytest.mark.slow  # 35 cells, 2-10 s each on 2 cores (CI runs them; one cell: -k "groups-fsdp")
 @pytest.mark.parametrize("tool", TOOLS)
 @pytest.mark.parametrize("feature", FEATURES)
 def test_each_recipe_with_each_tool_is_its_plain_step(base, feature, tool):
