@@ -253,6 +253,12 @@ def attention_layer(
     )
 
 
+# Flax's LayerNorm recomputed from its input in the backward pass: differentiated as
+# written, it keeps two float32 [B, L, W] arrays (its centred input and a square or its
+# normalised output) where its input alone will do, whatever the activations' dtype.
+LayerNorm = nn.remat(nn.LayerNorm)
+
+
 class MlpBlock(nn.Module):
     """Dense(mlp_dim) -> activation -> Dense(W). `[B, L, W]` -> `[B, L, W]`."""
 
@@ -285,7 +291,7 @@ class Encoder1DBlock(nn.Module):
     @nn.compact
     def __call__(self, x, mask=None, train: bool = False):
         dropout = nn.Dropout(self.dropout_rate, deterministic=not train)
-        y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x)
+        y = LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype, name="LayerNorm_0")(x)
         attend = attention_layer(
             self.num_heads,
             attention=self.attention,
@@ -296,7 +302,7 @@ class Encoder1DBlock(nn.Module):
             deterministic=not train,
         )
         x = x + dropout(attend(y, y, mask=mask))
-        y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x)
+        y = LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype, name="LayerNorm_1")(x)
         return x + dropout(MlpBlock(self.mlp_dim, self.activation, self.dtype)(y))
 
 

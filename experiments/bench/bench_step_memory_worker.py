@@ -14,8 +14,10 @@ the global-batch CLIP loss streamed) at ``spec["batch"]``, ``spec["dtype"]`` act
 * ``residuals``: what JAX's autodiff keeps for the towers' backward pass (the leaves of
   ``jax.vjp``'s closure, traced abstractly: no compiler, no scheduler), the parameters apart.
 
-``spec["before"]``: the MLP's activation differentiated as written, not recomputed (the
-towers as of commit f875b18, before ``transformer.ACTIVATIONS`` was checkpointed).
+``spec["keep"]`` undoes fixes, to measure what each saved: "activation", the MLP's
+activation differentiated as written (``transformer.ACTIVATIONS`` not checkpointed);
+"layer_norm", Flax's LayerNorm differentiated as written (``transformer.LayerNorm`` not
+rematerialised). Both: the towers as of commit f875b18.
 """
 
 from __future__ import annotations
@@ -31,27 +33,32 @@ from experiments.bench.bench_step_worker import finetune_config
 LARGEST_GROUPS = 15
 
 
-def _plain_activations() -> dict:
-    """`transformer.ACTIVATIONS` as they were before being checkpointed."""
+def _undo(fixes: list[str]) -> None:
+    """The towers without `fixes` ("activation", "layer_norm"), in this process."""
     import flax.linen as nn
     import jax
 
-    return {
-        "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
-        "gelu": lambda x: nn.gelu(x, approximate=False),
-        "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
-    }
+    from contrastive_jax.models import transformer
+
+    if "activation" in fixes:  # as they were before being checkpointed
+        transformer.ACTIVATIONS.update(
+            {
+                "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+                "gelu": lambda x: nn.gelu(x, approximate=False),
+                "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+            }
+        )
+    if "layer_norm" in fixes:
+        transformer.LayerNorm = nn.LayerNorm
 
 
 def _trainer(spec: dict):
     """`(trainer, abstract state, element_spec)` of the step `spec` describes."""
     from contrastive_jax import sharding
     from contrastive_jax.data import input_pipeline
-    from contrastive_jax.models import transformer
     from contrastive_jax.training import run_plan
 
-    if spec.get("before"):
-        transformer.ACTIVATIONS.update(_plain_activations())
+    _undo(spec.get("keep", []))
     fields = {"model.compute_dtype": spec["dtype"], "model.attention": "xla"}
     config = finetune_config(spec, spec["batch"], **fields)
     trainer = run_plan.build(config, sharding.make_mesh()).trainer

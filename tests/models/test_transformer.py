@@ -101,8 +101,8 @@ def _params(sizes, x):
 def test_remat_keeps_fewer_activations_for_the_backward_pass():
     x = jax.ShapeDtypeStruct((16, 64, 128), jnp.float32)
     deep = dict(depth=6, mlp_dim=512, num_heads=4)
-    plain = _kept_for_backward(transformer.Encoder(**deep), x)  # 78 MiB (126 with GELU differentiated as written)
-    attention = _kept_for_backward(transformer.Encoder(**deep, remat="attention"), x)  # 66 MiB
+    plain = _kept_for_backward(transformer.Encoder(**deep), x)  # 66 MiB (126 with GELU, LayerNorm as written)
+    attention = _kept_for_backward(transformer.Encoder(**deep, remat="attention"), x)  # 54 MiB
     full = _kept_for_backward(transformer.Encoder(**deep, remat="full"), x)  # 9 MiB
     dots = _kept_for_backward(transformer.Encoder(**deep, remat="dots"), x)  # 33 MiB
     params = 4 * sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(_params(deep, x)))
@@ -176,9 +176,10 @@ def test_remat_settings_give_a_tiny_vit_equal_losses_and_gradients(remat):
 
 
 def _residual_shapes(model, x) -> list[tuple[int, ...]]:
-    """The shapes of what the backward pass of `sum(model(x))` keeps, parameters apart."""
+    """The shapes of what the backward pass of `sum(model(x))` keeps (differentiated in its
+    parameters and in `x`, as inside a network), parameters apart."""
     params = jax.eval_shape(model.init, jax.random.key(0), x)
-    closure = jax.eval_shape(lambda p, x: jax.vjp(lambda q: jnp.sum(model.apply(q, x)), p)[1], params, x)
+    closure = jax.eval_shape(lambda p, x: jax.vjp(lambda q, y: jnp.sum(model.apply(q, y)), p, x)[1], params, x)
     param_shapes = {leaf.shape for leaf in jax.tree.leaves(params)}
     return [leaf.shape for leaf in jax.tree.leaves(closure) if leaf.shape not in param_shapes]
 
@@ -201,6 +202,16 @@ def test_each_block_keeps_the_attention_probabilities_its_policy_says(remat, blo
     x = jax.ShapeDtypeStruct((2, 5, 16), jnp.float32)
     encoder = transformer.Encoder(depth=3, mlp_dim=64, num_heads=2, remat=remat, attention="xla")
     assert sum(shape[-2:] == (5, 5) for shape in _residual_shapes(encoder, x)) == 2 * blocks_keeping_probabilities
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_layer_norm_keeps_only_its_input(dtype):
+    """Recomputed from its input: the backward pass keeps the float32 input alone, whatever
+    the activations' dtype; differentiated as written, Flax's kept two float32 arrays of its
+    input's shape (its centred input, a square or its normalised output) and statistics."""
+    x = jax.ShapeDtypeStruct((2, 5, 16), jnp.float32)
+    shapes = _residual_shapes(transformer.LayerNorm(dtype=dtype), x)
+    assert shapes == [(2, 5, 16)], shapes
 
 
 @pytest.mark.parametrize("activation", sorted(transformer.ACTIVATIONS))
