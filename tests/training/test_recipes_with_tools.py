@@ -175,3 +175,16 @@ def test_a_bad_bank_is_one_line_before_compiling(base, tmp_path, content, messag
     with pytest.raises(ConfigError, match=message) as error:
         run_plan.build(config, sharding.make_mesh(8))
     assert "\n" not in str(error.value)
+
+
+def test_a_momentum_encoders_keys_with_gradient_caching_are_the_whole_batchs(base):
+    """MoCo's keys from the momentum encoder, embedded by each micro-batch's forward: the
+    step with gradient caching is the whole batch's, loss and update."""
+    fields = {"loss.name": "moco_queue", "loss.queue_size": 0, "loss.queue_momentum": 0.99}
+    config = override(base[0], fields)
+    want_loss, want_update = one_step(config, "moco", 8, 1, N)
+    loss, update = one_step(override(config, {"train.micro_batch_size": 8}), "moco", 8, 1, N)
+    assert loss == pytest.approx(want_loss, rel=2e-5)
+    scale = max(np.max(np.abs(u)) for u in jax.tree.leaves(want_update))
+    for got, want in zip(jax.tree.leaves(update), jax.tree.leaves(want_update), strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-4 * scale)
