@@ -21,20 +21,22 @@ from contrastive_jax.training.run_plan import build, data_settings
 N, M = 16, 16  # the optimizer's batch, the extra negatives
 
 
+# Plain SGD at rate 1 (an update is minus the gradient), no dropout: two steps compare exactly.
+EXACT_STEP = {
+    "optim.name": "sgd",
+    "optim.momentum": 0.0,
+    "optim.learning_rate": 1.0,
+    "optim.warmup_steps": 0,
+    "optim.grad_clip_norm": 0.0,
+    "optim.weight_decay": 0.0,
+    "model.dropout_rate": 0.0,
+}
+
+
 @pytest.fixture
 def config(tiny_config):
-    """Plain SGD at rate 1 (an update is minus the gradient), no dropout, N = 16."""
-    fields = {
-        "optim.name": "sgd",
-        "optim.momentum": 0.0,
-        "optim.learning_rate": 1.0,
-        "optim.warmup_steps": 0,
-        "optim.grad_clip_norm": 0.0,
-        "optim.weight_decay": 0.0,
-        "model.dropout_rate": 0.0,
-        "train.global_batch_size": N,
-    }
-    return override(tiny_config, fields)
+    """`EXACT_STEP` at N = 16."""
+    return override(tiny_config, EXACT_STEP | {"train.global_batch_size": N})
 
 
 def one_step(config, num_devices):

@@ -17,6 +17,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from test_negatives_apart_training import EXACT_STEP
 
 from contrastive_jax import losses, sharding
 from contrastive_jax.config_lib import override
@@ -27,17 +28,7 @@ from contrastive_jax.training import run_plan
 
 N, M = 16, 16  # the optimizer's batch; extra negatives and a stage's doubling
 
-BASE = {
-    "optim.name": "sgd",
-    "optim.momentum": 0.0,
-    "optim.learning_rate": 1.0,
-    "optim.warmup_steps": 0,
-    "optim.grad_clip_norm": 0.0,
-    "optim.weight_decay": 0.0,
-    "model.dropout_rate": 0.0,
-    "train.global_batch_size": N,
-    "mesh.fsdp_min_kib": 0,  # every parameter split under FSDP
-}
+BASE = EXACT_STEP | {"train.global_batch_size": N, "mesh.fsdp_min_kib": 0}  # every parameter split under FSDP
 FEATURES = {
     "hard_negatives": {},  # the batch's `negatives` (`with_feature`)
     "several_positives": {"loss.positives": "mean_log_prob"},  # with pairs sharing an index (`with_feature`)
