@@ -1,8 +1,9 @@
 """What the ViT-B/16 train step keeps for its backward pass, compiled on the CPU, buffer by
 buffer, before and after each fix and under each remat setting.
 
-    python -m experiments.bench.bench_step_memory         # ViT-B/16 224 px, batch 8: 16 compilations, ~30 min, 2 cores
-    python -m experiments.bench.bench_step_memory --tiny  # toy sizes (a test)
+    python -m experiments.bench.bench_step_memory             # ViT-B/16 224 px, batch 8: 16 compilations, ~25 min
+    python -m experiments.bench.bench_step_memory --batch 256  # compiled, not run: ~40 min on 2 cores
+    python -m experiments.bench.bench_step_memory --tiny      # toy sizes (a test)
 
 The step is ``bench_step``'s (open_clip's ViT-B-16 architecture from a checkpoint open_clip
 writes, the project's released-layout towers, AdamW, the global-batch CLIP loss streamed;
@@ -21,7 +22,8 @@ hides what rematerialisation saves; the variants are compiled with its memory-mi
 scheduler (``--xla_cpu_enable_concurrency_optimized_scheduler=false``), and ``before`` once
 more with the default one for reference. Writes ``results.json`` and ``results.md``
 (machine, versions, load) after each variant to ``--out`` (default
-``experiments/results/bench_step_memory/``; ``runs/bench_step_memory_tiny/`` with ``--tiny``).
+``experiments/results/bench_step_memory/batch_<batch>/``; ``runs/bench_step_memory_tiny/``
+with ``--tiny``).
 """
 
 from __future__ import annotations
@@ -173,6 +175,12 @@ def report(results: list[dict], header: dict) -> str:
         + f". Load average {env['load_average_start']:.1f} at the start, {header['load_average_end']:.1f} at the end. "
         f"One CPU device; XLA's attention; MiB. 'not donated': argument − alias bytes (the batch).",
         "",
+        "What the CPU's figures leave out or add: its backend computes bfloat16 matmuls and element-wise ops "
+        "in float32 (float32 copies of bfloat16 arrays a GPU would not hold), and even its memory-minimising "
+        "scheduler runs a rematerialised block's recomputation early, so that the compiled temp falls less "
+        "than what autodiff keeps (its residuals, traced without a compiler: the figure a GPU's or TPU's "
+        "scheduler approaches).",
+        "",
         *memory_lines(results),
         "",
         "## What each fix saved",
@@ -199,7 +207,7 @@ def main(argv=None) -> int:
         print(json.dumps(run_worker(json.loads(args.worker))))
         return 0
     sizes = dataclasses.replace(bench_step.TINY if args.tiny else bench_step.ACCELERATOR, images=args.batch)
-    out = args.out or (REPO / "runs" / "bench_step_memory_tiny" if args.tiny else RESULTS)
+    out = args.out or (REPO / "runs" / "bench_step_memory_tiny" if args.tiny else RESULTS / f"batch_{args.batch}")
     out.mkdir(parents=True, exist_ok=True)
     header = {"environment": bench_step.environment(), "batch": args.batch, "sizes": dataclasses.asdict(sizes)}
 
