@@ -90,14 +90,19 @@ def kind_of(name: str, shape: tuple[int, ...], op_name: str, param_shapes: froze
     - "parameter copies": the forward's arrays of a parameter's size (its casts to the
       compute dtype, its reshapes);
     - "activations": the forward's other arrays, kept for the backward pass;
-    - "loss": the loss's values (inside its ``shard_map``), either pass.
+    - "loss": what autodiff made outside the model (``jvp()``, ``transpose(jvp())``: the
+      loss, either pass);
+    - "optimizer update": what the step computes outside autodiff (the update, the
+      gradients' norm and clipping, the metrics).
     """
     if op_name.startswith(ARGUMENT):
         if "opt_state" in op_name:
             return "optimizer state"
         return "parameters" if "params" in op_name else "batch"
-    if "shard_map" in op_name or "global_loss" in op_name:
+    if "/jvp()/" in op_name or "transpose(jvp())" in op_name:
         return "loss"
+    if "jvp(" not in op_name and op_name:
+        return "optimizer update"
     parameter_sized = math.prod(shape) in {math.prod(p) for p in param_shapes}  # XLA reshapes some
     if "transpose(" in op_name:
         return "gradients" if parameter_sized else "backward temporaries"
