@@ -105,7 +105,11 @@ def residuals(trainer, abstract, element_spec) -> dict:
 
 def run_worker(spec: dict) -> dict:
     """Compiles the variant `spec` describes; its memory, its peak's buffers, its residuals."""
+    import jax
+
     from contrastive_jax.training import memory_fit
+
+    jax.config.update("jax_enable_compilation_cache", False)  # an executable from the cache dumps no live ranges
 
     trainer, abstract, element_spec = _trainer(spec)
     compiled = trainer.compile_step(abstract, element_spec)
