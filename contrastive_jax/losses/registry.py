@@ -164,29 +164,7 @@ def check_candidates(
     Raises:
       ConfigError: naming the field and a fix.
     """
-    wanted = {  # option: (what asks for it, the other fix), when asked for
-        "positive_ids": (f"config.loss.positives={settings.positives!r}", "or 'own'"),
-        "group_size": (f"config.loss.group_size={settings.group_size}", "or 0"),
-        "query_rows": (f"config.loss.extra_negatives={settings.extra_negatives}", "or 0"),
-        "extra_columns": ("the records' hard negatives (`negatives`)", "or records without them"),
-    }
-    given = {
-        "positive_ids": settings.positives != OWN_PAIR,
-        "group_size": bool(settings.group_size),
-        "query_rows": bool(settings.extra_negatives),
-        "extra_columns": has_negatives,
-    }
-    if settings.negatives_from:
-        wanted["extra_columns"], given["extra_columns"] = (
-            (f"config.loss.negatives_from={settings.negatives_from!r}", "or ''"),
-            True,
-        )
-    for option, (what, other_fix) in wanted.items():
-        if given[option] and option not in loss.options:
-            raise ConfigError(
-                f"{what} with config.loss.name={name!r}, which cannot take them: use one of {taking(option)}, "
-                f"{other_fix}."
-            )
+    _check_options(name, loss, settings, has_negatives)
     if settings.positives not in (OWN_PAIR, *FORMS):
         raise ConfigError(f"config.loss.positives={settings.positives!r}; use one of {[OWN_PAIR, *FORMS]}.")
     if captions_per_image > 1 and settings.positives == OWN_PAIR:
@@ -208,17 +186,44 @@ def check_candidates(
     if settings.group_size:
         field = "config.train.global_batch_size"
         check_multiple(global_batch_size, settings.group_size, field, "config.loss.group_size")
-    bank = negative_bank(settings.negatives_from)
-    if bank is not None:
-        if bank.shape[1] != settings.embed_dim:
+    _check_bank(settings, num_devices)
+
+
+def _check_options(name: str, loss: Loss, settings: LossSettings, has_negatives: bool) -> None:
+    """ConfigError unless the loss `name` takes each candidate the settings and the data
+    ask for (`Loss.options`)."""
+    extra = settings.extra_negatives
+    asked = {  # option: (what asks for it, the other fix, whether it is asked for)
+        "positive_ids": (f"config.loss.positives={settings.positives!r}", "or 'own'", settings.positives != OWN_PAIR),
+        "group_size": (f"config.loss.group_size={settings.group_size}", "or 0", bool(settings.group_size)),
+        "query_rows": (f"config.loss.extra_negatives={extra}", "or 0", bool(extra)),
+        "extra_columns": ("the records' hard negatives (`negatives`)", "or records without them", has_negatives),
+    }
+    if settings.negatives_from:
+        asked["extra_columns"] = (f"config.loss.negatives_from={settings.negatives_from!r}", "or ''", True)
+    for option, (what, other_fix, given) in asked.items():
+        if given and option not in loss.options:
             raise ConfigError(
-                f"config.loss.negatives_from={settings.negatives_from!r} holds [{bank.shape[0]}, {bank.shape[1]}] "
-                f"embeddings; it must be [M, {settings.embed_dim}] (D = config.model.embed_dim)."
+                f"{what} with config.loss.name={name!r}, which cannot take them: use one of {taking(option)}, "
+                f"{other_fix}."
             )
-        tile = settings.chunk_size if isinstance(settings.chunk_size, int) else 1  # its columns in whole tiles
-        factor = num_devices * tile if settings.collective == "ring" else math.lcm(num_devices, tile)
-        over = "the devices" + (" and config.loss.chunk_size" if tile > 1 else "")
-        check_multiple(bank.shape[0], factor, "the rows of config.loss.negatives_from", over)
+
+
+def _check_bank(settings: LossSettings, num_devices: int) -> None:
+    """ConfigError unless the bank of negatives (`negative_bank`) is [M, embed_dim], M
+    split over the devices (in whole tiles of an integer `chunk_size`)."""
+    bank = negative_bank(settings.negatives_from)
+    if bank is None:
+        return
+    if bank.shape[1] != settings.embed_dim:
+        raise ConfigError(
+            f"config.loss.negatives_from={settings.negatives_from!r} holds [{bank.shape[0]}, {bank.shape[1]}] "
+            f"embeddings; it must be [M, {settings.embed_dim}] (D = config.model.embed_dim)."
+        )
+    tile = settings.chunk_size if isinstance(settings.chunk_size, int) else 1  # its columns in whole tiles
+    factor = num_devices * tile if settings.collective == "ring" else math.lcm(num_devices, tile)
+    over = "the devices" + (" and config.loss.chunk_size" if tile > 1 else "")
+    check_multiple(bank.shape[0], factor, "the rows of config.loss.negatives_from", over)
 
 
 def _pair_loss(loss_fn, metrics: bool = True, options: frozenset[str] = frozenset(), **reads: str) -> Loss:
