@@ -254,24 +254,6 @@ def _pair_loss(loss_fn, metrics: bool = True, options: frozenset[str] = frozense
     return Loss(fn, frozenset(inputs), options=options)
 
 
-def _streamed_pair_loss(loss_fn, metrics: bool = True, **extra: str) -> Loss:
-    """A pair loss that takes no candidates (NT-Xent): its streaming options and `extra`
-    inputs; with `metrics`, its in-batch retrieval metrics."""
-
-    def fn(o, c):
-        result = loss_fn(
-            o["za"],
-            o["zb"],
-            temperature=o["temperature"],
-            **_streaming(c),
-            **{argument: o[name] for argument, name in extra.items()},
-            **({"return_metrics": True} if metrics else {}),
-        )
-        return result if metrics else (result, {})
-
-    return Loss(fn, frozenset({"za", "zb", "temperature", *extra.values()}))
-
-
 def _label_loss(value_fn, *outputs: str) -> Loss:
     """A loss spanning the global batch by itself (`axis_name`), on `za` and labels:
     `value_fn(o, y, c)` with `y = o["label"]`."""
@@ -446,7 +428,10 @@ LOSSES: Mapping[str, Loss] = {
     "infonce": _pair_loss(infonce_loss, options=_SOFTMAX_OPTIONS, positive_ids="index"),
     # No in-batch retrieval metrics: NT-Xent's statistics are over its 2N x 2N views
     # matrix, not the a -> b logits, and any other source is another N^2 pass per step.
-    "ntxent": _streamed_pair_loss(ntxent_loss, metrics=False),
+    "ntxent": Loss(
+        lambda o, c: (ntxent_loss(o["za"], o["zb"], temperature=o["temperature"], **_streaming(c)), {}),
+        frozenset({"za", "zb", "temperature"}),
+    ),
     "siglip": _pair_loss(siglip_loss, options=_SOFTMAX_OPTIONS - {"query_rows"}, bias="bias", positive_ids="index"),
     "npairs": Loss(  # no in-batch metrics, as NT-Xent: they would be another N^2 pass
         lambda o, c: (npairs_loss(o["za"], o["zb"], axis_name=BATCH_AXES), {}),

@@ -28,7 +28,7 @@ def _sigmoid_terms(logits, same_id, same_label):
     return {"log_sigmoid": jax.nn.log_sigmoid(jnp.where(positives, logits, -logits))}
 
 
-_SIGLIP = PairSpec(pair_terms=_sigmoid_terms, label_sets=True)
+_SIGLIP = PairSpec(pair_terms=_sigmoid_terms)  # positive ids compared as sets: `candidates.spec`
 
 
 def siglip_loss(
@@ -110,7 +110,7 @@ def siglip_loss(
     rows = candidate_set.row_ids(c, a.shape[0], axis_name)
     columns, column_ids = candidate_set.columns(c, b, rows)
     total, _, aux = logit_stats.pair_total(
-        candidate_set.spec(c, _SIGLIP)._replace(label_sets=True),
+        candidate_set.spec(c, _SIGLIP),
         a,
         columns,
         rows,

@@ -266,10 +266,10 @@ class Trainer:
         return data
 
     def _key_encoder(self, loss_state: dict[str, Any] | None):
-        """The parameters of an encoder the loss state keeps (`LossState.params_like`: a
-        momentum encoder, whose keys `forward` embeds), or None."""
-        params_like = self.loss.state.params_like if self.loss.state and loss_state else ()
-        return next((loss_state[name] for name in sorted(params_like) if name in loss_state), None)
+        """The parameters of an encoder the loss state keeps (its `LossState.params_like`
+        entry: a momentum encoder, whose keys `forward` embeds), or None."""
+        _, params_like = self._split_params_like(loss_state)
+        return next(iter(params_like.values()), None)
 
     def global_loss(
         self,
