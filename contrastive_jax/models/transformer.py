@@ -350,7 +350,8 @@ class Encoder(nn.Module):
 
 class MAPHead(nn.Module):
     """Multihead attention pooling (SigLIP's image tower): a learned `probe` attends to
-    the sequence, then a residual MLP. `[B, L, W]` -> `[B, W]`."""
+    the sequence, then a residual MLP. `[B, L, W]` -> `[B, W]`; `mask` [B or 1, 1, 1, L]
+    bool (True: attend; NaFlex's padding tokens False), None: every token."""
 
     mlp_dim: int
     num_heads: int
@@ -360,10 +361,10 @@ class MAPHead(nn.Module):
     attention: str = "auto"
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, mask=None):
         probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, x.shape[-1]))
         probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))
-        x = attention_layer(self.num_heads, attention=self.attention, dtype=self.dtype)(probe, x)
+        x = attention_layer(self.num_heads, attention=self.attention, dtype=self.dtype)(probe, x, mask=mask)
         y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x)
         return (x + MlpBlock(self.mlp_dim, self.activation, self.dtype)(y))[:, 0]
 

@@ -85,15 +85,16 @@ class ReleasedTwoTower(nn.Module):
         return self.normalize_pixels(pixels)
 
 
-def param_shapes(model, settings) -> dict[str, tuple[int, ...]]:
+def param_shapes(model, settings, *, images=None) -> dict[str, tuple[int, ...]]:
     """`model`'s parameter shapes by "/"-joined name, for inputs of `settings`' image size
-    and text length (abstract: nothing is computed); what each layout's `params_from`
-    checks the checkpoint's arrays against."""
+    (or `images` [1, ...], the image tower's input) and text length (abstract: nothing is
+    computed); what each layout's `params_from` checks the checkpoint's arrays against."""
     import jax
     import jax.numpy as jnp
     from flax import traverse_util
 
-    images = jnp.zeros((1, settings.image_size, settings.image_size, 3), jnp.float32)
+    if images is None:
+        images = jnp.zeros((1, settings.image_size, settings.image_size, 3), jnp.float32)
     texts = jnp.zeros((1, settings.context_length), jnp.int32)
     tree = jax.eval_shape(model.init, jax.random.key(0), images, texts)["params"]
     return {name: leaf.shape for name, leaf in traverse_util.flatten_dict(tree, sep="/").items()}

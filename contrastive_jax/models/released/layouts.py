@@ -10,15 +10,17 @@ from contrastive_jax.errors import ConfigError
 
 def layout_for_path(path: str):
     """The layout module of the checkpoint `path`; a ConfigError for a file of neither."""
-    from contrastive_jax.models.released import big_vision_layout, open_clip_layout
+    from contrastive_jax.models.released import big_vision_layout, open_clip_layout, siglip2_layout
 
     if path.endswith(".npz"):
         return big_vision_layout
+    if siglip2_layout.is_checkpoint(path):
+        return siglip2_layout
     if open_clip_layout.is_checkpoint(path):
         return open_clip_layout
     raise ConfigError(
-        f"config.model.init_from={path!r}: not a released checkpoint; use big_vision's .npz (SigLIP) "
-        "or open_clip's .safetensors / .bin (CLIP)."
+        f"config.model.init_from={path!r}: not a released checkpoint; use big_vision's .npz (SigLIP), "
+        "open_clip's .safetensors / .bin (CLIP), or transformers' SigLIP 2 NaFlex model.safetensors."
     )
 
 
@@ -41,9 +43,13 @@ def save(path: str, model, params) -> None:
 
 def _layouts() -> dict[str, Any]:
     """The layout modules by their names."""
-    from contrastive_jax.models.released import big_vision_layout, open_clip_layout
+    from contrastive_jax.models.released import big_vision_layout, open_clip_layout, siglip2_layout
 
-    return {"open_clip_layout": open_clip_layout, "big_vision_layout": big_vision_layout}
+    return {
+        "open_clip_layout": open_clip_layout,
+        "big_vision_layout": big_vision_layout,
+        "siglip2_layout": siglip2_layout,
+    }
 
 
 def layout_of(model):

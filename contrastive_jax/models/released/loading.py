@@ -67,11 +67,11 @@ def load(path: str, *, quick_gelu: bool = False) -> Released:
     if not os.path.exists(path):
         raise ConfigError(f"config.model.init_from={path!r} does not exist; give a released checkpoint's path.")
     layout = layout_for_path(path)
-    is_big_vision = layout.__name__.endswith("big_vision_layout")
-    if quick_gelu and is_big_vision:
+    is_open_clip = layout.__name__.endswith("open_clip_layout")
+    if quick_gelu and not is_open_clip:
         raise ConfigError("config.model.quick_gelu=True is for open_clip checkpoints; SigLIP uses GELU: set it False.")
     arrays = _read(layout, path)
-    options = {} if is_big_vision else {"activation": "quick_gelu" if quick_gelu or quick_gelu_from(path) else "gelu"}
+    options = {"activation": "quick_gelu" if quick_gelu or quick_gelu_from(path) else "gelu"} if is_open_clip else {}
     try:
         settings = layout.settings_from(arrays, **options)
         params = layout.params_from(arrays, settings)
@@ -87,6 +87,8 @@ def _read(layout, path: str) -> dict:
         return layout.read(path)
     except ImportError as e:
         raise ConfigError(f"reading {path} needs {e.name}: pip install {e.name}.") from None
+    except ConfigError:  # a layout's own message (transformers' config.json beside the weights)
+        raise
     except Exception as e:  # noqa: BLE001  safetensors', torch's and zipfile's errors for a damaged file
         detail = (str(e).strip().splitlines() or [""])[0][:160]
         raise ConfigError(

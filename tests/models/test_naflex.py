@@ -1,0 +1,173 @@
+"""SigLIP 2 NaFlex: a random-weight transformers `Siglip2Model` (torch on the CPU), saved with
+`save_pretrained`, loads through `released.load` and embeds images of several aspect ratios
+in one batch (each resized within the budget, its position embedding up- or down-sampled)
+and texts as transformers does; the padding changes nothing; the way back loads in
+transformers; what is not NaFlex, or over the budget, is one ConfigError line."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from contrastive_jax.data import naflex as naflex_data
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.models import naflex, released
+from contrastive_jax.models.patch_dropout import PatchDropout
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+PATCH, BUDGET = 4, 24
+VISION = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_patches": 16,  # a 4 x 4 position grid, resized to each image's
+    "patch_size": PATCH,
+}
+TEXT = {  # a text width unlike the image's, so that the head's two axes differ
+    "vocab_size": 100,
+    "hidden_size": 48,
+    "intermediate_size": 80,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 16,
+    "projection_size": 32,
+    "pad_token_id": 1,
+    "bos_token_id": None,
+    "eos_token_id": 1,
+}
+# (height, width): taller, wider, square, very wide, small: grids of 6 x 3, 4 x 6, 4 x 4, 2 x 12, 2 x 3
+SIZES = ((40, 20), (17, 33), (64, 64), (9, 50), (8, 12))
+
+
+def _images(seed=0):
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)) for size in SIZES]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """`(transformers' model, its model.safetensors)`, every parameter random."""
+    torch.manual_seed(0)
+    config = transformers.Siglip2Config(text_config=TEXT, vision_config=VISION)
+    model = transformers.Siglip2Model(config)
+    with torch.no_grad():  # zero biases and unit LayerNorms would not test their mapping
+        for name, tensor in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or name.startswith("logit"):
+                tensor.add_(0.1 * torch.randn_like(tensor))
+    folder = tmp_path_factory.mktemp("siglip2_naflex")
+    model.save_pretrained(folder)
+    return model.eval(), str(folder / "model.safetensors")
+
+
+def _reference(model, images, budget=BUDGET):
+    """transformers' image embeddings (before normalisation) of PIL `images`, and its
+    processor's inputs."""
+    processor = transformers.Siglip2ImageProcessorPil(patch_size=PATCH, max_num_patches=budget)
+    inputs = processor(images=images, return_tensors="pt")
+    with torch.no_grad():
+        out = model.vision_model(
+            pixel_values=inputs["pixel_values"],
+            pixel_attention_mask=inputs["pixel_attention_mask"],
+            spatial_shapes=inputs["spatial_shapes"],
+        )
+    return out.pooler_output.numpy(), inputs
+
+
+def _embed_images(loaded, packed):
+    return np.asarray(loaded.model.apply({"params": loaded.params}, jnp.asarray(packed), method=lambda m, x: m.img(x)))
+
+
+def test_image_and_text_embeddings_equal_transformers(checkpoint):
+    model, path = checkpoint
+    loaded = released.load(path)
+    assert (loaded.settings.position_grid, loaded.settings.image.num_heads, loaded.settings.text.width) == (4, 4, 48)
+    images = _images()
+    packed = np.stack([naflex_data.packed_image(image, PATCH, BUDGET) for image in images])
+    expected, inputs = _reference(model, images)
+    np.testing.assert_array_equal(naflex_data.grid_of(packed), inputs["spatial_shapes"].numpy())
+    np.testing.assert_allclose(_embed_images(loaded, packed), expected, atol=1e-5, rtol=0)
+    ids = np.random.default_rng(1).integers(2, 100, (3, 16)).astype(np.int32)
+    with torch.no_grad():
+        text = model.text_model(input_ids=torch.from_numpy(ids).long()).pooler_output.numpy()
+    out = loaded.model.apply({"params": loaded.params}, jnp.asarray(packed[:3]), jnp.asarray(ids))
+    np.testing.assert_allclose(out["zb"], text / np.linalg.norm(text, axis=-1, keepdims=True), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out["za"][0] @ out["za"][0], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(out["temperature"], np.exp(-model.logit_scale.item()), rtol=1e-6)
+    np.testing.assert_allclose(out["bias"], model.logit_bias.item(), rtol=1e-6)
+
+
+def test_the_padding_changes_no_embedding(checkpoint):
+    """An image's embedding is the same padded to 24 tokens or to 64, and whatever the
+    padding tokens hold: they are masked in every block's attention and in the pooling."""
+    loaded = released.load(checkpoint[1])
+    image = _images()[0]
+    short = naflex_data.packed_image(image, PATCH, BUDGET)
+    rows, cols = naflex_data.grid_of(short)
+    assert rows * cols == 18
+    long = naflex_data.pack(short[1 : 1 + 18], (rows, cols), 64)
+    noisy = long.copy()
+    noisy[1 + 18 :] = np.random.default_rng(0).integers(0, 256, noisy[1 + 18 :].shape, dtype=np.uint8)
+    embedded = [_embed_images(loaded, packed[None])[0] for packed in (short, long, noisy)]
+    np.testing.assert_allclose(embedded[1], embedded[0], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(embedded[2], embedded[0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("grid", [(4, 4), (16, 16), (3, 40), (1, 1), (25, 7)])
+def test_position_embeddings_resize_as_torch_interpolate(grid):
+    pos = np.random.default_rng(0).normal(size=(16, 16, 8)).astype(np.float32)
+    rows, cols = grid
+    resized = naflex.resized_position_embeddings(jnp.asarray(pos), jnp.asarray([grid], jnp.int32), rows * cols + 3)
+    source = torch.from_numpy(pos).permute(2, 0, 1)[None]
+    expected = torch.nn.functional.interpolate(source, size=grid, mode="bilinear", align_corners=False, antialias=True)
+    expected = expected[0].reshape(8, rows * cols).T.numpy()
+    np.testing.assert_allclose(resized[0, : rows * cols], expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(resized[0, rows * cols :], np.broadcast_to(expected[0], (3, 8)), atol=1e-5, rtol=0)
+
+
+def test_written_back_transformers_loads_the_same_model(checkpoint, tmp_path):
+    model, path = checkpoint
+    loaded = released.load(path)
+    released.save(str(tmp_path / "model.safetensors"), loaded.model, loaded.params)
+    again = transformers.Siglip2Model.from_pretrained(tmp_path).eval()
+    for name, tensor in model.state_dict().items():
+        np.testing.assert_array_equal(again.state_dict()[name].numpy(), tensor.numpy(), err_msg=name)
+
+
+def test_an_image_over_the_budget_is_named():
+    patches = np.zeros((30, PATCH * PATCH * 3), np.uint8)
+    with pytest.raises(ConfigError, match=r"5 x 6 = 30 patches is over the budget config\.data\.max_num_patches=24"):
+        naflex_data.pack(patches, (5, 6), BUDGET)
+
+
+def test_a_fixed_resolution_siglip_is_not_naflex(tmp_path):
+    vision = {k: v for k, v in VISION.items() if k != "num_patches"} | {"image_size": 16}
+    model = transformers.SiglipModel(transformers.SiglipConfig(text_config=TEXT, vision_config=vision))
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"a fixed-resolution SigLIP, not NaFlex; give a -naflex checkpoint"):
+        released.load(str(tmp_path / "model.safetensors"))
+
+
+def test_a_checkpoint_without_its_config_is_named(checkpoint, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(open(checkpoint[1], "rb").read())
+    with pytest.raises(
+        ConfigError, match=r"config\.json is missing: save the model with transformers' save_pretrained"
+    ):
+        released.load(str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "siglip2_vision_model"}))
+    with pytest.raises(ConfigError, match=r"is not a two-tower Siglip2Model's config"):
+        released.load(str(tmp_path / "model.safetensors"))
+
+
+def test_patch_dropout_is_refused_before_compiling(checkpoint):
+    loaded = released.load(checkpoint[1])
+    model = loaded.model.clone(patch_dropout=PatchDropout(0.5))
+    packed = jnp.zeros((2, 1 + BUDGET, PATCH * PATCH * 3), jnp.uint8)
+    keys = jax.random.split(jax.random.key(0), 2)
+    with pytest.raises(ConfigError, match=r"set config\.model\.patch_dropout=0"):
+        jax.eval_shape(lambda: model.apply({"params": loaded.params}, packed, train=True, patch_keys=keys))
