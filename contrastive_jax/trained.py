@@ -188,21 +188,10 @@ def _restored(ckpt: checkpoint.Checkpointer, step: int) -> TrainedModel:
     if description is None:
         model, description, variables = _rebuilt_from_data(ckpt, step, config)
     else:
-        model = saved_model.rebuild(description)
-        variables = ckpt.restore_variables(step, _abstract_variables(model, saved_model.inputs(description)))
+        model, variables = saved_model.restore(ckpt, step, description)
     variables = jax.device_get({"params": variables["params"], "batch_stats": variables.get("batch_stats", {})})
     inputs = saved_model.inputs(description)
     return TrainedModel(model, variables, inputs, description["tokenizer"], step, description["embed_dim"], config)
-
-
-def _abstract_variables(model, inputs) -> dict[str, Any]:
-    """`{"params", "batch_stats"}` (the latter when the model has BatchNorm) of `model`
-    for `inputs`, as `jax.ShapeDtypeStruct` leaves on the default device."""
-    dummy = {side: np.zeros((1, *shape), dtype) for side, (shape, dtype) in inputs.items()}
-    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy["a"], dummy.get("b"), train=False))
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    shapes = {k: v for k, v in shapes.items() if k in ("params", "batch_stats") and v}
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
 
 
 def _rebuilt_from_data(ckpt: checkpoint.Checkpointer, step: int, config: dict[str, Any]):

@@ -17,6 +17,7 @@ from contrastive_jax.losses.classification import (
     focal_loss,
     softmax_cross_entropy,
 )
+from contrastive_jax.losses.distillation import distill_clip_loss, embedding_distill_loss
 from contrastive_jax.losses.loss_types import OWN_PAIR, Loss, LossSettings, LossState
 from contrastive_jax.losses.metric import (
     TRIPLET_MINING,
@@ -45,14 +46,15 @@ from contrastive_jax.losses.softmax import (
 )
 from contrastive_jax.losses.streaming import Streaming
 from contrastive_jax.losses.supcon import supcon_loss
+from contrastive_jax.losses.weighted_terms import with_terms
 
 __all__ = [
-    "OWN_PAIR",
     "Candidates",
     "LOSSES",
     "Loss",
     "LossSettings",
     "LossState",
+    "OWN_PAIR",
     "Streaming",
     "TRIPLET_MINING",
     "XBM_LOSSES",
@@ -65,6 +67,8 @@ __all__ = [
     "contrastive_metrics",
     "cosface_loss",
     "dcl_loss",
+    "distill_clip_loss",
+    "embedding_distill_loss",
     "enqueue",
     "focal_loss",
     "infonce_loss",
@@ -77,10 +81,11 @@ __all__ = [
     "ntxent_loss",
     "proxy_nca_loss",
     "siglip_loss",
+    "softmax_cross_entropy",
     "sogclr_init_state",
     "sogclr_loss",
-    "softmax_cross_entropy",
     "supcon_loss",
     "triplet_loss",
+    "with_terms",
     "xbm_loss",
 ]

@@ -101,6 +101,15 @@ def gather_rows(x: jax.Array, axis_name) -> jax.Array:
     return jax.lax.all_gather(x, axis_name, axis=0, tiled=True)
 
 
+def logsumexp_over_devices(lse, axis_name):
+    """The logsumexp over ``axis_name`` of each device's logsumexps ``lse: [M]`` (None stays
+    None): the shift out of the gradient, the result differentiable in every ``lse``."""
+    if lse is None:
+        return None
+    shift = jax.lax.pmax(jax.lax.stop_gradient(lse), axis_name)
+    return shift + jnp.log(jax.lax.psum(jnp.exp(lse - shift), axis_name))
+
+
 def global_batch_size(local_batch: int, axis_name) -> int:
     """N: ``local_batch`` rows on each device of ``axis_name`` (B without one)."""
     return local_batch * (1 if axis_name is None else jax.lax.axis_size(axis_name))

@@ -131,14 +131,6 @@ def _dense_logits(x, setup):
     return tile_logits(scaled_rows(x, temperature), setup.y, bias, setup.matmul_dtype)
 
 
-def _logsumexp_over_devices(lse, axis_name):
-    """The logsumexp of each device's logsumexps ``lse`` (None stays None)."""
-    if lse is None:
-        return None
-    shift = jax.lax.pmax(jax.lax.stop_gradient(lse), axis_name)
-    return shift + jnp.log(jax.lax.psum(jnp.exp(lse - shift), axis_name))
-
-
 def _columns_over_devices(col: Running, setup: _Setup, local_cols: int, axis_name) -> Running:
     """Completes all-gather column statistics (each device saw its own rows) and keeps
     this device's ``local_cols`` columns."""
@@ -149,12 +141,12 @@ def _columns_over_devices(col: Running, setup: _Setup, local_cols: int, axis_nam
         if best_negative is not None:
             best_negative = jax.lax.pmax(jax.lax.stop_gradient(best_negative), axis_name)
         col = Running(
-            lse=_logsumexp_over_devices(col.lse, axis_name),
+            lse=_common.logsumexp_over_devices(col.lse, axis_name),
             best_negative=best_negative,
             # One psum per sum: JAX 0.7.2 cannot transpose a single psum of several
             # operands when some (the positives' counts) do not depend on the inputs.
             sums={name: jax.lax.psum(s, axis_name) for name, s in col.sums.items()},
-            positive_lse=_logsumexp_over_devices(col.positive_lse, axis_name),
+            positive_lse=_common.logsumexp_over_devices(col.positive_lse, axis_name),
         )
     start = _common.row_offset(local_cols, axis_name)
     return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, local_cols), col)

@@ -52,6 +52,12 @@ class LossSettings:
     negatives_from: str  # a .npy file of [M, D] embeddings, each a negative of every row; "": none
     seed: int
     embed_dim: int
+    # The terms added by weight (`losses.weighted_terms`): total = contrastive_weight x the
+    # loss + distill_weight x distillation (in `distill_form`) + caption_weight x captioning.
+    contrastive_weight: float = 1.0
+    distill_weight: float = 0.0
+    distill_form: str = "logits"
+    caption_weight: float = 0.0
 
 
 # (one device's model outputs and data fields, settings) -> (global loss, metrics).

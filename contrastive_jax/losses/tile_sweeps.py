@@ -66,8 +66,8 @@ def _over_tiles(tile_fn, plan, x, y, rows, cols, row_carry, col_carry):
     return _unblock(row_carry), _unblock(col_carry)
 
 
-def _sweep(tile_fn, plan, ring_axis, x, y, rows, cols, row_carry, col_carry):
-    """:func:`_over_tiles` against every device's ``y`` with ``ring_axis``.
+def sweep(tile_fn, plan, ring_axis, x, y, rows, cols, row_carry, col_carry):
+    """Runs ``tile_fn`` (:func:`_over_tiles`) over ``x`` against every device's ``y`` with ``ring_axis``.
 
     With ``ring_axis``, ``y`` (with ``cols`` and ``col_carry``) travels the ring; the
     returned ``col_carry`` is back with its owner. Without it, ``y`` is swept once.
@@ -118,7 +118,7 @@ def _two_pass_forward(spec, plan, ring_axis, x, y, rows, cols, params):
         row, col = tile_stats(spec, logits, rows_t, cols_t)
         return merge(row_run, row), merge(col_run, col)
 
-    row, col = _sweep(
+    row, col = sweep(
         tile_fn, plan, ring_axis, scaled_rows(x, temperature), y, rows, cols, *stats_init(spec, x, y, rows)
     )
     # The backward pass needs the final logsumexps only (the sums are linear).
@@ -145,7 +145,7 @@ def _two_pass_backward(spec, plan, ring_axis, residuals, cotangents):
         )
         return (dx_t, dbias_t, row_final_t, row_cot_t), (dy_t, col_final_t, col_cot_t)
 
-    (dx, dbias, *_), (dy, *_) = _sweep(
+    (dx, dbias, *_), (dy, *_) = sweep(
         tile_fn,
         plan,
         ring_axis,
@@ -196,7 +196,7 @@ def _one_pass_forward(spec, aux_spec, plan, ring_axis, x, y, rows, cols, params)
             (dy_t, merge(col_aux_t, col)),
         )
 
-    (per_row, dx, dbias, row_aux), (dy, col_aux) = _sweep(
+    (per_row, dx, dbias, row_aux), (dy, col_aux) = sweep(
         tile_fn,
         plan,
         ring_axis,

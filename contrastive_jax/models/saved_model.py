@@ -19,6 +19,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
 from contrastive_jax.data import tokenizers
@@ -109,3 +110,17 @@ def rebuild(description: Mapping[str, Any]) -> Any:
 def inputs(description: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """Each side's input shape (without the batch) and dtype: `{"a": (shape, dtype), ...}`."""
     return {side: (tuple(v["shape"]), np.dtype(v["dtype"])) for side, v in description["inputs"].items()}
+
+
+def restore(checkpointer, step: int, description: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """`(model, variables)` of checkpoint `step` saved with the model settings
+    `description`: the model rebuilt (`rebuild`), its `{"params", "batch_stats"}` read
+    from `checkpointer` (a `training.checkpoint.Checkpointer`; verified, on the default
+    device)."""
+    model = rebuild(description)
+    dummy = {side: np.zeros((1, *shape), dtype) for side, (shape, dtype) in inputs(description).items()}
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy["a"], dummy.get("b"), train=False))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shapes = {k: v for k, v in shapes.items() if k in ("params", "batch_stats") and v}
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
+    return model, checkpointer.restore_variables(step, abstract)

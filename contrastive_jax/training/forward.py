@@ -19,6 +19,10 @@ batch schedule, sharded parameters), so that a feature never needs a path of its
 - **a momentum encoder's keys**: when the loss state holds the encoder's parameters
   (`ema_params`, MoCo's), the towers at those parameters, dropout off, no gradient:
   `key_za`, `key_zb` [N, D].
+- **a teacher's embeddings** (distillation, `training.teacher`): the batch's pairs
+  embedded by the frozen teacher at its variables (`TrainState.teacher`), dropout off, no
+  gradient: `teacher_za`, `teacher_zb` [N, D_t] and its `teacher_temperature`. Not the
+  extra rows': the distillation compares the batch's pairs.
 - **patch dropout's keys**, `patch_keys` [N + M] (`patch_dropout.row_keys` of the global
   rows, added by `layout`), so that a row keeps the same patches whatever the devices
   and micro-batches; with `patch_dropout.until_step`, a `lax.cond` on the step drops
@@ -38,7 +42,10 @@ import jax.numpy as jnp
 from contrastive_jax.models import patch_dropout
 
 # Model outputs with rows (split over the mesh); the rest are replicated.
-BATCHED_OUTPUTS = ("za", "zb", "logits", "hard_negatives", "key_za", "key_zb", "extra")
+BATCHED_OUTPUTS = (
+    *("za", "zb", "logits", "hard_negatives", "key_za", "key_zb", "extra"),
+    *("teacher_za", "teacher_zb", "za_to_teacher", "zb_to_teacher", "caption_nll", "caption_tokens"),
+)
 # The dropout streams folded into a micro-batch's key for the extra rows and the hard negatives.
 EXTRA_STREAM, NEGATIVES_STREAM = 1, 2
 
@@ -85,6 +92,8 @@ class Forward:
       key_params: a momentum encoder's parameters (`key_za`, `key_zb`), or None.
       drop_patches: whether this step drops patches (a traced bool before and after
         `patch_dropout.until_step`; True: wherever `inputs` hold `patch_keys`).
+      teacher_apply: a distillation teacher's `apply` (`teacher.Teacher.model`), or None.
+      teacher_variables: its variables (`TrainState.teacher`).
     """
 
     apply_fn: Callable
@@ -92,10 +101,17 @@ class Forward:
     rng: jax.Array
     key_params: Any = None
     drop_patches: Any = True
+    teacher_apply: Callable | None = None
+    teacher_variables: Any = None
 
     def __call__(self, params, inputs: dict[str, Any], micro_index) -> tuple[dict, dict, dict]:
         rng = jax.random.fold_in(self.rng, micro_index)
         batched, shared, updates = self._embed(params, inputs, rng)
+        if self.teacher_apply is not None:
+            taught = self.teacher_apply(self.teacher_variables, inputs["a"], inputs["b"], train=False)
+            taught = jax.lax.stop_gradient(taught)
+            batched.update(teacher_za=taught["za"], teacher_zb=taught["zb"])
+            shared["teacher_temperature"] = taught["temperature"]
         if "extra" in inputs:
             # The parameters stopped, not the outputs: no tangent enters the pass, none is kept.
             extra_rng = jax.random.fold_in(rng, EXTRA_STREAM)
@@ -145,7 +161,9 @@ class Forward:
         return batched, shared, updates
 
 
-def of_step(state, batch: dict[str, jax.Array], model, *, seed: int, extra_rows: int, num_shards: int, key_params):
+def of_step(
+    state, batch: dict[str, jax.Array], model, *, seed: int, extra_rows: int, num_shards: int, key_params, teacher=None
+):
     """`(Forward, batch)` of a train step at `state` (a `TrainState`): the step's dropout
     key, its patches dropped or not (`model.patch_dropout`), the batch laid out (`layout`).
 
@@ -157,6 +175,7 @@ def of_step(state, batch: dict[str, jax.Array], model, *, seed: int, extra_rows:
       extra_rows: M, the rows each step reads beside its batch (over all shards).
       num_shards: the devices the batch is split over.
       key_params: a momentum encoder's parameters, or None.
+      teacher: a distillation teacher's model (its variables are `state.teacher`), or None.
     """
     patches = model.patch_dropout
     batch = layout(
@@ -172,5 +191,7 @@ def of_step(state, batch: dict[str, jax.Array], model, *, seed: int, extra_rows:
         jax.random.fold_in(jax.random.key(seed), state.step),
         key_params=key_params,
         drop_patches=not patches.staged or state.step < patches.until_step,
+        teacher_apply=None if teacher is None else teacher.apply,
+        teacher_variables=state.teacher,
     )
     return embed, batch

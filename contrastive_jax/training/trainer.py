@@ -31,6 +31,7 @@ class TrainState(train_state.TrainState):
 
     batch_stats: Any = None
     loss_state: Any = None
+    teacher: Any = None  # a distillation teacher's variables (`training.teacher`), frozen; None: none
 
 
 def loss_inputs(batched: dict[str, Any], shared: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
@@ -78,14 +79,16 @@ class Trainer:
     loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
     fsdp_min_bytes: int = 0  # arrays smaller than this stay replicated on the fsdp axis (sharding.fsdp_spec)
     initial_params: Any = None  # a released checkpoint's parameters (numpy); None: initialised from `seed`
+    teacher: Any = None  # the distillation teacher (`teacher.Teacher`), or None
 
     def init_state(self, element_spec: Mapping[str, Any]) -> tuple[Callable[[], TrainState], TrainState]:
         """`(init, abstract_state)`: `init()` creates the initial state on the mesh;
         `abstract_state` holds its `jax.ShapeDtypeStruct` leaves with shardings (the
         target for restoring a checkpoint onto this mesh, whatever mesh wrote it).
 
-        Parameters, optimizer moments and a momentum encoder's copy are split over the
-        mesh's `fsdp` axis (`sharding.fsdp_shardings`; replicated when it has size 1);
+        Parameters, optimizer moments, a momentum encoder's copy and a distillation
+        teacher's variables (`TrainState.teacher`) are split over the mesh's `fsdp` axis
+        (`sharding.fsdp_shardings`; replicated when it has size 1);
         the loss state's `LossState.sharded` rows over the batch axes.
 
         Args:
@@ -98,7 +101,7 @@ class Trainer:
             if k in ("a", "b")
         }
 
-        def init(rng, initial_params):
+        def init(rng, initial_params, teacher):
             variables = self.model.init({"params": rng}, dummy["a"], dummy.get("b"), train=False)
             params = variables["params"] if initial_params is None else initial_params
             loss_state = self.loss.state and self.loss.state.init(self.loss_settings, params, self.loss_table_size)
@@ -108,10 +111,12 @@ class Trainer:
                 tx=self.optim.tx,
                 batch_stats=variables.get("batch_stats", {}),
                 loss_state=loss_state,
+                teacher=teacher,
             )
 
         rng = jax.random.key(self.seed)
-        shapes = jax.eval_shape(init, rng, self.initial_params)
+        teacher = None if self.teacher is None else self.teacher.variables
+        shapes = jax.eval_shape(init, rng, self.initial_params, teacher)
         shardings = sharding.fsdp_shardings(shapes, self.mesh, self.fsdp_min_bytes)
         if self.loss.state is not None:  # as `global_loss` takes it; a momentum encoder like the parameters
             inside, outside = self._split_params_like(shardings.loss_state)
@@ -122,7 +127,8 @@ class Trainer:
         abstract_state = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
         )
-        return functools.partial(jax.jit(init, out_shardings=shardings), rng, self.initial_params), abstract_state
+        init = functools.partial(jax.jit(init, out_shardings=shardings), rng, self.initial_params, teacher)
+        return init, abstract_state
 
     def jit_train_step(self, abstract_state: TrainState) -> Callable:
         """`train_step` jitted for this mesh: the state placed as `abstract_state` says
@@ -167,6 +173,7 @@ class Trainer:
             extra_rows=self.loss_settings.extra_negatives,
             num_shards=sharding.batch_shards(self.mesh),
             key_params=self._key_encoder(state.loss_state),
+            teacher=None if self.teacher is None else self.teacher.model,
         )
         (loss, metrics, loss_state, updates), grads = self._value_and_grad(embed, state, batch)
         state, learning_rate = self._apply_gradients(state, grads, batch["a"].shape[0], updates.get("batch_stats", {}))

@@ -1,7 +1,7 @@
 """Every recipe with every large-batch tool (docs/training.md, "Recipes with the
 large-batch tools"): one jitted step of each feature -- hard negatives, several
 positives, extra negatives, groups, patch dropout, a mixture, a fixed bank of
-negatives -- taken with each tool --
+negatives, distillation from a teacher -- taken with each tool --
 gradient caching, FSDP, a streamed loss around the ring, a batch schedule's later stage,
 the noise scale's per-device pass -- equals the same feature's plain step (the whole
 batch in one pass, replicated parameters, dense logits, a constant batch): the loss and
@@ -42,6 +42,7 @@ FEATURES = {
     },
     "mixture": {},  # the digits and a copy, 3 : 1 (`feature_config`)
     "negative_bank": {},  # 16 fixed negatives from a file, config.loss.negatives_from (`feature_config`)
+    "distillation": {},  # a teacher run's softmaxes, config.loss.teacher (`feature_config`)
 }
 # tool -> (config fields, devices, fsdp, the optimizer's batch of the step compared)
 TOOLS = {
@@ -67,7 +68,13 @@ def base(load_config, digits_data_dir, tmp_path_factory):
     mixture = {"data.records": (digits, str(copy)), "data.mixture_weights": (0.75, 0.25), "data.image_size": 8}
     bank = tmp_path_factory.mktemp("bank") / "negatives.npy"
     np.save(bank, np.random.default_rng(0).normal(size=(16, config.model.embed_dim)).astype(np.float32))
-    added = {"mixture": mixture, "negative_bank": {"loss.negatives_from": str(bank)}}
+    teacher = str(tmp_path_factory.mktemp("teacher"))  # 24 wide, the student 16: the logits at any widths
+    run_plan.train_and_evaluate(override(config, {"model.embed_dim": 24, "train.num_train_steps": 1}), teacher)
+    added = {
+        "mixture": mixture,
+        "negative_bank": {"loss.negatives_from": str(bank)},
+        "distillation": {"loss.teacher": teacher, "loss.distill_weight": 0.5},
+    }
     with pytest.MonkeyPatch.context() as patch:
         small = lambda m, dtype, vocab: encoders.ViT(16, 2, 2, 32, m.patch_size, 0.0, dtype, m.remat, m.attention)  # noqa: E731
         patch.setitem(encoders.ENCODERS, "vit_tiny", small)
@@ -118,7 +125,7 @@ def reference_step(base, feature, num_devices, batch_size):
     return _REFERENCES[key]
 
 
-@pytest.mark.slow  # 35 cells, 2-10 s each on 2 cores (CI runs them; one cell: -k "groups-fsdp")
+@pytest.mark.slow  # 40 cells, 2-10 s each on 2 cores (CI runs them; one cell: -k "groups-fsdp")
 @pytest.mark.parametrize("tool", TOOLS)
 @pytest.mark.parametrize("feature", FEATURES)
 def test_each_recipe_with_each_tool_is_its_plain_step(base, feature, tool):

@@ -1,0 +1,109 @@
+"""Distillation in the train step (configs/recipes_distillation.py at tiny size): a teacher
+run trained here (embeddings 24 wide, the student's 16), loaded from its workdir and
+embedded in the step. The step's loss is the CLIP loss plus the distillation kernel of
+the student's and the teacher's embeddings of the batch (logit form, and the embedding
+form through the learned map to the teacher's width); the teacher's variables do not
+move; a teacher that does not fit the run is one line before compiling."""
+
+import jax
+import numpy as np
+import pytest
+from test_recipes import TINY, one_step
+
+from contrastive_jax import losses, run_dir, sharding
+from contrastive_jax.config_lib import override
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.training import run_plan
+from contrastive_jax.training.run_plan import build
+
+TEACHER_DIM = 24
+
+
+@pytest.fixture(scope="module")
+def teacher_run(load_config, shapes_data_dir, tmp_path_factory):
+    """A teacher's workdir: configs/clip_shapes.py at tiny size, 2 steps, embeddings 24 wide."""
+    config = load_config("clip_shapes")
+    config.data.data_dir = shapes_data_dir
+    config = override(config, TINY | {"model.embed_dim": TEACHER_DIM})
+    workdir = str(tmp_path_factory.mktemp("teacher"))
+    run_plan.train_and_evaluate(config, workdir)
+    return workdir
+
+
+@pytest.fixture
+def student(load_config, shapes_data_dir, teacher_run):
+    """configs/recipes_distillation.py at tiny size, distilling from `teacher_run`."""
+    config = load_config("recipes_distillation")
+    config.data.data_dir = shapes_data_dir
+    return override(config, TINY | {"loss.teacher": teacher_run})
+
+
+def embeddings(model, variables, batch):
+    out = model.apply(variables, batch["a"], batch["b"], train=False)
+    return jax.device_get(out)
+
+
+@pytest.mark.slow  # a teacher run, then a step on 8 devices (about 40 s each on 2 cores)
+@pytest.mark.parametrize("form", ["logits", "mse"])
+def test_the_step_adds_the_distillation_of_the_teachers_embeddings(student, form):
+    config = override(student, {"loss.distill_form": form, "loss.distill_weight": 0.5})
+    trainer, before, batch, metrics, after = one_step(config, 8)
+    mine = embeddings(trainer.model, {"params": before.params}, batch)
+    theirs = embeddings(trainer.teacher.model, trainer.teacher.variables, batch)
+    if form == "logits":
+        want = losses.distill_clip_loss(
+            mine["za"],
+            mine["zb"],
+            theirs["za"],
+            theirs["zb"],
+            temperature=mine["temperature"],
+            teacher_temperature=theirs["temperature"],
+        )
+    else:
+        assert mine["za_to_teacher"].shape == theirs["za"].shape == (16, TEACHER_DIM)
+        want = sum(losses.embedding_distill_loss(mine[f"{z}_to_teacher"], theirs[z]) for z in ("za", "zb")) / 2
+    clip = losses.clip_loss(mine["za"], mine["zb"], temperature=mine["temperature"])
+    assert float(metrics["distill_loss"]) == pytest.approx(float(want), rel=1e-5)
+    assert float(metrics["loss"]) == pytest.approx(float(clip + 0.5 * want), rel=1e-5)
+    for got, was in zip(jax.tree.leaves(after.teacher), jax.tree.leaves(before.teacher), strict=True):
+        np.testing.assert_array_equal(got, was)
+    assert float(metrics["grad_norm"]) > 0
+
+
+@pytest.mark.slow  # a teacher run and a student run (about 1 minute on 2 cores)
+def test_the_recipe_trains_from_its_config(student, tmp_path):
+    run_plan.train_and_evaluate(override(student, {"loss.chunk_size": 8}), str(tmp_path))
+    logged = [row for row in run_dir.read_metrics(str(tmp_path)) if "train/distill_loss" in row]
+    assert [row["step"] for row in logged] == [1, 2]
+    assert all(np.isfinite(row["train/distill_loss"]) for row in logged)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"loss.teacher": "/no/such/run"}, r"config.loss.teacher='/no/such/run' does not exist"),
+        ({"loss.teacher": ""}, r"distill_weight=1.0 and config.loss.teacher empty: distillation needs both"),
+        ({"loss.distill_form": "kl"}, r"distill_form='kl'; use one of \['logits', 'mse', 'cosine'\]"),
+        ({"loss.caption_weight": -1.0}, r"config.loss.caption_weight=-1.0 must be >= 0"),
+    ],
+)
+def test_bad_distillation_settings_are_one_line_before_compiling(load_config, shapes_data_dir, fields, message):
+    config = load_config("recipes_distillation")
+    config.data.data_dir = shapes_data_dir
+    with pytest.raises(ConfigError, match=message) as error:
+        build(override(config, TINY | fields), sharding.make_mesh(1))
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow  # a teacher run (about 40 s on 2 cores)
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"data.text_max_length": 16}, r"takes config.data.text_max_length = 32 and this run gives 16"),
+        ({"loss.distill_weight": 0.0}, r"distill_weight=0.0 and config.loss.teacher set: distillation needs both"),
+    ],
+)
+def test_a_teacher_that_does_not_fit_is_one_line_before_compiling(student, fields, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        build(override(student, fields), sharding.make_mesh(1))
+    assert "\n" not in str(error.value)
