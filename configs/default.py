@@ -41,6 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
     data.train_class_range = ml_collections.config_dict.placeholder(tuple)  # (lo, hi): keep labels in [lo, hi).
     data.seed = 0  # Seeds the data order and augmentations; the stream is a function of it.
     data.image_size = ml_collections.config_dict.placeholder(int)  # Square size images are resized to; None: native.
+    # NaFlex (SigLIP 2): each image at its own aspect ratio, as at most this many patches of
+    # model.patch_size (data/naflex_images.py), for a released SigLIP 2 NaFlex (model.init_from).
+    data.max_num_patches = 0  # The token budget (e.g. 256, 576, 1024); 0: square images (data.image_size).
     data.text_max_length = 64  # Tokens per caption / text (truncated, 0-padded).
     data.tokenizer = "bytes"  # "bytes" (1 + UTF-8 byte), a SentencePiece .model or a tokenizers .json file.
     data.examples_per_class = 4  # Task "labeled": m examples of each class in a batch.

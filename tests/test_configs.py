@@ -27,7 +27,7 @@ SHAPES_CONFIGS = ("clip_shapes", "flip_clip", "recipes_several_positives")
 DATA_DIR_FIXTURES = {"sklearn_digits": "digits_data_dir", "cmudict": "cmudict_data_dir", "shapes": "shapes_data_dir"}
 CMUDICT_CONFIGS = ("cmudict_clip", "cmudict_dcl", "cmudict_sogclr", "cmudict_moco_queue")
 # Start from a released checkpoint, which the tests write: built and run in test_finetune.
-FINETUNE_CONFIGS = ("finetune_clip", "finetune_siglip")
+FINETUNE_CONFIGS = ("finetune_clip", "finetune_siglip", "finetune_siglip2_naflex")
 # Read record sets the tests write (a table with hard negatives, two sets mixed): built and
 # run in test_recipes.
 RECORDS_CONFIGS = ("recipes_hard_negatives", "recipes_mixture")

@@ -17,8 +17,9 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+from PIL import Image
 
-from contrastive_jax.data import images, records, stateless_random, tokenizers
+from contrastive_jax.data import images, naflex_images, records, stateless_random, tokenizers
 from contrastive_jax.data.mixture import Mixture
 from contrastive_jax.data.records import DataError
 from contrastive_jax.data.settings import DataSettings, augments
@@ -133,11 +134,18 @@ class Examples:
 
     def _view(self, image, visit: Visit | None, view: int) -> np.ndarray:
         """uint8 [H, W, C]: the image as it is (evaluation), or cropped and flipped
-        (`BatchReader` adds the colour jitter and noise to the whole batch)."""
+        (`BatchReader` adds the colour jitter and noise to the whole batch); with NaFlex
+        (`max_num_patches`), that image at its aspect ratio within the budget, packed
+        (`naflex_images.packed_image`: uint8 [1 + max_num_patches, P * P * C])."""
         data = self.data
         if visit is None or not augments(data):
+            if data.max_num_patches:
+                return naflex_images.packed_image(image, data.patch_size, data.max_num_patches)
             return images.to_array(images.resized(image, data.image_size))
-        return images.augmented(image, data.image_size, data.augment, visit.draws[view])
+        pixels = images.augmented(image, data.image_size, data.augment, visit.draws[view])
+        if data.max_num_patches:  # the crop (at the image's own size) and flip, then NaFlex's resize
+            return naflex_images.packed_image(Image.fromarray(pixels), data.patch_size, data.max_num_patches)
+        return pixels
 
     def inputs_or_replacement(self, i: int, visit: Visit, record: bytes) -> tuple[dict[str, np.ndarray], int]:
         """`(inputs, skipped)`: example `i`'s inputs, or with `on_bad_record="skip"` those

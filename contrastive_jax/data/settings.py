@@ -74,6 +74,8 @@ class DataSettings:
     mixture_records: tuple[str, ...] = ()
     mixture_weights: tuple[float, ...] = ()
     captions_per_image: int = 1
+    max_num_patches: int = 0  # NaFlex's token budget (`naflex`); 0: square images of `image_size`
+    patch_size: int = 16  # NaFlex's patch side in pixels (`config.model.patch_size`)
 
     @property
     def display_name(self) -> str:
@@ -184,7 +186,33 @@ def check_data_config(data: DataSettings) -> records.Metadata:
         raise ConfigError(
             f"config.data.task='labeled' needs labels but {data.display_name} has none; use task 'pairs' or 'views'."
         )
+    if data.max_num_patches:
+        _check_naflex(data, metadata)
     return metadata
+
+
+def _check_naflex(data: DataSettings, metadata: records.Metadata) -> None:
+    """ConfigError unless NaFlex images (`config.data.max_num_patches` > 0) are colour
+    images paired with captions, not resized to a square, without photometric
+    augmentation (which `images.photometric` applies to square images)."""
+    field = f"config.data.max_num_patches={data.max_num_patches}"
+    if data.max_num_patches < 0:
+        raise ConfigError(f"{field} must be >= 0 (0: square images of config.data.image_size).")
+    if data.task != "pairs" or not metadata.has("captions") or metadata.image_channels != 3:
+        raise ConfigError(
+            f"{field} feeds SigLIP 2's NaFlex image tower colour images paired with captions; "
+            f"{data.display_name} with task {data.task!r} has none: set it to 0."
+        )
+    if data.image_size is not None:
+        raise ConfigError(
+            f"{field} resizes each image at its aspect ratio and config.data.image_size={data.image_size} to a "
+            "square: set config.data.image_size=None (or max_num_patches=0)."
+        )
+    if data.augment.color_jitter > 0 or data.augment.noise_std > 0:
+        raise ConfigError(
+            f"{field}: colour jitter and pixel noise apply to square images; set config.data.augment.color_jitter=0.0 "
+            "and noise_std=0.0 (crops and flips apply)."
+        )
 
 
 def _check_mixture(data: DataSettings, first: records.Metadata) -> None:
@@ -208,7 +236,7 @@ def _check_mixture(data: DataSettings, first: records.Metadata) -> None:
         raise ConfigError(
             f"the record sets {sets} share a name (their metrics' name); give their folders distinct names."
         )
-    native = data.image_size is None and first.has("image")
+    native = data.image_size is None and not data.max_num_patches and first.has("image")
     first_size = _first_image_size(first, data.train_split) if native else None
     for other in training_sets(data)[1:]:
         metadata = open_metadata(other)

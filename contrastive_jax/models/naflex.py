@@ -1,7 +1,7 @@
 """The NaFlex image tower (SigLIP 2, Tschannen et al. 2025): a ViT over a variable number
 of patches per image, up to a token budget, each image at its own aspect ratio.
 
-Its input is `data.naflex`'s packed array `a` [B, 1 + L, P * P * C] (L the budget): row 0
+Its input is `data.naflex_images`'s packed array `a` [B, 1 + L, P * P * C] (L the budget): row 0
 of each image its patch grid (rows, cols), then its rows * cols patches and padding. The
 patches are embedded by a Dense layer (a Conv of stride P on the flattened patch), the
 learned position embedding of a fixed S x S grid is resized to each image's grid
@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.data.naflex import HEADER_BASE, HEADER_ROWS
+from contrastive_jax.data.naflex_images import HEADER_BASE, HEADER_ROWS
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.models import transformer
 

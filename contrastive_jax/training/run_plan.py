@@ -24,6 +24,7 @@ from absl import logging
 from contrastive_jax import config_lib, losses, sharding
 from contrastive_jax.config_lib import group_values, override
 from contrastive_jax.data import settings, writer
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.evaluation import evaluator
 from contrastive_jax.models import released, saved_model, two_tower
 from contrastive_jax.training import batch_schedule, config_checks, loop, loss_guard, optimizer
@@ -111,7 +112,7 @@ def data_settings(config: ml_collections.ConfigDict) -> settings.DataSettings:
     """`config.data` (and the global batch size) as the input pipeline's plain values."""
     data = config.data
     besides = {"global_batch_size", "augment", "train_class_range", "records", "mixture_records", "mixture_weights"}
-    besides |= {"captions_per_image"}
+    besides |= {"captions_per_image", "max_num_patches", "patch_size"}
     sets = tuple(data.records.split(",") if isinstance(data.records, str) else data.records or ())
     weights = tuple(data.get("mixture_weights", ()))  # a run saved before mixtures has none
     return settings.DataSettings(
@@ -120,6 +121,8 @@ def data_settings(config: ml_collections.ConfigDict) -> settings.DataSettings:
         mixture_records=sets if len(sets) > 1 or weights else (),
         mixture_weights=weights,
         captions_per_image=data.get("captions_per_image", 1),  # a run saved before it has none
+        max_num_patches=data.get("max_num_patches", 0),  # NaFlex's budget; a run saved before it has none
+        patch_size=config.model.patch_size,
         # The rows read a step; a run saved before extra negatives (`TrainedModel.data`) has none.
         global_batch_size=config.train.global_batch_size + config.loss.get("extra_negatives", 0),
         train_class_range=_optional_tuple(data.train_class_range),
@@ -282,6 +285,11 @@ def _model(towers: two_tower.ModelSettings, data: settings.DataSettings, text_vo
     """`(model, initial_params)`: the towers `towers` describe, initialised from the
     seed (`initial_params` None), or a released checkpoint checked against the inputs."""
     if not towers.init_from:
+        if data.max_num_patches:
+            raise ConfigError(
+                f"config.data.max_num_patches={data.max_num_patches} feeds a released SigLIP 2 NaFlex "
+                "(config.model.init_from); the project's own encoders take square images: set it to 0."
+            )
         return two_tower.create_model(towers, text_vocab_size=text_vocab_size), None
     options = two_tower.tower_options(towers)
     loaded = released.load(towers.init_from, quick_gelu=towers.quick_gelu)
@@ -292,5 +300,7 @@ def _model(towers: two_tower.ModelSettings, data: settings.DataSettings, text_vo
         vocab_size=text_vocab_size,
         embed_dim=towers.embed_dim,
         learned_bias=towers.bias_init is not None,
+        max_num_patches=data.max_num_patches,
+        patch_size=towers.patch_size,
     )
     return loaded.model.clone(options=options, patch_dropout=two_tower.patch_dropout_of(towers)), loaded.params

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from contrastive_jax.data import naflex as naflex_data
+from contrastive_jax.data import naflex_images as naflex_data
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.models import naflex, released
 from contrastive_jax.models.patch_dropout import PatchDropout
@@ -30,7 +30,7 @@ VISION = {
     "patch_size": PATCH,
 }
 TEXT = {  # a text width unlike the image's, so that the head's two axes differ
-    "vocab_size": 100,
+    "vocab_size": 60,  # the tests' SentencePiece model's (tests/data/test_tokenizers.py)
     "hidden_size": 48,
     "intermediate_size": 80,
     "num_hidden_layers": 2,
@@ -92,7 +92,7 @@ def test_image_and_text_embeddings_equal_transformers(checkpoint):
     expected, inputs = _reference(model, images)
     np.testing.assert_array_equal(naflex_data.grid_of(packed), inputs["spatial_shapes"].numpy())
     np.testing.assert_allclose(_embed_images(loaded, packed), expected, atol=1e-5, rtol=0)
-    ids = np.random.default_rng(1).integers(2, 100, (3, 16)).astype(np.int32)
+    ids = np.random.default_rng(1).integers(2, 60, (3, 16)).astype(np.int32)
     with torch.no_grad():
         text = model.text_model(input_ids=torch.from_numpy(ids).long()).pooler_output.numpy()
     out = loaded.model.apply({"params": loaded.params}, jnp.asarray(packed[:3]), jnp.asarray(ids))
@@ -171,3 +171,85 @@ def test_patch_dropout_is_refused_before_compiling(checkpoint):
     keys = jax.random.split(jax.random.key(0), 2)
     with pytest.raises(ConfigError, match=r"set config\.model\.patch_dropout=0"):
         jax.eval_shape(lambda: model.apply({"params": loaded.params}, packed, train=True, patch_keys=keys))
+
+
+def _run_fields(checkpoint_path, tmp_path):
+    """A tiny fine-tuning run of configs/finetune_siglip2_naflex.py on native-aspect images."""
+    from tests.data.test_naflex_pipeline import SIZES as SET_SIZES
+    from tests.data.test_naflex_pipeline import write_set
+    from tests.data.test_tokenizers import train_sentencepiece
+
+    sentencepiece = train_sentencepiece(tmp_path, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    return {
+        "model.init_from": checkpoint_path,
+        "model.embed_dim": TEXT["projection_size"],
+        "model.patch_size": PATCH,
+        "data.records": write_set(tmp_path / "records", SET_SIZES * 3),
+        "data.tokenizer": f"siglip2:{sentencepiece}",
+        "data.text_max_length": TEXT["max_position_embeddings"],
+        "data.max_num_patches": BUDGET,
+        "data.num_workers": 0,
+        "train.global_batch_size": 16,
+        "train.micro_batch_size": 8,
+        "train.num_train_steps": 2,
+        "optim.warmup_steps": 1,
+        "eval.every_steps": 0,
+        "eval.split": "train",
+        "checkpoint.every_steps": 2,
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"data.max_num_patches": 0}, r"max_num_patches=0; .* is a SigLIP 2 NaFlex: set it to its token budget"),
+        ({"model.init_from": ""}, r"max_num_patches=24 feeds a released SigLIP 2 NaFlex .* set it to 0"),
+        ({"model.patch_size": 16}, r"config\.model\.patch_size=16; the released model .* takes 4"),
+    ],
+)
+def test_a_config_that_does_not_fit_naflex_is_named_at_build(load_config, checkpoint, tmp_path, fields, message):
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.training import run_plan
+
+    config = override(load_config("finetune_siglip2_naflex"), _run_fields(checkpoint[1], tmp_path) | fields)
+    if fields.get("data.max_num_patches") == 0:
+        config.data.image_size = 16
+    with pytest.raises(ConfigError, match=message):
+        run_plan.build(config)
+
+
+def test_square_weights_refuse_naflex_images():
+    from contrastive_jax.models.released import big_vision_layout, check_inputs
+    from contrastive_jax.models.transformer import TowerSettings
+
+    tower = TowerSettings(32, 1, 2, 64)
+    square = big_vision_layout.Settings(224, 16, tower, 16, 60, tower, 32)
+    with pytest.raises(
+        ConfigError, match=r"max_num_patches=256 needs SigLIP 2 NaFlex weights .*config\.data\.image_size=224"
+    ):
+        check_inputs(
+            square, image_size=None, text_length=16, vocab_size=60, embed_dim=32, learned_bias=True, max_num_patches=256
+        )
+
+
+@pytest.mark.e2e
+def test_the_naflex_config_fine_tunes_a_released_siglip2(load_config, checkpoint, tmp_path):
+    """configs/finetune_siglip2_naflex.py trains two steps from the transformers checkpoint
+    on 18 images of six aspect ratios; the run's model is the NaFlex layout's, its bias the
+    checkpoint's moved a little, and it embeds packed images as the loaded model does."""
+    from contrastive_jax import trained
+    from contrastive_jax.config_lib import override
+    from contrastive_jax.training import run_plan
+
+    model, path = checkpoint
+    workdir = str(tmp_path / "run")
+    run_plan.train_and_evaluate(override(load_config("finetune_siglip2_naflex"), _run_fields(path, tmp_path)), workdir)
+    run = trained.load(workdir)
+    assert type(run.model) is type(released.load(path).model)
+    bias = float(run.variables["params"]["logit_bias"])
+    assert bias == pytest.approx(model.logit_bias.item(), abs=0.01) and bias != pytest.approx(
+        model.logit_bias.item(), abs=1e-7
+    )
+    packed = np.stack([naflex_data.packed_image(image, PATCH, BUDGET) for image in _images()])
+    z = run.embed(packed, "a")
+    assert z.shape == (len(SIZES), TEXT["projection_size"]) and np.isfinite(z).all()

@@ -2,7 +2,7 @@
 with `config.json` beside it, as Hugging Face's `google/siglip2-base-patch16-naflex` holds
 them) loaded into Flax towers with big_vision's parameter names.
 
-The image tower is `models.naflex.ImageTower` (packed NaFlex images, `data.naflex`: each
+The image tower is `models.naflex.ImageTower` (packed NaFlex images, `data.naflex_images`: each
 image at its aspect ratio, up to `config.data.max_num_patches` patches); the text tower
 is big_vision's (`big_vision_layout.TextTower`: SigLIP 2's text tower is SigLIP's, read at
 the last position; transformers' `Siglip2TextModel` without an attention mask). Both
@@ -195,7 +195,7 @@ def _names(settings: Settings) -> list[tuple[str, tuple[str, ...], str, int]]:
 
 class Model(ReleasedTwoTower):
     """A SigLIP 2 NaFlex with `two_tower.TwoTower`'s contract (`released`'s docstring) but
-    for its images: `a` packed NaFlex images [B, 1 + L, P * P * 3] (`data.naflex`; uint8,
+    for its images: `a` packed NaFlex images [B, 1 + L, P * P * 3] (`data.naflex_images`; uint8,
     or float in [0, 1]), `b` ids [B, context_length] -> `za`, `zb` [B, embed_dim]
     L2-normalised float32, `temperature` (`exp(-log_inv_temperature)`) and `bias`."""
 

@@ -70,8 +70,8 @@ def pack(patches: np.ndarray, grid: tuple[int, int], max_num_patches: int) -> np
     if rows * cols > max_num_patches:
         raise ConfigError(
             f"an image of {rows} x {cols} = {rows * cols} patches is over the budget "
-            f"config.data.max_num_patches={max_num_patches}: resize it within the budget (naflex.resized, as the "
-            "input pipeline does) or raise the budget."
+            f"config.data.max_num_patches={max_num_patches}: resize it within the budget (naflex_images.resized, "
+            "as the input pipeline does) or raise the budget."
         )
     if patches.shape[0] != rows * cols or rows < 1 or cols < 1:
         raise ConfigError(f"{patches.shape[0]} patches do not make a grid of {rows} x {cols}.")
