@@ -83,6 +83,10 @@ def get_config() -> ml_collections.ConfigDict:
     model.attention = "auto"  # Attention kernel: "auto" (cuDNN's fused on a GPU in bfloat16), "xla", "cudnn".
     model.init_from = ""  # A released checkpoint to start from (open_clip .safetensors/.bin, SigLIP .npz); "": none.
     model.quick_gelu = False  # Force QuickGELU; else read from the open_clip_config.json beside init_from, or its path.
+    # CoCa (Yu et al. 2022; models/coca.py): a ViT encoder_a with attention pooling, the
+    # text_transformer as its unimodal text tower, and a multimodal decoder that captions.
+    model.decoder_depth = 0  # CoCa's decoder blocks (cross-attending to the image); 0: no decoder (two towers).
+    model.coca_queries = 256  # CoCa's pooling queries: the first pools the embedding, the rest feed the decoder.
 
     config.loss = loss = ml_collections.ConfigDict()
     loss.name = "clip"  # A name in losses.registry.LOSSES (which lists what each reads).

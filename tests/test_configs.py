@@ -23,7 +23,7 @@ from contrastive_jax.training.run_plan import data_settings
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py"))
 DIGITS_CONFIGS = ("default", "simclr_digits", "dml_digits", "dml_digits_xbm")
 REAL_DATA_CONFIGS = ("simclr_cifar10", "clip_coco", "siglip_coco", "dml_cub_ce")
-SHAPES_CONFIGS = ("clip_shapes", "flip_clip", "recipes_several_positives")
+SHAPES_CONFIGS = ("clip_shapes", "flip_clip", "recipes_several_positives", "coca_shapes")
 DATA_DIR_FIXTURES = {"sklearn_digits": "digits_data_dir", "cmudict": "cmudict_data_dir", "shapes": "shapes_data_dir"}
 CMUDICT_CONFIGS = ("cmudict_clip", "cmudict_dcl", "cmudict_sogclr", "cmudict_moco_queue")
 # Start from a released checkpoint, which the tests write: built and run in test_finetune.

@@ -276,7 +276,10 @@ class Encoder1DBlock(nn.Module):
     """Pre-LayerNorm self-attention and MLP, each added to the residual (after dropout
     when training with `dropout_rate` > 0). `[B, L, W]` -> `[B, L, W]`; `mask`
     [B or 1, 1, L, L] bool (True: attend); `causal`: position i attends to positions <= i;
-    `recompute_attention`: the attention's probabilities recomputed in the backward pass."""
+    `recompute_attention`: the attention's probabilities recomputed in the backward pass.
+    With `context` [B, S, W'] the attention is cross-attention from `x` to the context,
+    normalised by a LayerNorm of its own (`LayerNorm_kv`; `mask` then [.., L, S]): open_clip's
+    `ResidualAttentionBlock(is_cross_attention=True)`, in CoCa's decoder."""
 
     mlp_dim: int
     num_heads: int
@@ -289,9 +292,14 @@ class Encoder1DBlock(nn.Module):
     recompute_attention: bool = False
 
     @nn.compact
-    def __call__(self, x, mask=None, train: bool = False):
+    def __call__(self, x, mask=None, train: bool = False, context=None):
         dropout = nn.Dropout(self.dropout_rate, deterministic=not train)
         y = LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype, name="LayerNorm_0")(x)
+        keys = (
+            y
+            if context is None
+            else LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype, name="LayerNorm_kv")(context)
+        )
         attend = attention_layer(
             self.num_heads,
             attention=self.attention,
@@ -301,7 +309,7 @@ class Encoder1DBlock(nn.Module):
             dropout_rate=self.dropout_rate,
             deterministic=not train,
         )
-        x = x + dropout(attend(y, y, mask=mask))
+        x = x + dropout(attend(y, keys, mask=mask))
         y = LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype, name="LayerNorm_1")(x)
         return x + dropout(MlpBlock(self.mlp_dim, self.activation, self.dtype)(y))
 
@@ -312,7 +320,8 @@ class Encoder(nn.Module):
     lets position i attend to positions <= i. `remat` says what each block recomputes in
     the backward pass (`remat_plan`: a `REMAT_POLICIES` name, or one per run of blocks),
     `attention` their kernel; neither changes the parameters or the numbers, only the
-    memory and the time."""
+    memory and the time. `final_norm=False` leaves the LayerNorm out (CoCa's text tower
+    normalises its class token alone and hands the decoder the blocks' output)."""
 
     depth: int
     mlp_dim: int
@@ -324,6 +333,7 @@ class Encoder(nn.Module):
     dropout_rate: float = 0.0
     remat: str = "none"
     attention: str = "auto"
+    final_norm: bool = True
 
     @nn.compact
     def __call__(self, x, mask=None, train: bool = False):
@@ -345,28 +355,26 @@ class Encoder(nn.Module):
                 name=f"encoderblock_{index}",
             )
             x = block(x, mask, train)
+        if not self.final_norm:
+            return x
         return nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype, name="encoder_norm")(x)
 
 
-class MAPHead(nn.Module):
-    """Multihead attention pooling (SigLIP's image tower): a learned `probe` attends to
-    the sequence, then a residual MLP. `[B, L, W]` -> `[B, W]`; `mask` [B or 1, 1, 1, L]
-    bool (True: attend; NaFlex's padding tokens False), None: every token."""
-
-    mlp_dim: int
-    num_heads: int
-    activation: str = "gelu_tanh"
-    layer_norm_epsilon: float = 1e-6
-    dtype: Any = jnp.float32
-    attention: str = "auto"
-
-    @nn.compact
-    def __call__(self, x, mask=None):
-        probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, x.shape[-1]))
-        probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))
-        x = attention_layer(self.num_heads, attention=self.attention, dtype=self.dtype)(probe, x, mask=mask)
-        y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x)
-        return (x + MlpBlock(self.mlp_dim, self.activation, self.dtype)(y))[:, 0]
+def open_clip_patches(module: nn.Module, x, *, width: int, patch_size: int, epsilon: float, dtype, drop_patches=None):
+    """open_clip's ViT stem, the parameters made in `module` (called inside its compact
+    `__call__`): `[B, H, W, 3]` pixels cut into `patch_size` patches (`embedding`, a
+    Conv without bias), a class token `cls` first, the learned `pos_embedding` (its
+    length the input's), `drop_patches` (patch dropout: the tokens kept, the class
+    token first) and `ln_pre`. Returns `[B, 1 + P, width]` (fewer with `drop_patches`)."""
+    p = patch_size
+    x = nn.Conv(width, (p, p), strides=(p, p), padding="VALID", use_bias=False, dtype=dtype, name="embedding")(x)
+    x = x.reshape(x.shape[0], -1, width)
+    cls = module.param("cls", nn.initializers.zeros, (width,)).astype(x.dtype)
+    x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, width)), x], axis=1)
+    x = x + module.param("pos_embedding", nn.initializers.normal(0.02), x.shape[1:])[None].astype(x.dtype)
+    if drop_patches is not None:
+        x = drop_patches(x, num_prefix=1)
+    return nn.LayerNorm(epsilon=epsilon, dtype=dtype, name="ln_pre")(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,9 +397,11 @@ def encoder(
     options: TowerOptions = TowerOptions(),
     causal: bool = False,
     dropout_rate: float = 0.0,
+    final_norm: bool = True,
 ) -> Encoder:
     """The `Encoder` of `tower`'s size, computing as `options` say (dropout on the
-    attention weights and the residual branches when training with `dropout_rate` > 0)."""
+    attention weights and the residual branches when training with `dropout_rate` > 0;
+    `final_norm=False`: without its last LayerNorm)."""
     return Encoder(
         tower.depth,
         tower.mlp_dim,
@@ -403,5 +413,6 @@ def encoder(
         dropout_rate,
         remat=options.remat,
         attention=options.attention,
+        final_norm=final_norm,
         name=name,
     )

@@ -7,7 +7,8 @@ the embeddings in float32, and owns the learnable temperature (stored as
 (open_clip's clamp of the logit scale).
 
 `create_model(ModelSettings)` builds the model the settings name (`encoders.ENCODERS`
-lists the encoders).
+lists the encoders): a `TwoTower`, or with `decoder_depth` > 0 a `coca.CoCa` (a ViT image
+tower, a text Transformer and a captioning decoder, with `TwoTower`'s contract).
 """
 
 import dataclasses
@@ -21,11 +22,10 @@ import jax.numpy as jnp
 
 from contrastive_jax.embeddings import l2_normalize
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.models import encoders, patch_dropout, transformer
+from contrastive_jax.models import coca, encoders, logit_scale, patch_dropout, transformer
+from contrastive_jax.models.logit_scale import MAX_INV_TEMPERATURE, TEMPERATURE_PARAM
 from contrastive_jax.models.patch_dropout import PatchDropout
 
-MAX_INV_TEMPERATURE = 100.0
-TEMPERATURE_PARAM = "log_inv_temperature"
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -99,10 +99,7 @@ class TwoTower(nn.Module):
             tower_b = self.tower_b or self.tower_a
             head_b = self.head_b or self.head_a
             out["zb"] = l2_normalize(head_b(tower_b(b, train=train, **self._patches(tower_b, patch_keys, 1, train))))
-        log_inv = math.log(1.0 / self.temperature_init)
-        if self.learn_temperature:
-            log_inv = self.param(TEMPERATURE_PARAM, nn.initializers.constant(log_inv), ())
-        out["temperature"] = jnp.exp(-jnp.asarray(log_inv, jnp.float32))
+        out["temperature"] = logit_scale.temperature(self, self.temperature_init, self.learn_temperature)
         if self.bias_init is not None:
             out["bias"] = self.param("logit_bias", nn.initializers.constant(self.bias_init), ())
         if self.num_classes:
@@ -172,6 +169,8 @@ class ModelSettings:
     patch_dropout_until_step: int = 0  # dropped before this step, none after (unmasked tuning); 0: throughout
     init_from: str = ""  # a released checkpoint (`contrastive_jax.models.released`); "": the towers above
     quick_gelu: bool = False  # the released checkpoint uses OpenAI CLIP's activation
+    decoder_depth: int = 0  # CoCa's multimodal decoder blocks (`coca`); 0: no decoder (`TwoTower`)
+    coca_queries: int = 256  # CoCa's attention-pooling queries: the first pools the embedding, the rest the decoder's
 
 
 def tower_options(settings: ModelSettings) -> transformer.TowerOptions:
@@ -188,8 +187,9 @@ def tower_options(settings: ModelSettings) -> transformer.TowerOptions:
     return transformer.TowerOptions(COMPUTE_DTYPES[settings.compute_dtype], settings.remat, settings.attention)
 
 
-def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
-    """The `TwoTower` that `settings` describe.
+def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower | coca.CoCa:
+    """The `TwoTower` that `settings` describe, or with `decoder_depth` > 0 the `coca.CoCa`
+    (`coca_of`).
 
     Args:
       settings: the model's settings (`trainer.model_settings` reads them from a config).
@@ -197,7 +197,8 @@ def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
 
     Raises:
       ConfigError: an unknown encoder, compute dtype, remat policy or attention kernel,
-        a temperature that is not > 0, or patch dropout out of range or without a ViT.
+        a temperature that is not > 0, or patch dropout out of range or without a ViT;
+        a CoCa of other towers (`coca_of`).
     """
     m = settings
     dtype = tower_options(m).dtype
@@ -220,6 +221,8 @@ def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
             f"config.model.patch_dropout={m.patch_dropout} drops a ViT's patches, and neither encoder is one "
             f"({m.encoder_a!r}, {m.encoder_b!r}): use one of {sorted(encoders.VIT_ENCODERS)}, or set it to 0."
         )
+    if m.decoder_depth:
+        return coca_of(m, text_vocab_size=text_vocab_size)
     return TwoTower(
         tower_a=encoder("encoder_a"),
         head_a=head(),
@@ -236,3 +239,58 @@ def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower:
 def patch_dropout_of(settings: ModelSettings) -> PatchDropout:
     """`config.model.patch_dropout` and `patch_dropout_until_step`, checked (a ConfigError)."""
     return PatchDropout(settings.patch_dropout, settings.patch_dropout_until_step)
+
+
+def coca_of(settings: ModelSettings, *, text_vocab_size: int) -> coca.CoCa:
+    """The `coca.CoCa` of `settings` (`decoder_depth` > 0): the image tower the ViT
+    `encoder_a` names (its width, depth and heads; `patch_size`), attention pooling with
+    `coca_queries` queries, the text tower and the decoder (`decoder_depth` blocks) of
+    `text_transformer`'s width (`encoder_dim`) and heads, embeddings of `embed_dim`; the
+    project's GELU (tanh) and LayerNorm epsilon; images in [0, 1] as they are.
+
+    Raises:
+      ConfigError: towers CoCa has not (`encoder_a` not a ViT, `encoder_b` not
+        "text_transformer", tied towers), a classifier or a projection MLP, or fewer
+        than 2 queries.
+    """
+    m, vits = settings, sorted(encoders.VIT_ENCODERS)
+    if m.encoder_a not in encoders.VIT_ENCODERS or m.encoder_b != "text_transformer" or m.tie_towers:
+        raise ConfigError(
+            f"config.model.decoder_depth={m.decoder_depth} builds CoCa, a ViT and a text Transformer "
+            f"(encoder_a={m.encoder_a!r}, encoder_b={m.encoder_b!r}, tie_towers={m.tie_towers}): set encoder_a to "
+            f"one of {vits}, encoder_b='text_transformer' and tie_towers=False, or decoder_depth=0."
+        )
+    if m.num_classes or m.projection_hidden_dims or m.coca_queries < 2:
+        raise ConfigError(
+            f"config.model.decoder_depth={m.decoder_depth} builds CoCa, whose heads are linear and which pools with "
+            f"queries (num_classes={m.num_classes}, projection_hidden_dims={m.projection_hidden_dims}, "
+            f"coca_queries={m.coca_queries}): set num_classes=0, projection_hidden_dims=() and coca_queries >= 2."
+        )
+    options = tower_options(m)
+    vit = encoders.ENCODERS[m.encoder_a](m, options.dtype, text_vocab_size)
+    text = encoders.ENCODERS["text_transformer"](m, options.dtype, text_vocab_size)
+    text_tower = transformer.TowerSettings(text.width, text.depth, text.num_heads, 4 * text.width)
+    architecture = coca.CocaSettings(
+        image_size=0,
+        patch_size=m.patch_size,
+        image=transformer.TowerSettings(vit.width, vit.depth, vit.num_heads, vit.mlp_dim),
+        context_length=0,
+        vocab_size=text_vocab_size,
+        text=text_tower,
+        embed_dim=m.embed_dim,
+        decoder=dataclasses.replace(text_tower, depth=m.decoder_depth),
+        num_queries=m.coca_queries,
+        pooler_heads=max(m.embed_dim // 64, 1),
+        activation="gelu_tanh",
+        layer_norm_epsilon=1e-6,
+        logit_bias=m.bias_init is not None,
+    )
+    return coca.CoCa(
+        architecture,
+        options,
+        patch_dropout_of(m),
+        temperature_init=m.temperature_init,
+        learn_temperature=m.learn_temperature,
+        bias_init=m.bias_init,
+        dropout_rate=m.dropout_rate,
+    )

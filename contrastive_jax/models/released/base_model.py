@@ -11,8 +11,8 @@ import jax.numpy as jnp
 
 from contrastive_jax.embeddings import l2_normalize
 from contrastive_jax.models import patch_dropout
+from contrastive_jax.models.logit_scale import TEMPERATURE_PARAM
 from contrastive_jax.models.transformer import TowerSettings
-from contrastive_jax.models.two_tower import TEMPERATURE_PARAM
 
 # The parameters of each tower (`optim.frozen_tower`, layer decay).
 TOWER_PARAMS = {"a": ("img",), "b": ("txt",)}

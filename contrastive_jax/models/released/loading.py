@@ -78,7 +78,7 @@ def load(path: str, *, quick_gelu: bool = False) -> Released:
     except (KeyError, ValueError) as e:
         problem = f"{e.args[0]} is not in the checkpoint" if isinstance(e, KeyError) else str(e)
         raise ConfigError(f"{path}: {problem}") from None
-    return Released(layout.Model(settings), params, settings)
+    return Released(layout.model_for(settings) if is_open_clip else layout.Model(settings), params, settings)
 
 
 def _read(layout, path: str) -> dict:

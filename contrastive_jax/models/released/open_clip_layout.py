@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from contrastive_jax.models import transformer
+from contrastive_jax.models import coca, transformer
 from contrastive_jax.models.patch_dropout import PatchDropout
 from contrastive_jax.models.released.base_model import (
     OPEN_CLIP_CONFIG,
@@ -75,12 +75,22 @@ def _tower(arrays, prefix: str, head_width: int) -> TowerSettings:
     return TowerSettings(width, depth, max(width // head_width, 1), mlp_dim)
 
 
-def settings_from(arrays: dict[str, np.ndarray], *, head_width: int = 64, activation: str = "gelu") -> Settings:
+def settings_from(
+    arrays: dict[str, np.ndarray], *, head_width: int = 64, activation: str = "gelu", pooler_heads: int = 8
+) -> Settings | coca.CocaSettings:
     """The architecture of an open_clip checkpoint's `arrays`, inferred from their shapes
     (as open_clip's `build_model_from_openai_state_dict` does); `head_width` and
-    `activation` are not in the arrays (see the module's docstring)."""
+    `activation` are not in the arrays (see the module's docstring). A CoCa's arrays
+    (`text_decoder.*`, `visual.attn_pool.*`) give `coca.CocaSettings` (`coca_settings_from`;
+    `pooler_heads`: its attention pooling's heads, 8 in open_clip's CoCa configs).
+
+    Raises:
+      ValueError: an unknown activation; a CoCa's arrays without its decoder.
+    """
     if activation not in transformer.ACTIVATIONS:
         raise ValueError(f"activation={activation!r}; use one of {sorted(transformer.ACTIVATIONS)}.")
+    if any(name.startswith(COCA_PREFIXES) for name in arrays):
+        return coca_settings_from(arrays, head_width=head_width, activation=activation, pooler_heads=pooler_heads)
     patch_size = arrays["visual.conv1.weight"].shape[-1]
     grid = round((arrays["visual.positional_embedding"].shape[0] - 1) ** 0.5)
     return Settings(
@@ -96,6 +106,45 @@ def settings_from(arrays: dict[str, np.ndarray], *, head_width: int = 64, activa
     )
 
 
+# The arrays only a CoCa has: its text tower's class token, attention pooling, its decoder.
+COCA_PREFIXES = ("text_decoder.", "visual.attn_pool.", "text.cls_emb")
+
+
+def coca_settings_from(
+    arrays: dict[str, np.ndarray], *, head_width: int = 64, activation: str = "gelu", pooler_heads: int = 8
+) -> coca.CocaSettings:
+    """The architecture of an open_clip CoCa checkpoint's `arrays` (`settings_from`'s
+    arguments), with open_clip's LayerNorm epsilon and OpenAI's pixel normalisation.
+
+    Raises:
+      ValueError: the decoder's arrays (`text_decoder.*`) are missing, naming the fix.
+    """
+    if "text_decoder.text_projection" not in arrays:
+        raise ValueError(
+            "a CoCa checkpoint (visual.attn_pool.*, text.cls_emb) without its multimodal decoder (no text_decoder.* "
+            "arrays): give open_clip's whole CoCa state_dict (e.g. coca_ViT-B-32's open_clip_model.safetensors)"
+        )
+    patch_size = arrays["visual.conv1.weight"].shape[-1]
+    grid = round((arrays["visual.positional_embedding"].shape[0] - 1) ** 0.5)
+    return coca.CocaSettings(
+        image_size=grid * patch_size,
+        patch_size=patch_size,
+        image=_tower(arrays, "visual.transformer.", head_width),
+        context_length=arrays["text.positional_embedding"].shape[0] - 1,  # the class token's position after them
+        vocab_size=arrays["text.token_embedding.weight"].shape[0],
+        text=_tower(arrays, "text.transformer.", head_width),
+        embed_dim=arrays["text.text_projection"].shape[1],
+        decoder=_tower(arrays, "text_decoder.", head_width),
+        num_queries=arrays["visual.attn_pool.query"].shape[0],
+        pooler_heads=pooler_heads,
+        activation=activation,
+        layer_norm_epsilon=LAYER_NORM_EPSILON,
+        pixel_mean=OPENAI_MEAN,
+        pixel_std=OPENAI_STD,
+        logit_bias="logit_bias" in arrays,
+    )
+
+
 class ImageTower(nn.Module):
     """open_clip's `VisionTransformer`: `[B, H, W, 3]` normalised pixels -> `[B, embed_dim]`.
     `drop_patches` (patch dropout) takes the tokens after the position embedding, the
@@ -106,17 +155,16 @@ class ImageTower(nn.Module):
 
     @nn.compact
     def __call__(self, x, drop_patches=None):
-        s, p, dtype = self.settings, self.settings.patch_size, self.options.dtype
-        x = nn.Conv(
-            s.image.width, (p, p), strides=(p, p), padding="VALID", use_bias=False, dtype=dtype, name="embedding"
-        )(x)
-        x = x.reshape(x.shape[0], -1, s.image.width)
-        cls = self.param("cls", nn.initializers.zeros, (s.image.width,)).astype(x.dtype)
-        x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, s.image.width)), x], axis=1)
-        x = x + self.param("pos_embedding", nn.initializers.normal(0.02), x.shape[1:])[None].astype(x.dtype)
-        if drop_patches is not None:
-            x = drop_patches(x, num_prefix=1)
-        x = nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=dtype, name="ln_pre")(x)
+        s, dtype = self.settings, self.options.dtype
+        x = transformer.open_clip_patches(
+            self,
+            x,
+            width=s.image.width,
+            patch_size=s.patch_size,
+            epsilon=LAYER_NORM_EPSILON,
+            dtype=dtype,
+            drop_patches=drop_patches,
+        )
         # encoder_norm: ln_post
         x = transformer.encoder(s.image, s.activation, LAYER_NORM_EPSILON, options=self.options, name="Transformer")(x)
         return nn.Dense(s.embed_dim, use_bias=False, dtype=dtype, name="head")(x[:, 0])
@@ -162,31 +210,55 @@ class Model(ReleasedTwoTower):
         return (pixels - mean) / std
 
 
+class CocaModel(coca.CoCa):
+    """An open_clip CoCa (`coca.CoCa` of `coca_settings_from`'s settings): a class of its
+    own, so that a run fine-tuned from one saves and rebuilds it as open_clip's
+    (`released.describe`); a CoCa built from the config is a plain `coca.CoCa`."""
+
+
 QKV = ("query", "key", "value")
 
 
-def _encoder_names(prefix: str, path: tuple[str, ...], tower: TowerSettings, final_norm: str):
-    """`_names`' rows of one encoder: its blocks, then its final LayerNorm."""
-    heads = tower.num_heads
+def _norm_names(name: str, path: tuple[str, ...]):
+    """`_names`' rows of a LayerNorm: torch's `weight` and `bias` as Flax's `scale` and `bias`."""
+    return [(f"{name}weight", (*path, "scale"), "same", 0), (f"{name}bias", (*path, "bias"), "same", 0)]
+
+
+def _attention_names(name: str, path: tuple[str, ...], heads: int, in_proj: str = "qkv_weight"):
+    """`_names`' rows of an `nn.MultiheadAttention`: its `in_proj` packed (`in_proj="qkv_weight"`),
+    or, where the keys' width is not the queries' ("head_weight"), one weight each."""
+    weights = [(f"{name}in_proj_weight", path, "qkv_weight", heads)]
+    if in_proj == "head_weight":
+        weights = [(f"{name}{p}_proj_weight", (*path, n, "kernel"), "head_weight", heads) for p, n in zip("qkv", QKV)]
+    return [
+        *weights,
+        (f"{name}in_proj_bias", path, "qkv_bias", heads),
+        (f"{name}out_proj.weight", (*path, "out", "kernel"), "out_weight", heads),
+        (f"{name}out_proj.bias", (*path, "out", "bias"), "same", 0),
+    ]
+
+
+def _block_names(block: str, at: tuple[str, ...], heads: int):
+    """`_names`' rows of one residual attention block (`transformer.Encoder1DBlock`,
+    or a cross-attention one, with a `context`: `_coca_names` adds its `LayerNorm_kv`)."""
+    mlp = (*at, "MlpBlock_0")
+    return [
+        *_norm_names(f"{block}ln_1.", (*at, "LayerNorm_0")),
+        *_attention_names(f"{block}attn.", (*at, "MultiHeadDotProductAttention_0"), heads),
+        *_norm_names(f"{block}ln_2.", (*at, "LayerNorm_1")),
+        (f"{block}mlp.c_fc.weight", (*mlp, "Dense_0", "kernel"), "linear", 0),
+        (f"{block}mlp.c_fc.bias", (*mlp, "Dense_0", "bias"), "same", 0),
+        (f"{block}mlp.c_proj.weight", (*mlp, "Dense_1", "kernel"), "linear", 0),
+        (f"{block}mlp.c_proj.bias", (*mlp, "Dense_1", "bias"), "same", 0),
+    ]
+
+
+def _encoder_names(prefix: str, path: tuple[str, ...], tower: TowerSettings, final_norm: str | None):
+    """`_names`' rows of one encoder: its blocks, then its final LayerNorm (None: none)."""
     for index in range(tower.depth):
-        block, at = f"{prefix}resblocks.{index}.", (*path, f"encoderblock_{index}")
-        attention, mlp = (*at, "MultiHeadDotProductAttention_0"), (*at, "MlpBlock_0")
-        yield from (
-            (f"{block}ln_1.weight", (*at, "LayerNorm_0", "scale"), "same", 0),
-            (f"{block}ln_1.bias", (*at, "LayerNorm_0", "bias"), "same", 0),
-            (f"{block}attn.in_proj_weight", attention, "qkv_weight", heads),
-            (f"{block}attn.in_proj_bias", attention, "qkv_bias", heads),
-            (f"{block}attn.out_proj.weight", (*attention, "out", "kernel"), "out_weight", heads),
-            (f"{block}attn.out_proj.bias", (*attention, "out", "bias"), "same", 0),
-            (f"{block}ln_2.weight", (*at, "LayerNorm_1", "scale"), "same", 0),
-            (f"{block}ln_2.bias", (*at, "LayerNorm_1", "bias"), "same", 0),
-            (f"{block}mlp.c_fc.weight", (*mlp, "Dense_0", "kernel"), "linear", 0),
-            (f"{block}mlp.c_fc.bias", (*mlp, "Dense_0", "bias"), "same", 0),
-            (f"{block}mlp.c_proj.weight", (*mlp, "Dense_1", "kernel"), "linear", 0),
-            (f"{block}mlp.c_proj.bias", (*mlp, "Dense_1", "bias"), "same", 0),
-        )
-    yield (f"{final_norm}weight", (*path, "encoder_norm", "scale"), "same", 0)
-    yield (f"{final_norm}bias", (*path, "encoder_norm", "bias"), "same", 0)
+        yield from _block_names(f"{prefix}resblocks.{index}.", (*path, f"encoderblock_{index}"), tower.num_heads)
+    if final_norm is not None:
+        yield from _norm_names(final_norm, (*path, "encoder_norm"))
 
 
 def _names(settings: Settings) -> list[tuple[str, tuple[str, ...], str, int]]:
@@ -195,8 +267,9 @@ def _names(settings: Settings) -> list[tuple[str, tuple[str, ...], str, int]]:
     "same"; "linear" (a torch Linear's weight, transposed); "conv" (a Conv2d's weight
     `[O, I, H, W]` as `[H, W, I, O]`); "scalar" (a 0-d array); "qkv_weight" / "qkv_bias"
     (`nn.MultiheadAttention`'s packed `in_proj`: Flax's query, key and value under the
-    path, kernels `[W, heads, head_dim]`); "out_weight" (`out_proj`'s weight as
-    `[heads, head_dim, W]`)."""
+    path, kernels `[W, heads, head_dim]`); "head_weight" (one of `q_proj_weight`,
+    `k_proj_weight`, `v_proj_weight` `[D, W]` as a kernel `[W, heads, head_dim]`);
+    "out_weight" (`out_proj`'s weight as `[heads, head_dim, W]`)."""
     names = [
         ("visual.conv1.weight", ("img", "embedding", "kernel"), "conv", 0),
         ("visual.class_embedding", ("img", "cls"), "same", 0),
@@ -214,6 +287,57 @@ def _names(settings: Settings) -> list[tuple[str, tuple[str, ...], str, int]]:
     return names + ([("logit_bias", ("logit_bias",), "scalar", 0)] if settings.logit_bias else [])
 
 
+def _coca_names(settings: coca.CocaSettings) -> list[tuple[str, tuple[str, ...], str, int]]:
+    """`_names` of an open_clip CoCa of `settings` (`CocaModel`'s parameters)."""
+    pooler = "qkv_weight" if settings.image.width == settings.embed_dim else "head_weight"  # torch packs equal widths
+    cross = []
+    for index in range(settings.decoder.depth):
+        block, at = f"text_decoder.cross_attn.{index}.", ("dec", f"crossblock_{index}")
+        cross += [
+            *_block_names(block, at, settings.decoder.num_heads),
+            *_norm_names(f"{block}ln_1_kv.", (*at, "LayerNorm_kv")),
+        ]
+    names = [
+        ("visual.conv1.weight", ("img", "embedding", "kernel"), "conv", 0),
+        ("visual.class_embedding", ("img", "cls"), "same", 0),
+        ("visual.positional_embedding", ("img", "pos_embedding"), "same", 0),
+        *_norm_names("visual.ln_pre.", ("img", "ln_pre")),
+        *_encoder_names("visual.transformer.", ("img", "Transformer"), settings.image, "visual.attn_pool.ln_k."),
+        ("visual.attn_pool.query", ("img", "AttentionalPooler_0", "query"), "same", 0),
+        *_norm_names("visual.attn_pool.ln_q.", ("img", "AttentionalPooler_0", "ln_q")),
+        *_attention_names(
+            "visual.attn_pool.attn.",
+            ("img", "AttentionalPooler_0", "MultiHeadDotProductAttention_0"),
+            settings.pooler_heads,
+            pooler,
+        ),
+        *_norm_names("visual.ln_post.", ("img", "ln_post")),
+        ("visual.proj", ("img", "head", "kernel"), "same", 0),
+        ("text.token_embedding.weight", ("txt", "Embed_0", "embedding"), "same", 0),
+        ("text.cls_emb", ("txt", "cls"), "same", 0),
+        ("text.positional_embedding", ("txt", "pos_embedding"), "same", 0),
+        *_encoder_names("text.transformer.", ("txt", "Encoder_0"), settings.text, None),
+        *_norm_names("text.ln_final.", ("txt", "ln_final")),
+        ("text.text_projection", ("txt", "head", "kernel"), "same", 0),
+        *_encoder_names("text_decoder.", ("dec",), settings.decoder, "text_decoder.ln_final."),
+        *cross,
+        ("text_decoder.text_projection", ("dec", "head", "kernel"), "same", 0),
+        ("logit_scale", ("log_inv_temperature",), "scalar", 0),
+    ]
+    return names + ([("logit_bias", ("logit_bias",), "scalar", 0)] if settings.logit_bias else [])
+
+
+def model_for(settings: Settings | coca.CocaSettings):
+    """The Flax model of `settings`: `Model` (a CLIP) or `CocaModel`."""
+    return (
+        CocaModel(settings, bias_init=-10.0 if settings.logit_bias else None) if _is_coca(settings) else Model(settings)
+    )
+
+
+def _is_coca(settings) -> bool:
+    return isinstance(settings, coca.CocaSettings)
+
+
 def _to_params(array: np.ndarray, how: str, heads: int) -> list[tuple[tuple[str, ...], np.ndarray]]:
     """An open_clip array as `(path under its parameter's path, value)` pairs (`_names`)."""
     if how in ("qkv_weight", "qkv_bias"):
@@ -229,6 +353,7 @@ def _to_params(array: np.ndarray, how: str, heads: int) -> list[tuple[tuple[str,
         "conv": lambda: array.transpose(2, 3, 1, 0),
         "scalar": lambda: array.reshape(()),
         "out_weight": lambda: array.T.reshape(heads, array.shape[0] // heads, array.shape[0]),
+        "head_weight": lambda: array.T.reshape(array.shape[1], heads, array.shape[0] // heads),
     }[how]()
     return [((), value)]
 
@@ -247,6 +372,7 @@ def _to_array(get, how: str) -> np.ndarray:
         "conv": lambda: value.transpose(3, 2, 0, 1),
         "scalar": lambda: value.reshape(()),
         "out_weight": lambda: value.reshape(-1, value.shape[-1]).T,
+        "head_weight": lambda: value.reshape(value.shape[0], -1).T,
     }[how]()
 
 
@@ -263,7 +389,7 @@ def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
     """
     arrays = {name: np.asarray(array, np.float32) for name, array in arrays.items() if name != "attn_mask"}
     flat = {}
-    for name, path, how, heads in _names(settings):
+    for name, path, how, heads in (_coca_names if _is_coca(settings) else _names)(settings):
         for under, value in _to_params(arrays.pop(name), how, heads):
             flat[(*path, *under)] = value
     if arrays:
@@ -271,7 +397,7 @@ def params_from(arrays: dict[str, np.ndarray], settings: Settings) -> dict:
             f"{sorted(arrays)[0]} (and {len(arrays) - 1} more) have no place in a classic open_clip CLIP "
             "(LayerScale, attention pooling and timm or Hugging Face towers are not loaded)."
         )
-    for name, shape in param_shapes(Model(settings), settings).items():
+    for name, shape in param_shapes(model_for(settings), settings).items():
         given = flat[tuple(name.split("/"))].shape
         if given != shape:
             raise ValueError(
@@ -286,7 +412,7 @@ def arrays_from(params: dict, settings: Settings) -> dict[str, np.ndarray]:
     of `Model(settings)`: `params_from`'s inverse, for a trained or fine-tuned model."""
     flat = {path: np.asarray(value, np.float32) for path, value in traverse_util.flatten_dict(params).items()}
     arrays = {}
-    for name, path, how, _ in _names(settings):
+    for name, path, how, _ in (_coca_names if _is_coca(settings) else _names)(settings):
         arrays[name] = np.ascontiguousarray(_to_array(lambda under, path=path: flat[(*path, *under)], how))
     return arrays
 

@@ -1,0 +1,124 @@
+"""Decoding captions in jitted JAX: greedy and beam search over fixed-length buffers
+(`lax.while_loop`, stopping early once every row has ended), for a captioning model
+(`coca.CoCa`) through `logits_fn`.
+
+`logits_fn(tokens [n, T]) -> [n, T, V]` float32 gives, at each position i of a buffer of
+ids, the logits of the id at i + 1 (`coca.CoCa.next_token_logits` with the images' tokens
+bound). The model is causal, so the logits at i depend on ids 0..i alone: the buffer
+holds the caption so far, then padding (0), and each step reads one position (no key /
+value cache: each step runs the text tower and decoder over the whole buffer, T steps
+of O(T) work).
+
+A caption starts with `prompt` `[B, P]` (e.g. CLIP's start-of-text id) and grows to
+`max_length` ids; a row ends after `end_id` (e.g. CLIP's end-of-text) or a padding id
+(as open_clip's `generate` ends it), padding after. Its score is the sum of the log
+probabilities of the ids it generated (the end included, the padding after it 0), with
+no length normalisation. Shapes: `B` images, `K` beams, `T` = `max_length`, `V` vocabulary.
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+PAD_ID = 0
+_NEVER = -1e9  # the score of a hypothesis that must not be kept (finite: no inf - inf)
+
+
+def _buffer(prompt, max_length: int):
+    """`prompt` `[..., P]` int32 then padding, `[..., max_length]`; P must be in [1, max_length)."""
+    length = prompt.shape[-1]
+    if not 1 <= length < max_length:
+        raise ValueError(f"a prompt of {length} ids and max_length={max_length}: give 1 to max_length - 1 ids.")
+    pad = [(0, 0)] * (prompt.ndim - 1) + [(0, max_length - length)]
+    return jnp.pad(prompt.astype(jnp.int32), pad)
+
+
+def _ended(tokens, end_id: int | None):
+    """Whether each id of `tokens` ends a caption (padding, or `end_id`)."""
+    return (tokens == PAD_ID) | (tokens == (PAD_ID if end_id is None else end_id))
+
+
+def _log_probs(logits_fn: Callable, tokens, position):
+    """log-softmax of `logits_fn(tokens)` at `position`: `[n, T]` -> `[n, V]` float32."""
+    logits = jax.lax.dynamic_index_in_dim(logits_fn(tokens), position, axis=1, keepdims=False)
+    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+
+def greedy(logits_fn: Callable, prompt, *, max_length: int, end_id: int | None = None):
+    """Greedy decoding: each step appends each row's most probable id.
+
+    Args:
+      logits_fn: `[B, T]` ids -> `[B, T, V]` logits (the module's docstring).
+      prompt: `[B, P]` int32, the ids every caption starts with.
+      max_length: T, the captions' length with the prompt.
+      end_id: the id that ends a caption (None: none but padding).
+
+    Returns:
+      `(tokens [B, T] int32, scores [B] float32)`: the captions and their summed log
+      probabilities.
+    """
+    tokens = _buffer(prompt, max_length)
+    start = prompt.shape[-1] - 1
+    done = jnp.zeros(tokens.shape[:1], bool)
+
+    def step(state):
+        position, tokens, scores, done = state
+        log_probs = _log_probs(logits_fn, tokens, position)
+        chosen = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+        gain = jnp.take_along_axis(log_probs, chosen[:, None], axis=-1)[:, 0]
+        chosen, gain = jnp.where(done, PAD_ID, chosen), jnp.where(done, 0.0, gain)
+        tokens = jax.lax.dynamic_update_index_in_dim(tokens, chosen, position + 1, axis=1)
+        return position + 1, tokens, scores + gain, done | _ended(chosen, end_id)
+
+    def going(state):
+        return (state[0] < max_length - 1) & ~jnp.all(state[3])
+
+    state = (jnp.int32(start), tokens, jnp.zeros(tokens.shape[:1], jnp.float32), done)
+    _, tokens, scores, _ = jax.lax.while_loop(going, step, state)
+    return tokens, scores
+
+
+def beam_search(logits_fn: Callable, prompt, *, max_length: int, beam_size: int, end_id: int | None = None):
+    """Beam search: each step keeps, per image, the `beam_size` most probable captions
+    so far (ended ones kept with their score, growing by padding at no cost); the most
+    probable of the last beams is the caption. `beam_size=1` is `greedy`.
+
+    Args:
+      logits_fn: `[B K, T]` ids -> `[B K, T, V]` logits (the module's docstring).
+      prompt: `[B, P]` int32, the ids every caption starts with.
+      max_length: T, the captions' length with the prompt.
+      beam_size: K.
+      end_id: the id that ends a caption (None: none but padding).
+
+    Returns:
+      `(tokens [B, T] int32, scores [B] float32)`: each image's best caption and its
+      summed log probability.
+    """
+    batch, beams = prompt.shape[0], beam_size
+    tokens = jnp.repeat(_buffer(prompt, max_length)[:, None], beams, axis=1)  # [B, K, T]
+    scores = jnp.tile(jnp.where(jnp.arange(beams) == 0, 0.0, _NEVER), (batch, 1))  # one live beam at first
+    done = jnp.zeros((batch, beams), bool)
+
+    def step(state):
+        position, tokens, scores, done = state
+        log_probs = _log_probs(logits_fn, tokens.reshape(batch * beams, -1), position).reshape(batch, beams, -1)
+        vocab = log_probs.shape[-1]
+        padding_only = jnp.where(jnp.arange(vocab) == PAD_ID, 0.0, _NEVER)
+        log_probs = jnp.where(done[..., None], padding_only, log_probs)
+        best, index = jax.lax.top_k((scores[..., None] + log_probs).reshape(batch, beams * vocab), beams)
+        parent, chosen = index // vocab, (index % vocab).astype(jnp.int32)
+        tokens = jnp.take_along_axis(tokens, parent[..., None], axis=1)
+        tokens = jax.lax.dynamic_update_index_in_dim(tokens, chosen, position + 1, axis=2)
+        done = jnp.take_along_axis(done, parent, axis=1) | _ended(chosen, end_id)
+        return position + 1, tokens, best, done
+
+    def going(state):
+        return (state[0] < max_length - 1) & ~jnp.all(state[3])
+
+    state = (jnp.int32(prompt.shape[-1] - 1), tokens, scores, done)
+    _, tokens, scores, _ = jax.lax.while_loop(going, step, state)
+    best = jnp.argmax(scores, axis=1)
+    return jnp.take_along_axis(tokens, best[:, None, None], axis=1)[:, 0], jnp.take_along_axis(
+        scores, best[:, None], 1
+    )[:, 0]

@@ -1,0 +1,112 @@
+"""CoCa (`models.coca`): open_clip 3.3.0's CoCa, a random-weight tiny one saved as its
+`state_dict`, loads here and gives open_clip's embeddings and caption logits; the
+caption loss's parts equal a float64 reference; the decoder is causal; a checkpoint
+without its decoder is refused in one line."""
+
+import numpy as np
+import pytest
+
+from contrastive_jax.models import coca
+from contrastive_jax.models.released import open_clip_layout
+
+torch = pytest.importorskip("torch")
+open_clip = pytest.importorskip("open_clip")
+
+VOCAB, CONTEXT = 64, 12
+SOT, EOT = VOCAB - 2, VOCAB - 1  # as CLIP's BPE puts them, the vocabulary's last two
+
+
+def open_clip_coca(vision_width: int = 96):
+    """A tiny open_clip CoCa: head width 32 in every tower (the loader's `head_width`),
+    the image tokens' width (`embed_dim`) the decoder's, as open_clip needs; attention
+    pooling with 2 heads over 96-wide (separate q/k/v weights) or 64-wide (packed) tokens."""
+    torch.manual_seed(0)
+    text = {"context_length": CONTEXT, "vocab_size": VOCAB, "width": 64, "heads": 2, "layers": 2}
+    model = open_clip.coca_model.CoCa(
+        embed_dim=64,
+        multimodal_cfg={**text, "layers": 2},
+        text_cfg={**text, "embed_cls": True, "output_tokens": True},
+        vision_cfg={
+            "image_size": 32,
+            "layers": 2,
+            "width": vision_width,
+            "patch_size": 8,
+            "head_width": 32,
+            "attentional_pool": True,
+            "attn_pooler_heads": 2,
+            "attn_pooler_queries": 9,
+            "output_tokens": True,
+        },
+    )
+    with torch.no_grad():  # open_clip zero-initialises some biases: random ones test their mapping
+        # (and leaves the decoder's projection as torch.empty made it: garbage, NaN at times)
+        model.text_decoder.text_projection.normal_(std=64**-0.5)
+        for name, tensor in model.named_parameters():
+            if name.endswith("bias") or "ln_" in name:
+                tensor.add_(0.1 * torch.randn_like(tensor))
+    return model.eval()
+
+
+def inputs():
+    rng = np.random.default_rng(0)
+    images = rng.random((3, 32, 32, 3), dtype=np.float32)
+    tokens = np.zeros((3, CONTEXT), np.int64)
+    for row, length in enumerate((CONTEXT, 5, 9)):
+        tokens[row, :length] = rng.integers(1, SOT, length)
+        tokens[row, 0], tokens[row, length - 1] = SOT, EOT
+    return images, tokens
+
+
+def torch_pixels(images):
+    mean, std = np.array(open_clip_layout.OPENAI_MEAN), np.array(open_clip_layout.OPENAI_STD)
+    return torch.from_numpy(((images - mean) / std).transpose(0, 3, 1, 2).astype(np.float32))
+
+
+def loaded(tmp_path, reference):
+    path = tmp_path / "open_clip_model.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({name: t.contiguous() for name, t in reference.state_dict().items()}, path)
+    arrays = open_clip_layout.read(str(path))
+    settings = open_clip_layout.settings_from(arrays, head_width=32, pooler_heads=2)
+    return open_clip_layout.model_for(settings), {"params": open_clip_layout.params_from(arrays, settings)}
+
+
+@pytest.mark.parametrize("vision_width", [96, 64], ids=["pooler_kv_apart", "pooler_packed"])
+def test_embeddings_and_caption_logits_equal_open_clips(tmp_path, vision_width):
+    reference = open_clip_coca(vision_width)
+    model, variables = loaded(tmp_path, reference)
+    assert isinstance(model, coca.CoCa) and model.settings.decoder.depth == 2
+    images, tokens = inputs()
+    out = model.apply(variables, images, tokens.astype(np.int32))
+    logits = model.apply(variables, images, tokens.astype(np.int32), method="caption_logits")
+    with torch.no_grad():
+        want = reference(torch_pixels(images), torch.from_numpy(tokens))
+    np.testing.assert_allclose(out["za"], want["image_features"].numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["zb"], want["text_features"].numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(logits, want["logits"].numpy(), rtol=1e-4, atol=1e-5)
+    assert np.all(np.isfinite(logits))
+    np.testing.assert_allclose(1 / out["temperature"], want["logit_scale"].item(), rtol=1e-6)
+    # open_clip's CoCaLoss caption term: the mean over the predicted (non-padding) tokens
+    caption = open_clip.loss.CoCaLoss(caption_loss_weight=1.0, clip_loss_weight=0.0)
+    _, want_caption = caption(None, None, want["logits"], want["labels"], want["logit_scale"])
+    got = np.sum(out["caption_nll"]) / np.sum(out["caption_tokens"])
+    np.testing.assert_allclose(got, want_caption.item(), rtol=1e-5)
+    np.testing.assert_array_equal(out["caption_tokens"], [CONTEXT - 1, 4, 8])
+
+
+@pytest.mark.slow
+def test_the_coca_config_trains_at_tiny_size(load_config, request, tmp_path):
+    """Two steps and the evaluation of `configs/coca_shapes.py` at the recipes' tiny size
+    (`test_recipes.TINY`, a one-block decoder, 5 pooling queries)."""
+    from test_recipes import tiny
+
+    from contrastive_jax import run_dir
+    from contrastive_jax.training import run_plan
+
+    config = tiny(load_config, request, "coca_shapes", **{"model.decoder_depth": 1, "model.coca_queries": 5})
+    workdir = str(tmp_path / "run")
+    results = run_plan.train_and_evaluate(config, workdir)
+    assert results and all(np.isfinite(v) for v in results.values())
+    logged = [m for m in run_dir.read_metrics(workdir) if "train/loss" in m]
+    assert [m["step"] for m in logged] == [1, 2] and all(np.isfinite(m["train/loss"]) for m in logged)
