@@ -30,10 +30,22 @@ from contrastive_jax import config_lib, run_dir
 from contrastive_jax.data import input_pipeline, settings, tokenizers
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.evaluation import padded_chunks
-from contrastive_jax.models import saved_model
+from contrastive_jax.models import captioning, saved_model
 from contrastive_jax.training import checkpoint
 
 SIDES = ("a", "b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Captions:
+    """Captions of n images (`TrainedModel.caption`): `ids` `[n, T]` int32 (the prompt
+    first, padding after the caption's end), `scores` `[n]` float32 (the summed log
+    probabilities of the generated ids) and `texts` (the run's tokenizer's decoding of
+    `ids`; None where the tokenizer has none)."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+    texts: list[str] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +138,78 @@ class TrainedModel:
         (batch,) = jax_export.symbolic_shape("batch")
         embed, variables = self._towers[side], self.tower_variables(side)
         return jax_export.export(jax.jit(lambda x: embed(variables, x)))(jax.ShapeDtypeStruct((batch, *shape), dtype))
+
+    def caption(
+        self,
+        images: np.ndarray,
+        *,
+        max_length: int,
+        method: str = "greedy",
+        beam_size: int = 4,
+        prompt: str | list[int] | None = None,
+        batch_size: int = 64,
+    ) -> Captions:
+        """Captions of `images` `[n, H, W, C]` (as tower a takes them) by a captioning model
+        (CoCa: `config.model.decoder_depth` > 0, or an open_clip CoCa checkpoint), decoded
+        in jitted JAX (`models.captioning`): `method` "greedy" or "beam" (`beam_size`),
+        `max_length` ids with the prompt. `prompt`: the text (or ids) each caption starts
+        with; None: the tokenizer's start-of-text id (CLIP's BPE). Images go in chunks of
+        `batch_size` (`embed`'s).
+
+        Raises:
+          ConfigError: a model without a text decoder, `max_length` beyond its texts, no
+            prompt where the tokenizer has no start id, or a method it does not know.
+        """
+        captioner, prompt_ids, end_id = self._captioner(max_length, method, beam_size, prompt)
+        images = self.check_inputs(images, "a")
+        prompts = np.broadcast_to(prompt_ids, (len(images), len(prompt_ids)))
+        width = min(batch_size, 1 << max(len(images) - 1, 0).bit_length())
+        ids, scores = padded_chunks.map_padded_chunks(
+            lambda x, p: captioner(self.variables, x, p), (images, prompts), width
+        )
+        tokenizer = tokenizers.load(self.tokenizer["spec"])
+        texts = [tokenizer.decode(row) for row in ids]
+        return Captions(ids, scores, None if any(text is None for text in texts) else texts)
+
+    def export_captioner(self, *, max_length: int, method: str = "greedy", beam_size: int = 4, prompt=None):
+        """`caption` as a `jax.export.Exported`: images `[batch, H, W, C]` float32 in [0, 1]
+        -> `(ids [batch, T] int32, scores [batch] float32)`, the weights (image tower, text
+        tower and decoder) and the prompt inside, any batch size (`caption`'s arguments)."""
+        captioner, prompt_ids, _ = self._captioner(max_length, method, beam_size, prompt)
+        shape, _ = self.inputs["a"]
+        (batch,) = jax_export.symbolic_shape("batch")
+        variables = self.variables
+
+        def caption(images):
+            prompts = jax.numpy.broadcast_to(
+                jax.numpy.asarray(prompt_ids, np.int32), (images.shape[0], len(prompt_ids))
+            )
+            return captioner(variables, images, prompts)
+
+        return jax_export.export(jax.jit(caption))(jax.ShapeDtypeStruct((batch, *shape), np.float32))
+
+    def _captioner(self, max_length: int, method: str, beam_size: int, prompt):
+        """`(the jitted captioner, the prompt's ids, the end id)` of `caption`'s arguments, checked."""
+        if not hasattr(self.model, "next_token_logits"):
+            raise ConfigError(
+                f"the run's model ({type(self.model).__name__}) has no text decoder to caption with: train one with "
+                "config.model.decoder_depth > 0, or fine-tune an open_clip CoCa checkpoint."
+            )
+        longest = self.variables["params"]["txt"]["pos_embedding"].shape[0] - 1
+        tokenizer = tokenizers.load(self.tokenizer["spec"])
+        start, end_id = tokenizer.text_ends()
+        if isinstance(prompt, str):  # its ids, the end and padding left out (CLIP's BPE adds its start)
+            prompt = np.trim_zeros(tokenizer.encode(prompt, max(max_length, 1)), "b").tolist()
+        ids = list(start) if prompt is None else list(prompt)
+        ids = [int(i) for i in ids[: len(ids) - 1 if ids and ids[-1] == end_id else len(ids)]]
+        if not ids or not len(ids) < max_length <= longest:
+            raise ConfigError(
+                f"max_length={max_length} with a prompt of {len(ids)} ids: give a prompt (the tokenizer "
+                f"{self.tokenizer['spec']!r} starts a text with {list(start)}) and a max_length above its length, "
+                f"at most the model's {longest} ids."
+            )
+        options = {"method": method, "beam_size": beam_size, "end_id": end_id, "buffer_length": longest}
+        return captioning.captioner(self.model, max_length=max_length, **options), ids, end_id
 
     def tower_variables(self, side: str) -> dict[str, Any]:
         """The variables tower `side` embeds with: its own (`model.TOWER_PARAMS[side]`;

@@ -61,6 +61,16 @@ class Tokenizer:
         ids = [self.encode(text, length) for text in texts]
         return np.stack(ids) if ids else np.zeros((0, length), np.int32)
 
+    def text_ends(self) -> tuple[tuple[int, ...], int | None]:
+        """`(start, end)`: the ids every text starts with and the id that ends it, as a
+        captioning model generates them (`()` and None where the tokenizer adds none)."""
+        return (), None
+
+    def decode(self, ids: Sequence[int]) -> str | None:
+        """The text of ids `[length]` (a generated caption), or None where this tokenizer
+        has no way back."""
+        return None
+
 
 def _sticky_end(ids: list[int], length: int, pad: int) -> np.ndarray:
     """int32 [length]: `ids` (ending in an end token) cut to `length` with that end
@@ -78,6 +88,10 @@ class ByteTokenizer(Tokenizer):
 
     def _ids(self, text: str) -> list[int]:
         return [b + 1 for b in text.encode("utf-8")]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The UTF-8 text of byte ids `[length]`, padding (0) left out, bad bytes replaced."""
+        return bytes(int(i) - 1 for i in ids if 0 < i <= 256).decode("utf-8", errors="replace")
 
 
 class _ModelFile(Tokenizer):
@@ -293,6 +307,22 @@ class ClipBpeTokenizer(_ModelFile):
     def encode(self, text: str, length: int) -> np.ndarray:
         """int32 [length]: start, the text's ids, end (kept last if cut), 0-padded."""
         return _sticky_end(self._ids(text), length, 0)
+
+    def text_ends(self) -> tuple[tuple[int, ...], int | None]:
+        """`((<start_of_text>,), <end_of_text>)`: 49406 and 49407."""
+        start, end = (self.model().encoder[special] for special in _CLIP_SPECIALS)
+        return (start,), end
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """open_clip's `SimpleTokenizer.decode` of the ids after `<start_of_text>` and before
+        `<end_of_text>`: the pieces' bytes as UTF-8, `</w>` as a space, stripped."""
+        (start,), end = self.text_ends()
+        ids = [int(i) for i in ids]
+        ids = ids[: ids.index(end)] if end in ids else ids
+        pieces = {i: piece for piece, i in self.model().encoder.items()}
+        chars = {char: byte for byte, char in self.model().byte_char.items()}
+        text = "".join(pieces[i] for i in ids if i != start)
+        return bytearray(chars.get(c, 32) for c in text.replace("</w>", " ")).decode("utf-8", errors="replace").strip()
 
 
 _BY_SUFFIX = {".model": SentencePieceTokenizer, ".json": HuggingFaceTokenizer, ".txt.gz": ClipBpeTokenizer}

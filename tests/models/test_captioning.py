@@ -3,16 +3,20 @@
 and open_clip's `generate` (top-1); beam search of width 1 is greedy; wider beams find
 captions at least as probable."""
 
+import dataclasses
 import functools
 
 import jax
 import numpy as np
 import pytest
-from test_coca import EOT, SOT, inputs, loaded, open_clip_coca, torch_pixels
+from test_coca import CONTEXT, EOT, SOT, inputs, loaded, open_clip_coca, torch_pixels
 
-from contrastive_jax.models import captioning
+from contrastive_jax import trained
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.models import captioning, encoders
 
 torch = pytest.importorskip("torch")
+open_clip = pytest.importorskip("open_clip")
 MAX_LENGTH = 10
 
 
@@ -27,24 +31,21 @@ def coca_model(tmp_path_factory):
 
 
 def decoded(coca_model, method, **options):
-    *_, image_tokens, logits_fn = coca_model
-    prompt = np.full((len(image_tokens), 1), SOT, np.int32)
-
-    def run(image_tokens, prompt):
-        rows = jax.numpy.repeat(image_tokens, options.get("beam_size", 1), axis=0)  # a beam's rows: its image's
-        return method(lambda ids: logits_fn(rows, ids), prompt, max_length=MAX_LENGTH, end_id=EOT, **options)
-
-    return jax.device_get(jax.jit(run)(image_tokens, prompt))
+    """`captioning.captioner`'s `(ids, scores)` of the images, from CLIP's start id."""
+    _, model, variables, images, *_ = coca_model
+    caption = captioning.captioner(model, max_length=MAX_LENGTH, method=method, end_id=EOT, **options)
+    return jax.device_get(caption(variables, images, np.full((len(images), 1), SOT, np.int32)))
 
 
 def test_greedy_is_the_step_by_step_argmax(coca_model):
     _, model, variables, images, image_tokens, logits_fn = coca_model
-    tokens, scores = decoded(coca_model, captioning.greedy)
+    tokens, scores = decoded(coca_model, "greedy")
     want = np.full((len(images), 1), SOT, np.int32)
     want_scores = np.zeros(len(images))
     done = np.zeros(len(images), bool)
+    logits_of = jax.jit(logits_fn)
     for _ in range(MAX_LENGTH - 1):  # the prefix so far alone, no buffer: its last position's logits
-        log_probs = np.asarray(jax.nn.log_softmax(logits_fn(image_tokens, want)[:, -1]))
+        log_probs = np.asarray(jax.nn.log_softmax(logits_of(image_tokens, want)[:, -1]))
         chosen = np.where(done, 0, log_probs.argmax(-1))
         want_scores += np.where(done, 0.0, log_probs[np.arange(len(images)), chosen])
         done |= (chosen == EOT) | (chosen == 0)
@@ -64,7 +65,7 @@ def test_greedy_is_open_clips_generate(coca_model, monkeypatch):
     monkeypatch.setitem(open_clip_coca_module.GENERATION_TYPES, "top_k", TopKLogitsWarper)
     reference, *_ = coca_model
     images = coca_model[3]
-    tokens, _ = decoded(coca_model, captioning.greedy)
+    tokens, _ = decoded(coca_model, "greedy")
     with torch.no_grad():
         want = reference.generate(
             torch_pixels(images),
@@ -82,11 +83,11 @@ def test_greedy_is_open_clips_generate(coca_model, monkeypatch):
 
 
 def test_beam_of_one_is_greedy_and_wider_beams_score_at_least_as_high(coca_model):
-    greedy_tokens, greedy_scores = decoded(coca_model, captioning.greedy)
-    tokens, scores = decoded(coca_model, captioning.beam_search, beam_size=1)
+    greedy_tokens, greedy_scores = decoded(coca_model, "greedy")
+    tokens, scores = decoded(coca_model, "beam", beam_size=1)
     np.testing.assert_array_equal(tokens, greedy_tokens)
     np.testing.assert_allclose(scores, greedy_scores, rtol=1e-6)
-    wide_tokens, wide_scores = decoded(coca_model, captioning.beam_search, beam_size=4)
+    wide_tokens, wide_scores = decoded(coca_model, "beam", beam_size=4)
     assert np.all(wide_scores >= greedy_scores - 1e-5)
     assert np.any(wide_scores > greedy_scores + 1e-3)  # the search found a better caption somewhere
     # its score is its caption's: the step-by-step log probabilities of the ids it holds
@@ -96,3 +97,52 @@ def test_beam_of_one_is_greedy_and_wider_beams_score_at_least_as_high(coca_model
     ended = np.cumsum((wide_tokens[:, :-1] == EOT) | (wide_tokens[:, :-1] == 0), axis=1) > 0
     ended[:, 0] = False  # the prompt
     np.testing.assert_allclose(np.sum(np.where(ended, 0.0, gains), axis=1), wide_scores, rtol=1e-5, atol=1e-4)
+
+
+def trained_coca(coca_model) -> trained.TrainedModel:
+    """The tiny CoCa as a run's `TrainedModel` that read bytes (no start id: prompts given)."""
+    _, model, variables, *_ = coca_model
+    inputs = {"a": ((32, 32, 3), np.dtype(np.float32)), "b": ((CONTEXT,), np.dtype(np.int32))}
+    tokenizer = {"spec": "bytes", "text_max_length": CONTEXT, "files": {}}
+    return trained.TrainedModel(model, {"params": variables["params"]}, inputs, tokenizer, 0, 64, {})
+
+
+def test_a_trained_model_captions_and_exports_its_captioner(coca_model):
+    run, images = trained_coca(coca_model), coca_model[3]
+    captions = run.caption(images, max_length=MAX_LENGTH, prompt=[SOT], batch_size=4)  # two chunks, one padded
+    caption = captioning.captioner(run.model, max_length=MAX_LENGTH)
+    want_ids, want_scores = jax.device_get(caption(run.variables, images, np.full((6, 1), SOT, np.int32)))
+    np.testing.assert_array_equal(captions.ids, want_ids)
+    np.testing.assert_allclose(captions.scores, want_scores, rtol=1e-6)
+    assert captions.texts == [bytes(int(i) - 1 for i in row if i).decode("utf-8", "replace") for row in want_ids]
+    exported = jax.export.deserialize(run.export_captioner(max_length=MAX_LENGTH, prompt=[SOT]).serialize())
+    ids, scores = exported.call(images[:5])  # another batch size than traced
+    np.testing.assert_array_equal(ids, want_ids[:5])
+    np.testing.assert_allclose(scores, want_scores[:5], rtol=1e-5, atol=1e-5)
+
+
+def test_caption_refuses_what_it_cannot_do(coca_model):
+    run = trained_coca(coca_model)
+    with pytest.raises(ConfigError, match="give a prompt"):
+        run.caption(coca_model[3], max_length=MAX_LENGTH)  # bytes have no start-of-text id
+    with pytest.raises(ConfigError, match=f"at most the model's {CONTEXT} ids"):
+        run.caption(coca_model[3], max_length=CONTEXT + 1, prompt=[SOT])
+    with pytest.raises(ConfigError, match="method='sample'"):
+        run.caption(coca_model[3], max_length=MAX_LENGTH, prompt=[SOT], method="sample")
+    with pytest.raises(ConfigError, match="has no text decoder"):
+        dataclasses.replace(run, model=encoders.MLP((8,), 4)).caption(coca_model[3], max_length=4, prompt=[1])
+
+
+def test_clips_bpe_decodes_a_caption_as_open_clip_does():
+    """A caption's text (`Captions.texts`) through CLIP's BPE: open_clip's decoding of the
+    ids between its start and end."""
+    import os
+
+    from contrastive_jax.data import tokenizers
+
+    path = os.path.join(os.path.dirname(open_clip.__file__), "bpe_simple_vocab_16e6.txt.gz")
+    tokenizer = tokenizers.load(path)
+    ids = tokenizer.encode("a photo of two café cats, sleeping!", 20)
+    assert tokenizer.text_ends() == ((49406,), 49407)
+    want = open_clip.tokenizer.SimpleTokenizer(path).decode([i for i in ids if i not in (0, 49406, 49407)])
+    assert tokenizer.decode(ids) == want.strip() == "a photo of two café cats , sleeping !"

@@ -3,10 +3,13 @@
 caption loss's parts equal a float64 reference; the decoder is causal; a checkpoint
 without its decoder is refused in one line."""
 
+import json
+
 import numpy as np
 import pytest
 
-from contrastive_jax.models import coca
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.models import coca, released
 from contrastive_jax.models.released import open_clip_layout
 
 torch = pytest.importorskip("torch")
@@ -96,12 +99,15 @@ def test_embeddings_and_caption_logits_equal_open_clips(tmp_path, vision_width):
 
 
 @pytest.mark.slow
-def test_the_coca_config_trains_at_tiny_size(load_config, request, tmp_path):
+def test_the_coca_config_trains_at_tiny_size_and_its_run_captions(load_config, request, tmp_path):
     """Two steps and the evaluation of `configs/coca_shapes.py` at the recipes' tiny size
-    (`test_recipes.TINY`, a one-block decoder, 5 pooling queries)."""
+    (`test_recipes.TINY`, a one-block decoder, 5 pooling queries), the caption term in
+    its loss; the run, loaded from its checkpoint, captions pictures from a prompt, and
+    its exported captioner gives the same ids."""
     from test_recipes import tiny
 
-    from contrastive_jax import run_dir
+    from contrastive_jax import run_dir, trained
+    from contrastive_jax.data import input_pipeline
     from contrastive_jax.training import run_plan
 
     config = tiny(load_config, request, "coca_shapes", **{"model.decoder_depth": 1, "model.coca_queries": 5})
@@ -110,3 +116,32 @@ def test_the_coca_config_trains_at_tiny_size(load_config, request, tmp_path):
     assert results and all(np.isfinite(v) for v in results.values())
     logged = [m for m in run_dir.read_metrics(workdir) if "train/loss" in m]
     assert [m["step"] for m in logged] == [1, 2] and all(np.isfinite(m["train/loss"]) for m in logged)
+    assert all(m["train/caption_loss"] > 0 for m in logged)  # next-byte cross-entropy: ~log 257 at first
+    run = trained.load(workdir)
+    assert isinstance(run.model, coca.CoCa) and run.model.settings.decoder.depth == 1
+    images = input_pipeline.eval_arrays(run_plan.data_settings(config), "test")["a"][:3]
+    captions = run.caption(images, max_length=12, prompt="a ", method="beam", beam_size=2)
+    assert captions.ids.shape == (3, 12) and all(text.startswith("a ") for text in captions.texts)
+    exported = run.export_captioner(max_length=12, prompt="a ", method="beam", beam_size=2)
+    ids, _ = exported.call(images.astype(np.float32) / 255.0 if images.dtype == np.uint8 else images)
+    np.testing.assert_array_equal(ids, captions.ids)
+
+
+def test_a_coca_checkpoint_without_its_decoder_is_refused_in_one_line(tmp_path):
+    from safetensors.torch import save_file
+
+    state = {n: t.contiguous() for n, t in open_clip_coca().state_dict().items() if not n.startswith("text_decoder.")}
+    save_file(state, tmp_path / "coca_no_decoder.safetensors")
+    with pytest.raises(ConfigError) as error:
+        released.load(str(tmp_path / "coca_no_decoder.safetensors"))
+    message = str(error.value)
+    assert "\n" not in message and "coca_no_decoder.safetensors" in message
+    assert "without its multimodal decoder (no text_decoder.*" in message and "give open_clip's whole CoCa" in message
+
+
+def test_a_released_coca_is_described_and_rebuilt(tmp_path):
+    model, _ = loaded(tmp_path, open_clip_coca())
+    description = json.loads(json.dumps(released.describe(model)))
+    assert description["layout"] == "open_clip_layout"
+    rebuilt = released.rebuild(description)
+    assert type(rebuilt) is open_clip_layout.CocaModel and rebuilt.settings == model.settings

@@ -53,7 +53,11 @@ def _layouts() -> dict[str, Any]:
 
 
 def layout_of(model):
-    """The layout module whose `Model` `model` is, or None."""
+    """The layout module whose `Model` (or open_clip's `CocaModel`) `model` is, or None."""
+    from contrastive_jax.models.released import open_clip_layout
+
+    if type(model) is open_clip_layout.CocaModel:
+        return open_clip_layout
     return next((layout for layout in _layouts().values() if type(model) is layout.Model), None)
 
 
@@ -67,10 +71,14 @@ def describe(model) -> dict[str, Any] | None:
 
 
 def rebuild(description: dict[str, Any]):
-    """The released layout's `Model` that `describe` described (default tower options)."""
+    """The released layout's `Model` that `describe` described (default tower options);
+    settings with a `decoder` are an open_clip CoCa's (`open_clip_layout.CocaModel`)."""
+    from contrastive_jax.models.coca import CocaSettings
     from contrastive_jax.models.transformer import TowerSettings
 
     layout = _layouts()[description["layout"]]
     values = dict(description["settings"])
+    if "decoder" in values:
+        return layout.model_for(CocaSettings.from_json(values))
     towers = {name: TowerSettings(**values[name]) for name in ("image", "text")}
     return layout.Model(layout.Settings(**{**values, **towers}))
