@@ -360,6 +360,27 @@ class Encoder(nn.Module):
         return nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype, name="encoder_norm")(x)
 
 
+class MAPHead(nn.Module):
+    """Multihead attention pooling (SigLIP's image tower): a learned `probe` attends to
+    the sequence, then a residual MLP. `[B, L, W]` -> `[B, W]`; `mask` [B or 1, 1, 1, L]
+    bool (True: attend; NaFlex's padding tokens False), None: every token."""
+
+    mlp_dim: int
+    num_heads: int
+    activation: str = "gelu_tanh"
+    layer_norm_epsilon: float = 1e-6
+    dtype: Any = jnp.float32
+    attention: str = "auto"
+
+    @nn.compact
+    def __call__(self, x, mask=None):
+        probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, x.shape[-1]))
+        probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))
+        x = attention_layer(self.num_heads, attention=self.attention, dtype=self.dtype)(probe, x, mask=mask)
+        y = nn.LayerNorm(epsilon=self.layer_norm_epsilon, dtype=self.dtype)(x)
+        return (x + MlpBlock(self.mlp_dim, self.activation, self.dtype)(y))[:, 0]
+
+
 def open_clip_patches(module: nn.Module, x, *, width: int, patch_size: int, epsilon: float, dtype, drop_patches=None):
     """open_clip's ViT stem, the parameters made in `module` (called inside its compact
     `__call__`): `[B, H, W, 3]` pixels cut into `patch_size` patches (`embedding`, a
