@@ -193,7 +193,7 @@ def _run_fields(checkpoint_path, tmp_path):
         "train.micro_batch_size": 8,
         "train.num_train_steps": 2,
         "optim.warmup_steps": 1,
-        "eval.every_steps": 0,
+        "eval.every_steps": 2,  # retrieval on the NaFlex images
         "eval.split": "train",
         "checkpoint.every_steps": 2,
     }
@@ -237,7 +237,7 @@ def test_the_naflex_config_fine_tunes_a_released_siglip2(load_config, checkpoint
     """configs/finetune_siglip2_naflex.py trains two steps from the transformers checkpoint
     on 18 images of six aspect ratios; the run's model is the NaFlex layout's, its bias the
     checkpoint's moved a little, and it embeds packed images as the loaded model does."""
-    from contrastive_jax import trained
+    from contrastive_jax import run_dir, trained
     from contrastive_jax.config_lib import override
     from contrastive_jax.training import run_plan
 
@@ -245,6 +245,7 @@ def test_the_naflex_config_fine_tunes_a_released_siglip2(load_config, checkpoint
     workdir = str(tmp_path / "run")
     run_plan.train_and_evaluate(override(load_config("finetune_siglip2_naflex"), _run_fields(path, tmp_path)), workdir)
     run = trained.load(workdir)
+    assert 0 <= run_dir.read_eval_results(workdir)["a_to_b/R@1"] <= 1  # evaluated on the NaFlex images
     assert type(run.model) is type(released.load(path).model)
     bias = float(run.variables["params"]["logit_bias"])
     assert bias == pytest.approx(model.logit_bias.item(), abs=0.01) and bias != pytest.approx(
