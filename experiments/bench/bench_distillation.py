@@ -69,7 +69,8 @@ def _compiled(chunk, inputs):
 
 def _memory(compiled) -> dict:
     analysis = compiled.memory_analysis()
-    return {"temp_bytes": int(analysis.temp_size_in_bytes), "argument_bytes": int(analysis.argument_size_in_bytes)}
+    temp = int(analysis.temp_size_in_bytes)
+    return {"temp_bytes": temp, "temp_mib": round(temp / 2**20), "argument_bytes": int(analysis.argument_size_in_bytes)}
 
 
 def run(n: int, d: int, teacher_d: int, chunk: int, turns: int, max_dense_gib: float) -> dict:
@@ -84,6 +85,7 @@ def run(n: int, d: int, teacher_d: int, chunk: int, turns: int, max_dense_gib: f
         result["distill_dense"] = _memory(_compiled(None, inputs)["distill"])
     else:
         result["distill_dense"] = {"skipped": f"its N x N matrices need about {dense_bytes / 2**30:.0f} GiB"}
+        result["distill_dense"]["gib"] = round(dense_bytes / 2**30)
     seconds = {name: [] for name in compiled}
     for _ in range(turns):
         for name, fn in compiled.items():
