@@ -134,6 +134,18 @@ def get_config() -> ml_collections.ConfigDict:
     # A fixed bank of negatives: a .npy file of [M, D] embeddings (D = model.embed_dim; normalised
     # when read), each a negative of every row (in every group); M divides over the devices.
     loss.negatives_from = ""  # The bank's .npy path; "": none.
+    # Terms added to the loss by weight (losses.weighted_terms, docs/recipes.md): the total is
+    # contrastive_weight x loss.name's + distill_weight x distillation + caption_weight x captioning.
+    loss.contrastive_weight = 1.0  # The weight of loss.name's loss; 0: the added terms alone.
+    # Distillation from a frozen teacher, embedded in the same step without gradient: a released
+    # checkpoint (as model.init_from takes) or a trained run's workdir (its latest checkpoint).
+    loss.teacher = ""  # The teacher's path; "": none.
+    loss.distill_weight = 0.0  # The distillation's weight; 0: none (> 0 needs loss.teacher).
+    # "logits": the student's softmaxes over the global batch matched to the teacher's, rows and
+    # columns (open_clip's DistillClipLoss; streamed like loss.name's); "mse" or "cosine": each
+    # embedding to the teacher's (through a learned projection where the widths differ).
+    loss.distill_form = "logits"  # "logits", "mse" or "cosine".
+    loss.caption_weight = 0.0  # CoCa's next-token cross-entropy (a model with a text decoder); 0: none.
 
     config.optim = optim = ml_collections.ConfigDict()
     optim.name = "adamw"  # "adamw", "lamb", "lars" or "sgd".

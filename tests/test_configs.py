@@ -31,11 +31,14 @@ FINETUNE_CONFIGS = ("finetune_clip", "finetune_siglip", "finetune_siglip2_naflex
 # Read record sets the tests write (a table with hard negatives, two sets mixed): built and
 # run in test_recipes.
 RECORDS_CONFIGS = ("recipes_hard_negatives", "recipes_mixture")
-BUILT_HERE = sorted(set(CONFIGS) - set(FINETUNE_CONFIGS) - set(RECORDS_CONFIGS))
+# Distil from a teacher run the tests train: built and run in training/test_distillation_training.
+TEACHER_CONFIGS = ("recipes_distillation",)
+BUILT_HERE = sorted(set(CONFIGS) - set(FINETUNE_CONFIGS) - set(RECORDS_CONFIGS) - set(TEACHER_CONFIGS))
 
 
 def test_the_expected_configs_exist():
-    groups = DIGITS_CONFIGS + REAL_DATA_CONFIGS + CMUDICT_CONFIGS + SHAPES_CONFIGS + FINETUNE_CONFIGS + RECORDS_CONFIGS
+    groups = DIGITS_CONFIGS + REAL_DATA_CONFIGS + CMUDICT_CONFIGS + SHAPES_CONFIGS + FINETUNE_CONFIGS
+    groups += RECORDS_CONFIGS + TEACHER_CONFIGS
     assert set(CONFIGS) == set(groups)
 
 

@@ -64,7 +64,9 @@ class TwoTower(nn.Module):
     `tower_b=None` ties the towers: one encoder and head embed both inputs (SimCLR).
     The temperature is learned as `log_inv_temperature` (init `log(1 /
     temperature_init)`) unless `learn_temperature` is False; `bias_init` adds SigLIP's
-    learnable logit bias; `num_classes > 0` adds a classifier on tower a's embedding.
+    learnable logit bias; `num_classes > 0` adds a classifier on tower a's embedding;
+    `teacher_dim > 0` a linear map of the embeddings to a teacher's width D_t
+    (distillation's embedding form, `losses.weighted_terms`).
 
     Inputs `a`, `b`: images [B, H, W, C], uint8 (scaled to [0, 1] here) or float32 in
     [0, 1], or int32 tokens [B, L]. `patch_keys` [B] (`patch_dropout.row_keys`, the
@@ -73,7 +75,8 @@ class TwoTower(nn.Module):
 
     Returns a dict: `za` [B, D] (and `zb` [B, D] when `b` is given), L2-normalised
     float32; `temperature` and (SigLIP) `bias` float32 scalars; `logits` [B, C] and
-    `proxies` [C, D] with a classifier. `embed` runs one tower alone:
+    `proxies` [C, D] with a classifier; `za_to_teacher` (`zb_to_teacher`) [B, D_t] with
+    `teacher_dim`. `embed` runs one tower alone:
     `model.apply(variables, texts, "b", method=TwoTower.embed)`.
     """
 
@@ -89,6 +92,7 @@ class TwoTower(nn.Module):
     bias_init: float | None = None
     num_classes: int = 0
     patch_dropout: PatchDropout = PatchDropout()
+    teacher_dim: int = 0
 
     @nn.compact
     def __call__(self, a, b=None, *, train: bool = False, patch_keys=None):
@@ -104,6 +108,9 @@ class TwoTower(nn.Module):
             out["bias"] = self.param("logit_bias", nn.initializers.constant(self.bias_init), ())
         if self.num_classes:
             out["logits"], out["proxies"] = ClassifierHead(self.num_classes)(ya)
+        if self.teacher_dim:
+            to_teacher = nn.Dense(self.teacher_dim, name="to_teacher")  # one map for both sides' shared space
+            out.update({f"{z}_to_teacher": to_teacher(out[z]) for z in ("za", "zb") if z in out})
         return out
 
     def _patches(self, tower: nn.Module, keys, side: int, train: bool) -> dict:
@@ -171,6 +178,7 @@ class ModelSettings:
     quick_gelu: bool = False  # the released checkpoint uses OpenAI CLIP's activation
     decoder_depth: int = 0  # CoCa's multimodal decoder blocks (`coca`); 0: no decoder (`TwoTower`)
     coca_queries: int = 256  # CoCa's attention-pooling queries: the first pools the embedding, the rest the decoder's
+    teacher_dim: int = 0  # D_t: the embeddings mapped to a teacher's width (distillation by embedding); 0: none
 
 
 def tower_options(settings: ModelSettings) -> transformer.TowerOptions:
@@ -233,6 +241,7 @@ def create_model(settings: ModelSettings, *, text_vocab_size: int) -> TwoTower |
         bias_init=m.bias_init,
         num_classes=m.num_classes,
         patch_dropout=patch_dropout_of(m),
+        teacher_dim=m.teacher_dim,
     )
 
 

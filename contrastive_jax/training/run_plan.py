@@ -27,7 +27,7 @@ from contrastive_jax.data import settings, writer
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.evaluation import evaluator
 from contrastive_jax.models import released, saved_model, two_tower
-from contrastive_jax.training import batch_schedule, config_checks, loop, loss_guard, optimizer
+from contrastive_jax.training import batch_schedule, config_checks, loop, loss_guard, optimizer, teacher
 from contrastive_jax.training.trainer import GradientSettings, Trainer
 
 
@@ -164,7 +164,7 @@ def settled(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def model_settings(config: ml_collections.ConfigDict, *, learned_bias: bool = False) -> two_tower.ModelSettings:
     """`config.model` and the loss's temperature (and SigLIP's bias when `learned_bias`)."""
-    logit_scale = {"temperature_init", "learn_temperature", "bias_init"}
+    logit_scale = {"temperature_init", "learn_temperature", "bias_init", "teacher_dim"}
     m = group_values(two_tower.ModelSettings, config.model, besides=logit_scale)
     return two_tower.ModelSettings(
         **{k: tuple(v) if isinstance(v, list) else v for k, v in m.items()},
@@ -242,7 +242,17 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
     schedule = schedule_settings(config)
     config_checks.check_batch_schedule(config, schedule, loss, loss_config, sharding.batch_shards(mesh), data)
     text_vocab_size = settings.text_vocab_size(data, metadata)
+    distiller = _teacher(config, loss_config, data, text_vocab_size)
+    loss = losses.with_terms(loss, loss_config)
     towers = model_settings(config, learned_bias=loss.learned_bias)
+    if distiller and loss_config.distill_form != "logits" and distiller.embed_dim != towers.embed_dim:
+        if towers.init_from:
+            raise ConfigError(
+                f"config.loss.distill_form={loss_config.distill_form!r} compares embeddings, and the teacher's "
+                f"width {distiller.embed_dim} is not the released student's {towers.embed_dim}: use "
+                "distill_form='logits', which compares the softmaxes over the batch at any widths."
+            )
+        towers = dataclasses.replace(towers, teacher_dim=distiller.embed_dim)  # a learned map to its width
     model, initial_params = _model(towers, data, text_vocab_size)
     step = Trainer(
         mesh,
@@ -259,6 +269,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
         loss_table_size=loss_table_size,
         fsdp_min_bytes=int(config.mesh.fsdp_min_kib * 1024),
         initial_params=initial_params,
+        teacher=distiller,
     )
     return RunPlan(
         step,
@@ -279,6 +290,22 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
         ),
         batch_schedule=schedule,
     )
+
+
+def _teacher(
+    config: ml_collections.ConfigDict, loss: losses.LossSettings, data: settings.DataSettings, text_vocab_size: int
+) -> teacher.Teacher | None:
+    """The distillation teacher `config.loss.teacher` names, checked against the run (None: none)."""
+    path = config.loss.teacher
+    losses.weighted_terms.check_weights(loss, has_teacher=bool(path))
+    if not path:
+        return None
+    if config.data.task == "labeled":
+        raise ConfigError(
+            "config.loss.teacher distils the pairs' logits or embeddings, and config.data.task is 'labeled': "
+            "use task 'pairs' or 'views'."
+        )
+    return teacher.load(path, data, text_vocab_size=text_vocab_size)
 
 
 def _model(towers: two_tower.ModelSettings, data: settings.DataSettings, text_vocab_size: int):
