@@ -107,3 +107,62 @@ def test_a_teacher_that_does_not_fit_is_one_line_before_compiling(student, field
     with pytest.raises(ConfigError, match=message) as error:
         build(override(student, fields), sharding.make_mesh(1))
     assert "\n" not in str(error.value)
+
+
+def released_clip(directory, embed_dim: int) -> str:
+    """A random-weight open_clip CLIP (64 px, CLIP's vocabulary, embeddings `embed_dim`
+    wide) saved as open_clip saves it."""
+    torch = pytest.importorskip("torch")
+    open_clip = pytest.importorskip("open_clip")
+    from safetensors.torch import save_file
+
+    torch.manual_seed(embed_dim)
+    vision = {"layers": 1, "width": 64, "patch_size": 16, "image_size": 64}
+    text = {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 1, "layers": 1}
+    model = open_clip.model.CLIP(embed_dim=embed_dim, vision_cfg=vision, text_cfg=text)
+    path = directory / f"clip_{embed_dim}" / "open_clip_model.safetensors"
+    path.parent.mkdir()
+    save_file({name: t.contiguous() for name, t in model.state_dict().items()}, str(path))
+    return str(path)
+
+
+# The student on the released teacher's inputs: 64 px, CLIP's BPE at its 77 tokens.
+RELEASED_INPUTS = {"data.image_size": 64, "data.text_max_length": 77}
+
+
+@pytest.mark.e2e
+def test_a_released_checkpoint_teaches_in_the_step(student, clip_merges, tmp_path):
+    """An open_clip checkpoint as the teacher: its towers embed the batch in the step, and
+    the step's distillation is the kernel's on their embeddings and learned temperature."""
+    fields = RELEASED_INPUTS | {"loss.teacher": released_clip(tmp_path, 48), "data.tokenizer": clip_merges}
+    trainer, before, batch, metrics, _ = one_step(override(student, fields), 8)
+    mine = embeddings(trainer.model, {"params": before.params}, batch)
+    theirs = embeddings(trainer.teacher.model, trainer.teacher.variables, batch)
+    assert theirs["za"].shape == (16, 48) and float(theirs["temperature"]) == pytest.approx(
+        0.07, rel=1e-6
+    )  # open_clip init
+    want = losses.distill_clip_loss(
+        mine["za"],
+        mine["zb"],
+        theirs["za"],
+        theirs["zb"],
+        temperature=mine["temperature"],
+        teacher_temperature=theirs["temperature"],
+    )
+    assert float(metrics["distill_loss"]) == pytest.approx(float(want), rel=1e-5)
+
+
+@pytest.mark.e2e
+def test_embeddings_of_another_width_need_a_student_of_this_library(load_config, clip_merges, tmp_path):
+    """A released student has no map to a teacher's width: the embedding forms are refused
+    in one line, and the logit form, which takes any widths, is named as the fix."""
+    fields = RELEASED_INPUTS | {
+        "model.init_from": released_clip(tmp_path, 32),
+        "model.embed_dim": 32,
+        "data.tokenizer": clip_merges,
+        "loss.teacher": released_clip(tmp_path, 48),
+        "loss.distill_weight": 1.0,
+        "loss.distill_form": "mse",
+    }
+    with pytest.raises(ConfigError, match=r"teacher's width 48 is not the released student's 32: use distill_form"):
+        build(override(load_config("finetune_clip"), fields), sharding.make_mesh(1))
