@@ -13,8 +13,9 @@ the same `jax.shard_map` over the global batch:
   `distill_form` "logits": `distillation.distill_clip_loss` of the student's `za`, `zb`,
   streamed as the loss is (`chunk_size`, `collective`, `matmul_dtype`); "mse" or
   "cosine": `distillation.embedding_distill_loss` of `za_to_teacher`, `zb_to_teacher`
-  (the student's embeddings at the teacher's width, `TwoTower.teacher_dim`) against the
-  teacher's, the mean of the two sides.
+  (the student's embeddings mapped to the teacher's width, `TwoTower.teacher_dim`; `za`,
+  `zb` themselves where the widths are equal) against the teacher's, the mean of the two
+  sides.
 - **caption**: `caption_nll` [B] (a row's summed next-token cross-entropy) and
   `caption_tokens` [B] (its predicted tokens), a captioning model's outputs: their global
   sums' ratio, the mean over every token of the global batch (open_clip's `CoCaLoss`).
@@ -63,8 +64,11 @@ def _distill(o: Outputs, c: LossSettings) -> jax.Array:
             streaming=streaming,
             axis_name=BATCH_AXES,
         )
+    # The student's embeddings at the teacher's width: mapped where the widths differ, as they are where not.
     sides = [
-        embedding_distill_loss(o[f"{side}_to_teacher"], o[f"teacher_{side}"], form=c.distill_form, axis_name=BATCH_AXES)
+        embedding_distill_loss(
+            o.get(f"{side}_to_teacher", o[side]), o[f"teacher_{side}"], form=c.distill_form, axis_name=BATCH_AXES
+        )
         for side in ("za", "zb")
     ]
     return (sides[0] + sides[1]) / 2

@@ -166,3 +166,19 @@ def test_embeddings_of_another_width_need_a_student_of_this_library(load_config,
     }
     with pytest.raises(ConfigError, match=r"teacher's width 48 is not the released student's 32: use distill_form"):
         build(override(load_config("finetune_clip"), fields), sharding.make_mesh(1))
+
+
+@pytest.mark.slow  # a teacher run (about 40 s on 2 cores)
+def test_a_teacher_of_the_students_width_takes_its_embeddings_unmapped(student):
+    """At equal widths the embedding forms compare the embeddings themselves: no map is
+    built, and the trainer's loss over 8 devices is the kernel's on the global arrays."""
+    config = override(student, {"model.embed_dim": TEACHER_DIM, "loss.distill_form": "cosine"})
+    trainer = build(config, sharding.make_mesh(8)).trainer
+    assert trainer.model.teacher_dim == 0
+    za, zb, ta, tb = (losses.l2_normalize(jax.random.normal(jax.random.key(k), (16, TEACHER_DIM))) for k in range(4))
+    batched = {"za": za, "zb": zb, "teacher_za": ta, "teacher_zb": tb}
+    shared = {"temperature": np.float32(0.1), "teacher_temperature": np.float32(0.05)}
+    loss, metrics, _ = trainer.global_loss(batched, shared, {})
+    want = sum(losses.embedding_distill_loss(z, t, form="cosine") for z, t in ((za, ta), (zb, tb))) / 2
+    assert float(metrics["distill_loss"]) == pytest.approx(float(want), rel=1e-5)
+    assert float(loss) == pytest.approx(float(losses.clip_loss(za, zb, temperature=0.1) + want), rel=1e-5)
