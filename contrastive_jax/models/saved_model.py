@@ -11,7 +11,10 @@ rebuilds the trained model from its checkpoint alone, without the data it traine
      "inputs": {"a": {"shape": [H, W, C], "dtype": "uint8"}, "b": {"shape": [L], "dtype": "int32"}}}
 
 `describe` writes it from the values `run_plan.build` read; `rebuild` makes the model
-again. Neither reads data nor compiles anything.
+again. Neither reads data nor compiles anything. A CoCa is rebuilt whole, its decoder
+too (the settings' `decoder_depth` and `coca_queries`; a released CoCa's `Settings` hold
+its `decoder`), so a loaded run captions (`trained.TrainedModel.caption`) and exports
+its captioner (`export_captioner`) from its checkpoint alone.
 """
 
 import dataclasses

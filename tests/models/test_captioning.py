@@ -119,6 +119,11 @@ def test_a_trained_model_captions_and_exports_its_captioner(coca_model):
     ids, scores = exported.call(images[:5])  # another batch size than traced
     np.testing.assert_array_equal(ids, want_ids[:5])
     np.testing.assert_allclose(scores, want_scores[:5], rtol=1e-5, atol=1e-5)
+    texts = np.zeros((2, CONTEXT), np.int32)
+    texts[:, :3] = [SOT, 5, EOT]
+    exported_texts = run.export("b").call(texts)  # the text tower alone, without the decoder's weights
+    np.testing.assert_allclose(exported_texts, run.embed(texts, "b"), rtol=1e-5, atol=1e-6)
+    assert set(run.tower_variables("b")["params"]) == {"txt", "log_inv_temperature"}
 
 
 def test_caption_refuses_what_it_cannot_do(coca_model):
