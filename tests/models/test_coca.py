@@ -3,14 +3,16 @@
 caption loss's parts equal a float64 reference; the decoder is causal; a checkpoint
 without its decoder is refused in one line."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.models import coca, released
+from contrastive_jax.models import coca, released, two_tower
 from contrastive_jax.models.released import open_clip_layout
+from contrastive_jax.models.transformer import TowerSettings
 
 torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")
@@ -19,10 +21,11 @@ VOCAB, CONTEXT = 64, 12
 SOT, EOT = VOCAB - 2, VOCAB - 1  # as CLIP's BPE puts them, the vocabulary's last two
 
 
-def open_clip_coca(vision_width: int = 96):
+def open_clip_coca(vision_width: int = 96, correct_cls_mask: bool = False):
     """A tiny open_clip CoCa: head width 32 in every tower (the loader's `head_width`),
     the image tokens' width (`embed_dim`) the decoder's, as open_clip needs; attention
-    pooling with 2 heads over 96-wide (separate q/k/v weights) or 64-wide (packed) tokens."""
+    pooling with 2 heads over 96-wide (separate q/k/v weights) or 64-wide (packed) tokens;
+    the text tower's padding mask open_clip's legacy one or, `correct_cls_mask`, its fix."""
     torch.manual_seed(0)
     text = {"context_length": CONTEXT, "vocab_size": VOCAB, "width": 64, "heads": 2, "layers": 2}
     model = open_clip.coca_model.CoCa(
@@ -41,6 +44,7 @@ def open_clip_coca(vision_width: int = 96):
             "output_tokens": True,
         },
     )
+    model.text.correct_cls_mask = correct_cls_mask  # the tower's option, which CLIPTextCfg does not pass on
     with torch.no_grad():  # open_clip zero-initialises some biases: random ones test their mapping
         # (and leaves the decoder's projection as torch.empty made it: garbage, NaN at times)
         model.text_decoder.text_projection.normal_(std=64**-0.5)
@@ -65,20 +69,24 @@ def torch_pixels(images):
     return torch.from_numpy(((images - mean) / std).transpose(0, 3, 1, 2).astype(np.float32))
 
 
-def loaded(tmp_path, reference):
+def loaded(tmp_path, reference, **settings):
+    """`(model, variables)` of open_clip's `reference` saved and loaded here (`settings`
+    replaced: what the arrays do not say)."""
     path = tmp_path / "open_clip_model.safetensors"
     from safetensors.torch import save_file
 
     save_file({name: t.contiguous() for name, t in reference.state_dict().items()}, path)
     arrays = open_clip_layout.read(str(path))
-    settings = open_clip_layout.settings_from(arrays, head_width=32, pooler_heads=2)
-    return open_clip_layout.model_for(settings), {"params": open_clip_layout.params_from(arrays, settings)}
+    found = dataclasses.replace(open_clip_layout.settings_from(arrays, head_width=32, pooler_heads=2), **settings)
+    return open_clip_layout.model_for(found), {"params": open_clip_layout.params_from(arrays, found)}
 
 
-@pytest.mark.parametrize("vision_width", [96, 64], ids=["pooler_kv_apart", "pooler_packed"])
-def test_embeddings_and_caption_logits_equal_open_clips(tmp_path, vision_width):
-    reference = open_clip_coca(vision_width)
-    model, variables = loaded(tmp_path, reference)
+@pytest.mark.parametrize(
+    "vision_width, correct_cls_mask", [(96, False), (64, True)], ids=["pooler_kv_apart", "pooler_packed_mask_fixed"]
+)
+def test_embeddings_and_caption_logits_equal_open_clips(tmp_path, vision_width, correct_cls_mask):
+    reference = open_clip_coca(vision_width, correct_cls_mask)
+    model, variables = loaded(tmp_path, reference, correct_cls_mask=correct_cls_mask)
     assert isinstance(model, coca.CoCa) and model.settings.decoder.depth == 2
     images, tokens = inputs()
     out = model.apply(variables, images, tokens.astype(np.int32))
@@ -145,3 +153,20 @@ def test_a_released_coca_is_described_and_rebuilt(tmp_path):
     assert description["layout"] == "open_clip_layout"
     rebuilt = released.rebuild(description)
     assert type(rebuilt) is open_clip_layout.CocaModel and rebuilt.settings == model.settings
+
+
+def test_decoder_depth_builds_coca_of_a_vit_and_a_text_transformer_only():
+    fields = {
+        **{"encoder_a": "vit_tiny", "encoder_b": "text_transformer", "tie_towers": False, "mlp_hidden_dims": ()},
+        **{"cnn_features": (), "encoder_dim": 32, "text_num_layers": 1, "patch_size": 8, "dropout_rate": 0.0},
+        **{"projection_hidden_dims": (), "embed_dim": 16, "num_classes": 0, "compute_dtype": "float32"},
+        **{"remat": "none", "attention": "auto", "temperature_init": 0.07, "learn_temperature": True},
+        **{"bias_init": None, "decoder_depth": 2, "coca_queries": 5},
+    }
+    model = two_tower.create_model(two_tower.ModelSettings(**fields), text_vocab_size=257)
+    assert isinstance(model, coca.CoCa) and model.settings.decoder == TowerSettings(32, 2, 1, 128)
+    assert model.settings.image == TowerSettings(192, 12, 3, 768) and model.settings.num_queries == 5
+    for wrong in ({"encoder_a": "cnn"}, {"encoder_b": "text_cnn"}, {"coca_queries": 1}, {"num_classes": 3}):
+        with pytest.raises(ConfigError, match="config.model.decoder_depth=2 builds CoCa") as error:
+            two_tower.create_model(two_tower.ModelSettings(**{**fields, **wrong}), text_vocab_size=257)
+        assert "\n" not in str(error.value)
