@@ -11,10 +11,10 @@ flax.linen, with `two_tower.TwoTower`'s contract and a caption term:
   appended after them; the `cls` position's features, normalised (`ln_final`) and
   projected (`head`), are the text embedding; the blocks' outputs at the tokens (not
   normalised) go to the decoder;
-- the multimodal decoder (`dec`): per block, causal self-attention over the text
-  features (`encoderblock_<i>`, `transformer.Encoder1DBlock`) then cross-attention to the
-  image tokens (`crossblock_<i>`, the same block with a `context`); `encoder_norm`, then
-  `head` to vocabulary logits.
+- the multimodal decoder (`dec`): per block (`encoderblock_<i>`, `DecoderBlock`), causal
+  self-attention over the text features (`self`, a `transformer.Encoder1DBlock`) then
+  cross-attention to the image tokens (`cross`, the same block with a `context`);
+  `encoder_norm`, then `head` to vocabulary logits.
 
 `CoCa.__call__(a, b)` returns `za`, `zb` [B, D] (L2-normalised float32), `temperature`
 (`logit_scale`'s learned one; `bias` with a learned logit bias) and, with texts `b`
@@ -160,11 +160,34 @@ class TextTower(nn.Module):
         return nn.Dense(s.embed_dim, use_bias=False, dtype=dtype, name="head")(pooled), x[:, :-1]
 
 
+class DecoderBlock(nn.Module):
+    """One block of CoCa's decoder: causal self-attention and MLP (`self`), then
+    cross-attention to the image tokens `[B, S, D]` and MLP (`cross`), both
+    `transformer.Encoder1DBlock`s of `block`'s size (`[B, L, W]` -> `[B, L, W]`); one
+    block for `remat` and layer-wise learning-rate decay (`encoderblock_<i>`)."""
+
+    settings: CocaSettings
+    options: TowerOptions = TowerOptions()
+    dropout_rate: float = 0.0
+    recompute_attention: bool = False
+
+    @nn.compact
+    def __call__(self, x, image_tokens, train: bool = False):
+        s, options = self.settings, self.options
+        common = (s.decoder.mlp_dim, s.decoder.num_heads, s.activation, s.layer_norm_epsilon, options.dtype)
+        for name, causal, context in (("self", True, None), ("cross", False, image_tokens)):
+            block = transformer.Encoder1DBlock(
+                *common, self.dropout_rate, causal, options.attention, self.recompute_attention, name=name
+            )
+            x = block(x, None, train, context)
+        return x
+
+
 class MultimodalDecoder(nn.Module):
     """CoCa's multimodal decoder (open_clip's `MultimodalTransformer`): text features
     `[B, L, W]` and image tokens `[B, S, D]` -> next-token logits `[B, L, V]` (position i's
-    predict id i + 1). Each block: causal self-attention and MLP, then cross-attention to
-    the image tokens and MLP; `options.remat` applies to each."""
+    predict id i + 1), through `DecoderBlock`s (`encoderblock_<i>`, `options.remat` applying
+    to each), `encoder_norm` and `head`."""
 
     settings: CocaSettings
     options: TowerOptions = TowerOptions()
@@ -173,16 +196,14 @@ class MultimodalDecoder(nn.Module):
     @nn.compact
     def __call__(self, image_tokens, x, train: bool = False):
         s, options = self.settings, self.options
-        common = (s.decoder.mlp_dim, s.decoder.num_heads, s.activation, s.layer_norm_epsilon, options.dtype)
         for index, name in enumerate(transformer.remat_plan(options.remat, s.decoder.depth)):
             remat = transformer.REMAT_POLICIES[name]
-            block = transformer.Encoder1DBlock
+            block = DecoderBlock
             if remat.policy is not None:
                 block = nn.remat(block, policy=remat.policy, static_argnums=(3,))
-            for kind, causal, context in (("encoderblock", True, None), ("crossblock", False, image_tokens)):
-                x = block(
-                    *common, self.dropout_rate, causal, options.attention, remat.attention, name=f"{kind}_{index}"
-                )(x, None, train, context)
+            x = block(s, options, self.dropout_rate, remat.attention, name=f"encoderblock_{index}")(
+                x, image_tokens, train
+            )
         x = nn.LayerNorm(epsilon=s.layer_norm_epsilon, dtype=options.dtype, name="encoder_norm")(x)
         return nn.Dense(s.vocab_size, use_bias=False, dtype=options.dtype, name="head")(x)
 

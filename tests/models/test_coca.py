@@ -6,6 +6,7 @@ without its decoder is refused in one line."""
 import dataclasses
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -170,3 +171,15 @@ def test_decoder_depth_builds_coca_of_a_vit_and_a_text_transformer_only():
         with pytest.raises(ConfigError, match="config.model.decoder_depth=2 builds CoCa") as error:
             two_tower.create_model(two_tower.ModelSettings(**{**fields, **wrong}), text_vocab_size=257)
         assert "\n" not in str(error.value)
+
+
+def test_a_decoder_block_is_one_block_for_layer_decay(tmp_path):
+    """Its self- and cross-attention share block i's learning-rate factor (`encoderblock_<i>`)."""
+    from contrastive_jax.training import optimizer
+
+    _, variables = loaded(tmp_path, open_clip_coca())
+    scales = optimizer.layer_decay_scales(variables["params"], 0.5)["dec"]
+    for index, want in enumerate((0.25, 0.5)):  # depth 2: block i gets 0.5 ** (2 - i)
+        block = jax.tree.leaves(scales[f"encoderblock_{index}"])
+        assert set(block) == {want} and len(block) == 2 * 16 + 2  # two blocks of 16 arrays, the cross LayerNorm_kv
+    assert set(jax.tree.leaves(scales["head"])) == {1.0}

@@ -290,12 +290,14 @@ def _names(settings: Settings) -> list[tuple[str, tuple[str, ...], str, int]]:
 def _coca_names(settings: coca.CocaSettings) -> list[tuple[str, tuple[str, ...], str, int]]:
     """`_names` of an open_clip CoCa of `settings` (`CocaModel`'s parameters)."""
     pooler = "qkv_weight" if settings.image.width == settings.embed_dim else "head_weight"  # torch packs equal widths
-    cross = []
+    decoder = []
     for index in range(settings.decoder.depth):
-        block, at = f"text_decoder.cross_attn.{index}.", ("dec", f"crossblock_{index}")
-        cross += [
-            *_block_names(block, at, settings.decoder.num_heads),
-            *_norm_names(f"{block}ln_1_kv.", (*at, "LayerNorm_kv")),
+        at, heads = ("dec", f"encoderblock_{index}"), settings.decoder.num_heads
+        cross = f"text_decoder.cross_attn.{index}."
+        decoder += [
+            *_block_names(f"text_decoder.resblocks.{index}.", (*at, "self"), heads),
+            *_block_names(cross, (*at, "cross"), heads),
+            *_norm_names(f"{cross}ln_1_kv.", (*at, "cross", "LayerNorm_kv")),
         ]
     names = [
         ("visual.conv1.weight", ("img", "embedding", "kernel"), "conv", 0),
@@ -319,8 +321,8 @@ def _coca_names(settings: coca.CocaSettings) -> list[tuple[str, tuple[str, ...],
         *_encoder_names("text.transformer.", ("txt", "Encoder_0"), settings.text, None),
         *_norm_names("text.ln_final.", ("txt", "ln_final")),
         ("text.text_projection", ("txt", "head", "kernel"), "same", 0),
-        *_encoder_names("text_decoder.", ("dec",), settings.decoder, "text_decoder.ln_final."),
-        *cross,
+        *decoder,
+        *_norm_names("text_decoder.ln_final.", ("dec", "encoder_norm")),
         ("text_decoder.text_projection", ("dec", "head", "kernel"), "same", 0),
         ("logit_scale", ("log_inv_temperature",), "scalar", 0),
     ]
