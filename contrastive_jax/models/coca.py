@@ -163,7 +163,7 @@ class TextTower(nn.Module):
 class DecoderBlock(nn.Module):
     """One block of CoCa's decoder: causal self-attention and MLP (`self`), then
     cross-attention to the image tokens `[B, S, D]` and MLP (`cross`), both
-    `transformer.Encoder1DBlock`s of `block`'s size (`[B, L, W]` -> `[B, L, W]`); one
+    `transformer.Encoder1DBlock`s of `settings.decoder`'s size (`[B, L, W]` -> `[B, L, W]`); one
     block for `remat` and layer-wise learning-rate decay (`encoderblock_<i>`)."""
 
     settings: CocaSettings
