@@ -183,3 +183,40 @@ def test_a_decoder_block_is_one_block_for_layer_decay(tmp_path):
         block = jax.tree.leaves(scales[f"encoderblock_{index}"])
         assert set(block) == {want} and len(block) == 2 * 16 + 2  # two blocks of 16 arrays, the cross LayerNorm_kv
     assert set(jax.tree.leaves(scales["head"])) == {1.0}
+
+
+@pytest.mark.slow
+def test_a_released_coca_fine_tunes_and_its_run_captions(load_config, request, tmp_path):
+    """`model.init_from` an open_clip CoCa (byte vocabulary, head width 64 as `load`
+    takes it): two steps with the caption term, then the run, loaded from its checkpoint
+    (rebuilt as `open_clip_layout.CocaModel`), captions."""
+    from safetensors.torch import save_file
+    from test_recipes import tiny
+
+    from contrastive_jax import run_dir, trained
+    from contrastive_jax.training import run_plan
+
+    torch.manual_seed(0)
+    text = {"context_length": 32, "vocab_size": 257, "width": 64, "heads": 1, "layers": 1}
+    vision = {"image_size": 32, "layers": 1, "width": 64, "patch_size": 8, "head_width": 64}
+    reference = open_clip.coca_model.CoCa(
+        embed_dim=64,
+        multimodal_cfg=text,
+        text_cfg={**text, "embed_cls": True, "output_tokens": True},
+        vision_cfg={**vision, "attentional_pool": True, "attn_pooler_queries": 5, "output_tokens": True},
+    )
+    with torch.no_grad():
+        reference.text_decoder.text_projection.normal_(std=64**-0.5)  # torch.empty otherwise
+    path = tmp_path / "coca.safetensors"
+    save_file({name: t.contiguous() for name, t in reference.state_dict().items()}, path)
+    fields = {"model.init_from": str(path), "model.embed_dim": 64}
+    config = tiny(load_config, request, "coca_shapes", **fields)
+    workdir = str(tmp_path / "run")
+    assert run_plan.train_and_evaluate(config, workdir)
+    logged = [m for m in run_dir.read_metrics(workdir) if "train/caption_loss" in m]
+    assert len(logged) == 2 and all(np.isfinite(m["train/caption_loss"]) for m in logged)
+    run = trained.load(workdir)
+    assert type(run.model) is open_clip_layout.CocaModel and run.model.settings.num_queries == 5
+    images = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3)).astype(np.uint8)
+    captions = run.caption(images, max_length=8, prompt="a")
+    assert captions.ids.shape == (2, 8) and all(text.startswith("a") for text in captions.texts)
