@@ -38,18 +38,22 @@ def decoded(coca_model, method, **options):
 
 
 def test_greedy_is_the_step_by_step_argmax(coca_model):
+    """A Python loop over the positions, each step the argmax of the model's logits at
+    the last id so far (in a buffer of the caption's length: one compile; open_clip's
+    `generate`, below, grows its prefix instead)."""
     _, model, variables, images, image_tokens, logits_fn = coca_model
     tokens, scores = decoded(coca_model, "greedy")
-    want = np.full((len(images), 1), SOT, np.int32)
+    want = np.zeros((len(images), MAX_LENGTH), np.int32)
+    want[:, 0] = SOT
     want_scores = np.zeros(len(images))
     done = np.zeros(len(images), bool)
     logits_of = jax.jit(logits_fn)
-    for _ in range(MAX_LENGTH - 1):  # the prefix so far alone, no buffer: its last position's logits
-        log_probs = np.asarray(jax.nn.log_softmax(logits_of(image_tokens, want)[:, -1]))
+    for position in range(MAX_LENGTH - 1):
+        log_probs = np.asarray(jax.nn.log_softmax(logits_of(image_tokens, want)[:, position]))
         chosen = np.where(done, 0, log_probs.argmax(-1))
         want_scores += np.where(done, 0.0, log_probs[np.arange(len(images)), chosen])
         done |= (chosen == EOT) | (chosen == 0)
-        want = np.concatenate([want, chosen[:, None].astype(np.int32)], axis=1)
+        want[:, position + 1] = chosen
     np.testing.assert_array_equal(tokens, want)
     np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
 
