@@ -186,3 +186,27 @@ def test_a_momentum_encoders_keys_with_gradient_caching_are_the_whole_batchs(bas
     scale = max(np.max(np.abs(u)) for u in jax.tree.leaves(want_update))
     for got, want in zip(jax.tree.leaves(update), jax.tree.leaves(want_update), strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-4 * scale)
+
+
+@pytest.mark.slow  # CoCa compiled twice per tool on 8 devices (about 20 s each on 2 cores)
+@pytest.mark.parametrize("tool", ["gradient_caching", "fsdp", "streamed"])
+def test_cocas_captioning_term_with_each_tool_is_its_plain_step(load_config, shapes_data_dir, tool):
+    """CoCa's caption term (`caption_nll`, `caption_tokens`, batched outputs of its
+    decoder) goes through each tool as the contrastive loss does: the step equals CoCa's
+    plain step, loss and update."""
+    from test_recipes import TINY
+
+    config = load_config("coca_shapes")
+    config.data.data_dir = shapes_data_dir
+    fields = TINY | EXACT_STEP | {"mesh.fsdp_min_kib": 0, "model.coca_queries": 5, "model.decoder_depth": 1}
+    config = override(config, fields)
+    tool_fields, num_devices, fsdp, batch_size = TOOLS[tool]
+    key = ("coca", num_devices, batch_size)
+    if key not in _REFERENCES:  # the plain step, once for the three tools
+        _REFERENCES[key] = one_step(config, "coca", num_devices, 1, batch_size)
+    want_loss, want_update = _REFERENCES[key]
+    loss, update = one_step(override(config, tool_fields), "coca", num_devices, fsdp, batch_size)
+    assert loss == pytest.approx(want_loss, rel=2e-5)
+    scale = max(np.max(np.abs(u)) for u in jax.tree.leaves(want_update))
+    for got, want in zip(jax.tree.leaves(update), jax.tree.leaves(want_update), strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-4 * scale)
