@@ -303,7 +303,7 @@ PUBLIC_WING_MODULES = {
 # workers (`bench/*_worker.py`, run in a fresh process per measurement) are too.
 INTERNALS = {
     "bench/bench_input.py": "times the image decoder and augmenter (data.images) without the pipeline",
-    "bench/bench_naflex.py": "times the NaFlex image tower (models.naflex) against the fixed-size one without a dataset",
+    "bench/bench_naflex.py": "times the NaFlex image tower (models.naflex) against the fixed one without a dataset",
     "bench/bench_patch_dropout.py": "times the image tower's step (models.two_tower, patch_dropout) without a dataset",
     "lib/replicates.py": "the gradient of the step's own loss at a checkpoint (the trainer's split of the outputs)",
 }
