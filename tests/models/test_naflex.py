@@ -16,6 +16,7 @@ from contrastive_jax.data import naflex_images as naflex_data
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.models import naflex, released
 from contrastive_jax.models.patch_dropout import PatchDropout
+from tests.models.test_released_siglip import TEXT as SIGLIP_TEXT
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -29,18 +30,9 @@ VISION = {
     "num_patches": 16,  # a 4 x 4 position grid, resized to each image's
     "patch_size": PATCH,
 }
-TEXT = {  # a text width unlike the image's, so that the head's two axes differ
-    "vocab_size": 60,  # the tests' SentencePiece model's (tests/data/test_tokenizers.py)
-    "hidden_size": 48,
-    "intermediate_size": 80,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "max_position_embeddings": 16,
-    "projection_size": 32,
-    "pad_token_id": 1,
-    "bos_token_id": None,
-    "eos_token_id": 1,
-}
+# SigLIP's text tower of test_released_siglip (a width unlike the image's), with the vocabulary
+# of the tests' SentencePiece model (tests/data/test_tokenizers.py).
+TEXT = SIGLIP_TEXT | {"vocab_size": 60}
 # (height, width): taller, wider, square, very wide, small: grids of 6 x 3, 4 x 6, 4 x 4, 2 x 12, 2 x 3
 SIZES = ((40, 20), (17, 33), (64, 64), (9, 50), (8, 12))
 
