@@ -853,6 +853,13 @@ QUOTED_FIGURES = [
         "1.032 s (1.31×)",
         RESULTS + "bench_coca/results.md",
     ),
+    (
+        "docs/recipes.md",
+        "at 256 tokens NaFlex holds 337.2 MiB against the square 256-px tower's 341.1 MiB (0.989×) and takes "
+        "0.579 s a step against 0.552 s (1.049×); at 576 tokens, 993.3 MiB against the 384-px tower's 1,023.0 MiB "
+        "(0.971×) and 1.587 s against 1.426 s (1.113×)",
+        RESULTS + "bench_naflex/results.md",
+    ),
     ("docs/use_a_trained_model.md", "**0.363** / 0.859 / 0.968", RESULTS + "zero_shot_shapes/summary.md"),
     ("docs/use_a_trained_model.md", "| 0.222 / 0.226 |", RESULTS + "zero_shot_shapes/summary.md"),
 ]
