@@ -33,7 +33,7 @@ VISION = {
 # SigLIP's text tower of test_released_siglip (a width unlike the image's), with the vocabulary
 # of the tests' SentencePiece model (tests/data/test_tokenizers.py).
 TEXT = SIGLIP_TEXT | {"vocab_size": 60}
-# (height, width): taller, wider, square, very wide, small: grids of 6 x 3, 4 x 6, 4 x 4, 2 x 12, 2 x 3
+# (height, width): taller, wider, square, very wide, small: grids of 6 x 3, 4 x 6, 4 x 4, 2 x 12, 4 x 6
 SIZES = ((40, 20), (17, 33), (64, 64), (9, 50), (8, 12))
 
 
