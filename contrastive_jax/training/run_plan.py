@@ -28,7 +28,7 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.evaluation import evaluator
 from contrastive_jax.models import released, saved_model, two_tower
 from contrastive_jax.training import batch_schedule, config_checks, loop, loss_guard, optimizer, teacher
-from contrastive_jax.training.trainer import GradientSettings, Trainer
+from contrastive_jax.training.trainer import GradientSettings, LoadedWeights, Trainer
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -268,8 +268,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
         ),
         loss_table_size=loss_table_size,
         fsdp_min_bytes=int(config.mesh.fsdp_min_kib * 1024),
-        initial_params=initial_params,
-        teacher=distiller,
+        loaded=LoadedWeights(initial_params, distiller),
     )
     return RunPlan(
         step,

@@ -14,6 +14,8 @@ import dataclasses
 import os
 from typing import Any
 
+import jax
+
 from contrastive_jax import run_dir
 from contrastive_jax.data import settings, tokenizers
 from contrastive_jax.errors import ConfigError
@@ -83,9 +85,10 @@ def _trained(workdir: str, data: settings.DataSettings) -> Teacher:
     if data.image_size is not None and len(image_shape) == 3:
         wanted["config.data.image_size"] = (data.image_size, image_shape[0])
     _check_fits(workdir, wanted)
+    host_variables = jax.device_get(variables)  # NumPy: the trainer places it on its own mesh
     return Teacher(
         model,
-        {"params": variables["params"], "batch_stats": variables.get("batch_stats", {})},
+        {"params": host_variables["params"], "batch_stats": host_variables.get("batch_stats", {})},
         description["embed_dim"],
     )
 

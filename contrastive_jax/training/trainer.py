@@ -63,6 +63,16 @@ class GradientSettings:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class LoadedWeights:
+    """Weights read from files before the run compiles (`run_plan.build`), both NumPy:
+    a released checkpoint's parameters the student starts from, and the frozen teacher it
+    distils from."""
+
+    params: Any = None  # the student's initial parameters; None: initialised from the trainer's `seed`
+    teacher: Any = None  # the distillation teacher (`teacher.Teacher`); None: no distillation
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Trainer:
     """The step of a run: its model, optimizer and loss on a mesh (`run_plan.build` checked
     them against each other and the mesh)."""
@@ -78,8 +88,7 @@ class Trainer:
     gradient: GradientSettings = GradientSettings()
     loss_table_size: int = 0  # rows of a per-example loss state (SogCLR's); 0: none
     fsdp_min_bytes: int = 0  # arrays smaller than this stay replicated on the fsdp axis (sharding.fsdp_spec)
-    initial_params: Any = None  # a released checkpoint's parameters (numpy); None: initialised from `seed`
-    teacher: Any = None  # the distillation teacher (`teacher.Teacher`), or None
+    loaded: LoadedWeights = LoadedWeights()  # a released checkpoint's parameters, a teacher
 
     def init_state(self, element_spec: Mapping[str, Any]) -> tuple[Callable[[], TrainState], TrainState]:
         """`(init, abstract_state)`: `init()` creates the initial state on the mesh;
@@ -115,8 +124,8 @@ class Trainer:
             )
 
         rng = jax.random.key(self.seed)
-        teacher = None if self.teacher is None else self.teacher.variables
-        shapes = jax.eval_shape(init, rng, self.initial_params, teacher)
+        teacher = None if self.loaded.teacher is None else self.loaded.teacher.variables
+        shapes = jax.eval_shape(init, rng, self.loaded.params, teacher)
         shardings = sharding.fsdp_shardings(shapes, self.mesh, self.fsdp_min_bytes)
         if self.loss.state is not None:  # as `global_loss` takes it; a momentum encoder like the parameters
             inside, outside = self._split_params_like(shardings.loss_state)
@@ -127,7 +136,7 @@ class Trainer:
         abstract_state = jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
         )
-        init = functools.partial(jax.jit(init, out_shardings=shardings), rng, self.initial_params, teacher)
+        init = functools.partial(jax.jit(init, out_shardings=shardings), rng, self.loaded.params, teacher)
         return init, abstract_state
 
     def jit_train_step(self, abstract_state: TrainState) -> Callable:
@@ -173,7 +182,7 @@ class Trainer:
             extra_rows=self.loss_settings.extra_negatives,
             num_shards=sharding.batch_shards(self.mesh),
             key_params=self._key_encoder(state.loss_state),
-            teacher=None if self.teacher is None else self.teacher.model,
+            teacher=None if self.loaded.teacher is None else self.loaded.teacher.model,
         )
         (loss, metrics, loss_state, updates), grads = self._value_and_grad(embed, state, batch)
         state, learning_rate = self._apply_gradients(state, grads, batch["a"].shape[0], updates.get("batch_stats", {}))

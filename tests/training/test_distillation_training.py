@@ -49,7 +49,7 @@ def test_the_step_adds_the_distillation_of_the_teachers_embeddings(student, form
     config = override(student, {"loss.distill_form": form, "loss.distill_weight": 0.5})
     trainer, before, batch, metrics, after = one_step(config, 8)
     mine = embeddings(trainer.model, {"params": before.params}, batch)
-    theirs = embeddings(trainer.teacher.model, trainer.teacher.variables, batch)
+    theirs = embeddings(trainer.loaded.teacher.model, trainer.loaded.teacher.variables, batch)
     if form == "logits":
         want = losses.distill_clip_loss(
             mine["za"],
@@ -137,7 +137,7 @@ def test_a_released_checkpoint_teaches_in_the_step(student, clip_merges, tmp_pat
     fields = RELEASED_INPUTS | {"loss.teacher": released_clip(tmp_path, 48), "data.tokenizer": clip_merges}
     trainer, before, batch, metrics, _ = one_step(override(student, fields), 8)
     mine = embeddings(trainer.model, {"params": before.params}, batch)
-    theirs = embeddings(trainer.teacher.model, trainer.teacher.variables, batch)
+    theirs = embeddings(trainer.loaded.teacher.model, trainer.loaded.teacher.variables, batch)
     assert theirs["za"].shape == (16, 48) and float(theirs["temperature"]) == pytest.approx(
         0.07, rel=1e-6
     )  # open_clip init

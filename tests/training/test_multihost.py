@@ -134,8 +134,10 @@ def test_both_processes_killed_then_resumed(processes, load_config, digits_data_
     workdir = str(tmp_path / "two")
     newest = []  # the newest complete checkpoint after each kill that left one
     for fault in ("batch:4:SIGKILL", "save:2:SIGKILL"):  # mid-run, then during a write
-        for status, _ in [processes.wait(p) for p in launch(processes, config, workdir, (fault, fault))]:
-            assert status == -signal.SIGKILL
+        statuses = [processes.wait(p)[0] for p in launch(processes, config, workdir, (fault, fault))]
+        # One is killed first; the other, under load not yet at its fault, may be aborted
+        # by the coordination service that lost its peer (SIGABRT): a dead process either way.
+        assert -signal.SIGKILL in statuses and set(statuses) <= {-signal.SIGKILL, -signal.SIGABRT}, statuses
         newest += checkpoint_steps(workdir)[0][-1:]
     for rank, (status, output) in enumerate(processes.wait(p) for p in launch(processes, config, workdir)):
         assert status == 0, f"process {rank}:\n{output[-4000:]}"
