@@ -6,6 +6,8 @@ here, and nowhere else checks a version:
 
 - shard_map's varying-axis typing: jax < 0.10 keeps it in ``aval.vma``, jax ≥ 0.10 in
   ``aval.manual_axis_type.varying``.
+- The varying-axis typing of a ``jax.ShapeDtypeStruct`` (a Pallas call's output):
+  ``vma=`` before jax 0.10, ``manual_axis_type=`` after.
 - Marking a value as varying over an axis: ``jax.lax.pvary`` (jax 0.7.2 has only it),
   later ``jax.lax.pcast(x, axis, to="varying")``.
 - The coordination service's client, which has no public accessor (orbax reads the same
@@ -24,6 +26,14 @@ def varying_axes(x: jax.Array) -> frozenset:
     if hasattr(aval, "vma"):  # jax < 0.10
         return frozenset(aval.vma)
     return frozenset(aval.manual_axis_type.varying)
+
+
+def typed_like(shape, dtype, like: jax.Array) -> jax.ShapeDtypeStruct:
+    """A ``jax.ShapeDtypeStruct`` varying over the mesh axes ``like`` varies over."""
+    aval = jax.typeof(like)
+    if hasattr(aval, "vma"):  # jax < 0.10
+        return jax.ShapeDtypeStruct(shape, dtype, vma=aval.vma)
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=aval.manual_axis_type)
 
 
 def cast_varying(x: jax.Array, axis_name) -> jax.Array:

@@ -24,7 +24,7 @@ from contrastive_jax.errors import check_divides
 from contrastive_jax.losses import _common
 from contrastive_jax.losses.streaming import Streaming, auto_chunk_size, divisor_at_most
 from contrastive_jax.losses.tile_math import Plan, accumulate_gradients, scaled_rows
-from contrastive_jax.losses.tile_sweeps import sweep
+from contrastive_jax.losses.tile_sweeps import over_tiles, sweep
 
 #: The forms of `embedding_distill_loss`.
 EMBEDDING_FORMS = ("mse", "cosine")
@@ -96,7 +96,7 @@ def _streamed_forward(plan, ring_axis, x, y):
         row, col = _tile_softmaxes(student, teacher, 1), _tile_softmaxes(student, teacher, 0)
         return _merge(row_run, row), _merge(col_run, col)
 
-    row, col = sweep(tile_fn, plan, ring_axis, x, y, None, None, _empty(x[0]), _empty(y[0]))
+    row, col = sweep(over_tiles(tile_fn, plan), ring_axis, x, y, None, None, _empty(x[0]), _empty(y[0]))
     return (row, col), (x, y, row, col)
 
 
@@ -121,7 +121,7 @@ def _streamed_backward(plan, ring_axis, residuals, cotangents):
     accumulate = jnp.promote_types(x[0].dtype, jnp.float32)
     dx, dy = jnp.zeros_like(x[0], accumulate), jnp.zeros_like(y[0], accumulate)
     (dx, *_), (dy, *_) = sweep(
-        tile_fn, plan, ring_axis, x, y, None, None, (dx, row_final, row_cot), (dy, col_final, col_cot)
+        over_tiles(tile_fn, plan), ring_axis, x, y, None, None, (dx, row_final, row_cot), (dy, col_final, col_cot)
     )
     # The teacher's arrays get no gradient.
     return (dx.astype(x[0].dtype), jnp.zeros_like(x[1])), (dy.astype(y[0].dtype), jnp.zeros_like(y[1]))

@@ -65,9 +65,11 @@ from contrastive_jax import compat
 from contrastive_jax.errors import check_divides
 from contrastive_jax.losses import _common
 from contrastive_jax.losses.streaming import (
+    PALLAS_BLOCK,
     Streaming,
     auto_chunk_size,
     divisor_at_most,
+    resolve_kernel,
 )
 from contrastive_jax.losses.tile_math import (
     PairSpec,
@@ -111,18 +113,31 @@ def _setup(x, y, cols, temperature, bias, axis_name, streaming: Streaming) -> _S
     ring = streaming.collective == "ring"
     if not ring:
         y, cols = jax.tree.map(lambda a: _common.gather_rows(a, axis_name), (y, cols))
-    num_columns = y.shape[0]
+    matmul_dtype = jnp.dtype(streaming.matmul_dtype or jnp.promote_types(x.dtype, y.dtype))
+    plan = _plan(streaming, x.shape, y.shape[0], ring, matmul_dtype)
+    return _Setup(y, cols, params, plan, axis_name if ring else None, matmul_dtype)
+
+
+def _plan(streaming: Streaming, x_shape, num_columns: int, ring: bool, matmul_dtype) -> Plan | None:
+    """The tiling of ``x: [B, D]`` against ``num_columns`` candidates (None: dense).
+
+    XLA's tiles must divide the columns (``chunk_size`` is checked when the user asked
+    for XLA's path); a Pallas kernel pads its last block, and a Pallas kernel that
+    cannot compile here falls back to XLA's tiles of the largest divisor."""
+    kernel = resolve_kernel(streaming.kernel)
     chunk = streaming.chunk_size
     if chunk == "auto":
-        chunk = auto_chunk_size(num_columns, x.shape[1])
+        chunk = PALLAS_BLOCK if kernel != "xla" else auto_chunk_size(num_columns, x_shape[1])
     if chunk is None and ring:
         chunk = num_columns
-    if chunk is not None:
+    if chunk is None:
+        return None
+    if kernel != "xla":
+        return Plan(chunk, chunk, matmul_dtype, kernel)
+    if streaming.kernel == "xla":
         what = "the columns of each device's shard with collective='ring'" if ring else "the candidate columns (N)"
         check_divides(chunk, num_columns, "chunk_size", what)
-    matmul_dtype = jnp.dtype(streaming.matmul_dtype or jnp.promote_types(x.dtype, y.dtype))
-    plan = None if chunk is None else Plan(divisor_at_most(x.shape[0], chunk), chunk, matmul_dtype)
-    return _Setup(y, cols, params, plan, axis_name if ring else None, matmul_dtype)
+    return Plan(divisor_at_most(x_shape[0], chunk), divisor_at_most(num_columns, chunk), matmul_dtype)
 
 
 def _dense_logits(x, setup):
@@ -239,16 +254,17 @@ def pair_total(
         per_row = row_objective(spec, logits, rows, setup.cols)
         row_aux, col_aux = tile_stats(aux_spec, logits, rows, setup.cols)
         total = jnp.sum(per_row)
-    elif setup.ring_axis is not None and spec.row_logsumexp:
+    elif setup.plan.kernel != "xla" or (setup.ring_axis is not None and spec.row_logsumexp):
+        # Two passes: the ring's row logsumexp spans devices; a Pallas kernel has no one-pass form.
         merged = aux_spec._replace(
-            row_logsumexp=True,
+            row_logsumexp=spec.row_logsumexp or aux_spec.row_logsumexp,
             pair_terms=spec.pair_terms,
             exclude_self=spec.exclude_self,
             exclude_shared_label=spec.exclude_shared_label,
             label_sets=spec.label_sets,
         )
         row_aux, col_aux = two_pass(merged, setup.plan, setup.ring_axis, x, setup.y, rows, setup.cols, setup.params)
-        per_row = row_aux.lse + sum(row_aux.sums.values())
+        per_row = sum(row_aux.sums.values(), row_aux.lse if spec.row_logsumexp else 0.0)
         total = jnp.sum(per_row)
     else:
         # One pass: a stripe of whole rows when the row needs its normaliser.

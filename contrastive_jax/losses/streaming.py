@@ -13,6 +13,7 @@ from typing import NamedTuple
 import jax
 
 COLLECTIVES = ("all_gather", "ring")
+KERNELS = ("xla", "pallas", "pallas_interpret")
 MATMUL_DTYPES = (None, "bfloat16", "float32")
 # Tile edge chunk_size="auto" aims for, by platform: on CPU a float32 [512, 512] tile
 # (1 MiB) stays in a core's L2 cache with room for the operands (measured best at
@@ -22,6 +23,9 @@ MATMUL_DTYPES = (None, "bfloat16", "float32")
 # at 624 MiB of compiled temp instead of dense's 2 GiB
 # (experiments/results/bench_losses/accelerator). TPU: not measured here.
 AUTO_TILE = {"cpu": 512, "gpu": 8192, "tpu": 2048}
+# chunk_size="auto"'s block edge with a Pallas kernel: a float32 [128, 128] block of
+# logits and bfloat16 [128, D] operands fit an H100 SM's shared memory up to D = 256.
+PALLAS_BLOCK = 128
 
 
 class Streaming(NamedTuple):
@@ -39,11 +43,19 @@ class Streaming(NamedTuple):
       matmul_dtype: None computes similarities in the embeddings' dtype;
         ``"bfloat16"`` casts the matmul operands to bfloat16 and accumulates in
         float32 (logits, logsumexps and gradient sums stay float32).
+      kernel: how a streamed (``chunk_size`` not None) two-pass sweep runs: ``"xla"``
+        (default), the double scan over tiles; ``"pallas"``, fused Pallas kernels
+        (:mod:`~contrastive_jax.losses.pallas_tiles`) on GPU and TPU, XLA's path where
+        Pallas cannot compile (CPU); ``"pallas_interpret"``, the Pallas kernels in
+        interpret mode on any backend (tests). With a Pallas kernel ``chunk_size`` is
+        its block edge and need not divide N (``"auto"``: 128), and the one-pass losses
+        take the two-pass form.
     """
 
     chunk_size: int | str | None = None
     collective: str = "all_gather"
     matmul_dtype: str | None = None
+    kernel: str = "xla"
 
     def check(self, axis_name) -> None:
         """Rejects unknown options, or ``"ring"`` without a device axis."""
@@ -57,6 +69,8 @@ class Streaming(NamedTuple):
             )
         if self.matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype must be one of {MATMUL_DTYPES}, got {self.matmul_dtype!r}.")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}.")
         chunk = self.chunk_size
         if (
             chunk is not None
@@ -86,3 +100,11 @@ def auto_chunk_size(num_columns: int, dim: int, platform: str | None = None) -> 
     if num_columns <= target:
         return None
     return divisor_at_most(num_columns, target)
+
+
+def resolve_kernel(kernel: str, platform: str | None = None) -> str:
+    """The kernel that runs for ``Streaming.kernel``: ``"pallas"`` compiles on GPU
+    (Triton) and TPU (Mosaic) and is ``"xla"`` elsewhere (the CPU cannot lower it);
+    ``"pallas_interpret"`` runs the kernels in Pallas's interpret mode on any backend."""
+    platform = platform or jax.devices()[0].platform
+    return "xla" if kernel == "pallas" and platform not in ("gpu", "tpu") else kernel

@@ -99,6 +99,9 @@ class Plan(NamedTuple):
     tile_rows: int
     tile_cols: int
     matmul_dtype: jnp.dtype
+    # "xla": the double scan over tiles; "pallas" / "pallas_interpret": the Pallas
+    # kernels of :mod:`~contrastive_jax.losses.pallas_tiles`, whose blocks are the tiles.
+    kernel: str = "xla"
 
 
 def scaled_rows(x, temperature) -> jax.Array:
@@ -131,9 +134,12 @@ def tile_logits(x_scaled, y, bias, dtype) -> jax.Array:
     return logits if bias is None else logits + bias
 
 
-def _tile_masks(spec, rows: RowIds, cols: RowIds):
+def _tile_masks(spec, rows: RowIds, cols: RowIds, left_out=None):
     """``same_id, same_label, other_group: [b, c]`` booleans (``same_label`` None
-    without labels, ``other_group`` None without ``spec.group_size``)."""
+    without labels, ``other_group`` None without ``spec.group_size`` and ``left_out``).
+
+    ``left_out: [b, c]`` bool or None: pairs left out of every statistic as another
+    group's are (the padding of a Pallas block past the last row or column)."""
     same_id = rows.index[:, None] == cols.index[None, :]
     if cols.valid is not None:
         same_id = same_id | ~cols.valid[None, :]
@@ -152,7 +158,7 @@ def _tile_masks(spec, rows: RowIds, cols: RowIds):
         other_group = rows.index[:, None] // spec.group_size != col_group[None, :] // spec.group_size
         if cols.group is not None:
             other_group = other_group & (col_group[None, :] >= 0)
-    return same_id, same_label, other_group
+    return same_id, same_label, _either(other_group, left_out)
 
 
 def _either(mask, other):
@@ -197,9 +203,10 @@ def _side(softmax_logits, positive_logits, negative_logits, terms, axis, *, lse:
     )
 
 
-def tile_stats(spec, logits, rows, cols) -> tuple[Running, Running]:
-    """The row and column statistics of one tile of logits ``[b, c]``."""
-    masks = _tile_masks(spec, rows, cols)
+def tile_stats(spec, logits, rows, cols, left_out=None) -> tuple[Running, Running]:
+    """The row and column statistics of one tile of logits ``[b, c]`` (``left_out``:
+    as :func:`_tile_masks`)."""
+    masks = _tile_masks(spec, rows, cols, left_out)
     softmax_logits = _softmax_logits(spec, logits, *masks)
     positive_logits = _positive_logits(spec, logits, *masks)
     terms = _pair_terms(spec, logits, *masks)
@@ -243,15 +250,16 @@ def _side_surrogate(softmax_logits, positive_logits, terms, final: Running, cota
     return total
 
 
-def tile_logit_gradient(spec, logits, rows, cols, finals, cotangents) -> jax.Array:
+def tile_logit_gradient(spec, logits, rows, cols, finals, cotangents, left_out=None) -> jax.Array:
     """``G: [b, c]``, the derivative of ``sum g . stats`` in the tile's logits.
 
     The derivative of ``g_i logsumexp_j(s_ij)`` in ``s_ij`` is ``g_i`` times the softmax
     weight ``exp(s_ij - row_lse_i)``; ``finals = (row, col)`` :class:`Running` hold the
     final logsumexps (constants), so each tile's share is exact without the others;
-    ``cotangents = (row, col)`` :class:`Running` the ``g`` of each statistic.
+    ``cotangents = (row, col)`` :class:`Running` the ``g`` of each statistic;
+    ``left_out`` as :func:`_tile_masks`.
     """
-    masks = _tile_masks(spec, rows, cols)
+    masks = _tile_masks(spec, rows, cols, left_out)
 
     def surrogate(logits):
         softmax_logits = _softmax_logits(spec, logits, *masks)

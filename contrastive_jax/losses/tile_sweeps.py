@@ -6,7 +6,9 @@ each device's candidates on, and the two custom VJPs built on them.
 * ``one_pass``: a sum of per-row terms whose gradient is formed in the forward pass
   (6 N^2 D flops).
 
-Each tile's math is :mod:`contrastive_jax.losses.tile_math`'s.
+Each tile's math is :mod:`contrastive_jax.losses.tile_math`'s. A plan with a Pallas
+``kernel`` sweeps each hop of ``two_pass`` in :mod:`~contrastive_jax.losses.pallas_tiles`'
+fused kernels instead of the double scan; ``one_pass`` is XLA's only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from contrastive_jax.losses import pallas_tiles
 from contrastive_jax.losses.tile_math import (
     accumulate_gradients,
     input_gradients,
@@ -37,6 +40,11 @@ def _blocks(tree, size):
 
 def _unblock(tree):
     return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), tree)
+
+
+def over_tiles(tile_fn, plan):
+    """A sweep's hop in XLA: ``tile_fn`` over the tiles of ``plan`` (:func:`_over_tiles`)."""
+    return functools.partial(_over_tiles, tile_fn, plan)
 
 
 def _over_tiles(tile_fn, plan, x, y, rows, cols, row_carry, col_carry):
@@ -66,16 +74,19 @@ def _over_tiles(tile_fn, plan, x, y, rows, cols, row_carry, col_carry):
     return _unblock(row_carry), _unblock(col_carry)
 
 
-def sweep(tile_fn, plan, ring_axis, x, y, rows, cols, row_carry, col_carry):
-    """Runs ``tile_fn`` (:func:`_over_tiles`) over ``x`` against every device's ``y`` with ``ring_axis``.
+def sweep(hop_fn, ring_axis, x, y, rows, cols, row_carry, col_carry):
+    """Runs ``hop_fn`` over ``x`` against every device's ``y`` with ``ring_axis``.
 
+    ``hop_fn(x, y, rows, cols, row_carry, col_carry) -> (row_carry, col_carry)`` sweeps
+    one ``y`` (:func:`over_tiles`, or a Pallas kernel's
+    :mod:`~contrastive_jax.losses.pallas_tiles`).
     With ``ring_axis``, ``y`` (with ``cols`` and ``col_carry``) travels the ring; the
     returned ``col_carry`` is back with its owner. Without it, ``y`` is swept once.
     """
 
     def hop(row_carry, travel):
         y, cols, col_carry = travel
-        row_carry, col_carry = _over_tiles(tile_fn, plan, x, y, rows, cols, row_carry, col_carry)
+        row_carry, col_carry = hop_fn(x, y, rows, cols, row_carry, col_carry)
         return row_carry, (y, cols, col_carry)
 
     carry = (row_carry, (y, cols, col_carry))
@@ -118,9 +129,10 @@ def _two_pass_forward(spec, plan, ring_axis, x, y, rows, cols, params):
         row, col = tile_stats(spec, logits, rows_t, cols_t)
         return merge(row_run, row), merge(col_run, col)
 
-    row, col = sweep(
-        tile_fn, plan, ring_axis, scaled_rows(x, temperature), y, rows, cols, *stats_init(spec, x, y, rows)
-    )
+    hop_fn = over_tiles(tile_fn, plan)
+    if plan.kernel != "xla":
+        hop_fn = functools.partial(pallas_tiles.stats_hop, spec, plan, bias)
+    row, col = sweep(hop_fn, ring_axis, scaled_rows(x, temperature), y, rows, cols, *stats_init(spec, x, y, rows))
     # The backward pass needs the final logsumexps only (the sums are linear).
     finals = tuple(side._replace(best_negative=None, sums={}) for side in (row, col))
     return (row, col), (x, y, rows, cols, params, finals)
@@ -145,9 +157,11 @@ def _two_pass_backward(spec, plan, ring_axis, residuals, cotangents):
         )
         return (dx_t, dbias_t, row_final_t, row_cot_t), (dy_t, col_final_t, col_cot_t)
 
+    hop_fn = over_tiles(tile_fn, plan)
+    if plan.kernel != "xla":
+        hop_fn = functools.partial(pallas_tiles.gradient_hop, spec, plan, bias)
     (dx, dbias, *_), (dy, *_) = sweep(
-        tile_fn,
-        plan,
+        hop_fn,
         ring_axis,
         x_scaled,
         y,
@@ -197,8 +211,7 @@ def _one_pass_forward(spec, aux_spec, plan, ring_axis, x, y, rows, cols, params)
         )
 
     (per_row, dx, dbias, row_aux), (dy, col_aux) = sweep(
-        tile_fn,
-        plan,
+        over_tiles(tile_fn, plan),
         ring_axis,
         scaled_rows(x, temperature),
         y,
