@@ -108,6 +108,9 @@ def get_config() -> ml_collections.ConfigDict:
     # batch: "bfloat16" is mixed precision (float32 accumulation, logits and softmax /
     # log-sum-exp; tolerance in tests/losses/test_streaming.py).
     loss.matmul_dtype = ml_collections.config_dict.placeholder(str)  # None: the embeddings' (float32).
+    # How the streamed CLIP, InfoNCE and SigLIP sweep their tiles (losses.Streaming.kernel):
+    # "pallas" runs fused Pallas kernels on GPU/TPU (XLA's path on CPU), chunk_size their block.
+    loss.kernel = "xla"  # "xla", "pallas" or "pallas_interpret" (Pallas's interpret mode, slow).
     # Negatives beyond the batch (losses.beyond_batch, losses.memory).
     loss.dcl_weight_sigma = ml_collections.config_dict.placeholder(float)  # "dcl": None: DCL; sigma (0.5): DCLW.
     loss.dcl_weight_gradient = False  # "dcl", DCLW: True: the weight's gradient flows (the reference code's form).

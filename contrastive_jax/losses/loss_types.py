@@ -32,6 +32,7 @@ class LossSettings:
     chunk_size: int | str | None
     collective: str
     matmul_dtype: str | None
+    kernel: str  # `losses.Streaming.kernel`: "xla", "pallas" or "pallas_interpret"
     margin: float
     triplet_mining: str
     label_smoothing: float

@@ -242,7 +242,7 @@ def _pair_loss(loss_fn, metrics: bool = True, options: frozenset[str] = frozense
             b,
             temperature=o["temperature"],
             candidates=candidates,
-            streaming=Streaming(c.chunk_size, c.collective, c.matmul_dtype),
+            streaming=Streaming(c.chunk_size, c.collective, c.matmul_dtype, c.kernel),
             axis_name=BATCH_AXES,
             **{argument: o[name] for argument, name in reads.items()},
             **({"return_metrics": True} if metrics else {}),

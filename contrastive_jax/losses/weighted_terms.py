@@ -53,7 +53,7 @@ class Term:
 def _distill(o: Outputs, c: LossSettings) -> jax.Array:
     """Distillation of the student's pairs from the teacher's (`distill_form`)."""
     if c.distill_form == "logits":
-        streaming = Streaming(c.chunk_size, c.collective, c.matmul_dtype)
+        streaming = Streaming(c.chunk_size, c.collective, c.matmul_dtype, c.kernel)
         return distill_clip_loss(
             o["za"],
             o["zb"],

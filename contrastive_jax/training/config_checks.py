@@ -16,7 +16,7 @@ import ml_collections
 from contrastive_jax import losses
 from contrastive_jax.data import records, settings
 from contrastive_jax.errors import ConfigError, check_divides, check_multiple
-from contrastive_jax.losses.streaming import MATMUL_DTYPES
+from contrastive_jax.losses.streaming import KERNELS, MATMUL_DTYPES
 from contrastive_jax.training import batch_schedule, grad_cache, loss_guard
 
 # Count fields and their least value (every_steps 0: only at the end).
@@ -70,6 +70,8 @@ def check(
         captions_per_image=data.captions_per_image,
     )
     _check_chunk_size(config.loss, train.global_batch_size + config.loss.extra_negatives, num_devices)
+    if config.loss.kernel not in KERNELS:
+        raise ConfigError(f"config.loss.kernel={config.loss.kernel!r}; use one of {KERNELS}.")
     if config.loss.matmul_dtype not in MATMUL_DTYPES:
         raise ConfigError(f"config.loss.matmul_dtype={config.loss.matmul_dtype!r}; use one of {MATMUL_DTYPES}.")
     if config.loss.dcl_weight_gradient and config.loss.dcl_weight_sigma is None:
@@ -228,7 +230,8 @@ def _check_loss_inputs(
 
 def _check_chunk_size(loss: ml_collections.ConfigDict, global_batch_size: int, num_devices: int):
     """A streamed loss's tiles must tile its logits: N columns, N / devices with a ring.
-    `"auto"` picks a divisor itself (`losses.logit_stats.auto_chunk_size`)."""
+    `"auto"` picks a divisor itself (`losses.logit_stats.auto_chunk_size`); a Pallas
+    `config.loss.kernel` takes any block edge."""
     chunk = loss.chunk_size
     if chunk is None or chunk == "auto":
         return
@@ -236,5 +239,7 @@ def _check_chunk_size(loss: ml_collections.ConfigDict, global_batch_size: int, n
     columns = global_batch_size // num_devices if ring else global_batch_size
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ConfigError(f"config.loss.chunk_size={chunk!r} must be a positive int, 'auto' or None.")
+    if loss.kernel != "xla":  # a Pallas kernel pads its last block; its fallback tiles by a divisor
+        return
     what = "the logit columns each device holds with the ring" if ring else "the logit columns (N)"
     check_divides(chunk, columns, "config.loss.chunk_size", what)
