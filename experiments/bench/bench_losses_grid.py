@@ -53,12 +53,18 @@ SWEEPS = {
         max_n_by_d={512: 65536},
         other_ns=[16384],
         bf16=True,
+        # The Pallas fused-tile kernel (loss.kernel="pallas", 128-edge blocks, bfloat16
+        # matmuls) beside XLA's "auto bf16", for the pair losses at N < big_n.
+        pallas=True,
         ring_ns=[8192],
         queue_ns=[4096],
         peak_n=8192,
         budget_s=10.0,
     ),
 }
+
+
+PALLAS_LOSSES = ("clip", "siglip", "infonce")  # the losses that take Streaming(kernel=...)
 
 
 def useful_flops(point: dict) -> float:
@@ -91,6 +97,8 @@ def plan(sweep: dict, with_torch: bool) -> list[dict]:
                 ]
                 if sweep["bf16"]:
                     points.append(point | {"chunk": "auto", "matmul_dtype": "bfloat16"})
+                if sweep.get("pallas") and loss in PALLAS_LOSSES and n < sweep["big_n"]:
+                    points.append(point | {"chunk": "auto", "matmul_dtype": "bfloat16", "kernel": "pallas"})
                 if with_torch and loss in TORCH_LOSSES:
                     points.append({"worker": "torch", "loss": loss, "n": n, "d": d})
     return points
@@ -106,4 +114,5 @@ def method(point: dict) -> str:
     if chunk == "auto":
         name = f"auto ({point.get('resolved_chunk') or 'dense'})"
     queue = f" K={point['queue']:,}" if "queue" in point else ""
-    return name + (" bf16" if point.get("matmul_dtype") else "") + queue
+    pallas = " pallas" if point.get("kernel") == "pallas" else ""
+    return name + (" bf16" if point.get("matmul_dtype") else "") + pallas + queue

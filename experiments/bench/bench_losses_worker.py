@@ -99,13 +99,14 @@ def _jax_loss(spec: dict):
         return moco
     fn = {"clip": losses.clip_loss, "siglip": losses.siglip_loss, "infonce": losses.infonce_loss}[name]
     extra = {"bias": SIGLIP_BIAS} if name == "siglip" else {}
-    return lambda a, b: (fn(a, b, **options, **extra), None)
+    streaming = losses.Streaming(spec["chunk"], matmul_dtype=spec.get("matmul_dtype"), kernel=spec.get("kernel", "xla"))
+    return lambda a, b: (fn(a, b, temperature=TEMPERATURE, streaming=streaming, **extra), None)
 
 
 def _worker_jax(spec: dict) -> dict:
     import jax
 
-    from contrastive_jax.losses import logit_stats
+    from contrastive_jax.losses import logit_stats, streaming
 
     n, d, chunk = spec["n"], spec["d"], spec["chunk"]
     loss = _jax_loss(spec)
@@ -115,7 +116,10 @@ def _worker_jax(spec: dict) -> dict:
     total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
     result = {"temp_bytes": memory.temp_size_in_bytes, "compiled_total_bytes": total}
     if chunk == "auto":
-        result["resolved_chunk"] = logit_stats.auto_chunk_size(spec.get("queue", n), d)
+        pallas = streaming.resolve_kernel(spec.get("kernel", "xla")) != "xla"
+        result["resolved_chunk"] = (
+            streaming.PALLAS_BLOCK if pallas else logit_stats.auto_chunk_size(spec.get("queue", n), d)
+        )
     if total > spec["max_memory_bytes"]:
         return result | {
             "skipped": f"needs {total / 2**30:.1f} GiB compiled > limit {spec['max_memory_bytes'] / 2**30:.1f} GiB"
