@@ -154,3 +154,18 @@ def clip_merges():
     if spec is None:
         pytest.skip("open_clip (the reference extra) is not installed")
     return os.path.join(spec.submodule_search_locations[0], "bpe_simple_vocab_16e6.txt.gz")
+
+
+@pytest.fixture(scope="module")
+def two_block_vit_tiny():
+    """`vit_tiny` at 2 Transformer blocks instead of 12 (its width, heads and MLP as they
+    are), for the modules that use it (`pytestmark = pytest.mark.usefixtures(...)`): what
+    they test (a step's rows, masks, gradient paths) is per block, and 2 blocks compile
+    several times faster. Module-scoped, so that the module's own fixtures (a trained
+    teacher) see it too; a saved run rebuilt in the module gets it as well."""
+    from contrastive_jax.models import encoders
+
+    twelve_blocks = encoders.ENCODERS["vit_tiny"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(encoders.ENCODERS, "vit_tiny", lambda *args: twelve_blocks(*args).clone(depth=2))
+        yield

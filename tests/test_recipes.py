@@ -23,7 +23,10 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import run_plan
 from contrastive_jax.training.run_plan import build, data_settings
 
-# Every recipe at tiny size: the recipe's loss, optimizer and data fields, small towers.
+pytestmark = pytest.mark.usefixtures("two_block_vit_tiny")  # vit_tiny at 2 blocks: the steps compare per block
+
+# Every recipe at tiny size: the recipe's loss, optimizer and data fields, small towers (vit_tiny at
+# 2 blocks: pytestmark).
 TINY = {
     "data.image_size": 32,
     "data.text_max_length": 32,

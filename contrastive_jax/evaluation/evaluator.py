@@ -82,8 +82,8 @@ class Evaluator:
         if probe_arrays is not None and "label" in eval_arrays and (knn_k > 0 or linear_probe):
             if set(np.unique(eval_arrays["label"])) <= set(np.unique(probe_arrays["label"])):
                 self._train = probe_arrays
-        devices = sharding.batch_shards(mesh)
-        self._batch_size = -(-batch_size // devices) * devices
+        self._devices = sharding.batch_shards(mesh)
+        self._batch_size = batch_size
         # The state stays where it is (replicated, or its parameters split over fsdp).
         variables = lambda state: {"params": state.params, "batch_stats": state.batch_stats}  # noqa: E731
         self._embed = jax.jit(lambda state, a, b: state.apply_fn(variables(state), a, b, train=False))
@@ -94,14 +94,17 @@ class Evaluator:
         return self._batched(self._embed, state, arrays["a"], arrays.get("b"))
 
     def _batched(self, embed, state, a: np.ndarray, b: np.ndarray | None) -> dict[str, np.ndarray]:
-        """`embed(state, a, b)` over batches of `a` (and `b`) [n, ...], the last padded."""
+        """`embed(state, a, b)` over batches of `a` (and `b`) [n, ...], the last padded: of
+        `batch_size` rows, or of n when fewer (a small split is not padded to a large
+        batch), rounded up to a multiple of the devices."""
 
         def embed_chunk(a_rows, b_rows):
             # Explicitly placed: a multi-process jit refuses NumPy inputs with shardings.
             out = embed(state, *jax.device_put([a_rows, b_rows], sharding.data_sharding(self._mesh)))
             return {k: v for k, v in out.items() if k in ("za", "zb")}
 
-        return padded_chunks.map_padded_chunks(embed_chunk, (a, b), self._batch_size)
+        width = -(-max(1, min(self._batch_size, len(a))) // self._devices) * self._devices
+        return padded_chunks.map_padded_chunks(embed_chunk, (a, b), width)
 
     def __call__(self, state) -> dict[str, float]:
         """All metrics for the current state, as a flat `{name: value}` dict."""

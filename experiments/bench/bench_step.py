@@ -257,8 +257,16 @@ def _loss_lines(results: dict) -> list[str]:
         "| loss | ours (s) | theirs (s) | time ratio | ours memory | theirs memory | values |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for mine, other in (("siglip", "siglip_kernel"), ("clip", "inf_cl")):
+    pairs = [
+        (mine + kernel, other)
+        for kernel in ("", "_pallas")
+        for mine, other in (("siglip", "siglip_kernel"), ("clip", "inf_cl"))
+    ]
+    for mine, other in pairs:
         a, b = ours.get(mine, {}), theirs.get(other, {})
+        if "error" in a:
+            lines.append(f"| {mine} vs {other} | {a['error'][:120]} | | | | | |")
+            continue
         lines.append(
             f"| {mine} vs {other} | {a.get('seconds', 0):.4f} | {b.get('seconds', 0):.4f} | "
             f"{_ratio(a.get('seconds'), b.get('seconds'))} | {_gib(a.get('peak_bytes') or a.get('temp_bytes'))} | "

@@ -84,10 +84,10 @@ def spawn(spec: dict, scheduler: str, dump: pathlib.Path) -> dict:
         print(f"[bench_step_memory] {spec['dtype']} {spec['label']}: {time.perf_counter() - started:.0f} s", flush=True)
 
 
-def measure(shared: dict, batch: int, scratch: pathlib.Path, save) -> list[dict]:
-    """Every variant at each of `DTYPES`, `save(results)` after each."""
+def measure(shared: dict, batch: int, scratch: pathlib.Path, save, dtypes=DTYPES) -> list[dict]:
+    """Every variant at each of `dtypes`, `save(results)` after each."""
     results = []
-    for dtype in DTYPES:
+    for dtype in dtypes:
         for index, (label, fields, scheduler) in enumerate(VARIANTS):
             dump = scratch / f"{dtype}_{index}"
             spec = dict(shared, **fields, batch=batch, dtype=dtype, label=label, dump=str(dump))
@@ -187,9 +187,10 @@ def report(results: list[dict], header: dict) -> str:
         "",
         *fix_lines(results),
     ]
-    for dtype in DTYPES:
+    measured = list(dict.fromkeys(r["dtype"] for r in results))
+    for dtype in measured:
         lines += ["", *kind_lines(results, dtype)]
-    for dtype in DTYPES:
+    for dtype in measured:
         for label in ("before", "attention"):
             if run := _found(results, dtype, label):
                 lines += ["", *largest_lines(run)]
@@ -198,7 +199,9 @@ def report(results: list[dict], header: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="What the ViT-B/16 train step keeps, compiled on the CPU.")
-    parser.add_argument("--tiny", action="store_true", help="toy sizes: the same code, as a test runs it")
+    parser.add_argument(
+        "--tiny", action="store_true", help="toy sizes, bfloat16 only: the same code, as a test runs it"
+    )
     parser.add_argument("--batch", type=int, default=8, help="the global batch; default 8")
     parser.add_argument("--out", type=pathlib.Path, help="the results' folder")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one variant, printed as JSON
@@ -218,7 +221,8 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as scratch:
         shared = bench_step.prepare(sizes, pathlib.Path(scratch))
-        save(measure(shared, args.batch, pathlib.Path(scratch), save))
+        dtypes = DTYPES[:1] if args.tiny else DTYPES
+        save(measure(shared, args.batch, pathlib.Path(scratch), save, dtypes))
     print((out / "results.md").read_text())
     return 0
 

@@ -205,6 +205,35 @@ def test_map_padded_chunks_pads_the_last_chunk_and_cuts_the_padding():
     assert padded_chunks.map_padded_chunks(fn, (a[:0], None), 4) is None
 
 
+@pytest.mark.parametrize(("rows", "batch_size", "width"), [(10, 4096, 16), (20, 8, 8), (20, 12, 16)])
+def test_the_evaluator_embeds_in_chunks_of_its_batch_or_of_a_smaller_split(rows, batch_size, width):
+    """A split smaller than `eval.batch_size` is one chunk of its own rows (not padded to
+    the batch: a study's 256 validation pairs against 4,096), each chunk a multiple of
+    the 8 devices."""
+    import flax.struct
+
+    from contrastive_jax import sharding
+    from contrastive_jax.evaluation import evaluator
+
+    @flax.struct.dataclass
+    class State:
+        params: dict
+        batch_stats: dict
+        apply_fn: object = flax.struct.field(pytree_node=False)
+
+    traced = []
+
+    def apply_fn(variables, a, b, train):
+        traced.append(a.shape)  # once per chunk width (jit traces each width once)
+        return {"za": a * variables["params"]["scale"], "zb": b}
+
+    arrays = {"a": np.arange(rows * 3, dtype=np.float32).reshape(rows, 3), "b": np.ones((rows, 3), np.float32)}
+    evaluate = evaluator.Evaluator(sharding.make_mesh(8), arrays, batch_size=batch_size, recall_ks=(1,))
+    z = evaluate.embed(State({"scale": np.float32(2)}, {}, apply_fn), arrays)
+    assert traced == [(width, 3)]
+    np.testing.assert_array_equal(z["za"], 2 * arrays["a"])
+
+
 def test_input_ceilings_count_repeated_answers_and_identical_queries_against_the_ceiling():
     """Five pictures, captions A A B C C' where C' == C: a picture whose caption repeats
     ties with the twin (ties count against it): 1 of 5 right image -> caption (B); of

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.models import coca, released, two_tower
+from contrastive_jax.models import coca, encoders, released, two_tower
 from contrastive_jax.models.released import open_clip_layout
 from contrastive_jax.models.transformer import TowerSettings
+
+pytestmark = pytest.mark.usefixtures("two_block_vit_tiny")  # vit_tiny at 2 blocks: the steps compare per block
 
 torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")
@@ -166,7 +168,9 @@ def test_decoder_depth_builds_coca_of_a_vit_and_a_text_transformer_only():
     }
     model = two_tower.create_model(two_tower.ModelSettings(**fields), text_vocab_size=257)
     assert isinstance(model, coca.CoCa) and model.settings.decoder == TowerSettings(32, 2, 1, 128)
-    assert model.settings.image == TowerSettings(192, 12, 3, 768) and model.settings.num_queries == 5
+    vit = encoders.ENCODERS["vit_tiny"](two_tower.ModelSettings(**fields), None, 257)  # ViT-Ti (2 blocks here)
+    assert model.settings.image == TowerSettings(vit.width, vit.depth, vit.num_heads, vit.mlp_dim)
+    assert vit.width == 192 and model.settings.num_queries == 5
     for wrong in ({"encoder_a": "cnn"}, {"encoder_b": "text_cnn"}, {"coca_queries": 1}, {"num_classes": 3}):
         with pytest.raises(ConfigError, match="config.model.decoder_depth=2 builds CoCa") as error:
             two_tower.create_model(two_tower.ModelSettings(**{**fields, **wrong}), text_vocab_size=257)

@@ -20,6 +20,8 @@ from contrastive_jax.models.released import big_vision_layout, open_clip_layout
 from contrastive_jax.models.transformer import TowerSettings
 from contrastive_jax.training import run_plan
 
+pytestmark = pytest.mark.usefixtures("two_block_vit_tiny")  # 2 blocks: the drops are per block
+
 # A ViT on the digits (8 x 8 pixels: 16 patches of 2 x 2), no dropout (the steps compare exactly).
 VIT_FIELDS = {
     "model.encoder_a": "vit_tiny",
@@ -195,7 +197,7 @@ def test_the_compiled_step_holds_the_kept_tokens_only(vit_config):
     at = {p: compiled_bytes(override(vit_config, fields | {"model.patch_dropout": p})) for p in (0.0, 0.5)}
     tuned = compiled_bytes(override(vit_config, fields | {"model.patch_dropout_until_step": 5}))
     assert at[0.5] < 0.7 * at[0.0], at
-    assert at[0.0] * 0.9 < tuned < at[0.0] * 1.6, (tuned, at)
+    assert at[0.0] * 0.9 < tuned < at[0.0] * 2, (tuned, at)  # both stages' branches: 1.6x at 2 blocks
 
 
 @pytest.mark.parametrize(

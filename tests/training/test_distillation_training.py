@@ -16,6 +16,8 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import run_plan
 from contrastive_jax.training.run_plan import build
 
+pytestmark = pytest.mark.usefixtures("two_block_vit_tiny")  # vit_tiny at 2 blocks: the steps compare per block
+
 TEACHER_DIM = 24
 
 

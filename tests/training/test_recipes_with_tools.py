@@ -26,6 +26,8 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.models import encoders
 from contrastive_jax.training import run_plan
 
+pytestmark = pytest.mark.usefixtures("two_block_vit_tiny")  # vit_tiny at 2 blocks: the steps compare per block
+
 N, M = 16, 16  # the optimizer's batch; extra negatives and a stage's doubling
 
 BASE = EXACT_STEP | {"train.global_batch_size": N, "mesh.fsdp_min_kib": 0}  # every parameter split under FSDP

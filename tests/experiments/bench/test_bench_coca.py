@@ -10,6 +10,7 @@ from experiments.bench import bench_coca
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("two_block_vit_tiny")  # the ratios' signs hold at 2 blocks
 def test_the_tiny_run_measures_coca_against_clip(tmp_path, shapes_data_dir):
     argv = ["--tiny", "--batch", "4", "--repeats", "1", "--out", str(tmp_path), "--data-dir", shapes_data_dir]
     assert bench_coca.main(argv) == 0

@@ -65,7 +65,8 @@ def _results():
         ],
         "loss": {
             "ours": {
-                "siglip": {"seconds": 0.05, "peak_bytes": 2**30, "value": 1.0}, "clip": {"seconds": 0.1, "value": 2.0}
+                "siglip": {"seconds": 0.05, "peak_bytes": 2**30, "value": 1.0}, "clip": {"seconds": 0.1, "value": 2.0},
+                "siglip_pallas": {"seconds": 0.03, "value": 1.0}, "clip_pallas": {"error": "LoweringError: no"},
             },
             "theirs": {
                 "siglip_kernel": {"seconds": 0.04, "peak_bytes": 2**29, "value": 1.0}, "inf_cl": {"seconds": 0.2}
@@ -84,6 +85,8 @@ def test_report_gives_the_ratios_the_issue_asks_for():
     assert "| open_clip | none | largest failed: batch 1584: RuntimeError: no kernel |" in text
     assert "| contrastive_jax | full | cuDNN's attention failed |" in text
     assert "| siglip vs siglip_kernel | 0.0500 | 0.0400 | 1.25 | 1.00 GiB | 0.50 GiB |" in text
+    assert "| siglip_pallas vs siglip_kernel | 0.0300 | 0.0400 | 0.75 |" in text
+    assert "| clip_pallas vs inf_cl | LoweringError: no |" in text  # a kernel Triton refused, shown
     assert "pipeline 4,500 images/s ÷ the step's 3,000 = **1.50**" in text
 
 
@@ -127,7 +130,10 @@ def test_the_command_runs_at_toy_sizes_on_the_cpu(tmp_path):
         assert common["first_loss"] == pytest.approx(theirs["points"][0]["first_loss"], rel=2e-2)
     assert jax_runs[0]["points"][1]["batch"] > results["sizes"]["images"]  # the record set's batch repeated
     assert jax_runs[0]["parts"]["step_over_towers_and_loss"] > 0
-    assert results["loss"]["ours"]["siglip"]["value"] > 0 and "note" in results["loss"]["theirs"]
+    ours = results["loss"]["ours"]
+    assert ours["siglip"]["value"] > 0 and "note" in results["loss"]["theirs"]
+    for name in ("siglip", "clip"):  # "pallas" on the CPU: XLA's tiles (no Pallas lowering there)
+        assert ours[f"{name}_pallas"]["value"] == pytest.approx(ours[name]["value"], rel=1e-6)
     assert results["input"]["images_per_second"] > 0
     assert results["overhead_cpu"]["devices"] == 8 and results["overhead_cpu"]["batch"] == 256
     assert "ours ÷ open_clip images/s" in (tmp_path / "results.md").read_text()
