@@ -5,7 +5,7 @@ An image is resized so that its patch grid keeps its aspect ratio within the bud
 (`size_for_budget`: transformers' `Siglip2ImageProcessor` rule), cut into `patch_size`
 patches (`patchify`) and padded to the budget (`pack`). What a batch carries for it is one
 array, so that every path that splits, shards or chunks a batch by its rows carries the
-grid with its patches:
+grid with its patches::
 
     a   uint8 [1 + max_num_patches, patch_size * patch_size * C]
         row 0       the header: (rows % 256, rows // 256, cols % 256, cols // 256, 0, ...)

@@ -205,7 +205,7 @@ def _side(softmax_logits, positive_logits, negative_logits, terms, axis, *, lse:
 
 def tile_stats(spec, logits, rows, cols, left_out=None) -> tuple[Running, Running]:
     """The row and column statistics of one tile of logits ``[b, c]`` (``left_out``:
-    as :func:`_tile_masks`)."""
+    as ``_tile_masks``)."""
     masks = _tile_masks(spec, rows, cols, left_out)
     softmax_logits = _softmax_logits(spec, logits, *masks)
     positive_logits = _positive_logits(spec, logits, *masks)
@@ -257,7 +257,7 @@ def tile_logit_gradient(spec, logits, rows, cols, finals, cotangents, left_out=N
     weight ``exp(s_ij - row_lse_i)``; ``finals = (row, col)`` :class:`Running` hold the
     final logsumexps (constants), so each tile's share is exact without the others;
     ``cotangents = (row, col)`` :class:`Running` the ``g`` of each statistic;
-    ``left_out`` as :func:`_tile_masks`.
+    ``left_out`` as ``_tile_masks``.
     """
     masks = _tile_masks(spec, rows, cols, left_out)
 

@@ -43,7 +43,7 @@ def _unblock(tree):
 
 
 def over_tiles(tile_fn, plan):
-    """A sweep's hop in XLA: ``tile_fn`` over the tiles of ``plan`` (:func:`_over_tiles`)."""
+    """A sweep's hop in XLA: ``tile_fn`` over the tiles of ``plan`` (``_over_tiles``)."""
     return functools.partial(_over_tiles, tile_fn, plan)
 
 

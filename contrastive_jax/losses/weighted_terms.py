@@ -81,6 +81,8 @@ def _caption(o: Outputs, c: LossSettings) -> jax.Array:
     return _common.global_mean(o["caption_nll"] / jnp.maximum(tokens, 1.0), BATCH_AXES, weights=tokens)
 
 
+#: The terms besides the contrastive loss, by name, each a `Term` (its function, the
+#: model outputs it reads, the `LossSettings` field that weighs it).
 TERMS = {
     "distill": Term(_distill, frozenset({"za", "zb", "teacher_za", "teacher_zb"}), "distill_weight"),
     "caption": Term(_caption, frozenset({"caption_nll", "caption_tokens"}), "caption_weight"),
