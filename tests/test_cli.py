@@ -245,6 +245,7 @@ def tiny_config_file(digits_data_dir, tmp_path_factory):
     return write_config(tmp_path_factory.mktemp("config") / "tiny.py", tiny_fields(digits_data_dir))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fields, message",
     [
@@ -541,6 +542,7 @@ def test_progress_on_a_terminal_is_one_bar(monkeypatch, caplog):
 # --- Ctrl-C ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_second_ctrl_c_aborts_at_once(processes, tiny_config_file, tmp_path):
     workdir = str(tmp_path / "run")
     aborted = processes.start(
@@ -660,6 +662,7 @@ def test_every_command_is_listed_and_on_absl_flags():
     assert commands == set(COMMANDS) | set(OLD_COMMANDS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("old, new", OLD_COMMANDS.items())
 def test_a_commands_old_path_runs_the_command_with_one_line_saying_so(old, new):
     status, usage, errors = help_of("-m", f"contrastive_jax.{old}")
@@ -670,6 +673,7 @@ def test_a_commands_old_path_runs_the_command_with_one_line_saying_so(old, new):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", COMMANDS)
 def test_every_command_help_parses_and_reads_as_one_sentence_first(module):
     """`--help` exits 0 with the usage line, then the command's description: the first

@@ -91,6 +91,7 @@ def abstract_train_step(config, batch):
     return jax.eval_shape(run.train_step, abstract_state, global_batch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", REAL_DATA_CONFIGS + SHAPES_CONFIGS)
 def test_image_config_builds_pipeline_and_model_on_generated_records(load_config, request, name):
     config = load_on_local_data(load_config, request, name)
@@ -130,6 +131,7 @@ def test_every_classifier_loss_traces_a_step_of_dml_digits(load_config, digits_d
         assert metrics["loss"].shape == (), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DIGITS_CONFIGS)
 def test_digits_config_trains_and_evaluates(load_config, digits_data_dir, tmp_path, name):
     config = load_config(name)

@@ -77,6 +77,7 @@ def test_pages_use_known_code_languages():
             assert language.split()[0] in FENCES, f"{page}:{line}: ```{language} (Python examples use ```python)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in pages() if python_script(p)])
 def test_page_examples_run(page, tmp_path):
     script = tmp_path / "examples.py"

@@ -176,6 +176,7 @@ def gpus_driven_per_node(records: list[dict], tasks_per_node: int, gpus_per_node
     ]
 
 
+@pytest.mark.slow
 def test_slurm_recipe_drives_every_gpu_of_every_node_once():
     """launch/slurm.sbatch's srun line, scaled to 2 nodes x 2 GPUs with its tasks per GPU."""
     script = read("slurm.sbatch")
@@ -188,6 +189,7 @@ def test_slurm_recipe_drives_every_gpu_of_every_node_once():
     assert gpus_driven_per_node(records, tasks_per_node) == [[0, 1], [0, 1]]
 
 
+@pytest.mark.slow
 def test_one_slurm_task_per_node_drives_gpu_0_only_unless_jax_local_device_ids_names_all():
     """What docs/training.md says of one task per node (explicit settings do not help)."""
     command = ".venv/bin/python -m contrastive_jax.main --config=configs/clip_coco.py --workdir=/tmp/w"
@@ -197,6 +199,7 @@ def test_one_slurm_task_per_node_drives_gpu_0_only_unless_jax_local_device_ids_n
     assert gpus_driven_per_node(named, 1) == [[0, 1], [0, 1]]
 
 
+@pytest.mark.slow
 def test_jobset_recipe_names_pod_0_as_coordinator_and_each_pod_drives_all_its_gpus():
     """launch/jobset.yaml's command in 2 pods (JOB_COMPLETION_INDEX 0, 1), the
     coordinator's DNS name (pod 0's, as JobSet names it) standing for 127.0.0.1."""
@@ -234,6 +237,7 @@ def test_jobset_recipe_names_pod_0_as_coordinator_and_each_pod_drives_all_its_gp
     assert [(r["local_devices"], r["devices"]) for r in records] == [(2, 4)] * 2
 
 
+@pytest.mark.slow
 def test_tpu_pod_recipe_leaves_everything_to_jax_detection():
     """launch/tpu_pod.sh's command on 2 simulated TPU VM workers (the worker list and id
     as GKE sets them; a TPU VM of `gcloud ... --worker=all` gives the same from its

@@ -78,6 +78,7 @@ def kernel_call(name, za, zb, temperature, bias, *, positive_ids=None, form="mea
     return kernel(za, zb, temperature=temperature, candidates=candidates)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("name", SEVERAL_POSITIVES)
 def test_the_losses_pass_the_index_as_positive_ids_over_the_global_batch(tiny_config, name, form):
@@ -122,6 +123,7 @@ def test_the_mean_form_is_clip_when_an_images_rows_are_one_embedding():
     assert abs(float(siglip) - float(losses.siglip_loss(za, zb, temperature=0.1, bias=-2.0))) > 1e-2
 
 
+@pytest.mark.slow
 def test_a_step_with_4_captions_a_picture_has_the_kernels_loss(load_config, request):
     """4 captions a picture (N = 16: 4 pictures) through the trainer on 8 devices: the
     step's loss is the log-sum kernel's with the pictures' indices as `positive_ids`,

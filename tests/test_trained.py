@@ -198,6 +198,7 @@ def _command(*args) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_gives_way_to_the_one_before_with_one_line(trained, model, tmp_path):
     workdir, checkpoints = _damaged_run(trained, tmp_path, older_checkpoint=True)
     result = _command(f"--workdir={workdir}", "--side=a", "--export", f"--out={tmp_path / 'a.jax'}")
@@ -208,6 +209,7 @@ def test_a_damaged_newest_checkpoint_gives_way_to_the_one_before_with_one_line(t
     assert result.stdout.strip().endswith("at step 1")
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_with_none_before_it_is_one_line_naming_it(trained, tmp_path):
     workdir, checkpoints = _damaged_run(trained, tmp_path, older_checkpoint=False)
     result = _command(f"--workdir={workdir}", "--side=a", "--export", f"--out={tmp_path / 'a.jax'}")

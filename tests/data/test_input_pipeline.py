@@ -105,6 +105,7 @@ def test_starting_at_a_step_continues_the_stream(config, task):
         np.testing.assert_array_equal(stream[2][key], resumed[key])
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_batches(config):
     config.data.augment.noise_std = 0.1
     in_process = take(input_pipeline.train_dataset(data_settings(config), start_step=5), 3)

@@ -135,6 +135,7 @@ def test_processes_read_their_rows_of_one_mixed_batch(mixed, count):
             np.testing.assert_array_equal(np.concatenate([part[step][key] for part in parts]), whole[step][key])
 
 
+@pytest.mark.slow
 def test_worker_processes_read_a_mixture_as_the_trainer_does(mixed):
     in_process = take(input_pipeline.train_dataset(data_settings(mixed), start_step=2), 2)
     mixed.data.num_workers = 2

@@ -169,6 +169,7 @@ def test_webdataset_round_trip(tmp_path, image_files, capsys):
     assert [e["label"] for e in examples] == [label for _, _, label in kept] and metadata.source["skipped"] == 2
 
 
+@pytest.mark.slow
 def test_tfds_round_trip(tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets", reason="the tfds extra is not installed")
 
@@ -236,6 +237,7 @@ def test_shapes_are_a_function_of_the_seed(tmp_path):
         np.testing.assert_allclose(centre, shapes.COLOURS[drawn[0].colour], atol=2)  # the shape is drawn there
 
 
+@pytest.mark.slow
 def test_a_rerun_writes_only_the_missing_shards_and_workers_write_the_same(tmp_path):
     options = {"num_examples": 100, "seed": 0, "image_size": 16, "shards": 4}
     first = write_records.write("builtin:shapes", str(tmp_path / "one"), workers=1, **options)
@@ -261,6 +263,7 @@ def test_a_rerun_writes_only_the_missing_shards_and_workers_write_the_same(tmp_p
     assert len(rewritten(before)) == len(names)
 
 
+@pytest.mark.slow
 def test_digits_workers_write_the_same_shards(tmp_path):
     one = write_records.write("builtin:sklearn_digits", str(tmp_path / "one"), shards=2)
     two = write_records.write("builtin:sklearn_digits", str(tmp_path / "two"), shards=2, workers=2)
@@ -392,6 +395,7 @@ def run_command(*arguments):
     )
 
 
+@pytest.mark.slow
 def test_a_label_column_of_names_where_ids_are_wanted_stops_in_one_line(tmp_path, image_files):
     ids = named_table(tmp_path, "csv", [(image, str(k)) for k, (image, _) in enumerate(NAMED)], "ids")
     assert run_command(f"--source=csv:{ids}", f"--out={tmp_path / 'out'}").returncode == 0
@@ -407,6 +411,7 @@ def test_a_label_column_of_names_where_ids_are_wanted_stops_in_one_line(tmp_path
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith("test")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_an_all_bad_table_prints_20_bad_rows_then_counts_and_stops_at_its_budget(tmp_path, image_files, workers):
     """200 bad rows with room for 100 (--max-bad=0.5): at most 20 are printed, then one line
@@ -424,6 +429,7 @@ def test_an_all_bad_table_prints_20_bad_rows_then_counts_and_stops_at_its_budget
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_more_bad_inputs_than_max_bad_stop_and_keep_no_split(tmp_path, image_files):
     rows = [("img/rgb.jpg", "cat")] * 150 + [("img/corrupt.jpg", "cat")] * 2  # 2 of 152: 1.3%
     table = named_table(tmp_path, "csv", rows)

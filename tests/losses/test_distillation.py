@@ -83,6 +83,7 @@ def functools_partial(streaming):
     return fn
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 def test_logit_form_equals_the_reference_in_every_mode(mode):
     data = arrays()

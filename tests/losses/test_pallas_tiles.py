@@ -78,6 +78,7 @@ def test_pallas_equals_xla_inside_shard_map(name, num_devices, collective):
     _pallas_equals_xla(name, num_devices, collective=collective, xla_chunk=xla_chunk)
 
 
+@pytest.mark.slow
 def test_pallas_ring_on_two_devices_equals_xla():
     """The ring's hops and last return of the column carry, in the default suite."""
     _pallas_equals_xla("clip", 2, collective="ring", xla_chunk=4)
@@ -98,6 +99,7 @@ OPTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", OPTIONS)
 def test_pallas_takes_the_losses_options(case):
     name, candidates, options = OPTIONS[case]

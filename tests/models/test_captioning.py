@@ -86,6 +86,7 @@ def test_greedy_is_open_clips_generate(coca_model, monkeypatch):
     np.testing.assert_array_equal(tokens[:, :-1], want[:, :-1])
 
 
+@pytest.mark.slow
 def test_beam_of_one_is_greedy_and_wider_beams_score_at_least_as_high(coca_model):
     greedy_tokens, greedy_scores = decoded(coca_model, "greedy")
     tokens, scores = decoded(coca_model, "beam", beam_size=1)
@@ -111,6 +112,7 @@ def trained_coca(coca_model) -> trained.TrainedModel:
     return trained.TrainedModel(model, {"params": variables["params"]}, inputs, tokenizer, 0, 64, {})
 
 
+@pytest.mark.slow
 def test_a_trained_model_captions_and_exports_its_captioner(coca_model):
     run, images = trained_coca(coca_model), coca_model[3]
     captions = run.caption(images, max_length=MAX_LENGTH, prompt=[SOT], batch_size=4)  # two chunks, one padded

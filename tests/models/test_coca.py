@@ -84,6 +84,7 @@ def loaded(tmp_path, reference, **settings):
     return open_clip_layout.model_for(found), {"params": open_clip_layout.params_from(arrays, found)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "vision_width, correct_cls_mask", [(96, False), (64, True)], ids=["pooler_kv_apart", "pooler_packed_mask_fixed"]
 )

@@ -31,6 +31,7 @@ def _sgd_updates(settings, params):
     return tx.update(grads, tx.init(params), params)[0]
 
 
+@pytest.mark.slow
 def test_layer_decay_scales_blocks_embeddings_and_heads():
     decay = 0.5
     updates = _sgd_updates(_with(SGD, layer_decay=decay), _params())
@@ -53,6 +54,7 @@ def _with(settings, **fields):
     return dataclasses.replace(settings, **fields)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side, frozen, trained", [("a", "img", "txt"), ("b", "txt", "img")])
 def test_a_frozen_tower_is_not_updated_and_keeps_no_optimizer_state(side, frozen, trained):
     params = _params()

@@ -75,6 +75,7 @@ def _embed_images(loaded, packed):
     return np.asarray(loaded.model.apply({"params": loaded.params}, jnp.asarray(packed), method=lambda m, x: m.img(x)))
 
 
+@pytest.mark.slow
 def test_image_and_text_embeddings_equal_transformers(checkpoint):
     model, path = checkpoint
     loaded = released.load(path)
@@ -94,6 +95,7 @@ def test_image_and_text_embeddings_equal_transformers(checkpoint):
     np.testing.assert_allclose(out["bias"], model.logit_bias.item(), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_padding_changes_no_embedding(checkpoint):
     """An image's embedding is the same padded to 24 tokens or to 64, and whatever the
     padding tokens hold: they are masked in every block's attention and in the pooling."""

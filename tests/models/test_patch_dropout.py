@@ -71,6 +71,7 @@ def model_and_variables(config, rate):
     return model, model.init(jax.random.key(0), images, images), images, settings
 
 
+@pytest.mark.slow
 def test_nothing_is_dropped_at_evaluation_in_embed_or_in_an_export(vit_config):
     model, variables, images, settings = model_and_variables(vit_config, 0.5)
     plain, _, _, _ = model_and_variables(vit_config, 0.0)
@@ -109,6 +110,7 @@ def test_the_projects_vit_drops_after_its_position_embedding_keeping_its_class_t
 TOWER = TowerSettings(width=16, depth=1, num_heads=2, mlp_dim=32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "layout, settings, expected",
     [

@@ -211,6 +211,7 @@ def test_a_changed_open_clip_model_written_back_loads_into_open_clip_with_equal_
         released.save(str(tmp_path / "out.bin"), loaded.model, params)
 
 
+@pytest.mark.slow
 def test_a_big_vision_model_written_back_reads_as_it_was(tmp_path):
     import jax
     import jax.numpy as jnp

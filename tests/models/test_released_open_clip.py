@@ -52,6 +52,7 @@ def _load(path, **options):
     return open_clip_layout.Model(settings), {"params": open_clip_layout.params_from(arrays, settings)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quick_gelu", [True, False], ids=["quick_gelu", "gelu"])
 def test_embeddings_equal_open_clips(tmp_path, quick_gelu):
     reference = _reference(quick_gelu)

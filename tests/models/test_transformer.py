@@ -61,6 +61,7 @@ def _encoder(**options):
     return transformer.Encoder(depth=3, mlp_dim=64, num_heads=2, causal=True, **options)
 
 
+@pytest.mark.slow
 def test_encoder_gradients_equal_with_and_without_remat():
     x = jax.random.normal(jax.random.key(0), (4, 9, 32))
     params = _encoder().init(jax.random.key(1), x)
@@ -98,6 +99,7 @@ def _params(sizes, x):
     return jax.eval_shape(transformer.Encoder(**sizes).init, jax.random.key(0), x)
 
 
+@pytest.mark.slow
 def test_remat_keeps_fewer_activations_for_the_backward_pass():
     x = jax.ShapeDtypeStruct((16, 64, 128), jnp.float32)
     deep = dict(depth=6, mlp_dim=512, num_heads=4)
@@ -155,6 +157,7 @@ def _tiny_vit(remat):
     return encoders.ViT(width=32, depth=3, num_heads=2, mlp_dim=64, patch_size=4, remat=remat, attention="xla")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", ["attention", "dots", "full", "full:1,none", "attention:1,dots:1,full"])
 def test_remat_settings_give_a_tiny_vit_equal_losses_and_gradients(remat):
     images = jax.random.normal(jax.random.key(0), (4, 8, 8, 3))
@@ -290,6 +293,7 @@ def _relative_error(got, expected):
     return float(np.linalg.norm(np.ravel(got - expected)) / np.linalg.norm(np.ravel(expected)))
 
 
+@pytest.mark.slow
 def test_bfloat16_clip_step_within_tolerance_of_float32(load_config):
     config = load_config("default")
     config.model.update(encoder_a="vit_tiny", encoder_b="text_transformer", patch_size=8, encoder_dim=64)

@@ -157,6 +157,7 @@ def test_the_first_stage_sets_the_global_batch_and_extra_rows_join_each_stage(co
     assert plan.batch_schedule.batches == (80, 144) and plan.batch_schedule.optimizer_batches == (64, 128)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["linear", "sqrt", "none"])
 def test_the_lr_rule_scales_the_step_by_the_batch_ratio(config, rule):
     """Plain SGD at its peak rate from one state on one batch of 64: a run whose first

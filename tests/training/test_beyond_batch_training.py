@@ -78,6 +78,7 @@ def test_sharded_steps_equal_one_device_with_the_state(config, name):
     chex.assert_trees_all_close(states_8[-1].params, states_1[-1].params, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sogclr", "moco_queue"])
 def test_grad_cache_equals_the_whole_batch_with_the_state(config, name):
     config = override(config, STATE_FIELDS[name] | {"loss.queue_momentum": 0.0})

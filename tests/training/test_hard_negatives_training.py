@@ -62,6 +62,7 @@ def reference_loss(model, params, batch_stats, batch, kernel, extra):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "num_devices"),
     [("clip", 1), ("clip", 8), ("siglip", 8)],

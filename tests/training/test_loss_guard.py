@@ -46,6 +46,7 @@ def rolled_back(load_config, digits_data_dir, tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow
 def test_a_nan_batch_rolls_back_and_skips_exactly_the_recorded_batches(
     rolled_back, load_config, digits_data_dir, tmp_path
 ):

@@ -53,6 +53,7 @@ def test_a_step_that_does_not_fit_names_settings_that_fit_as_compiled(load_confi
         assert memory.fits and memory_fit.format_bytes(memory.needed) == stated
 
 
+@pytest.mark.slow
 def test_towers_too_big_to_replicate_are_told_to_split_their_parameters(load_config, digits_data_dir):
     """The logits are streamed around the ring already; the state dominates: the first
     suggestion splits it over the 8 devices, and fits with the need it states."""

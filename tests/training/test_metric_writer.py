@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from contrastive_jax.training import metric_writer
@@ -40,6 +41,7 @@ def test_a_disabled_writer_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_writing_imports_no_tensorflow(tmp_path):
     """Not on import, nor when writing (tensorboard's own EventFileWriter would import it)."""
     code = (

@@ -30,6 +30,7 @@ def logged(workdir, key):
     return {m["step"]: m[key] for m in run_dir.read_metrics(workdir) if key in m}
 
 
+@pytest.mark.slow
 def test_each_sets_epochs_are_logged_and_resumed(mixed, tmp_path, monkeypatch):
     """Logged every 2 steps: 64 rows a step, 3 of each 4 from the digits (1,437), 1 from
     the copy. Killed before step 4 (resumes from 2): the same losses and epochs."""

@@ -70,6 +70,7 @@ def reference_loss(model, params, batch_stats, batch, num_devices):
     return jnp.mean(0.5 * (a_to_b + b_to_a))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_devices", [1, 8])
 def test_a_step_with_extra_negatives_has_the_hand_computed_gradient(config, num_devices):
     config = override(config, {"loss.extra_negatives": M})
@@ -84,6 +85,7 @@ def test_a_step_with_extra_negatives_has_the_hand_computed_gradient(config, num_
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_group_size_reaches_the_kernel(config):
     trainer = build(override(config, {"loss.group_size": 4}), sharding.make_mesh(8)).trainer
     za, zb = (losses.l2_normalize(jax.random.normal(jax.random.key(seed), (N, 16))) for seed in (0, 1))

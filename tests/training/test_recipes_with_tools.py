@@ -144,6 +144,7 @@ def test_each_recipe_with_each_tool_is_its_plain_step(base, feature, tool):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-4 * scale)
 
 
+@pytest.mark.slow
 def test_a_bank_is_a_negative_of_every_row(base):
     """The bank's rows join every row's a -> b softmax, over the devices as on one: the
     trainer's loss equals the kernel's with the bank as shared columns (normalised)."""

@@ -94,6 +94,7 @@ def assert_same_steps(single, sharded):
     chex.assert_trees_all_close(params_8, params_1, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_training_needs_no_tensorflow(digits_data_dir, tmp_path):
     """The default job trains, evaluates and logs with TensorFlow made unimportable
     (`sys.modules["tensorflow"] = None`), so a machine without it can train."""
@@ -109,6 +110,7 @@ def test_training_needs_no_tensorflow(digits_data_dir, tmp_path):
     assert (tmp_path / "run" / "eval_results.json").exists() and (tmp_path / "run" / "tensorboard").is_dir()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fields",
     [
@@ -285,6 +287,7 @@ def test_unknown_schedule_is_one_clear_error(config):
 QUEUE = {"loss.name": "moco_queue", "loss.queue_size": 256, "loss.queue_momentum": 0.9, "loss.chunk_size": 32}
 
 
+@pytest.mark.slow
 @pytest.mark.compat
 @pytest.mark.parametrize("fields", [{}, QUEUE], ids=["clip", "moco_queue"])
 def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypatch, fields):
@@ -324,6 +327,7 @@ def test_resume_reaches_the_uninterrupted_parameters(config, tmp_path, monkeypat
         assert json.load(f)["step"] == 12
 
 
+@pytest.mark.slow
 def test_resume_onto_a_different_mesh(config, tmp_path, monkeypatch):
     """A run that crashed with its parameters split 4 ways (a 2 x 4 mesh) resumes data
     parallel from its checkpoint and ends where a straight data-parallel run does."""

@@ -4,9 +4,12 @@ report's ratios."""
 
 import json
 
+import pytest
+
 from experiments.bench import bench_patch_dropout
 
 
+@pytest.mark.slow
 def test_the_tiny_run_measures_every_rate_against_rate_0(tmp_path):
     assert bench_patch_dropout.main(["--tiny", "--repeats", "1", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())

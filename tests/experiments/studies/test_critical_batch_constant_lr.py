@@ -94,6 +94,7 @@ def test_every_seed_runs_the_rate_beyond_a_best_at_the_edge_of_the_rates_every_s
     assert study.edge_runs(missed, [0, 1, 2], 0.88, 6, **RUN_ARGS) == []  # k = 3 is inside what every seed ran
 
 
+@pytest.mark.slow
 def test_summary_quotes_each_targets_b_crit_interval_and_the_fit_range_table():
     rng = np.random.default_rng(0)
     records = []
@@ -250,6 +251,7 @@ def test_the_reuse_table_gives_epochs_censored_runs_and_the_targets_under_every_
     assert "Targets below every N's lowest peak (0.873, runs at the rates every seed ran): 0.8, 0.86." in text
 
 
+@pytest.mark.slow
 def test_a_step_the_run_did_not_keep_is_replayed_to_the_runs_own_state(tiny_config, tmp_path):
     """Kept every 2 steps, the run's steps 1 and 3 are replayed (from its start, and from
     step 2 without training it again) to the state and gradient of the same run kept

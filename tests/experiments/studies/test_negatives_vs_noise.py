@@ -86,6 +86,7 @@ def test_the_fixed_n_contrast_is_welchs_difference_of_the_fewest_and_most_negati
     assert "| 8,192 | 0.5% | 3,375 | 3 | 3 | 0 | 0 | 3.6 |" in reuse
 
 
+@pytest.mark.slow
 def test_the_fixed_k_report_fits_b_crit_with_the_misfit_and_the_weighting_table():
     """S(N) = S_min (1 + B_crit / N) through the fixed-K arm's best steps, B_crit near the
     curve's, its interval, lack of fit and the weighting table at the highest target."""
@@ -101,6 +102,7 @@ def test_the_fixed_k_report_fits_b_crit_with_the_misfit_and_the_weighting_table(
     assert "Targets below every N's lowest peak (0.900" in text and "| 8,192 | 7.6% | " in text
 
 
+@pytest.mark.slow
 def test_the_fixed_k_arm_against_the_plain_loss_at_each_n_both_ran():
     """Plain steps 100 (1 + 2,000 / N) times 1, 1.1, 1.21 over the seeds; fixed K's the
     same times 1, 1.25, 1.5 at N = 512, 2,048, 8,192: its ratios to the plain are those
@@ -169,6 +171,7 @@ def test_noise_replicates_at_a_quarter_score_a_quarter_of_the_runs_own_batches(m
     assert [call[:4] for call in calls] == [(512, 0, 1536, 0), (128, 0, 1536, 16)]
 
 
+@pytest.mark.slow
 def test_replicate_gradients_embed_the_extra_rows_without_gradient(tiny_config, tmp_path):
     """`replicates.gradients` with M = 16 extra negatives and q = 16 of n = 32 rows as
     queries = the gradient of CLIP written by hand: each device's first q / d rows as

@@ -288,6 +288,7 @@ def test_the_report_says_what_its_findings_control():
         assert text.index("## Findings") < text.index("## What these findings") < text.index("## Test R@1")
 
 
+@pytest.mark.slow
 def test_the_run_loop_scores_only_the_comparisons_seeds_on_the_test_split(tmp_path, monkeypatch, capsys):
     """`study.main --quick` with training and the test split's scoring replaced: every run
     of both arms once, the tuning on validation, the seeds' checkpoints on `test[:256]`."""
