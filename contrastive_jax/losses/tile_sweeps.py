@@ -47,6 +47,14 @@ def over_tiles(tile_fn, plan):
     return functools.partial(_over_tiles, tile_fn, plan)
 
 
+def _two_pass_hop(tile_fn, pallas_hop, spec, plan, bias):
+    """A two-pass sweep's hop: XLA's tiles of ``tile_fn`` (:func:`over_tiles`), or with a
+    Pallas ``plan.kernel`` the fused kernels' ``pallas_hop`` (``pallas_tiles``)."""
+    if plan.kernel == "xla":
+        return over_tiles(tile_fn, plan)
+    return functools.partial(pallas_hop, spec, plan, bias)
+
+
 def _over_tiles(tile_fn, plan, x, y, rows, cols, row_carry, col_carry):
     """Runs ``tile_fn`` over every tile of ``x: [B, D]`` against ``y: [M, D]``.
 
@@ -129,9 +137,7 @@ def _two_pass_forward(spec, plan, ring_axis, x, y, rows, cols, params):
         row, col = tile_stats(spec, logits, rows_t, cols_t)
         return merge(row_run, row), merge(col_run, col)
 
-    hop_fn = over_tiles(tile_fn, plan)
-    if plan.kernel != "xla":
-        hop_fn = functools.partial(pallas_tiles.stats_hop, spec, plan, bias)
+    hop_fn = _two_pass_hop(tile_fn, pallas_tiles.stats_hop, spec, plan, bias)
     row, col = sweep(hop_fn, ring_axis, scaled_rows(x, temperature), y, rows, cols, *stats_init(spec, x, y, rows))
     # The backward pass needs the final logsumexps only (the sums are linear).
     finals = tuple(side._replace(best_negative=None, sums={}) for side in (row, col))
@@ -157,9 +163,7 @@ def _two_pass_backward(spec, plan, ring_axis, residuals, cotangents):
         )
         return (dx_t, dbias_t, row_final_t, row_cot_t), (dy_t, col_final_t, col_cot_t)
 
-    hop_fn = over_tiles(tile_fn, plan)
-    if plan.kernel != "xla":
-        hop_fn = functools.partial(pallas_tiles.gradient_hop, spec, plan, bias)
+    hop_fn = _two_pass_hop(tile_fn, pallas_tiles.gradient_hop, spec, plan, bias)
     (dx, dbias, *_), (dy, *_) = sweep(
         hop_fn,
         ring_axis,
