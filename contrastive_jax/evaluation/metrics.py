@@ -207,17 +207,18 @@ def uniformity(z: np.ndarray, *, t: float = 2.0, block_size: int = 1024) -> floa
     """`log mean_{i<j} exp(-t ||z_i - z_j||^2)` over [n, D] (lower: more uniform).
 
     Computed over blocks of `block_size` rows (memory O(block * n)) as the mean over all
-    i != j, which equals the mean over i < j by symmetry.
+    i != j, which equals the mean over i < j by symmetry; the exponentials in `z`'s
+    dtype (unit rows: -t ||z_i - z_j||^2 = 2t min(z_i . z_j, 1) - 2t), their sums in
+    float64.
     """
     n = len(z)
     block_lse = []
     for start in range(0, n, block_size):
-        sq = np.maximum(2.0 - 2.0 * (z[start : start + block_size] @ z.T), 0.0)  # [b, n]
-        x = -t * sq.astype(np.float64)
+        x = (2.0 * t) * np.minimum(z[start : start + block_size] @ z.T, 1.0) - 2.0 * t  # [b, n]
         rows = np.arange(len(x))
         x[rows, start + rows] = -np.inf  # leave out i == j
         top = x.max()
-        block_lse.append(np.log(np.sum(np.exp(x - top))) + top)
+        block_lse.append(np.log(np.sum(np.exp(x - top), dtype=np.float64)) + top)
     return float(np.logaddexp.reduce(block_lse) - np.log(n * (n - 1)))
 
 

@@ -50,12 +50,20 @@ QUICK_PROTOCOL = dict(train_size=1024, max_epochs=2.0, eval_examples=256, max_tu
 
 
 def study_run(
-    n: int, rate_step: int, seed: int, *, train_size: int, max_epochs: float, eval_examples: int
+    n: int,
+    rate_step: int,
+    seed: int,
+    *,
+    train_size: int,
+    max_epochs: float,
+    eval_examples: int,
+    segment_evals: int = SEGMENT_EVALS,
 ) -> sweep.Run:
     """The run at N = `n`, rate step `rate_step` and `seed`: constant rate after
     `WARMUP_STEPS`, validated every `eval_examples` training examples (at least every
-    step), capped at `max_epochs` epochs of `train_size` pairs, every segment's
-    checkpoint kept (the noise scale is measured along the run)."""
+    step), capped at `max_epochs` epochs of `train_size` pairs, a checkpoint every
+    `segment_evals` evaluations (`run_grid`'s stop is checked there), every one kept
+    (the noise scale is measured along the run, the plateau's test at its best)."""
     every = max(1, round(eval_examples / n))
     cap = math.ceil(max_epochs * train_size / n)
     rate = learning_rate(rate_step)
@@ -69,7 +77,7 @@ def study_run(
         "optim.warmup_steps": WARMUP_STEPS,
         "optim.learning_rate": rate,
         "eval.every_steps": every,
-        "checkpoint.every_steps": every * SEGMENT_EVALS,
+        "checkpoint.every_steps": every * segment_evals,
         "checkpoint.max_to_keep": 1_000,
     }
     tags = {"batch_size": n, "rate_step": rate_step, "lr_factor": 2 ** (rate_step / 2), "seed": seed}

@@ -2,16 +2,18 @@
 
 A study's runs are scored on one test split: for each query, whether the trained model
 ranks a right answer first (R@1), both directions. The hits of run `name` are computed
-once from its last checkpoint (`out/runs/<name>`) and cached, bit-packed, in
-`out/final.json`, so a fresh clone (no checkpoints) still has them. Two groups of runs on
-the same queries are compared by the difference of their seed-mean hits, with
-`intervals.paired_bootstrap` over the queries.
+once from its last checkpoint (`out/runs/<name>`; `<name>@<step>`: its checkpoint at
+that step) and cached, bit-packed, in `out/final.json`, so a fresh clone (no checkpoints)
+still has them. Two groups of runs on the same queries are compared by the difference of
+their seed-mean hits, with `intervals.paired_bootstrap` over the queries, or over the
+seeds and the queries together (`seeds_and_queries`).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,9 @@ def test_hits(model, arrays: Mapping[str, np.ndarray], match_keys: tuple[str, st
 
 def cached_hits(names: Iterable[str], out: Path, split: str) -> dict[str, dict[str, Any]]:
     """`test_hits` on `split` of each run in `names` whose checkpoint is in
-    `out/runs/<name>` and whose hits are not in `out/final.json` yet (computed, then
-    cached); returns every cached run's hits: `{name: {"a_to_b": [n] bool, "b_to_a": [n]
+    `out/runs/<name>` (a name `<run>@<step>`: run `<run>`'s checkpoint `step`, else its
+    last) and whose hits are not in `out/final.json` yet (computed, then cached); returns
+    every cached run's hits: `{name: {"a_to_b": [n] bool, "b_to_a": [n]
     bool, "a_to_b/ceiling", "b_to_a/ceiling", "queries": n}}`. The runs with neither are
     left out, named in one line."""
     from contrastive_jax import trained
@@ -53,14 +56,15 @@ def cached_hits(names: Iterable[str], out: Path, split: str) -> dict[str, dict[s
     arrays = match_keys = None
     missing = []
     for name in names:
-        workdir = out / "runs" / name
+        run, _, step = name.partition("@")
+        workdir = out / "runs" / run
         if name in cache:
             continue
         if not (workdir / "checkpoints").is_dir():
             missing.append(name)
             continue
         print(f"[hits] {name}: R@1 of each {split} query", flush=True)
-        model = trained.load(str(workdir))
+        model = trained.load(str(workdir), int(step) if step else None)
         if arrays is None:  # every run of a study reads the same data: the split once
             arrays = input_pipeline.eval_arrays(model.data, split)
             match_keys = settings.open_metadata(model.data).match_keys
@@ -95,3 +99,39 @@ def seed_mean_difference(
     x = np.mean([hits[name][direction] for name in names], axis=0)
     y = np.mean([hits[name][direction] for name in against], axis=0)
     return intervals.paired_bootstrap(x, y)
+
+
+def query_scores(entry: Mapping[str, Any], direction: str | None = None) -> np.ndarray:
+    """[Q] one run's per-query test score: its R@1 hit in `direction`, or (None) the mean
+    of both directions' hits (query i is pair i, asked both ways)."""
+    directions = DIRECTIONS if direction is None else (direction,)
+    return np.mean([np.asarray(entry[d], np.float64) for d in directions], axis=0)
+
+
+def combine(seeds: Sequence[float], queries: Sequence[float]) -> tuple[float, float, float]:
+    """`(difference, low, high)`: the seeds' 95% interval `seeds` (`(difference, low, high)`,
+    Welch's) widened by the queries' `queries` (the paired bootstrap's): two independent
+    errors, the half-widths added in quadrature around the seeds' difference; NaN bounds
+    when the seeds' are (one seed). Each part keeps its own critical value (t for the
+    seeds, the bootstrap's percentiles for the queries), and the queries' spread of the
+    seed-mean hits holds a little of the seeds' noise again: a slightly conservative
+    interval, never narrower than either part."""
+    difference, low, high = seeds
+    if math.isnan(low):
+        return difference, math.nan, math.nan
+    half = math.hypot((high - low) / 2, (queries[2] - queries[1]) / 2)
+    return difference, difference - half, difference + half
+
+
+def seeds_and_queries(x: Sequence[np.ndarray], y: Sequence[np.ndarray]) -> tuple[float, float, float]:
+    """The mean test score of runs `x` less runs `y` (independent seeds, the same queries)
+    with a 95% interval over both the seeds and the test queries (`combine`): Welch's over
+    the runs' means, and the paired bootstrap over the queries of the seed-mean scores.
+
+    Args:
+      x: one [Q] array of per-query scores (`query_scores`) per seed of one method.
+      y: the other method's, on the same Q queries.
+    """
+    seeds = intervals.welch_interval([float(s.mean()) for s in x], [float(s.mean()) for s in y])
+    queries = intervals.paired_bootstrap(np.mean(x, axis=0), np.mean(y, axis=0))
+    return combine(seeds, queries)

@@ -50,6 +50,14 @@ are the run's; only the number of queries averaged changes. At C >= 4,096 the 2 
 batches of C rows read more than an epoch: the stream's next epoch (its own order) goes
 on, so those batches are draws of the split, not disjoint ones.
 
+**The plateau** (issue 69, item 1; `plateau`): what more negatives buy in final quality,
+not speed. The plain loss and fixed K over the fixed-K arm's N (at N = K the plain runs
+stand for both), each N at its tuned rate (the plain loss's from `PLAIN_RESULTS`, fixed
+K's from its arm's runs, both at the highest target) as the peak of a cosine decay over
+the same budget of `plateau.EPOCHS` epochs, on every seed; the test split read at each
+run's best checkpoint and its last; the budget checked by twice as long a run at the
+smallest and the largest N. Do more negatives raise the plateau, or only reach it sooner?
+
 The report (`summary.md`; each arm's runs in `<arm>/results.{json,csv}`, its noise in
 `<arm>/noise.json`; `steps_to_target.png`): per arm and target each setting's best rate
 and steps (mean, 95% t over the seeds); fixed K: B_crit over every N with its interval
@@ -61,7 +69,8 @@ setting the data seen, the censored runs and the targets below every setting's p
 (`constant_rate.reuse_table`); each arm's noise table (with `noise_stage.per_example_words`),
 the fixed-K arm's set against its B_crit, the fixed-N arm's at each run's last measured
 state by number of negatives, B_simple split into |E g|² and tr Σ
-(`noise_stage.noise_by_setting`).
+(`noise_stage.noise_by_setting`); the plateau's table and differences (`plateau.summary`;
+its runs in `plateau/results.{json,csv}`, their test hits in `plateau/final.json`).
 
 Run (from the repository root; rerun the same command to go on):
   .venv/bin/python -m experiments.studies.negatives_vs_noise --hours 8   # no run starts after 8 h
@@ -78,7 +87,16 @@ from pathlib import Path
 from typing import Any
 
 from experiments import RESULTS
-from experiments.lib import constant_rate, critical_batch_fit, intervals, noise_stage, sweep, target_steps
+from experiments.lib import (
+    constant_rate,
+    critical_batch_fit,
+    intervals,
+    noise_stage,
+    plateau,
+    query_hits,
+    sweep,
+    target_steps,
+)
 from experiments.lib.constant_rate import WARMUP_STEPS
 from experiments.lib.rate_grid import first_rate_step, rate_step_of
 
@@ -98,7 +116,8 @@ PLAIN_RESULTS = RESULTS / "critical_batch_constant_lr"  # the plain loss's runs 
 class Arm:
     """One arm: its name (its results' folder), the records' field its settings are
     values of (`by`: `batch_size` or `negatives`), the settings, and K (fixed K: the
-    groups) or N (fixed N: the optimizer's batch)."""
+    groups; 0 with `by` `batch_size`: the plain loss, the plateau's reference) or N
+    (fixed N: the optimizer's batch)."""
 
     name: str
     by: str
@@ -116,6 +135,8 @@ class Arm:
         tags, and `negatives` (the columns of each row's softmax: K or C) tagged."""
         n = self.batch_of(setting)
         plain = constant_rate.study_run(n, rate_step, seed, **run_args)
+        if self.by == "batch_size" and not self.group_size:  # the plain loss: each row against all N
+            return sweep.Run(plain.name, {**plain.tags, "negatives": n}, plain.overrides)
         if self.by == "batch_size":
             option, value, negatives, label = "group_size", self.group_size, self.group_size, f"g{self.group_size}"
         else:
@@ -126,6 +147,8 @@ class Arm:
     def title(self) -> str:
         """The arm in a line: what it holds and the settings it grows."""
         settings = ", ".join(f"{s:,}" for s in self.settings)
+        if self.by == "batch_size" and not self.group_size:
+            return f"Plain loss (negatives N), N = {settings}"
         if self.by == "batch_size":
             return f"Fixed K = {self.group_size:,} negatives, N = {settings}"
         return f"Fixed N = {self.batch_size:,}, negatives N + M = {settings}"
@@ -352,6 +375,55 @@ def write_partial(arm: Arm, records: Sequence[Mapping[str, Any]], args) -> None:
     sweep.write_results(list((sweep.committed_records(out) | {r["name"]: r for r in records}).values()), out)
 
 
+def plateau_run(arm: Arm, n: int, rate: tuple[int, bool], seed: int, epochs: float, args) -> sweep.Run:
+    """`arm`'s plateau run at N = `n`: `rate` (`plateau.tuned_steps`' `(step, tuned)`) the
+    peak of a cosine decay to 0 over `epochs` epochs, validated `plateau.EVAL_SPACING` x
+    less often, a checkpoint every `plateau.SEGMENT_EVALS` evaluations; tagged with its
+    arm, budget, `tuned` and checkpoint cadence (`plateau.checkpoint_steps`)."""
+    spacing = {"eval_examples": plateau.EVAL_SPACING * args.eval_examples, "segment_evals": plateau.SEGMENT_EVALS}
+    run = arm.run(n, rate[0], seed, train_size=args.train_size, max_epochs=epochs, **spacing)
+    every = run.overrides["checkpoint.every_steps"]
+    tags = {**run.tags, "arm": arm.name, "epochs": epochs, "tuned": rate[1], "checkpoint_every": every}
+    overrides = {**run.overrides, "optim.schedule": "cosine", "optim.end_learning_rate_factor": 0.0}
+    return sweep.Run(f"{run.name}_e{epochs:g}", tags, overrides)
+
+
+def plateau_stage(base, args, deadline, fixed_k: Sequence[Mapping[str, Any]], plain) -> str:
+    """The plateau stage (`plateau`): the plain loss and fixed K over the fixed-K arm's N,
+    each N at its tuned rate (the plain loss's from `plain`, the constant-rate study's
+    records; fixed K's from its arm's records `fixed_k`) on `args.plateau_seeds`, seed by
+    seed, for `args.plateau_epochs`; at N = K the plain runs stand for both (a group of K
+    rows is the batch); the budget check, `plateau.CHECK_FACTOR` x longer, at the plain
+    loss's smallest and largest N on the first seed, each right after that seed's run
+    there (an early word on the budget). Its runs and test hits in
+    `<out>/plateau/` (`results.{json,csv}`, `final.json`); returns its report
+    (`plateau.summary`)."""
+    plain_arm, grouped = Arm("plain", "batch_size", tuple(args.fixed_k_batches)), arms(args)[0]
+    settings, target, epochs = plain_arm.settings, args.targets[-1], args.plateau_epochs
+    rates = {arm.name: plateau.tuned_steps(records, settings, target, first_rate_step)
+             for arm, records in ((plain_arm, plain), (grouped, fixed_k))}  # fmt: skip
+    shared = [n for n in settings if n == args.group_size]
+    runs, checks = [], []
+    for seed in args.plateau_seeds:
+        for n in settings:
+            runs += [plateau_run(arm, n, rates[arm.name][n], seed, epochs, args)
+                     for arm in ((plain_arm, grouped) if n not in shared else (plain_arm,))]  # fmt: skip
+            if seed == args.plateau_seeds[0] and n in (min(settings), max(settings)):  # checked early
+                checks.append(plateau_run(plain_arm, n, rates["plain"][n], seed, plateau.CHECK_FACTOR * epochs, args))
+                runs.append(checks[-1])
+    out = args.out / "plateau"
+    records = sweep.run_grid(base, runs, out, curve_keys=target_steps.CURVES, deadline=deadline)
+    merged = sweep.committed_records(out) | {r["name"]: r for r in records}
+    if merged:  # the runs of other rates, seeds or budgets kept, left out of this report
+        sweep.write_results(list(merged.values()), out)
+    hits = query_hits.cached_hits(plateau.hit_names(records), out, args.test_split)
+    check_names = {run.name for run in checks}
+    budget = [r for r in records if r["name"] not in check_names]
+    by_arm = {arm.name: [r for r in budget if r["arm"] == arm.name] for arm in (plain_arm, grouped)}
+    return plateau.summary(by_arm, [r for r in records if r["name"] in check_names], hits, args.train_size,
+                           shared=shared, epochs=epochs)  # fmt: skip
+
+
 def run(args) -> dict[str, list[dict]]:
     """Each arm's stages (`constant_rate.run_stages`; finished runs skipped), then each
     arm's noise stage on its chosen runs, the figure and the summary. Returns each arm's
@@ -374,8 +446,11 @@ def run(args) -> dict[str, list[dict]]:
             base, measured, args.out / arm.name, args, grid_args["deadline"], arm.replicate_rows
         )
     plain = list(sweep.committed_records(args.plain_results).values()) if args.plain_results else []
+    fixed_k = next(records for arm, records in by_arm.items() if arm.by == "batch_size")
+    plateau_words = plateau_stage(base, args, grid_args["deadline"], fixed_k, plain)
     sweep.save(steps_figure(by_arm, args.targets, plain), args.out)
-    (args.out / "summary.md").write_text(summary(by_arm, args.targets, noise_by_arm, args.train_size, plain))
+    text = summary(by_arm, args.targets, noise_by_arm, args.train_size, plain)
+    (args.out / "summary.md").write_text(text + plateau_words)
     print(f"wrote {args.out}")
     return {arm.name: records for arm, records in by_arm.items()}
 
@@ -392,6 +467,9 @@ FULL = dict(
     noise_points=NOISE_POINTS,
     noise_seeds=NOISE_SEEDS,
     plain_results=PLAIN_RESULTS,
+    plateau_seeds=list(SEEDS),
+    plateau_epochs=plateau.EPOCHS,
+    test_split="test",
 )
 # --quick: 1,024 training pairs, 256 validation pairs; fixed K: groups of 32, N = 32 and 64;
 # fixed N: N = 64, negatives 64 and 128; at most 2 epochs, validation every 256 examples,
@@ -409,6 +487,9 @@ QUICK = dict(
     noise_points=2,
     noise_seeds=1,
     plain_results=None,
+    plateau_seeds=[0],
+    plateau_epochs=1.0,
+    test_split="test[:256]",
 )
 
 
@@ -425,6 +506,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
         "--plain-results", type=Path, help="the plain loss's results folder to set the fixed-K arm against "
         f"(default {PLAIN_RESULTS.relative_to(RESULTS.parent.parent)}; --quick: none)"
     )  # fmt: skip
+    parser.add_argument("--plateau-seeds", type=sweep.int_list, help="the plateau stage's seeds (default 0,1,2)")
+    parser.add_argument("--plateau-epochs", type=float, help=f"its budget (default {plateau.EPOCHS:g} epochs)")
+    parser.add_argument("--test-split", help="the split the plateau's checkpoints are tested on (default test)")
     constant_rate.add_options(parser)
     args = sweep.resolve(parser.parse_args(argv), "negatives_vs_noise", FULL, QUICK)
     constant_rate.check_args(parser, args)

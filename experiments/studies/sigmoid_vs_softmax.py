@@ -40,7 +40,7 @@ The report (`results.{json,csv}`, `final.json`; per arm `epoch_matched/` and
 seed-0 validation grid, flagged where the tuned value is at the edge of the steps run;
 test R@1 mean ± the 95% t-interval over the seeds; SigLIP − CLIP in test R@1 (the mean of
 both directions) with a 95% interval over the seeds and the test queries
-(`seeds_and_queries`) and its verdict (`intervals.verdict`);
+(`query_hits.seeds_and_queries`) and its verdict (`intervals.verdict`);
 one finding per N. Every run's record is written as it finishes; the report is
 regenerated from whatever is complete.
 
@@ -54,7 +54,6 @@ earlier design's (tuned and compared on validation, CLIP's temperature untuned, 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -105,42 +104,6 @@ def run_minutes(epochs: float) -> float:
 MEASURE = "final test R@1 (mean of both directions)"
 
 
-def query_scores(entry: Mapping[str, Any], direction: str | None = None) -> np.ndarray:
-    """[Q] one run's per-query test score: its R@1 hit in `direction`, or (None) the mean
-    of both directions' hits (query i is pair i, asked both ways)."""
-    directions = query_hits.DIRECTIONS if direction is None else (direction,)
-    return np.mean([np.asarray(entry[d], np.float64) for d in directions], axis=0)
-
-
-def combine(seeds: Sequence[float], queries: Sequence[float]) -> tuple[float, float, float]:
-    """`(difference, low, high)`: the seeds' 95% interval `seeds` (`(difference, low, high)`,
-    Welch's) widened by the queries' `queries` (the paired bootstrap's): two independent
-    errors, the half-widths added in quadrature around the seeds' difference; NaN bounds
-    when the seeds' are (one seed). Each part keeps its own critical value (t for the
-    seeds, the bootstrap's percentiles for the queries), and the queries' spread of the
-    seed-mean hits holds a little of the seeds' noise again: a slightly conservative
-    interval, never narrower than either part."""
-    difference, low, high = seeds
-    if math.isnan(low):
-        return difference, math.nan, math.nan
-    half = math.hypot((high - low) / 2, (queries[2] - queries[1]) / 2)
-    return difference, difference - half, difference + half
-
-
-def seeds_and_queries(x: Sequence[np.ndarray], y: Sequence[np.ndarray]) -> tuple[float, float, float]:
-    """The mean test score of runs `x` less runs `y` (independent seeds, the same queries)
-    with a 95% interval over both the seeds and the test queries (`combine`): Welch's over
-    the runs' means, and the paired bootstrap over the queries of the seed-mean scores.
-
-    Args:
-      x: one [Q] array of per-query scores (`query_scores`) per seed of one method.
-      y: the other method's, on the same Q queries.
-    """
-    seeds = intervals.welch_interval([float(s.mean()) for s in x], [float(s.mean()) for s in y])
-    queries = intervals.paired_bootstrap(np.mean(x, axis=0), np.mean(y, axis=0))
-    return combine(seeds, queries)
-
-
 def tested(found: Mapping[str, Any], hits: Mapping[str, Mapping]) -> dict[str, list[str]] | None:
     """`{loss: [run names]}`: each loss's comparison runs (`grid.comparison`'s seeds) with
     test hits; None while a loss has none."""
@@ -152,7 +115,7 @@ def tested(found: Mapping[str, Any], hits: Mapping[str, Mapping]) -> dict[str, l
 
 def finding(n: int, difference: Sequence[float], counts: Sequence[int], queries: int, edges: Sequence[str]) -> str:
     """The finding at N = `n` in one sentence: SigLIP − CLIP `difference` (`(difference,
-    low, high)`, `seeds_and_queries`), the seeds (`counts`: CLIP's, SigLIP's) and `queries`
+    low, high)`, `query_hits.seeds_and_queries`), the seeds (`counts`: CLIP's, SigLIP's) and `queries`
     behind it, the verdict (`intervals.verdict`; who leads only where resolved), the axes
     tuned at their grid's edge (`edges`)."""
     verdict = intervals.verdict(*difference[1:])
@@ -181,8 +144,8 @@ def _rows(records, hits, limits, arm) -> tuple[list, list, list]:
     """`(findings, table rows, per-direction rows)` of `arm`'s compared N."""
     findings, rows, per_direction = [], [], []
     for n, found, runs in _compared(records, hits, limits, arm):
-        scores = {loss: [query_scores(hits[name]) for name in runs[loss]] for loss in grid.LOSSES}
-        both = seeds_and_queries(scores["siglip"], scores["clip"])
+        scores = {loss: [query_hits.query_scores(hits[name]) for name in runs[loss]] for loss in grid.LOSSES}
+        both = query_hits.seeds_and_queries(scores["siglip"], scores["clip"])
         seeds_only = intervals.welch_interval(*([float(s.mean()) for s in scores[loss]] for loss in ("siglip", "clip")))
         counts = [len(runs[loss]) for loss in grid.LOSSES]
         cells = [grid.setting_words(loss, found["tuning"][loss].setting) for loss in grid.LOSSES]
@@ -196,8 +159,10 @@ def _rows(records, hits, limits, arm) -> tuple[list, list, list]:
         if min(counts) >= 2:
             findings.append(finding(n, both, counts, len(scores["clip"][0]), found["edges"]))
         for direction in query_hits.DIRECTIONS:
-            per = [[query_scores(hits[name], direction) for name in runs[loss]] for loss in ("siglip", "clip")]
-            diff = seeds_and_queries(*per)
+            per = [
+                [query_hits.query_scores(hits[name], direction) for name in runs[loss]] for loss in ("siglip", "clip")
+            ]
+            diff = query_hits.seeds_and_queries(*per)
             per_direction.append([f"{n:,}", direction, intervals.difference_cell(*diff), intervals.verdict(*diff[1:])])
     return findings, rows, per_direction
 
@@ -307,7 +272,7 @@ def plot(records: Sequence[Mapping[str, Any]], hits: Mapping[str, Mapping], limi
     for loss, marker in zip(grid.LOSSES, "os", strict=True):
         points = []
         for n, _, runs in compared:
-            values = [float(query_scores(hits[name]).mean()) for name in runs[loss]]
+            values = [float(query_hits.query_scores(hits[name]).mean()) for name in runs[loss]]
             points.append((n, np.mean(values), intervals.t_interval(values) if len(values) > 1 else 0.0))
         if points:
             x, mean, half = zip(*points, strict=True)

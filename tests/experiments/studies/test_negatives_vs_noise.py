@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments.lib import constant_rate, noise_stage, replicates, target_steps
+from experiments.lib import constant_rate, noise_stage, plateau, replicates, target_steps
 from experiments.studies import negatives_vs_noise as study
 
 RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
@@ -46,6 +46,9 @@ def test_each_arm_runs_its_loss_option_at_its_batch_and_rate(load_config):
     assert [FIXED_N.batch_of(c) for c in FIXED_N.settings] == [512] * 5
     assert [FIXED_K.batch_of(n) for n in FIXED_K.settings] == list(study.FIXED_K_BATCHES)
     assert FIXED_K.replicate_rows(grouped) == (2048, False)  # n = 4K, n / 4 = one group
+    plain_arm = study.Arm("plain", "batch_size", study.FIXED_K_BATCHES)  # K = 0: the plateau's plain loss
+    assert plain_arm.run(4096, 7, 1, **RUN_ARGS) == type(plain)(plain.name, {**plain.tags, "negatives": 4096},
+                                                                 plain.overrides)  # fmt: skip
     assert FIXED_N.replicate_rows(extra) == (512, True)  # the run's N, a quarter of its rows as queries
 
 
@@ -247,11 +250,29 @@ def test_quick_runs_both_arms_their_noise_and_the_report_and_resumes(tmp_path, c
     assert "S(N) = S_min (1 + B_crit / N)" in summary and "Steps at 64 negatives less steps at 128" in summary
     assert (tmp_path / "steps_to_target.png").stat().st_size > 0
     assert "Against the plain loss" not in summary  # --quick: no plain loss's records
+    # the plateau: the plain loss at N = 32 (standing for both arms: K = 32) and 64, fixed K at 64, seed 0, over
+    # 1 epoch, cosine to 0; the budget check at 2 epochs at N = 32 and 64
+    plateau_records = json.loads((tmp_path / "plateau" / "results.json").read_text())
+    assert sorted((r["arm"], r["batch_size"], r["seed"], r["epochs"]) for r in plateau_records) == [
+        ("fixed_k", 64, 0, 1), ("plain", 32, 0, 1), ("plain", 32, 0, 2), ("plain", 64, 0, 1), ("plain", 64, 0, 2)
+    ]  # fmt: skip
+    for r in plateau_records:
+        config = json.loads((tmp_path / "plateau" / "runs" / r["name"] / "config.json").read_text())
+        assert config["loss"]["group_size"] == (32 if r["arm"] == "fixed_k" else 0)
+        assert (config["optim"]["schedule"], config["optim"]["end_learning_rate_factor"]) == ("cosine", 0.0)
+        assert config["train"]["num_train_steps"] == r["max_steps"] == r["epochs"] * 1024 // r["batch_size"]
+        assert config["checkpoint"]["every_steps"] == r["checkpoint_every"] == 2 * config["eval"]["every_steps"]
+    assert set(json.loads((tmp_path / "plateau" / "final.json").read_text())) == set(plateau.hit_names(plateau_records))
+    assert "## The plateau: each N at its tuned rate, decayed over 1 epochs" in summary
+    assert "| fixed_k | 64 | 2 | 1 |" in summary and "At N = 32 the plain runs stand for both arms." in summary
+    assert "| plain, N = 32, seed 0 | 2 − 1 | " in summary and "| plain, N = 64, seed 0 | 2 − 1 | " in summary
     capsys.readouterr()
-    rerun = study.main([*args, "--plain-results", str(tmp_path / "fixed_k")])  # its own records stand in
+    rerun = study.main(args)
     assert json.loads(json.dumps(rerun)) == json.loads(json.dumps(by_arm))
     out = capsys.readouterr().out
-    assert "training" not in out and "[noise] " not in out
+    assert "training" not in out and "[noise] " not in out and "[hits] " not in out
+    assert (tmp_path / "summary.md").read_text() == summary
+    study.main([*args, "--hours", "0", "--plain-results", str(tmp_path / "fixed_k")])  # its own records stand in
     assert "| 32 | " in (tmp_path / "summary.md").read_text().split("Against the plain loss")[1]
 
 

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments.lib import intervals, sweep
+from experiments.lib import intervals, query_hits, sweep
 from experiments.studies import sigmoid_vs_softmax as study
 from experiments.studies import sigmoid_vs_softmax_grid as grid
 
@@ -187,25 +187,25 @@ def test_the_comparison_reads_the_other_seeds_at_each_losss_tuned_setting():
 
 def test_the_interval_adds_the_seeds_and_the_queries_half_widths_in_quadrature():
     # by hand: the seeds' half-width 0.03, the queries' 0.04 -> 0.05 around the seeds' difference
-    assert study.combine((0.02, -0.01, 0.05), (0.02, -0.02, 0.06)) == pytest.approx((0.02, -0.03, 0.07))
-    assert all(math.isnan(v) for v in study.combine((0.02, math.nan, math.nan), (0.02, 0.0, 0.04))[1:])
+    assert query_hits.combine((0.02, -0.01, 0.05), (0.02, -0.02, 0.06)) == pytest.approx((0.02, -0.03, 0.07))
+    assert all(math.isnan(v) for v in query_hits.combine((0.02, math.nan, math.nan), (0.02, 0.0, 0.04))[1:])
     # 2 seeds each on 4 queries: CLIP right on 2 and 3 queries, SigLIP on 3 and 4 -> +0.25.
     # Welch by hand: each side's variance 0.03125, / 2 seeds; dof 2; t(0.975, 2) = 4.3027
     clip = [np.array([1.0, 1, 0, 0]), np.array([1.0, 1, 1, 0])]
     siglip = [np.array([1.0, 1, 1, 0]), np.array([1.0, 1, 1, 1])]
     seeds_half = 4.302653 * math.sqrt(2 * 0.03125 / 2)
     _, q_low, q_high = intervals.paired_bootstrap(np.mean(siglip, axis=0), np.mean(clip, axis=0))
-    diff, low, high = study.seeds_and_queries(siglip, clip)
+    diff, low, high = query_hits.seeds_and_queries(siglip, clip)
     half = math.sqrt(seeds_half**2 + ((q_high - q_low) / 2) ** 2)
     assert diff == 0.25 and (low, high) == pytest.approx((0.25 - half, 0.25 + half), abs=1e-5)
     assert q_high > q_low and high - low > 2 * seeds_half  # the queries widen it
     # queries that all move alike add nothing; seeds that agree leave the queries' alone
     same = [np.full(4, 0.5), np.full(4, 0.75)]
-    assert study.seeds_and_queries([s + 0.1 for s in same], same)[1:] == pytest.approx(
+    assert query_hits.seeds_and_queries([s + 0.1 for s in same], same)[1:] == pytest.approx(
         intervals.welch_interval([0.6, 0.85], [0.5, 0.75])[1:]
     )
     alike = [np.array([1.0, 1, 0, 0])] * 2
-    _, low, high = study.seeds_and_queries(alike, [np.array([1.0, 0, 0, 0])] * 2)
+    _, low, high = query_hits.seeds_and_queries(alike, [np.array([1.0, 0, 0, 0])] * 2)
     q = intervals.paired_bootstrap(alike[0], np.array([1.0, 0, 0, 0]))
     assert (high - low) == pytest.approx(q[2] - q[1])
 
@@ -225,9 +225,9 @@ def test_the_finding_quotes_its_test_interval_over_seeds_and_queries_and_the_ver
     found = grid.comparison(records, 256, 1688, LIMITS)["seeds"]
     hits = hits_of(records, {r["name"]: by_name[r["name"]] for loss in found for r in found[loss].values()})
     scores = {
-        loss: [study.query_scores(h) for name, h in hits.items() if name.startswith(loss)] for loss in grid.LOSSES
+        loss: [query_hits.query_scores(h) for name, h in hits.items() if name.startswith(loss)] for loss in grid.LOSSES
     }
-    diff = study.seeds_and_queries(scores["siglip"], scores["clip"])
+    diff = query_hits.seeds_and_queries(scores["siglip"], scores["clip"])
     sentence = study.finding(256, diff, [3, 3], 200, [])
     assert f"{intervals.difference_cell(*diff)} (95% over 3 vs 3 seeds and 200 test queries; {words})." in sentence
     assert "SigLIP − CLIP in final test R@1 (mean of both directions)" in sentence
