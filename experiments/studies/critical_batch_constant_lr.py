@@ -255,7 +255,7 @@ FULL = dict(
     noise_points=NOISE_POINTS,
 )
 # --quick (`constant_rate.QUICK_PROTOCOL`, but 4 rates tuned at most): 256 validation
-# pairs, N = 64 and 128.
+# pairs, N = 64 and 128, the noise at 2 steps of each run.
 QUICK = dict(
     batch_sizes=[64, 128],
     seeds=[0, 1],
@@ -263,7 +263,7 @@ QUICK = dict(
     **constant_rate.QUICK_PROTOCOL | {"max_tuning_rates": 4},
     noise_batch=64,
     replicates=8,
-    noise_points=3,
+    noise_points=2,
 )
 
 

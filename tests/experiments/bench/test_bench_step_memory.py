@@ -123,11 +123,14 @@ def test_the_report_states_each_fix_s_saving():
 
 @pytest.mark.slow
 def test_the_whole_command_at_toy_sizes(tmp_path):
-    """Every variant compiled at toy sizes in bfloat16 (open_clip's tiny model; about 2 minutes)."""
+    """The fixes' variants compiled at toy sizes in bfloat16 (open_clip's tiny model; about a minute)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     command = [sys.executable, "-m", "experiments.bench.bench_step_memory", "--tiny", "--out", str(tmp_path)]
     subprocess.run(command, check=True, cwd=REPO, env=env, capture_output=True, timeout=1200)
     results = json.loads((tmp_path / "results.json").read_text())
-    assert [v["dtype"] for v in results["variants"]] == ["bfloat16"] * len(bench_step_memory.VARIANTS)
+    assert [v["label"] for v in results["variants"]] == [
+        "before", "none, activation recomputed", "none", "attention"
+    ]  # fmt: skip
+    assert {v["dtype"] for v in results["variants"]} == {"bfloat16"}
     assert not [v for v in results["variants"] if "error" in v]
     assert "## What each fix saved" in (tmp_path / "results.md").read_text()
