@@ -1,9 +1,10 @@
-"""The plateau of a constant-rate study: what each setting reaches, not how fast
+"""The plateau of a constant-rate study's settings: what each reaches, not how fast
 (`negatives_vs_noise`'s plateau stage: the plain loss against fixed K over the same N).
 
 Under a constant rate a run does not settle: the plain loss at N = 512, at its tuned rate,
-still rose from 0.885 at 5 epochs to 0.90 at 34 (validation R@1, one seed), so patience
-never stopped it. The plateau is therefore measured as the field measures final quality:
+still rose from validation R@1 0.882 (epochs 4-6) to 0.901 (epochs 32-40), one seed
+(`experiments/results/negatives_vs_noise/plateau/constant_rate_n512.txt`), so a stop on
+patience never came. The plateau is therefore measured as the field measures final quality:
 each setting trains for the same budget of `EPOCHS` epochs with its tuned rate
 (`tuned_steps`: the committed constant-rate runs' best at the highest target; where none
 ran, the square-root rule's first step) as the peak of a cosine decay to 0 after the

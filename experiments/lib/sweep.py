@@ -283,6 +283,17 @@ def _trained(workdir: Path) -> bool:
     return any((workdir / name).exists() for name in (run_dir.CHECKPOINTS, run_dir.METRICS, run_dir.EVAL_RESULTS))
 
 
+def write_merged(records: Iterable[Mapping[str, Any]], out: Path) -> list[dict[str, Any]]:
+    """`write_results` of `records` over the committed records of the same names in `out`
+    (`committed_records`; those of runs not visited kept), between a study's stages or
+    at its end (a kill loses no finished run's record); nothing written when both are
+    empty. Returns the records written."""
+    merged = list((committed_records(out) | {r["name"]: r for r in records}).values())
+    if merged:
+        write_results(merged, out)
+    return merged
+
+
 def write_results(records: Sequence[Mapping[str, Any]], out: Path) -> None:
     """`out/results.json` (everything) and `out/results.csv` (one row per run, no curves)."""
     out.mkdir(parents=True, exist_ok=True)

@@ -373,7 +373,7 @@ def load_constants(args, base, run_args, grid_args) -> tuple[list[dict], str]:
 def write_partial(records: Sequence[Mapping[str, Any]], out: Path) -> None:
     """`results.{json,csv}` of the runs finished so far (over the committed records of the
     same names; those of runs not visited yet kept)."""
-    sweep.write_results(list((sweep.committed_records(out) | {r["name"]: r for r in records}).values()), out)
+    sweep.write_merged(records, out)
 
 
 def run(args) -> dict[str, list[dict]]:

@@ -210,11 +210,10 @@ def write_partial(records: Sequence[Mapping[str, Any]], out: Path, targets, star
     """`results.{json,csv}` and `summary.md` of the runs finished so far, between stages
     (a kill loses no finished run's record): `records` over the committed records of
     the same names, the committed ones of runs not visited yet kept."""
-    merged = sweep.committed_records(out) | {r["name"]: r for r in records}
-    sweep.write_results(list(merged.values()), out)
+    merged = sweep.write_merged(records, out)
     noise_file = out / "noise.json"
     noise = json.loads(noise_file.read_text()) if noise_file.exists() else None
-    (out / "summary.md").write_text(summary(list(merged.values()), targets, starts, noise, train_size))
+    (out / "summary.md").write_text(summary(merged, targets, starts, noise, train_size))
 
 
 def run(args) -> list[dict]:

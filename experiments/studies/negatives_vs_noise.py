@@ -371,8 +371,7 @@ def write_partial(arm: Arm, records: Sequence[Mapping[str, Any]], args) -> None:
     """The arm's `results.{json,csv}` of the runs finished so far, between stages:
     `records` over the committed records of the same names (the committed ones of runs
     not visited yet kept)."""
-    out = args.out / arm.name
-    sweep.write_results(list((sweep.committed_records(out) | {r["name"]: r for r in records}).values()), out)
+    sweep.write_merged(records, args.out / arm.name)
 
 
 def plateau_run(arm: Arm, n: int, rate: tuple[int, bool], seed: int, epochs: float, args) -> sweep.Run:
@@ -413,9 +412,7 @@ def plateau_stage(base, args, deadline, fixed_k: Sequence[Mapping[str, Any]], pl
                 runs.append(checks[-1])
     out = args.out / "plateau"
     records = sweep.run_grid(base, runs, out, curve_keys=target_steps.CURVES, deadline=deadline)
-    merged = sweep.committed_records(out) | {r["name"]: r for r in records}
-    if merged:  # the runs of other rates, seeds or budgets kept, left out of this report
-        sweep.write_results(list(merged.values()), out)
+    sweep.write_merged(records, out)  # the runs of other rates, seeds or budgets kept, left out of this report
     hits = query_hits.cached_hits(plateau.hit_names(records), out, args.test_split)
     check_names = {run.name for run in checks}
     budget = [r for r in records if r["name"] not in check_names]

@@ -289,8 +289,7 @@ def write_partial(records: Mapping[str, Mapping], hits: Mapping[str, Mapping], o
     """`results.{json,csv}` of the runs finished so far (`records`, by name, over the
     committed records of the same names, those not visited yet kept), and each arm's
     `summary.md` and figure in `out/<arm folder>/`. Returns the records written."""
-    merged = list((sweep.committed_records(out) | dict(records)).values())
-    sweep.write_results(merged, out)
+    merged = sweep.write_merged(records.values(), out)
     for arm in grid.ARMS:
         folder = out / grid.ARM_FOLDERS[arm]
         folder.mkdir(parents=True, exist_ok=True)
