@@ -257,9 +257,9 @@ class TextCNN(nn.Module):
 
 
 # The encoders built of Transformer blocks (`config.model.remat` and `attention` apply).
-TRANSFORMER_ENCODERS = frozenset({"vit_tiny", "vit_small", "vit_base", "text_transformer"})
+TRANSFORMER_ENCODERS = frozenset({"vit_micro", "vit_tiny", "vit_small", "vit_base", "text_transformer"})
 # The `ViT`s (`config.model.patch_dropout` drops their patches).
-VIT_ENCODERS = frozenset({"vit_tiny", "vit_small", "vit_base"})
+VIT_ENCODERS = frozenset({"vit_micro", "vit_tiny", "vit_small", "vit_base"})
 
 
 def _vit(width, depth, num_heads, mlp_dim):
@@ -274,6 +274,7 @@ ENCODERS: Mapping[str, Callable[[Any, Any, int], nn.Module]] = {
     "cnn": lambda m, dtype, vocab: SmallCNN(m.cnn_features, m.encoder_dim, dtype),
     "resnet18": lambda m, dtype, vocab: ResNet((2, 2, 2, 2), BasicBlock, dtype=dtype),
     "resnet50": lambda m, dtype, vocab: ResNet((3, 4, 6, 3), BottleneckBlock, dtype=dtype),
+    "vit_micro": _vit(64, 2, 2, 256),  # CPU-sized: the studies' image tower on 32 px pictures (8 px patches)
     "vit_tiny": _vit(192, 12, 3, 768),
     "vit_small": _vit(384, 12, 6, 1536),
     "vit_base": _vit(768, 12, 12, 3072),

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax import run_dir
-from experiments.lib import sweep, target_steps
+from experiments.lib import sweep, target_steps, tasks
 from experiments.lib.rate_grid import learning_rate, rate_step_of, step_beyond_edge
 
 WARMUP_STEPS = 20  # the same at every N
@@ -274,18 +274,12 @@ def reuse_table(
     )
 
 
-def setup(args) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+def setup(args, task: str = "cmudict") -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """`(base config, run arguments, run_grid arguments)` of a constant-rate study's
-    `args`: `configs/cmudict_clip.py` on the `fit` split validated on `validation`
-    (`--quick`: slices of both), `study_run`'s `train_size`, `max_epochs` and
-    `eval_examples`, and `sweep.run_grid`'s curves, deadline (`--hours`) and stop (the
-    highest of `args.targets` reached, or patience: `finished`)."""
-    from contrastive_jax.config_lib import load_config, override
-
-    base = override(
-        load_config("cmudict_clip"),
-        {**target_steps.SPLITS, **(target_steps.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
-    )
+    `args`: `task`'s config (`tasks.base_config`; cmudict: `configs/cmudict_clip.py` on the
+    `fit` split validated on `validation`; --quick: slices of both), `study_run`'s
+    `train_size`, `max_epochs` and `eval_examples`, and `sweep.run_grid`'s curves, deadline
+    (`--hours`) and stop (the highest of `args.targets` reached, or patience: `finished`)."""
     target = args.targets[-1]
     run_args = {"train_size": args.train_size, "max_epochs": args.max_epochs, "eval_examples": args.eval_examples}
     grid_args = {
@@ -293,7 +287,7 @@ def setup(args) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         "deadline": sweep.deadline(args.hours),
         "stop_when": lambda workdir: finished(workdir_curve(workdir), target),
     }
-    return base, run_args, grid_args
+    return tasks.base_config(task, args), run_args, grid_args
 
 
 def add_options(parser) -> None:

@@ -10,8 +10,9 @@ read here) `EVALS_PER_EPOCH` times an epoch. AdamW's peak learning rate is
 f = 4 at N = 4,096 linear scaling); warmup `WARMUP_EPOCHS` epochs, then a cosine to 0.
 `--task shapes` runs the same study on a task with more headroom, the generated
 image-text set (`SHAPES_FULL`: 60,000 pictures of 32 px written on first use, small CNN
-towers, image -> caption and back on 1,000 validation pictures; N in 256, 1,024, 4,096 at
-five rates, three seeds, no control or noise scale: the machine's time), into
+towers: `tasks.TASKS["shapes"]`; image -> caption and back on 1,000 validation pictures;
+N in 256, 1,024, 4,096 at five rates, three seeds, no control or noise scale: the
+machine's time), into
 `experiments/results/critical_batch_study_shapes/`.
 
 Two stages, resumable:
@@ -56,7 +57,6 @@ runs and noise measurements are skipped, and so are the runs in the committed
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -65,9 +65,9 @@ from typing import Any
 
 import numpy as np
 
-from contrastive_jax.config_lib import load_config, override
+from contrastive_jax.config_lib import override
 from contrastive_jax.data.builtin import shapes
-from experiments.lib import critical_batch_fit, intervals, query_hits, replicates, shapes_towers, sweep, target_steps
+from experiments.lib import critical_batch_fit, intervals, query_hits, replicates, sweep, target_steps, tasks
 
 EPOCHS = 6.0
 EVALS_PER_EPOCH = 2
@@ -365,9 +365,8 @@ def run(args) -> list[dict]:
     """Trains the tuning seed's grid, then seed by seed the other seeds at each N's best
     rates and the DCL control (skipping finished runs), measures the noise scales and the
     final test table, and writes results, the figure and the summary."""
-    task = TASKS[args.task]
-    base = override(load_config(task.config), {**task.overrides, **(task.quick_overrides if args.quick else {})})
-    base = override(base, {"data.data_dir": args.data_dir, **generated_records(args)})
+    task = tasks.TASKS[args.task]
+    base = tasks.base_config(args.task, args)
     run_args = {"epochs": args.epochs, "train_size": args.train_size}
     grid_args = {"curve_keys": target_steps.CURVES, "deadline": sweep.deadline(args.hours)}
     tuning_seed = args.seeds[0]
@@ -416,46 +415,6 @@ def write_input_ceilings(base, split: str, out) -> dict[str, Any]:
     return entry
 
 
-def generated_records(args) -> dict[str, str]:
-    """`{"data.records": the folder}` of the generated set a task trains on (`args.pictures`
-    pictures of `SHAPES_IMAGE_SIZE` px, written under --data-dir, or the built-in sets'
-    folder, on first use; the folder names the generator's version, as the built-in sets'
-    do); `{}` for a task on a built-in set."""
-    if not getattr(args, "pictures", 0):
-        return {}
-    from contrastive_jax import write_records
-    from contrastive_jax.data import records, settings
-
-    root = os.path.expanduser(args.data_dir or settings.DEFAULT_DATA_DIR)
-    folder = os.path.join(root, f"shapes-v{settings.BUILTIN_VERSION}-{SHAPES_IMAGE_SIZE}px-{args.pictures}")
-    if not os.path.exists(os.path.join(folder, records.METADATA_FILE)):
-        write_records.write("builtin:shapes", folder, num_examples=args.pictures, image_size=SHAPES_IMAGE_SIZE)
-    return {"data.records": folder}
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """What the study trains and judges.
-
-    Attributes:
-      title: the task in the summary's heading.
-      config: the `configs/` module trained.
-      overrides: the fields set on it (the splits: never the test split; the towers).
-      full: the command's defaults (the grid, the epochs, the targets, ...).
-      quick: --quick's (a tiny grid, a few steps).
-      quick_overrides: the fields --quick sets on top (slices of the data).
-      curve_floor: the lowest validation R@1 the curves' panel shows.
-    """
-
-    title: str
-    config: str
-    overrides: Mapping[str, Any]
-    full: Mapping[str, Any]
-    quick: Mapping[str, Any]
-    quick_overrides: Mapping[str, Any]
-    curve_floor: float
-
-
 FULL = dict(
     batch_sizes=list(BATCH_SIZES),
     lr_factors=list(LR_FACTORS),
@@ -482,17 +441,10 @@ QUICK = dict(
     final_split="test[:256]",
 )
 
-# The generated image-text set, a task with headroom: 60,000 pictures at 32 px (54,000 train);
-# validation and the final table on 1,000 pictures each, one caption per picture. CPU-sized
-# towers (`shapes_towers`, zero_shot_shapes's, narrower); the grid cut to the machine's time.
-SHAPES_IMAGE_SIZE = 32
+# The generated image-text set (`tasks.TASKS["shapes"]`), a task with headroom: 60,000
+# pictures (54,000 train); validation and the final table on 1,000 pictures each, one
+# caption per picture; the grid cut to the machine's time.
 SHAPES_PICTURES = 60_000
-SHAPES_TOWERS = {
-    **shapes_towers.TOWERS,
-    "model.cnn_features": (16, 32),
-    "data.image_size": SHAPES_IMAGE_SIZE,
-    "eval.batch_size": 1000,
-}
 SHAPES_FULL = dict(
     FULL,
     batch_sizes=[256, 1024, 4096],
@@ -507,32 +459,13 @@ SHAPES_FULL = dict(
     pictures=SHAPES_PICTURES,
 )
 SHAPES_QUICK = dict(QUICK, noise_batches=[], final_split="test[:64]", pictures=1_500)
-TASKS = {
-    "cmudict": Task(
-        "cmudict (fit -> validation)",
-        "cmudict_clip",
-        target_steps.SPLITS,
-        FULL,
-        QUICK,
-        target_steps.QUICK_OVERRIDES,
-        0.7,
-    ),
-    "shapes": Task(
-        "the generated image-text set (train -> validation[:1000])",
-        "clip_shapes",
-        {"data.train_split": "train", "eval.split": "validation[:1000]", **SHAPES_TOWERS},
-        SHAPES_FULL,
-        SHAPES_QUICK,
-        {"data.train_split": "train[:1024]", "eval.split": "validation[:64]", "eval.batch_size": 64},
-        0.0,
-    ),
-}
+PRESETS = {"cmudict": (FULL, QUICK), "shapes": (SHAPES_FULL, SHAPES_QUICK)}  # each task's (full, --quick)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = sweep.argument_parser(__doc__.splitlines()[0])
     parser.add_argument(
-        "--task", choices=sorted(TASKS), default="cmudict", help="the data and towers (default cmudict)"
+        "--task", choices=sorted(PRESETS), default="cmudict", help="the data and towers (default cmudict)"
     )
     parser.add_argument("--batch-sizes", type=sweep.int_list, help="global batch sizes N")
     parser.add_argument("--lr-factors", type=sweep.float_list, help="learning-rate factors f (default 1,2,4,8)")
@@ -543,9 +476,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--replicates", type=int, help=f"independent batches per n (default {REPLICATES})")
     sweep.add_hours_option(parser)
     args = parser.parse_args(argv)
-    task = TASKS[args.task]
     name = "critical_batch_study" + ("" if args.task == "cmudict" else f"_{args.task}")
-    args = sweep.resolve(args, name, task.full, task.quick)
+    args = sweep.resolve(args, name, *PRESETS[args.task])
     if args.steps is not None:
         parser.error("--steps: every run here trains a number of epochs; pass --epochs.")
     return run(args)

@@ -58,11 +58,18 @@ the same budget of `plateau.EPOCHS` epochs, on every seed; the test split read a
 run's best checkpoint and its last; the budget checked by twice as long a run at the
 smallest and the largest N. Do more negatives raise the plateau, or only reach it sooner?
 
-The report (`summary.md`; each arm's runs in `<arm>/results.{json,csv}`, its noise in
+**The second task** (issue 69, item 2; `--task shapes_vit`, `SHAPES_FULL`): the generated
+image-text set with a ViT for the pictures (`tasks.TASKS["shapes_vit"]`), `SHAPES_PICTURES`
+pictures written on first use, validated on 1,000. The deciding pair alone (`--arms`): the
+plain loss, an arm of its own here (the cmudict study reads it from `PLAIN_RESULTS`), and
+fixed K over N = 512, 2,048, 8,192, then the plateau stage; no noise stage.
+
+The report (`summary.md`, in `negatives_vs_noise_shapes_vit/` for the second task; each
+arm's runs in `<arm>/results.{json,csv}`, its noise in
 `<arm>/noise.json`; `steps_to_target.png`): per arm and target each setting's best rate
 and steps (mean, 95% t over the seeds); fixed K: B_crit over every N with its interval
-(misfit included), the lack of fit, the arm against the plain loss at each N (the
-constant-rate study's runs, `PLAIN_RESULTS`: `plain_contrast`) and, at the highest target
+(misfit included), the lack of fit, the arm against the plain loss at each N (its arm's
+runs, else the constant-rate study's, `PLAIN_RESULTS`: `plain_contrast`) and, at the highest target
 with a fit, B_crit by weighting and with each N left out; fixed N: the steps at the
 fewest negatives less those at the most, with Welch's 95% interval, and their ratio; per
 setting the data seen, the censored runs and the targets below every setting's peak
@@ -76,16 +83,19 @@ Run (from the repository root; rerun the same command to go on):
   .venv/bin/python -m experiments.studies.negatives_vs_noise --hours 8   # no run starts after 8 h
   .venv/bin/python -m experiments.studies.negatives_vs_noise --hours 0   # the report from what finished
   .venv/bin/python -m experiments.studies.negatives_vs_noise --quick     # CI: slices of the data
+  .venv/bin/python -m experiments.studies.negatives_vs_noise --task shapes_vit --hours 2   # the second task
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from contrastive_jax.data.builtin import shapes
 from experiments import RESULTS
 from experiments.lib import (
     constant_rate,
@@ -96,6 +106,7 @@ from experiments.lib import (
     query_hits,
     sweep,
     target_steps,
+    tasks,
 )
 from experiments.lib.constant_rate import WARMUP_STEPS
 from experiments.lib.rate_grid import first_rate_step, rate_step_of
@@ -155,18 +166,26 @@ class Arm:
 
     def replicate_rows(self, run: sweep.Run) -> tuple[int, bool]:
         """The noise stage's `(n, quarter_queries)` for `run`: fixed K, n = 4K and batches of
-        n / 4 = one group; fixed N, the run's N and a quarter of its batches' rows as queries."""
+        n / 4 = one group; fixed N, the run's N and a quarter of its batches' rows as
+        queries; the plain loss, the run's N and batches of N / 4 rows, each its own negatives."""
         if self.by == "batch_size":
-            return 4 * self.group_size, False
+            return 4 * self.group_size or run.tags["batch_size"], False
         return run.tags["batch_size"], True
 
 
-def arms(args) -> tuple[Arm, Arm]:
-    """The fixed-K and fixed-N arms of `args`."""
-    return (
+ARMS = ("plain", "fixed_k", "fixed_n")  # --arms: the names an arm may have, in the order they run
+
+
+def arms(args, names: Sequence[str] | None = None) -> tuple[Arm, ...]:
+    """The arms of `args` that `names` (None: `args.arms`) names, in `ARMS`' order: the
+    plain loss over the fixed-K arm's N, fixed K, fixed N."""
+    names = args.arms if names is None else names
+    every = (
+        Arm("plain", "batch_size", tuple(args.fixed_k_batches)),
         Arm("fixed_k", "batch_size", tuple(args.fixed_k_batches), group_size=args.group_size),
         Arm("fixed_n", "negatives", tuple(args.fixed_n_negatives), batch_size=args.fixed_batch),
     )
+    return tuple(arm for arm in every if arm.name in names)
 
 
 def steps_table(records: Sequence[Mapping[str, Any]], target: float, arm: Arm) -> str:
@@ -190,20 +209,27 @@ def steps_table(records: Sequence[Mapping[str, Any]], target: float, arm: Arm) -
 
 
 def fixed_k_section(records: Sequence[Mapping[str, Any]], target: float) -> tuple[str, dict | None]:
-    """The fixed-K arm's words at `target`: B_crit over every N (`critical_batch_fit`'s
-    bootstrap, the misfit included) with the lack of fit and S_N - 2 S_2N; and the fit
-    (None where fewer than the fit's N reach it)."""
+    """The words at `target` of an arm over N (fixed K, or the plain loss): B_crit over
+    every N (`critical_batch_fit`'s bootstrap, the misfit included) with the lack of fit
+    and S_N - 2 S_2N; and the fit (None where fewer than the fit's N reach it)."""
     steps_by_n = target_steps.steps_by_seed(constant_rate.best_by_n(records, target))
     fits = critical_batch_fit.fit_ranges(steps_by_n, sorted(steps_by_n)[:1])
     if not fits:
         return "", None
     fit = fits[0]
     return (
-        f"\nS(N) = S_min (1 + B_crit / N) over N from {fit['from']:,} ({fit['points']} N), K = "
-        f"{records[0]['group_size']:,} negatives: {critical_batch_fit.b_crit_words(fit)}, S_min = "
+        f"\nS(N) = S_min (1 + B_crit / N) over N from {fit['from']:,} ({fit['points']} N), "
+        f"{negatives_words(records)}: {critical_batch_fit.b_crit_words(fit)}, S_min = "
         f"{fit['s_min']:.0f} steps. {critical_batch_fit.lack_of_fit_words(fit)} "
         f"{critical_batch_fit.halving_words(steps_by_n)}\n"
     ), fit
+
+
+def negatives_words(records: Sequence[Mapping[str, Any]]) -> str:
+    """The negatives of an arm over N, from its `records`: "K = <K> negatives" (fixed K) or
+    "negatives N" (the plain loss)."""
+    group_size = records[0].get("group_size", 0)
+    return f"K = {group_size:,} negatives" if group_size else "negatives N"
 
 
 def plain_contrast(records: Sequence[Mapping[str, Any]], plain: Sequence[Mapping[str, Any]], target: float) -> str:
@@ -281,7 +307,7 @@ def steps_figure(
             axis.errorbar(xs, steps, yerr=target_steps.error_bars(best, xs), marker="o", capsize=3, color=color,
                           label=f"R@1 {target:.2f}")  # fmt: skip
             axis.plot(xs, [steps[0] * xs[0] / x for x in xs], ls=":", color=color)
-        plain_best = constant_rate.best_by_n(plain, targets[-1]) if arm.by == "batch_size" else {}
+        plain_best = constant_rate.best_by_n(plain, targets[-1]) if arm.group_size else {}
         xs = sorted(n for n in plain_best if n in arm.settings)
         if xs:
             axis.errorbar(
@@ -291,8 +317,8 @@ def steps_figure(
         if records:
             sweep.log_spaced_ticks(axis, sorted({r[arm.by] for r in records}))
             axis.legend(fontsize=7)
-        label = (f"optimizer batch N (groups of K = {arm.group_size:,})" if arm.by == "batch_size"
-                 else f"negatives N + M (N = {arm.batch_size:,})")  # fmt: skip
+        label = {"plain": "N (negatives N)", "fixed_k": f"optimizer batch N (groups of K = {arm.group_size:,})",
+                 "fixed_n": f"negatives N + M (N = {arm.batch_size:,})"}[arm.name]  # fmt: skip
         axis.set(xlabel=label, ylabel="steps (dotted: perfect scaling)", yscale="log", title=arm.name)
     return {"steps_to_target": fig}
 
@@ -306,14 +332,19 @@ def arm_summary(
     plain: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """One arm's part of the report (`module docstring`): per target its steps table and
-    its fit and `plain_contrast` against the `plain` records (fixed K) or its contrast
-    (fixed N); the weighting table at the highest
-    target with a fit; the data each setting saw and its censored runs
-    (`constant_rate.reuse_table`, epochs of `train_size` pairs); its noise table, the
-    fixed-K arm's against its B_crit, the fixed-N arm's by setting (`noise_stage.noise_by_setting`)."""
+    its fit with `plain_contrast` against the `plain` records (fixed K), its fit (the plain
+    loss) or its contrast (fixed N); the weighting table at the highest target with a fit;
+    the data each setting saw and its censored runs (`constant_rate.reuse_table`, epochs
+    of `train_size` pairs); its noise table, an arm over N's against its B_crit, the
+    fixed-N arm's by setting (`noise_stage.noise_by_setting`)."""
     text = f"\n## {arm.title()} ({len(records)} runs)\n"
     if not records:
         return text + "\nNo run finished yet.\n"
+    shared = sorted({r["batch_size"] for r in records if r.get("stand_in")})
+    if shared:
+        text += (
+            f"\nAt N = {', '.join(f'{n:,}' for n in shared)} the plain loss's runs stand for this arm's (one group).\n"
+        )
     headline = None
     for target in targets:
         text += f"\n### Steps to validation R@1 {target:g}\n\n" + steps_table(records, target, arm)
@@ -321,7 +352,7 @@ def arm_summary(
             text += fixed_n_contrast(records, target)
             continue
         words, fit = fixed_k_section(records, target)
-        text += words + plain_contrast(records, plain, target)
+        text += words + (plain_contrast(records, plain, target) if arm.group_size else "")
         headline = (target, fit) if fit else headline
     if headline:
         steps_by_n = target_steps.steps_by_seed(constant_rate.best_by_n(records, headline[0]))
@@ -351,11 +382,14 @@ def summary(
     noise_by_arm,
     train_size: int,
     plain: Sequence[Mapping[str, Any]] = (),
+    task: str = "cmudict",
 ) -> str:
-    """The markdown report: the protocol in a line, then each arm's `arm_summary` (the
-    fixed-K arm's against the `plain` loss's records)."""
+    """The markdown report on `task` (a name in `tasks.TASKS`): the protocol in a line, then
+    each arm's `arm_summary` (the fixed-K arm's against the `plain` loss's records)."""
+    arm_names = " and ".join(arm.name for arm in by_arm)
     text = (
-        f"# More negatives or less noise: two arms on cmudict, constant rate after {WARMUP_STEPS} warmup steps\n\n"
+        f"# More negatives or less noise: {arm_names} on {tasks.TASKS[task].title}, constant rate after "
+        f"{WARMUP_STEPS} warmup steps\n\n"
         "Steps: mean ± the 95% t-interval's half-width over the seeds, at each setting's best rate step k "
         "(peak rate 1e-3 · 2^(k/2)) among those every seed ran; (edge): the best is the smallest or largest of "
         "those. B_crit's interval: `critical_batch_fit.bootstrap` (the seeds resampled within each N, each N's "
@@ -387,17 +421,19 @@ def plateau_run(arm: Arm, n: int, rate: tuple[int, bool], seed: int, epochs: flo
     return sweep.Run(f"{run.name}_e{epochs:g}", tags, overrides)
 
 
-def plateau_stage(base, args, deadline, fixed_k: Sequence[Mapping[str, Any]], plain) -> str:
+def plateau_stage(
+    base, args, deadline, plain: Sequence[Mapping[str, Any]], fixed_k: Sequence[Mapping[str, Any]]
+) -> str:
     """The plateau stage (`plateau`): the plain loss and fixed K over the fixed-K arm's N,
-    each N at its tuned rate (the plain loss's from `plain`, the constant-rate study's
-    records; fixed K's from its arm's records `fixed_k`) on `args.plateau_seeds`, seed by
+    each N at its tuned rate (the plain loss's from its records `plain`, its arm's or the
+    constant-rate study's; fixed K's from its arm's `fixed_k`) on `args.plateau_seeds`, seed by
     seed, for `args.plateau_epochs`; at N = K the plain runs stand for both (a group of K
     rows is the batch); the budget check, `plateau.CHECK_FACTOR` x longer, at the plain
     loss's smallest and largest N on the first seed, each right after that seed's run
     there (an early word on the budget). Its runs and test hits in
     `<out>/plateau/` (`results.{json,csv}`, `final.json`); returns its report
     (`plateau.summary`)."""
-    plain_arm, grouped = Arm("plain", "batch_size", tuple(args.fixed_k_batches)), arms(args)[0]
+    plain_arm, grouped = arms(args, ("plain", "fixed_k"))
     settings, target, epochs = plain_arm.settings, args.targets[-1], args.plateau_epochs
     rates = {arm.name: plateau.tuned_steps(records, settings, target, first_rate_step)
              for arm, records in ((plain_arm, plain), (grouped, fixed_k))}  # fmt: skip
@@ -423,36 +459,66 @@ def plateau_stage(base, args, deadline, fixed_k: Sequence[Mapping[str, Any]], pl
 
 def run(args) -> dict[str, list[dict]]:
     """Each arm's stages (`constant_rate.run_stages`; finished runs skipped), then each
-    arm's noise stage on its chosen runs, the figure and the summary. Returns each arm's
-    records by its name."""
-    base, run_args, grid_args = constant_rate.setup(args)
+    arm's noise stage on its chosen runs, the plateau stage (with the fixed-K arm), the
+    figure and the summary. Returns each arm's records by its name."""
+    base, run_args, grid_args = constant_rate.setup(args, args.task)
     target = args.targets[-1]
     by_arm, noise_by_arm = {}, {}
     for arm in arms(args):
         make_run = functools.partial(arm.run, **run_args)
+        shared = [n for n in arm.settings if arm.group_size == n and "plain" in args.arms]  # the plain runs stand in
         by_arm[arm], tuned = constant_rate.run_stages(
-            base, arm.settings, args.seeds, args.targets, args.out / arm.name, make_run=make_run,
-            first_step=lambda setting, arm=arm: first_rate_step(arm.batch_of(setting)), grid_args=grid_args,
-            most=args.max_tuning_rates, write_partial=functools.partial(write_partial, arm, args=args), by=arm.by,
+            base, [s for s in arm.settings if s not in shared], args.seeds, args.targets, args.out / arm.name,
+            make_run=make_run, first_step=lambda setting, arm=arm: first_rate_step(arm.batch_of(setting)),
+            grid_args=grid_args, most=args.max_tuning_rates,
+            write_partial=functools.partial(write_partial, arm, args=args), by=arm.by,
         )  # fmt: skip
         sweep.write_results(by_arm[arm], args.out / arm.name)
+        plain_ran = next((records for ran, records in by_arm.items() if ran.name == "plain"), [])
+        by_arm[arm] += stand_ins(plain_ran, shared, arm.group_size)
         best = constant_rate.best_by_n(by_arm[arm], target, arm.by)
         chosen = {s: rate_step_of(best[s]["lr_factor"]) if s in best else k for s, k in tuned.items()}
         measured = [make_run(s, k, seed) for seed in args.seeds[: args.noise_seeds] for s, k in chosen.items()]
         noise_by_arm[arm] = noise_stage.noise_scales(
             base, measured, args.out / arm.name, args, grid_args["deadline"], arm.replicate_rows
         )
-    plain = list(sweep.committed_records(args.plain_results).values()) if args.plain_results else []
-    fixed_k = next(records for arm, records in by_arm.items() if arm.by == "batch_size")
-    plateau_words = plateau_stage(base, args, grid_args["deadline"], fixed_k, plain)
+    by_name = {arm.name: records for arm, records in by_arm.items()}
+    plain = plain_records(by_name, args.plain_results)
+    plateau_words = ""
+    if "fixed_k" in by_name and args.plateau_seeds:
+        plateau_words = plateau_stage(base, args, grid_args["deadline"], plain, by_name["fixed_k"])
     sweep.save(steps_figure(by_arm, args.targets, plain), args.out)
-    text = summary(by_arm, args.targets, noise_by_arm, args.train_size, plain)
+    text = summary(by_arm, args.targets, noise_by_arm, args.train_size, plain, args.task)
     (args.out / "summary.md").write_text(text + plateau_words)
     print(f"wrote {args.out}")
-    return {arm.name: records for arm, records in by_arm.items()}
+    return by_name
+
+
+def stand_ins(plain: Sequence[Mapping[str, Any]], shared: Sequence[int], group_size: int) -> list[dict]:
+    """The `plain` arm's records at the N in `shared` (N = K: a group of K rows is the whole
+    batch) as fixed K's, tagged `group_size` K and `stand_in` (the report says so)."""
+    return [{**r, "group_size": group_size, "stand_in": "plain"} for r in plain if r["batch_size"] in shared]
+
+
+def arm_names(text: str) -> list[str]:
+    """Parses --arms: names of `ARMS`, comma-separated."""
+    names = [name for name in text.split(",") if name]
+    unknown = sorted(set(names) - set(ARMS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: name one or more of {', '.join(ARMS)}, comma-separated")
+    return names
+
+
+def plain_records(by_name: Mapping[str, Sequence[dict]], folder: Path | None) -> list[dict]:
+    """The plain loss's records: its arm's (`by_name["plain"]`) where it ran here, else the
+    committed ones in `folder` (`--plain-results`; None: none)."""
+    if "plain" in by_name:
+        return list(by_name["plain"])
+    return list(sweep.committed_records(folder).values()) if folder else []
 
 
 FULL = dict(
+    arms=["fixed_k", "fixed_n"],
     group_size=GROUP_SIZE,
     fixed_k_batches=list(FIXED_K_BATCHES),
     fixed_batch=FIXED_BATCH,
@@ -473,6 +539,7 @@ FULL = dict(
 # 3 rates tuned (no edge runs), 2 seeds, 4 replicates at 2 steps of each run on the first seed;
 # no plain loss's records to set the fixed-K arm against (none ran this protocol).
 QUICK = dict(
+    arms=["fixed_k", "fixed_n"],
     group_size=32,
     fixed_k_batches=[32, 64],
     fixed_batch=64,
@@ -490,8 +557,31 @@ QUICK = dict(
 )
 
 
+# The second task (issue 69, item 2): the generated image-text set with a ViT for the
+# pictures (`tasks.TASKS["shapes_vit"]`), the deciding pair alone (the plain loss, its own
+# arm here, against fixed K) over N = 512 ... 8,192, on SHAPES_PICTURES pictures (an epoch
+# holds every N's steps to the targets: no picture is seen twice on the way to them).
+SHAPES_PICTURES = 300_000
+SHAPES_FULL = dict(
+    FULL,
+    arms=["plain", "fixed_k"],
+    fixed_k_batches=[512, 2048, 8192],
+    targets=[0.20, 0.30, 0.40],
+    noise_seeds=0,
+    plain_results=None,
+    train_size=shapes.split_sizes(SHAPES_PICTURES)["train"],
+    pictures=SHAPES_PICTURES,
+    test_split="test[:1000]",
+)
+# --quick on it: 1,500 pictures (1,024 trained on, 64 validated), the quick arms' N.
+SHAPES_QUICK = dict(QUICK, arms=["plain", "fixed_k"], noise_seeds=0, pictures=1_500, test_split="test[:64]")
+PRESETS = {"cmudict": (FULL, QUICK), "shapes_vit": (SHAPES_FULL, SHAPES_QUICK)}  # each task's (full, --quick)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
     parser = sweep.argument_parser(__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=sorted(PRESETS), default="cmudict", help="the data and towers (cmudict)")
+    parser.add_argument("--arms", type=arm_names, help=f"the arms run, of {', '.join(ARMS)} (cmudict: fixed_k,fixed_n)")
     parser.add_argument("--group-size", type=int, help=f"K of the fixed-K arm (default {GROUP_SIZE})")
     parser.add_argument("--fixed-k-batches", type=sweep.int_list, help="the fixed-K arm's optimizer batches N")
     parser.add_argument("--fixed-batch", type=int, help=f"N of the fixed-N arm (default {FIXED_BATCH})")
@@ -507,7 +597,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
     parser.add_argument("--plateau-epochs", type=float, help=f"its budget (default {plateau.EPOCHS:g} epochs)")
     parser.add_argument("--test-split", help="the split the plateau's checkpoints are tested on (default test)")
     constant_rate.add_options(parser)
-    args = sweep.resolve(parser.parse_args(argv), "negatives_vs_noise", FULL, QUICK)
+    args = parser.parse_args(argv)
+    name = "negatives_vs_noise" + ("" if args.task == "cmudict" else f"_{args.task}")
+    args = sweep.resolve(args, name, *PRESETS[args.task])
     constant_rate.check_args(parser, args)
     if any(n % args.group_size for n in args.fixed_k_batches) or min(args.fixed_n_negatives) < args.fixed_batch:
         parser.error(

@@ -60,8 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from contrastive_jax.config_lib import load_config, override
-from experiments.lib import intervals, query_hits, sweep, target_steps
+from experiments.lib import intervals, query_hits, sweep, target_steps, tasks
 from experiments.studies import sigmoid_vs_softmax_grid as grid
 
 # A run's time, from the calibration runs on the shared 2-core machine (load average 9-15:
@@ -342,10 +341,7 @@ def run(args) -> list[dict]:
     """N by N and arm by arm: each loss's tuning on the first seed, then both at their tuned
     setting on every other seed, scored on the test split (finished runs read back, not
     retrained); every run's record and the report written as it finishes."""
-    base = override(
-        load_config("cmudict_clip"),
-        {**target_steps.SPLITS, **(target_steps.QUICK_OVERRIDES if args.quick else {}), "data.data_dir": args.data_dir},
-    )
+    base = tasks.base_config("cmudict", args)
     keys = ("seeds", "epochs", "train_size", "max_rates", "max_init_values", "matched_steps", "test_split")
     limits = {k: getattr(args, k) for k in keys}
     fewest, most, low, high = budget(args.batch_sizes, limits)

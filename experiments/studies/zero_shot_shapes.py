@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from contrastive_jax.config_lib import load_config, override
 from contrastive_jax.simulated_devices import simulate_cpu_devices
 from experiments.lib import sweep
-from experiments.lib.shapes_towers import TOWERS
+from experiments.lib.tasks import SHAPES_CNN_TOWERS as TOWERS
 
 STEPS = 1500
 KINDS = ("circle", "square", "triangle", "cross", "diamond")  # data.builtin.shapes.KINDS, in label order

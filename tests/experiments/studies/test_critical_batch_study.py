@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from experiments.lib import intervals, target_steps
+from experiments.lib import intervals, target_steps, tasks
 from experiments.studies import critical_batch_study as study
 
 
@@ -32,13 +32,13 @@ def test_grid_tunes_the_rate_per_batch_at_the_same_epochs():
 
 
 def test_shapes_task_tunes_its_own_rates_on_validation_pictures():
-    task = study.TASKS["shapes"]
+    task, (full, _) = tasks.TASKS["shapes"], study.PRESETS["shapes"]
     assert task.config == "clip_shapes" and task.overrides["data.train_split"] == "train"
-    assert task.overrides["eval.split"] == "validation[:1000]" and task.full["final_split"] == "test[:1000]"
-    assert task.full["train_size"] == 54_000  # shapes.split_sizes(60,000)["train"]
-    run_args = {"epochs": task.full["epochs"], "train_size": task.full["train_size"]}
-    runs = study.tuning_runs(task.full["batch_sizes"], task.full["lr_factors"], 0, **run_args)
-    assert len(runs) == 3 * 5 and task.full["lr_factors"][-1] == 16.0 and task.full["seeds"] == [0, 1, 2]
+    assert task.overrides["eval.split"] == "validation[:1000]" and full["final_split"] == "test[:1000]"
+    assert full["train_size"] == 54_000  # shapes.split_sizes(60,000)["train"]
+    run_args = {"epochs": full["epochs"], "train_size": full["train_size"]}
+    runs = study.tuning_runs(full["batch_sizes"], full["lr_factors"], 0, **run_args)
+    assert len(runs) == 3 * 5 and full["lr_factors"][-1] == 16.0 and full["seeds"] == [0, 1, 2]
     for run in runs:
         n, factor = run.tags["batch_size"], run.tags["lr_factor"]
         assert run.overrides["train.num_train_steps"] == math.ceil(8 * 54_000 / n)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments.lib import constant_rate, noise_stage, plateau, replicates, target_steps
+from experiments.lib.rate_grid import rate_step_of
 from experiments.studies import negatives_vs_noise as study
 
 RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
@@ -50,6 +51,52 @@ def test_each_arm_runs_its_loss_option_at_its_batch_and_rate(load_config):
     assert plain_arm.run(4096, 7, 1, **RUN_ARGS) == type(plain)(plain.name, {**plain.tags, "negatives": 4096},
                                                                  plain.overrides)  # fmt: skip
     assert FIXED_N.replicate_rows(extra) == (512, True)  # the run's N, a quarter of its rows as queries
+    assert plain_arm.replicate_rows(plain) == (4096, False)  # the run's N, batches of N / 4 with their own negatives
+
+
+def test_the_arms_run_are_those_named_in_their_fixed_order(capsys):
+    """--arms picks arms by name, run in ARMS' order whatever the order given; the plain
+    arm spans the fixed-K arm's N; the shapes task's preset runs the deciding pair."""
+    namespace = argparse.Namespace(**{**study.FULL, "arms": ["fixed_k", "plain"]})
+    plain, grouped = study.arms(namespace)
+    assert (plain.name, plain.group_size, plain.settings) == ("plain", 0, study.FIXED_K_BATCHES)
+    assert (grouped.name, grouped.group_size) == ("fixed_k", 512)
+    assert [arm.name for arm in study.arms(namespace, ("fixed_n",))] == ["fixed_n"]
+    shapes_full, shapes_quick = study.PRESETS["shapes_vit"]
+    assert shapes_full["arms"] == shapes_quick["arms"] == ["plain", "fixed_k"] and shapes_full["plain_results"] is None
+    assert shapes_full["train_size"] == 270_000  # shapes.split_sizes(300,000)["train"]
+    assert study.arm_names("plain,fixed_k") == ["plain", "fixed_k"]
+    for bad in ("plain,fixed_q", ","):
+        with pytest.raises(SystemExit) as exit_info:
+            study.main(["--quick", "--arms", bad])
+        assert exit_info.value.code == 2 and "name one or more of plain, fixed_k, fixed_n" in capsys.readouterr().err
+
+
+def test_the_plain_loss_is_its_arms_records_where_it_ran_else_the_committed_ones(tmp_path):
+    committed = [{"name": "n512_k3_s0", "batch_size": 512}]
+    (tmp_path / "results.json").write_text(json.dumps(committed))
+    ran = [{"name": "n512_k4_s0", "batch_size": 512}]
+    assert study.plain_records({"plain": ran, "fixed_k": []}, tmp_path) == ran
+    assert [r["name"] for r in study.plain_records({"fixed_k": []}, tmp_path)] == ["n512_k3_s0"]
+    assert study.plain_records({"fixed_k": []}, None) == []
+
+
+def test_the_plain_arm_reports_its_fit_and_the_fixed_k_arm_against_it():
+    """With the plain loss an arm (the shapes task), its section fits B_crit over its N
+    with "negatives N" and no contrast with itself; the fixed-K arm's contrast reads it."""
+    namespace = argparse.Namespace(**{**study.FULL, "arms": ["plain", "fixed_k"]})
+    plain_arm, grouped = study.arms(namespace)
+    steps = {512: (800, 820, 790), 1024: (420, 430, 410), 2048: (240, 250, 235)}
+    plain = [record(plain_arm, n, 3, seed, s) for n, by_seed in steps.items() for seed, s in enumerate(by_seed)]
+    ours = [record(grouped, n, 3, seed, 1.2 * s) for n, by_seed in steps.items() for seed, s in enumerate(by_seed)]
+    text = study.summary({plain_arm: plain, grouped: ours}, [0.86], {}, 270_000, plain, "shapes_vit")
+    assert text.startswith(
+        "# More negatives or less noise: plain and fixed_k on the generated image-text set with a ViT"
+    )
+    plain_part, grouped_part = text.split("## Fixed K = 512 negatives")
+    assert "## Plain loss (negatives N), N = 512, 1,024, 2,048, 4,096, 8,192 (9 runs)" in plain_part
+    assert "over N from 512 (3 N), negatives N: B_crit" in plain_part and "Against the plain loss" not in plain_part
+    assert "| 512 | 768 ± 36 | 921 ± 44 | 1.20 [1.15, 1.25], resolved |" in grouped_part  # 800 x 0.86 / 0.9 steps
 
 
 def test_the_protocol_tunes_and_ranks_each_setting_of_the_arms_field(rising_record):
@@ -298,3 +345,29 @@ def test_the_noise_by_setting_takes_each_runs_last_state_and_splits_b_simple():
     assert "At 512 over at 8,192" in text
     assert "B_simple 4.00 [0.83, 19.25], not resolved" in text
     assert "|E g|² 0.01 [0.01, 0.01]" in text and "tr Σ 0.04 [" in text
+
+
+@pytest.mark.e2e
+def test_quick_shapes_runs_the_plain_arm_standing_in_for_fixed_k_at_n_equal_k(tmp_path):
+    """The second task (--task shapes_vit, its generated pictures written under --data-dir):
+    the plain loss is an arm of its own, trained with the ViT; at N = K its runs stand for
+    fixed K's (none trained), and its tuned rate is the plateau's."""
+    out, data_dir = tmp_path / "out", tmp_path / "data"
+    args = ["--task", "shapes_vit", "--quick", "--out", str(out), "--data-dir", str(data_dir), "--seeds", "0"]
+    by_arm = study.main([*args, "--fixed-k-batches", "64", "--group-size", "64", "--replicates", "2"])
+    assert sorted(by_arm) == ["fixed_k", "plain"] and (data_dir / "shapes-v2-32px-1500" / "metadata.json").exists()
+    plain = by_arm["plain"]
+    assert {(r["batch_size"], r["negatives"]) for r in plain} == {(64, 64)} and len(plain) == 3  # 3 rates tuned
+    config = json.loads((out / "plain" / "runs" / plain[0]["name"] / "config.json").read_text())
+    assert (config["model"]["encoder_a"], config["loss"]["group_size"]) == ("vit_micro", 0)
+    assert [{**r, "group_size": 64, "stand_in": "plain"} for r in plain] == by_arm["fixed_k"]
+    assert not (out / "fixed_k" / "runs").exists()
+    best = constant_rate.best_by_n(plain, 0.01)[64]
+    plateau_runs = json.loads((out / "plateau" / "results.json").read_text())
+    assert [(r["arm"], r["epochs"], r["tuned"], r["rate_step"]) for r in plateau_runs] == [
+        ("plain", e, True, rate_step_of(best["lr_factor"])) for e in (1, 2)
+    ]
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# More negatives or less noise: plain and fixed_k on the generated image-text set")
+    assert "## Plain loss (negatives N), N = 64 (3 runs)" in summary
+    assert "At N = 64 the plain loss's runs stand for this arm's (one group)." in summary
