@@ -536,7 +536,7 @@ FULL = dict(
 )
 # --quick: 1,024 training pairs, 256 validation pairs; fixed K: groups of 32, N = 32 and 64;
 # fixed N: N = 64, negatives 64 and 128; at most 2 epochs, validation every 256 examples,
-# 3 rates tuned (no edge runs), 2 seeds, 4 replicates at 2 steps of each run on the first seed;
+# 3 rates tuned (no edge runs), 2 seeds, 4 replicates at the last step of each run on the first seed;
 # no plain loss's records to set the fixed-K arm against (none ran this protocol).
 QUICK = dict(
     arms=["fixed_k", "fixed_n"],
@@ -548,7 +548,7 @@ QUICK = dict(
     targets=[0.005, 0.01],
     **constant_rate.QUICK_PROTOCOL,
     replicates=4,
-    noise_points=2,
+    noise_points=1,
     noise_seeds=1,
     plain_results=None,
     plateau_seeds=[0],

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from experiments.lib import constant_rate, noise_stage, plateau, replicates, target_steps
-from experiments.lib.rate_grid import rate_step_of
 from experiments.studies import negatives_vs_noise as study
 
 RUN_ARGS = {"train_size": 108_000, "max_epochs": 16.0, "eval_examples": 32_768}
@@ -351,10 +350,12 @@ def test_the_noise_by_setting_takes_each_runs_last_state_and_splits_b_simple():
 def test_quick_shapes_runs_the_plain_arm_standing_in_for_fixed_k_at_n_equal_k(tmp_path):
     """The second task (--task shapes_vit, its generated pictures written under --data-dir):
     the plain loss is an arm of its own, trained with the ViT; at N = K its runs stand for
-    fixed K's (none trained), and its tuned rate is the plateau's."""
+    fixed K's (none trained)."""
     out, data_dir = tmp_path / "out", tmp_path / "data"
     args = ["--task", "shapes_vit", "--quick", "--out", str(out), "--data-dir", str(data_dir), "--seeds", "0"]
-    by_arm = study.main([*args, "--fixed-k-batches", "64", "--group-size", "64", "--replicates", "2"])
+    by_arm = study.main(
+        [*args, "--fixed-k-batches", "64", "--group-size", "64", "--replicates", "2", "--plateau-seeds", ""]
+    )
     assert sorted(by_arm) == ["fixed_k", "plain"] and (data_dir / "shapes-v2-32px-1500" / "metadata.json").exists()
     plain = by_arm["plain"]
     assert {(r["batch_size"], r["negatives"]) for r in plain} == {(64, 64)} and len(plain) == 3  # 3 rates tuned
@@ -362,11 +363,7 @@ def test_quick_shapes_runs_the_plain_arm_standing_in_for_fixed_k_at_n_equal_k(tm
     assert (config["model"]["encoder_a"], config["loss"]["group_size"]) == ("vit_micro", 0)
     assert [{**r, "group_size": 64, "stand_in": "plain"} for r in plain] == by_arm["fixed_k"]
     assert not (out / "fixed_k" / "runs").exists()
-    best = constant_rate.best_by_n(plain, 0.01)[64]
-    plateau_runs = json.loads((out / "plateau" / "results.json").read_text())
-    assert [(r["arm"], r["epochs"], r["tuned"], r["rate_step"]) for r in plateau_runs] == [
-        ("plain", e, True, rate_step_of(best["lr_factor"])) for e in (1, 2)
-    ]
+    assert not (out / "plateau").exists()  # no plateau seeds: the stage is tested on cmudict
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# More negatives or less noise: plain and fixed_k on the generated image-text set")
     assert "## Plain loss (negatives N), N = 64 (3 runs)" in summary
