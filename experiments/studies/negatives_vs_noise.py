@@ -566,7 +566,7 @@ SHAPES_FULL = dict(
     FULL,
     arms=["plain", "fixed_k"],
     fixed_k_batches=[512, 2048, 8192],
-    targets=[0.20, 0.30, 0.40],
+    targets=[0.40, 0.50, 0.60],
     noise_seeds=0,
     plain_results=None,
     train_size=shapes.split_sizes(SHAPES_PICTURES)["train"],
