@@ -317,6 +317,11 @@ QUOTED_FIGURES = [
     (
         "docs/batch_size_study.md",
         "(48 − 24 epochs: +0.0053 [+0.0030, +0.0078] test",
+        RESULTS + "negatives_vs_noise/plateau/budget_24_epochs.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(96 − 48 epochs: +0.0045 [+0.0020, +0.0069] test",
         RESULTS + "negatives_vs_noise/summary.md",
     ),
     (
