@@ -34,7 +34,16 @@ SHAPES_CNN_TOWERS = {
     "model.embed_dim": 64,
     "eval.batch_size": 500,
 }
-SHAPES_SPLITS = {"data.train_split": "train", "eval.split": "validation[:1000]"}
+# The `shapes` task's fields: its splits, the towers narrowed, the pictures' size, one
+# validation batch (`shapes_vit` swaps the picture tower).
+SHAPES_OVERRIDES = {
+    "data.train_split": "train",
+    "eval.split": "validation[:1000]",
+    **SHAPES_CNN_TOWERS,
+    "model.cnn_features": (16, 32),
+    "data.image_size": SHAPES_IMAGE_SIZE,
+    "eval.batch_size": 1000,
+}
 SHAPES_QUICK_OVERRIDES = {"data.train_split": "train[:1024]", "eval.split": "validation[:64]", "eval.batch_size": 64}
 
 
@@ -64,28 +73,14 @@ TASKS = {
     "shapes": Task(
         "the generated image-text set (train -> validation[:1000])",
         "clip_shapes",
-        {
-            **SHAPES_SPLITS,
-            **SHAPES_CNN_TOWERS,
-            "model.cnn_features": (16, 32),
-            "data.image_size": SHAPES_IMAGE_SIZE,
-            "eval.batch_size": 1000,
-        },
+        SHAPES_OVERRIDES,
         SHAPES_QUICK_OVERRIDES,
         0.0,
     ),
     "shapes_vit": Task(
         "the generated image-text set with a ViT (train -> validation[:1000])",
         "clip_shapes",
-        {
-            **SHAPES_SPLITS,
-            **SHAPES_CNN_TOWERS,
-            "model.encoder_a": "vit_micro",
-            "model.patch_size": 8,
-            "model.cnn_features": (16, 32),
-            "data.image_size": SHAPES_IMAGE_SIZE,
-            "eval.batch_size": 1000,
-        },
+        {**SHAPES_OVERRIDES, "model.encoder_a": "vit_micro", "model.patch_size": 8},
         SHAPES_QUICK_OVERRIDES,
         0.0,
     ),
