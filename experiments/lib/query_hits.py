@@ -6,7 +6,7 @@ once from its last checkpoint (`out/runs/<name>`; `<name>@<step>`: its checkpoin
 that step) and cached, bit-packed, in `out/final.json`, so a fresh clone (no checkpoints)
 still has them. Two groups of runs on the same queries are compared by the difference of
 their seed-mean hits, with `intervals.paired_bootstrap` over the queries, or over the
-seeds and the queries together (`seeds_and_queries`).
+seeds and the queries together (`seeds_and_queries`; any weighted sum of groups: `contrast`).
 """
 
 from __future__ import annotations
@@ -125,13 +125,35 @@ def combine(seeds: Sequence[float], queries: Sequence[float]) -> tuple[float, fl
 
 def seeds_and_queries(x: Sequence[np.ndarray], y: Sequence[np.ndarray]) -> tuple[float, float, float]:
     """The mean test score of runs `x` less runs `y` (independent seeds, the same queries)
-    with a 95% interval over both the seeds and the test queries (`combine`): Welch's over
-    the runs' means, and the paired bootstrap over the queries of the seed-mean scores.
+    with a 95% interval over both the seeds and the test queries: `contrast([x, y], [1, -1])`.
 
     Args:
       x: one [Q] array of per-query scores (`query_scores`) per seed of one method.
       y: the other method's, on the same Q queries.
     """
-    seeds = intervals.welch_interval([float(s.mean()) for s in x], [float(s.mean()) for s in y])
-    queries = intervals.paired_bootstrap(np.mean(x, axis=0), np.mean(y, axis=0))
-    return combine(seeds, queries)
+    return contrast([x, y], [1.0, -1.0])
+
+
+def contrast(groups: Sequence[Sequence[np.ndarray]], weights: Sequence[float]) -> tuple[float, float, float]:
+    """A weighted sum of groups' mean test scores (independent seeds, the same queries;
+    e.g. weights `[1, -1, -1, 1]`: how much a gap grows from one budget to the next) with
+    a 95% interval over both the seeds and the test queries (`combine`): Welch's over the
+    runs' means (`intervals.welch_contrast`; NaN bounds where a group has one run), and
+    the paired bootstrap over the queries (`queries_contrast`).
+
+    Args:
+      groups: G groups, each one [Q] array of per-query scores (`query_scores`) per seed.
+      weights: [G] the contrast's weights, summing to 0.
+    """
+    seeds = intervals.welch_contrast([[float(s.mean()) for s in group] for group in groups], weights)
+    return combine(seeds, queries_contrast(groups, weights))
+
+
+def queries_contrast(groups: Sequence[Sequence[np.ndarray]], weights: Sequence[float]) -> tuple[float, float, float]:
+    """`contrast`'s sum with the 95% paired bootstrap over the test queries alone: the
+    groups' seed-mean scores weighted, the positive weights' sum against the negative's,
+    query by query (the only interval where every group has one run)."""
+    means = [w * np.mean(group, axis=0) for w, group in zip(weights, groups, strict=True)]
+    plus = np.sum([m for w, m in zip(weights, means) if w > 0], axis=0)
+    minus = -np.sum([m for w, m in zip(weights, means) if w < 0], axis=0)
+    return intervals.paired_bootstrap(plus, minus)

@@ -51,18 +51,20 @@ batches of C rows read more than an epoch: the stream's next epoch (its own orde
 on, so those batches are draws of the split, not disjoint ones.
 
 **The plateau** (issue 69, item 1; `plateau`): what more negatives buy in final quality,
-not speed. The plain loss and fixed K over the fixed-K arm's N (at N = K the plain runs
-stand for both), each N at its tuned rate (the plain loss's from `PLAIN_RESULTS`, fixed
-K's from its arm's runs, both at the highest target) as the peak of a cosine decay over
-the same budget of `plateau.EPOCHS` epochs, on every seed; the test split read at each
-run's best checkpoint and its last; the budget checked by twice as long a run at the
-smallest and the largest N. Do more negatives raise the plateau, or only reach it sooner?
+not speed. The plain loss and fixed K at `PLATEAU_BATCHES` (the arm's ends; at N = K the
+plain runs stand for both), each N at its tuned rate (the plain loss's from
+`PLAIN_RESULTS`, fixed K's from its arm's runs, both at the highest target) as the peak of
+a cosine decay over each budget of `plateau.EPOCHS` (each twice the one before), on every
+seed; the test split read at each run's best checkpoint and its last. No budget here is
+past N = 512's plateau, so the answer is read from the doubling: do the gaps between N
+close (more negatives reach the plateau sooner) or hold (they raise it)?
 
 **The second task** (issue 69, item 2; `--task shapes_vit`, `SHAPES_FULL`): the generated
 image-text set with a ViT for the pictures (`tasks.TASKS["shapes_vit"]`), `SHAPES_PICTURES`
 pictures written on first use, validated on 1,000. The deciding pair alone (`--arms`): the
 plain loss, an arm of its own here (the cmudict study reads it from `PLAIN_RESULTS`), and
-fixed K over N = 512, 2,048, 8,192, then the plateau stage; no noise stage.
+fixed K over N = 512, 2,048, 8,192, then the plateau stage over `SHAPES_PLATEAU_EPOCHS`; no
+noise stage.
 
 The report (`summary.md`, in `negatives_vs_noise_shapes_vit/` for the second task; each
 arm's runs in `<arm>/results.{json,csv}`, its noise in
@@ -120,6 +122,7 @@ TARGETS = (0.80, 0.82, 0.84, 0.86)  # validation R@1, mean of both directions; t
 REPLICATES = 16  # independent batches at each of n and n / 4
 NOISE_POINTS = 4  # steps measured along each run, spread evenly, the last included
 NOISE_SEEDS = 3  # the first seeds at each setting's chosen rate
+PLATEAU_BATCHES = (512, 8192)  # the plateau stage's N: the fixed-K arm's ends
 PLAIN_RESULTS = RESULTS / "critical_batch_constant_lr"  # the plain loss's runs (negatives = N), the same protocol
 
 
@@ -424,37 +427,27 @@ def plateau_run(arm: Arm, n: int, rate: tuple[int, bool], seed: int, epochs: flo
 def plateau_stage(
     base, args, deadline, plain: Sequence[Mapping[str, Any]], fixed_k: Sequence[Mapping[str, Any]]
 ) -> str:
-    """The plateau stage (`plateau`): the plain loss and fixed K over the fixed-K arm's N,
+    """The plateau stage (`plateau`): the plain loss and fixed K at `args.plateau_batches`,
     each N at its tuned rate (the plain loss's from its records `plain`, its arm's or the
-    constant-rate study's; fixed K's from its arm's `fixed_k`) on `args.plateau_seeds`, seed by
-    seed, for `args.plateau_epochs`; at N = K the plain runs stand for both (a group of K
-    rows is the batch); the budget check, `plateau.CHECK_FACTOR` x longer, at the plain
-    loss's smallest and largest N on the first seed, each right after that seed's run
-    there (an early word on the budget). Its runs and test hits in
-    `<out>/plateau/` (`results.{json,csv}`, `final.json`); returns its report
-    (`plateau.summary`)."""
+    constant-rate study's; fixed K's from its arm's `fixed_k`), at each budget of
+    `args.plateau_epochs`, seed by seed (`args.plateau_seeds`: every budget and N on a seed
+    before the next seed); at N = K the plain runs stand for both (a group of K rows is the
+    batch). Its runs and test hits in `<out>/plateau/` (`results.{json,csv}`,
+    `final.json`); returns its report (`plateau.summary`)."""
     plain_arm, grouped = arms(args, ("plain", "fixed_k"))
-    settings, target, epochs = plain_arm.settings, args.targets[-1], args.plateau_epochs
+    settings, target = args.plateau_batches, args.targets[-1]
     rates = {arm.name: plateau.tuned_steps(records, settings, target, first_rate_step)
              for arm, records in ((plain_arm, plain), (grouped, fixed_k))}  # fmt: skip
     shared = [n for n in settings if n == args.group_size]
-    runs, checks = [], []
-    for seed in args.plateau_seeds:
-        for n in settings:
-            runs += [plateau_run(arm, n, rates[arm.name][n], seed, epochs, args)
-                     for arm in ((plain_arm, grouped) if n not in shared else (plain_arm,))]  # fmt: skip
-            if seed == args.plateau_seeds[0] and n in (min(settings), max(settings)):  # checked early
-                checks.append(plateau_run(plain_arm, n, rates["plain"][n], seed, plateau.CHECK_FACTOR * epochs, args))
-                runs.append(checks[-1])
+    runs = [plateau_run(arm, n, rates[arm.name][n], seed, epochs, args)
+            for seed in args.plateau_seeds for epochs in args.plateau_epochs for n in settings
+            for arm in ((plain_arm, grouped) if n not in shared else (plain_arm,))]  # fmt: skip
     out = args.out / "plateau"
     records = sweep.run_grid(base, runs, out, curve_keys=target_steps.CURVES, deadline=deadline)
-    sweep.write_merged(records, out)  # the runs of other rates, seeds or budgets kept, left out of this report
+    sweep.write_merged(records, out)  # the runs of other rates, seeds, N or budgets kept, left out of this report
     hits = query_hits.cached_hits(plateau.hit_names(records), out, args.test_split)
-    check_names = {run.name for run in checks}
-    budget = [r for r in records if r["name"] not in check_names]
-    by_arm = {arm.name: [r for r in budget if r["arm"] == arm.name] for arm in (plain_arm, grouped)}
-    return plateau.summary(by_arm, [r for r in records if r["name"] in check_names], hits, args.train_size,
-                           shared=shared, epochs=epochs)  # fmt: skip
+    by_arm = {arm.name: [r for r in records if r["arm"] == arm.name] for arm in (plain_arm, grouped)}
+    return plateau.summary(by_arm, hits, args.train_size, shared=shared, budgets=args.plateau_epochs)
 
 
 def run(args) -> dict[str, list[dict]]:
@@ -531,13 +524,15 @@ FULL = dict(
     noise_seeds=NOISE_SEEDS,
     plain_results=PLAIN_RESULTS,
     plateau_seeds=list(SEEDS),
-    plateau_epochs=plateau.EPOCHS,
+    plateau_epochs=list(plateau.EPOCHS),
+    plateau_batches=list(PLATEAU_BATCHES),
     test_split="test",
 )
 # --quick: 1,024 training pairs, 256 validation pairs; fixed K: groups of 32, N = 32 and 64;
 # fixed N: N = 64, negatives 64 and 128; at most 2 epochs, validation every 256 examples,
 # 3 rates tuned (no edge runs), 2 seeds, 4 replicates at the last step of each run on the first seed;
-# no plain loss's records to set the fixed-K arm against (none ran this protocol).
+# the plateau at N = 32 and 64 over 0.5 and 1 epoch, seed 0; no plain loss's records to set
+# the fixed-K arm against (none ran this protocol).
 QUICK = dict(
     arms=["fixed_k", "fixed_n"],
     group_size=32,
@@ -552,7 +547,8 @@ QUICK = dict(
     noise_seeds=1,
     plain_results=None,
     plateau_seeds=[0],
-    plateau_epochs=1.0,
+    plateau_epochs=[0.5, 1.0],
+    plateau_batches=[32, 64],
     test_split="test[:256]",
 )
 
@@ -562,12 +558,14 @@ QUICK = dict(
 # arm here, against fixed K) over N = 512 ... 8,192, on SHAPES_PICTURES pictures (an epoch
 # holds every N's steps to the targets: no picture is seen twice on the way to them).
 SHAPES_PICTURES = 300_000
+SHAPES_PLATEAU_EPOCHS = (4.0, 8.0)  # the targets come within 2 epochs at N = 512, in about 1,000 steps
 SHAPES_FULL = dict(
     FULL,
     arms=["plain", "fixed_k"],
     fixed_k_batches=[512, 2048, 8192],
     targets=[0.40, 0.50, 0.60],
     noise_seeds=0,
+    plateau_epochs=list(SHAPES_PLATEAU_EPOCHS),
     plain_results=None,
     train_size=shapes.split_sizes(SHAPES_PICTURES)["train"],
     pictures=SHAPES_PICTURES,
@@ -594,7 +592,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
         f"(default {PLAIN_RESULTS.relative_to(RESULTS.parent.parent)}; --quick: none)"
     )  # fmt: skip
     parser.add_argument("--plateau-seeds", type=sweep.int_list, help="the plateau stage's seeds (default 0,1,2)")
-    parser.add_argument("--plateau-epochs", type=float, help=f"its budget (default {plateau.EPOCHS:g} epochs)")
+    parser.add_argument(
+        "--plateau-epochs",
+        type=sweep.float_list,
+        help=f"its budgets (default {','.join(f'{e:g}' for e in plateau.EPOCHS)})",
+    )
+    parser.add_argument(
+        "--plateau-batches", type=sweep.int_list, help=f"its N, of --fixed-k-batches (default {PLATEAU_BATCHES})"
+    )
     parser.add_argument("--test-split", help="the split the plateau's checkpoints are tested on (default test)")
     constant_rate.add_options(parser)
     args = parser.parse_args(argv)
@@ -605,6 +610,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
         parser.error(
             f"--group-size {args.group_size} must divide every --fixed-k-batches {args.fixed_k_batches}, and "
             f"--fixed-n-negatives {args.fixed_n_negatives} be at least --fixed-batch {args.fixed_batch} (M >= 0)."
+        )
+    if args.plateau_seeds and (
+        not set(args.plateau_batches) <= set(args.fixed_k_batches) or min(args.plateau_epochs, default=1) <= 0
+    ):
+        parser.error(
+            f"--plateau-batches {args.plateau_batches} must be among --fixed-k-batches {args.fixed_k_batches} (their "
+            f"rates are tuned there), and --plateau-epochs {args.plateau_epochs} positive."
         )
     if args.replicates * 5 * args.group_size > args.train_size:
         parser.error(

@@ -1,5 +1,6 @@
 """experiments/lib/plateau.py: the rates the plateau trains at, the checkpoints whose test
-it reads, and its report's table, differences over seeds and queries and budget check."""
+it reads, and its report's table, its differences at each budget over seeds and queries,
+and their change as the budget doubles (`query_hits.contrast`)."""
 
 import numpy as np
 import pytest
@@ -42,51 +43,74 @@ def hits(names_and_rows):
     return {name: {d: np.asarray(row, bool) for d in query_hits.DIRECTIONS} for name, row in names_and_rows.items()}
 
 
-def test_the_report_tables_each_arm_and_differences_the_arms_over_seeds_and_queries():
-    """Plain at N = 64 (shared) and 128, fixed K at 128, two seeds each, 8 test queries:
-    the test R@1 at the best checkpoint and at the last per arm and N, plain − fixed K at
-    128 equal to `query_hits.seeds_and_queries` of the same hits, and the budget check's
-    longer run less the budget's over the queries. (Mutations, each red: fixed K − plain;
-    the final checkpoint's hits for the best; the check against another seed's run.)"""
-    rows = {
-        "p64_s0": ([1, 1, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]),
-        "p64_s1": ([1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]),
-        "p128_s0": ([1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0]),
-        "p128_s1": ([1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0]),
-        "k128_s0": ([1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]),
-        "k128_s1": ([1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]),
-    }
+def test_a_contrast_is_welchs_over_the_seeds_and_the_bootstrap_of_the_weighted_queries():
+    """Four groups of two seeds, 50 queries: the gap's change A - B - (C - D) is Welch's
+    contrast of the runs' means widened by the paired bootstrap of (A + D) against (B + C)
+    query by query; two groups are `seeds_and_queries`. (Mutation: the queries' sum with
+    the weights' signs dropped, red.)"""
+    rng = np.random.default_rng(0)
+    groups = [[rng.integers(0, 2, 50).astype(float) for _ in range(2)] for _ in range(4)]
+    weights = [1.0, -1.0, -1.0, 1.0]
+    seeds = intervals.welch_contrast([[float(s.mean()) for s in g] for g in groups], weights)
+    mean = [np.mean(g, axis=0) for g in groups]
+    queries = intervals.paired_bootstrap(mean[0] + mean[3], mean[1] + mean[2])
+    assert query_hits.queries_contrast(groups, weights) == pytest.approx(queries)
+    assert query_hits.contrast(groups, weights) == pytest.approx(query_hits.combine(seeds, queries))
+    assert query_hits.seeds_and_queries(groups[0], groups[1]) == query_hits.contrast(groups[:2], [1.0, -1.0])
+
+
+def test_the_report_tables_each_budget_and_arm_and_the_gaps_as_the_budget_doubles():
+    """Plain at N = 64 (shared) and 128, fixed K at 128, at 24 and 48 epochs, two seeds
+    each, 40 test queries: the table's rows by budget, arm and N; at each budget plain −
+    fixed K at 128 and each arm's N = 128 − 64 (fixed K's 64 the plain runs) equal to
+    `query_hits.contrast` of the same hits; as the budget doubles, each of those at 48 less
+    at 24 and each arm and N alone. With seed 0 alone every interval is the queries' and
+    marked. (Mutations, each red: fixed K − plain; the final checkpoint's hits for the
+    best; the doubling's weights of the budget before not negated.)"""
+    rng = np.random.default_rng(1)
+    groups = {(e, a, n): [] for e in (24, 48) for a, n in (("plain", 64), ("plain", 128), ("fixed_k", 128))}
+    cached, scores = {}, {}
     values = [0.5, 0.8, 0.7]  # checkpoints every 20 steps: the best at 20, the last at 30
-    plain = [record(f"p{n}_s{s}", n, s, values) for n in (64, 128) for s in (0, 1)]
-    grouped = [record(f"k128_s{s}", 128, s, values, arm="fixed_k", tuned=False) for s in (0, 1)]
-    cached = hits({f"{name}@{step}": row[i] for name, row in rows.items() for i, step in enumerate((20, 30))})
-    checks = [record("p128_s0_long", 128, 0, values, epochs=48)]
-    cached |= hits({"p128_s0_long@20": rows["k128_s0"][0], "p128_s0_long@30": rows["p128_s1"][1]})
-    text = plateau.summary({"plain": plain, "fixed_k": grouped}, checks, cached, 1280, shared=[64], epochs=24)
-    assert "## The plateau: each N at its tuned rate, decayed over 24 epochs" in text
-    assert "| plain | 64 | 3 | 2 | 1.0 | 0.800 ± 0.000 | 0.312 ± 0.794 | 0.188 ± 0.794 |" in text
-    assert "| fixed_k | 128 | 3 (untuned) | 2 |" in text and "| 0.438 ± 0.794 | 0.312 ± 0.794 |" in text
+    for (epochs, arm, n), runs in groups.items():
+        for seed in (0, 1):
+            name = f"{arm}{n}_e{epochs}_s{seed}"
+            runs.append(record(name, n, seed, values, arm=arm, epochs=epochs, tuned=arm == "plain"))
+            rows = [rng.integers(0, 2, 40).astype(bool) for _ in range(2)]  # at best (20), final (30)
+            cached |= hits({f"{name}@20": rows[0], f"{name}@30": rows[1]})
+            scores[name] = [np.asarray(row, float) for row in rows]
+    by_arm = {arm: [r for (_, a, _), runs in groups.items() if a == arm for r in runs] for arm in ("plain", "fixed_k")}
+    text = plateau.summary(by_arm, cached, 1280, shared=[64], budgets=[24, 48])
+    assert "## The plateau: each N at its tuned rate, decayed over 24 and 48 epochs" in text
+    table = [line.split(" | ")[:3] for line in text.splitlines() if line.startswith(("| plain |", "| fixed_k |"))]
+    assert table == [["| plain", "24", "64"], ["| plain", "24", "128"], ["| fixed_k", "24", "128"],
+                     ["| plain", "48", "64"], ["| plain", "48", "128"], ["| fixed_k", "48", "128"]]  # fmt: skip
+    assert "| fixed_k | 24 | 128 | 3 (untuned) | 2 | 2.0 | 0.800 ± 0.000 |" in text
     assert "At N = 64 the plain runs stand for both arms." in text
-    scores = {name: (np.asarray(best, float), np.asarray(last, float)) for name, (best, last) in rows.items()}
-    cells = []
-    for i in (0, 1):  # at best, final
-        difference = query_hits.seeds_and_queries(
-            [scores[f"p128_s{s}"][i] for s in (0, 1)], [scores[f"k128_s{s}"][i] for s in (0, 1)]
-        )
-        assert difference[0] == pytest.approx(0.25)
-        cells.append(f"{intervals.difference_cell(*difference)}, {intervals.verdict(*difference[1:])}")
-    assert f"| plain − fixed_k, N = 128 | {cells[0]} | {cells[1]} |" in text
-    grown = query_hits.seeds_and_queries([scores[f"k128_s{s}"][0] for s in (0, 1)],
-                                         [scores[f"p64_s{s}"][0] for s in (0, 1)])  # fmt: skip
-    assert f"| fixed_k: N = 128 − 64 | {intervals.difference_cell(*grown)}" in text
-    # the budget check: 48 epochs less 24 at N = 128, seed 0, over the queries: best 3/8 - 5/8, final 5/8 - 4/8
-    long_best = intervals.paired_bootstrap(scores["k128_s0"][0], scores["p128_s0"][0])
-    long_final = intervals.paired_bootstrap(scores["p128_s1"][1], scores["p128_s0"][1])
-    assert (long_best[0], long_final[0]) == pytest.approx((-0.25, 0.125))
-    cells = [f"{intervals.difference_cell(*d)}, {intervals.verdict(*d[1:])}" for d in (long_best, long_final)]
-    assert f"| plain, N = 128, seed 0 | 48 − 24 | {cells[0]} | {cells[1]} |" in text
-    assert plateau.summary({"plain": [], "fixed_k": []}, [], {}, 1280, shared=[], epochs=24).endswith(
-        "No run finished yet.\n"
-    )
-    alone = plateau.summary({"plain": [], "fixed_k": grouped}, [], cached, 1280, shared=[64], epochs=24)
-    assert "| fixed_k | 128 |" in alone and "Differences" not in alone  # one arm, one N: nothing to difference
+
+    def cell(terms, which, seeds=(0, 1), contrast=query_hits.contrast):
+        runs = [[scores[f"{a}{n}_e{e}_s{s}"][which] for s in seeds] for (e, a, n) in terms]
+        value = contrast(runs, list(terms.values()))
+        return f"{intervals.difference_cell(*value)}, {intervals.verdict(*value[1:])}"
+
+    arms_at = {e: {(e, "plain", 128): 1.0, (e, "fixed_k", 128): -1.0} for e in (24, 48)}
+    k_gap = {e: {(e, "fixed_k", 128): 1.0, (e, "plain", 64): -1.0} for e in (24, 48)}
+    assert f"| plain − fixed_k, N = 128 | 24 | {cell(arms_at[24], 0)} | {cell(arms_at[24], 1)} |" in text
+    assert f"| fixed_k: N = 128 − 64 | 48 | {cell(k_gap[48], 0)} | {cell(k_gap[48], 1)} |" in text
+    doubled = arms_at[48] | {key: -w for key, w in arms_at[24].items()}
+    assert f"| plain − fixed_k, N = 128 | 48 vs 24 | {cell(doubled, 0)} | {cell(doubled, 1)} |" in text
+    alone = {(48, "plain", 64): 1.0, (24, "plain", 64): -1.0}
+    assert f"| plain, N = 64 | 48 vs 24 | {cell(alone, 0)} | {cell(alone, 1)} |" in text
+    first = {arm: [r for r in runs if r["seed"] == 0] for arm, runs in by_arm.items()}
+    text = plateau.summary(first, cached, 1280, shared=[64], budgets=[24, 48])
+    queries = cell(doubled, 0, seeds=(0,), contrast=query_hits.queries_contrast)
+    assert f"| plain − fixed_k, N = 128 | 48 vs 24 | {queries} (queries) |" in text
+
+
+def test_the_report_before_any_run_and_with_one_arm():
+    """No run with hits: the heading and a line; one arm at one N: its row, no difference."""
+    empty = plateau.summary({"plain": [], "fixed_k": []}, {}, 1280, shared=[], budgets=[24, 48])
+    assert empty.endswith("decayed over 24 and 48 epochs\n\nNo run finished yet.\n")
+    grouped = [record("k128_s0", 128, 0, [0.5, 0.8, 0.7], arm="fixed_k")]
+    cached = hits({"k128_s0@20": [1, 0], "k128_s0@30": [1, 1]})
+    alone = plateau.summary({"plain": [], "fixed_k": grouped}, cached, 1280, shared=[64], budgets=[24])
+    assert "| fixed_k | 24 | 128 |" in alone and "Differences" not in alone and "doubles" not in alone

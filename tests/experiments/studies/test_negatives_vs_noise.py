@@ -262,6 +262,8 @@ def test_bad_settings_are_one_clear_error(capsys):
         (["--quick", "--fixed-k-batches", "48"], "must divide every --fixed-k-batches"),
         (["--quick", "--fixed-n-negatives", "32"], "be at least --fixed-batch 64"),
         (["--quick", "--replicates", "64"], "must fit in one epoch"),
+        (["--quick", "--plateau-batches", "32,128"], "must be among --fixed-k-batches [32, 64]"),
+        (["--quick", "--plateau-epochs", "1,0"], "--plateau-epochs [1.0, 0.0] positive"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             study.main(argv)
@@ -297,10 +299,11 @@ def test_quick_runs_both_arms_their_noise_and_the_report_and_resumes(tmp_path, c
     assert (tmp_path / "steps_to_target.png").stat().st_size > 0
     assert "Against the plain loss" not in summary  # --quick: no plain loss's records
     # the plateau: the plain loss at N = 32 (standing for both arms: K = 32) and 64, fixed K at 64, seed 0, over
-    # 1 epoch, cosine to 0; the budget check at 2 epochs at N = 32 and 64
+    # 0.5 and 1 epoch, cosine to 0
     plateau_records = json.loads((tmp_path / "plateau" / "results.json").read_text())
     assert sorted((r["arm"], r["batch_size"], r["seed"], r["epochs"]) for r in plateau_records) == [
-        ("fixed_k", 64, 0, 1), ("plain", 32, 0, 1), ("plain", 32, 0, 2), ("plain", 64, 0, 1), ("plain", 64, 0, 2)
+        ("fixed_k", 64, 0, 0.5), ("fixed_k", 64, 0, 1), ("plain", 32, 0, 0.5), ("plain", 32, 0, 1),
+        ("plain", 64, 0, 0.5), ("plain", 64, 0, 1),
     ]  # fmt: skip
     for r in plateau_records:
         config = json.loads((tmp_path / "plateau" / "runs" / r["name"] / "config.json").read_text())
@@ -309,9 +312,10 @@ def test_quick_runs_both_arms_their_noise_and_the_report_and_resumes(tmp_path, c
         assert config["train"]["num_train_steps"] == r["max_steps"] == r["epochs"] * 1024 // r["batch_size"]
         assert config["checkpoint"]["every_steps"] == r["checkpoint_every"] == 2 * config["eval"]["every_steps"]
     assert set(json.loads((tmp_path / "plateau" / "final.json").read_text())) == set(plateau.hit_names(plateau_records))
-    assert "## The plateau: each N at its tuned rate, decayed over 1 epochs" in summary
-    assert "| fixed_k | 64 | 2 | 1 |" in summary and "At N = 32 the plain runs stand for both arms." in summary
-    assert "| plain, N = 32, seed 0 | 2 − 1 | " in summary and "| plain, N = 64, seed 0 | 2 − 1 | " in summary
+    assert "## The plateau: each N at its tuned rate, decayed over 0.5 and 1 epochs" in summary
+    assert "| fixed_k | 1 | 64 | 2 | 1 |" in summary and "At N = 32 the plain runs stand for both arms." in summary
+    assert "| plain − fixed_k, N = 64 | 0.5 | " in summary and "| fixed_k: N = 64 − 32 | 1 | " in summary
+    assert "| plain: N = 64 − 32 | 1 vs 0.5 | " in summary and "| plain, N = 32 | 1 vs 0.5 | " in summary
     capsys.readouterr()
     rerun = study.main(args)
     assert json.loads(json.dumps(rerun)) == json.loads(json.dumps(by_arm))
