@@ -299,8 +299,8 @@ def steps_figure(
     the seeds) against the arm's setting, log-log, the dotted line perfect scaling from
     the smallest setting; on the fixed-K panel the `plain` loss's at the highest target,
     dashed grey, over the arm's N."""
-    fig, axes = sweep.new_figure("steps to a validation R@1 target, rate tuned per setting", ncols=len(by_arm))
-    for axis, (arm, records) in zip(axes, by_arm.items(), strict=True):
+    fig, _ = sweep.new_figure("steps to a validation R@1 target, rate tuned per setting", ncols=len(by_arm))
+    for axis, (arm, records) in zip(fig.axes, by_arm.items(), strict=True):  # fig.axes: a list, one arm too
         for target, color in zip(targets, sweep.colors(len(targets), "viridis"), strict=True):
             best = constant_rate.best_by_n(records, target, arm.by)
             if not best:

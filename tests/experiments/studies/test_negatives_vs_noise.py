@@ -257,6 +257,14 @@ def test_replicate_gradients_embed_the_extra_rows_without_gradient(tiny_config, 
         np.testing.assert_allclose(got_leaf, expected_leaf, rtol=1e-4, atol=1e-6)
 
 
+def test_the_figure_has_a_panel_per_arm_one_arm_too():
+    """`--arms fixed_k` alone: one panel (matplotlib's one Axes is no sequence; the figure
+    once failed there after every run had finished)."""
+    fixed_k, fixed_n = study.arms(argparse.Namespace(**study.QUICK))
+    assert len(study.steps_figure({fixed_k: []}, [0.01])["steps_to_target"].axes) == 1
+    assert len(study.steps_figure({fixed_k: [], fixed_n: []}, [0.01])["steps_to_target"].axes) == 2
+
+
 def test_bad_settings_are_one_clear_error(capsys):
     for argv, words in (
         (["--quick", "--fixed-k-batches", "48"], "must divide every --fixed-k-batches"),
