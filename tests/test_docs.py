@@ -321,6 +321,12 @@ QUOTED_FIGURES = [
     ),
     (
         "docs/batch_size_study.md",
+        "took 592, 760 and 995 steps",
+        RESULTS + "negatives_vs_noise_shapes_vit/range_512_2048.md",
+    ),
+    ("docs/batch_size_study.md", "736, 853 and 980", RESULTS + "negatives_vs_noise_shapes_vit/range_512_2048.md"),
+    (
+        "docs/batch_size_study.md",
         "(48 − 24 epochs: +0.0046 [+0.0023, +0.0070] at the best",
         RESULTS + "negatives_vs_noise/plateau/budget_24_epochs.md",
     ),
