@@ -291,13 +291,12 @@ def _number(value: float) -> str:
 def b_crit_words(entry: Mapping[str, float]) -> str:
     """`"B_crit = 2,340 [1,980, 2,760] (95% bootstrap over seeds and misfit; resolved:
     inside N = 512 … 16,384)"` for a `bootstrap` result; "not resolved" when `resolved`
-    does not hold (an infinite bound written "inf") or `has_interval` does not (too few
-    seeds at an N for an interval)."""
-    inside = f"inside N = {entry['smallest']:,} … {entry['largest']:,}"
+    does not hold (an infinite bound written "inf"); no interval where `has_interval`
+    does not (too few seeds at an N for one)."""
     if not has_interval(entry):
-        verdict = f"not resolved: an N with fewer than {MIN_SEEDS} seeds"
-    else:
-        verdict = f"resolved: {inside}" if resolved(entry) else f"not resolved: not {inside}"
+        return f"B_crit = {_number(entry['b_crit'])} (no interval: an N with fewer than {MIN_SEEDS} seeds)"
+    inside = f"inside N = {entry['smallest']:,} … {entry['largest']:,}"
+    verdict = f"resolved: {inside}" if resolved(entry) else f"not resolved: not {inside}"
     return (
         f"B_crit = {_number(entry['b_crit'])} [{_number(entry['low'])}, {_number(entry['high'])}] "
         f"(95% bootstrap over seeds and misfit; {verdict})"
@@ -306,10 +305,13 @@ def b_crit_words(entry: Mapping[str, float]) -> str:
 
 def lack_of_fit_words(entry: Mapping[str, float]) -> str:
     """`bootstrap`'s lack of fit in a sentence: chi^2, its degrees of freedom and p, the
-    between-N spread the interval carries, and the seeds-only interval beside it."""
+    between-N spread the interval carries, and the seeds-only interval beside it (none
+    where `has_interval` does not hold)."""
     seeds_only = f"the seeds alone give [{_number(entry['seeds_low'])}, {_number(entry['seeds_high'])}]"
     if math.isnan(entry["p"]):
-        return f"Lack of fit not measured (no degree of freedom, or an N with one seed); {seeds_only}."
+        return "Lack of fit not measured (no degree of freedom, or an N with one seed)" + (
+            f"; {seeds_only}." if has_interval(entry) else "."
+        )
     return (
         f"Lack of fit: χ² = {entry['chi2']:,.0f} on {entry['dof']} degrees of freedom (p = {entry['p']:.1e}) "
         f"against the seeds' standard errors; the interval carries a between-N spread of "
@@ -339,17 +341,20 @@ def weighting_table(steps_by_n: Mapping[int, Sequence[float]], **bootstrap_args)
 
 
 def halving_words(steps_by_n: Mapping[int, Sequence[float]]) -> str:
-    """Whether the steps fall faster than 1/N from each N to 2N: ``S_N - 2 S_2N`` (positive:
-    faster) with its Welch 95% interval over the seeds (`intervals.welch_contrast`)."""
+    """Whether the steps fall faster than 1/N from each N to the next, r times larger:
+    ``S_N - r S_rN`` (positive: faster) with its Welch 95% interval over the seeds
+    (`intervals.welch_contrast`); "" with fewer than two N."""
+    ns = sorted(steps_by_n)
     cells = []
-    for n in sorted(steps_by_n):
-        if 2 * n in steps_by_n:
-            contrast, low, high = intervals.welch_contrast([steps_by_n[n], steps_by_n[2 * n]], [1.0, -2.0])
-            cells.append(f"{n:,} → {2 * n:,} {contrast:+.0f} [{low:+.0f}, {high:+.0f}], {intervals.verdict(low, high)}")
+    for n, m in zip(ns, ns[1:]):
+        ratio = m / n
+        contrast, low, high = intervals.welch_contrast([steps_by_n[n], steps_by_n[m]], [1.0, -ratio])
+        cells.append(f"{n:,} → {m:,} {contrast:+.0f} [{low:+.0f}, {high:+.0f}], {intervals.verdict(low, high)}")
+    if not cells:
+        return ""
     return (
-        "Faster than 1/N, S_N − 2 S_2N (positive: the steps more than halve; Welch 95% over the seeds): "
-        + "; ".join(cells)
-        + "."
+        "Faster than 1/N, S_N − r S_rN from each N to the next, r times larger (positive: the steps fall more than "
+        "r-fold; Welch 95% over the seeds): " + "; ".join(cells) + "."
     )
 
 

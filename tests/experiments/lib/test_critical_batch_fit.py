@@ -123,9 +123,8 @@ def test_words_follow_the_interval():
     assert fit.resolved(inside) and not fit.resolved(dict(inside, low=400.0))
     assert not fit.resolved(dict(inside, high=16384.0)) and not fit.resolved(dict(inside, low=512.0))
     one_seed = {"b_crit": 1900.0, "low": 1900.0, "high": 1900.0, "seeds": 1} | ends  # no spread: no interval
-    words = "(95% bootstrap over seeds and misfit; not resolved: an N with fewer than 3 seeds)"
-    assert fit.b_crit_words(one_seed).endswith(words)
-    assert fit.b_crit_words(dict(inside, seeds=2)).endswith(words)  # three distinct means per N: too narrow
+    assert fit.b_crit_words(one_seed) == "B_crit = 1,900 (no interval: an N with fewer than 3 seeds)"
+    assert fit.b_crit_words(dict(inside, seeds=2)) == "B_crit = 2,340 (no interval: an N with fewer than 3 seeds)"
     assert fit.b_crit_words(dict(inside, seeds=3)).endswith("; resolved: inside N = 512 … 16,384)")
 
 
@@ -223,11 +222,16 @@ def test_the_weighting_table_refits_each_weighting_and_each_n_left_out():
     assert fit.weighting_table(two_seeds) == "Not tabled: an N with fewer than 3 seeds gives no interval.\n"
 
 
-def test_halving_words_test_s_n_against_twice_s_2n():
+def test_halving_words_test_s_n_against_r_times_the_next_n():
+    """Each N against the next, r = N' / N times larger: S_N - r S_N' with Welch's
+    interval (512 -> 1,024: r = 2; 2,048 -> 8,192: r = 4); nothing with one N. (Mutation:
+    r = 2 whatever the step, red.)"""
     seeds = lambda mean: [mean - 3.0, mean, mean + 3.0]  # noqa: E731
-    steps = {512: seeds(500), 1024: seeds(200), 2048: seeds(100), 8192: seeds(60)}
+    steps = {512: seeds(500), 1024: seeds(200), 2048: seeds(100), 8192: seeds(20)}
     words = fit.halving_words(steps)
     contrast, low, high = intervals.welch_contrast([steps[512], steps[1024]], [1.0, -2.0])
     assert contrast == pytest.approx(100)
     assert f"512 → 1,024 +100 [{low:+.0f}, {high:+.0f}], resolved; 1,024 → 2,048 +0 [" in words
-    assert "1,024 → 2,048 +0 [" in words and "], not resolved." in words and "8,192" not in words
+    contrast, low, high = intervals.welch_contrast([steps[2048], steps[8192]], [1.0, -4.0])
+    assert contrast == pytest.approx(20) and f"2,048 → 8,192 +20 [{low:+.0f}, {high:+.0f}], " in words
+    assert fit.halving_words({512: seeds(500)}) == ""

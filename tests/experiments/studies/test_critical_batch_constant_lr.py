@@ -112,7 +112,7 @@ def test_summary_quotes_each_targets_b_crit_interval_and_the_fit_range_table():
         and "95% bootstrap over seeds and misfit; resolved: inside N = 256 … 4,096" in line
     )
     assert " Lack of fit: χ² = " in line and "(the seeds alone give [" in line  # critical_batch_fit.lack_of_fit_words
-    assert " Faster than 1/N, S_N − 2 S_2N " in line and "256 → 512 " in line  # critical_batch_fit.halving_words
+    assert " Faster than 1/N, S_N − r S_rN " in line and "256 → 512 " in line  # critical_batch_fit.halving_words
     assert "## B_crit at R@1 0.88 by weighting and with each N left out" in text and "| N = 512 left out | 4 | " in text
     assert "## Data seen and censored runs per N (R@1 0.88; 108,000 training pairs)" in text
     assert "S_min = " in line and "]). The fitted curve passes " in line  # critical_batch_fit.misses_words
