@@ -321,6 +321,16 @@ QUOTED_FIGURES = [
     ),
     (
         "docs/batch_size_study.md",
+        "(8,192 − 512: −0.0016 [−0.0041, +0.0012] test R@1 at",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
+        "(plain − fixed_k: +0.0291 [+0.0260, +0.0322], resolved)",
+        RESULTS + "negatives_vs_noise/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
         "took 592, 760 and 995 steps",
         RESULTS + "negatives_vs_noise_shapes_vit/range_512_2048.md",
     ),
