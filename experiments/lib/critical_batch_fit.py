@@ -343,12 +343,15 @@ def weighting_table(steps_by_n: Mapping[int, Sequence[float]], **bootstrap_args)
 def halving_words(steps_by_n: Mapping[int, Sequence[float]]) -> str:
     """Whether the steps fall faster than 1/N from each N to the next, r times larger:
     ``S_N - r S_rN`` (positive: faster) with its Welch 95% interval over the seeds
-    (`intervals.welch_contrast`); "" with fewer than two N."""
+    (`intervals.welch_contrast`; none where an N has one seed); "" with fewer than two N."""
     ns = sorted(steps_by_n)
     cells = []
     for n, m in zip(ns, ns[1:]):
         ratio = m / n
         contrast, low, high = intervals.welch_contrast([steps_by_n[n], steps_by_n[m]], [1.0, -ratio])
+        if math.isnan(low):
+            cells.append(f"{n:,} → {m:,} {contrast:+.0f} (no interval: one seed)")
+            continue
         cells.append(f"{n:,} → {m:,} {contrast:+.0f} [{low:+.0f}, {high:+.0f}], {intervals.verdict(low, high)}")
     if not cells:
         return ""

@@ -235,3 +235,4 @@ def test_halving_words_test_s_n_against_r_times_the_next_n():
     contrast, low, high = intervals.welch_contrast([steps[2048], steps[8192]], [1.0, -4.0])
     assert contrast == pytest.approx(20) and f"2,048 → 8,192 +20 [{low:+.0f}, {high:+.0f}], " in words
     assert fit.halving_words({512: seeds(500)}) == ""
+    assert "512 → 2,048 +100 (no interval: one seed)." in fit.halving_words({512: [500.0], 2048: [100.0]})
