@@ -331,6 +331,11 @@ QUOTED_FIGURES = [
     ),
     (
         "docs/batch_size_study.md",
+        "N = 64 took 10,542 steps and 256 took 1,703",
+        RESULTS + "negatives_vs_noise_shapes_vit/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
         "took 592, 760 and 995 steps",
         RESULTS + "negatives_vs_noise_shapes_vit/range_512_2048.md",
     ),
