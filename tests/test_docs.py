@@ -336,6 +336,11 @@ QUOTED_FIGURES = [
     ),
     (
         "docs/batch_size_study.md",
+        "1,024 took 967 at the one rate run so far",
+        RESULTS + "negatives_vs_noise_shapes_vit/summary.md",
+    ),
+    (
+        "docs/batch_size_study.md",
         "took 592, 760 and 995 steps",
         RESULTS + "negatives_vs_noise_shapes_vit/range_512_2048.md",
     ),
